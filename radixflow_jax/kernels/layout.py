@@ -1,0 +1,76 @@
+"""Chunk layout of a packed variable-length token batch.
+
+A round packs the token spans of ``R`` rows back to back into ``T`` token slots:
+row ``r`` owns packed tokens ``cu_seqlens[r] : cu_seqlens[r + 1]``; tokens at or after
+``cu_seqlens[R]`` are padding. Chunked recurrent ops split every row's span into chunks of
+``chunk_size`` tokens counted from the *start of the span* (the last chunk of a row may be
+short). Chunks of all rows are numbered consecutively: row ``r`` owns chunks
+``first_chunk[r] : first_chunk[r + 1]``.
+
+Invariants:
+  * ``num_chunks = ceil(T / chunk_size) + R`` is static (a row adds at most one partial chunk);
+    chunks past ``first_chunk[R]`` are unused (``row == R``, ``length == 0``).
+  * The state after chunk ``first_chunk[r] + j`` is the state of row ``r`` after
+    ``min((j + 1) * chunk_size, span_len)`` tokens of its span.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax.numpy as jnp
+
+
+class ChunkLayout(NamedTuple):
+    """Per-chunk metadata; all arrays int32 of length ``num_chunks`` unless noted."""
+
+    row: jnp.ndarray  # owning row, R for unused chunks
+    start: jnp.ndarray  # packed index of the chunk's first token
+    length: jnp.ndarray  # real tokens in the chunk, 0 for unused chunks
+    is_first: jnp.ndarray  # bool: first chunk of its row (the state resets to the row's initial state)
+    first_chunk: jnp.ndarray  # [R + 1] chunk index of each row's first chunk (cumulative)
+
+
+def num_chunks_for(num_tokens: int, num_rows: int, chunk_size: int) -> int:
+    """Static chunk count of a ``[num_tokens]`` batch with ``num_rows`` rows."""
+    return -(-num_tokens // chunk_size) + num_rows
+
+
+def chunk_layout(cu_seqlens: jnp.ndarray, num_tokens: int, chunk_size: int) -> ChunkLayout:
+    """Computes the chunk layout of a packed batch (traceable; shapes depend only on statics)."""
+    cu = cu_seqlens.astype(jnp.int32)
+    num_rows = cu.shape[0] - 1
+    lens = cu[1:] - cu[:-1]
+    per_row = (lens + chunk_size - 1) // chunk_size
+    first_chunk = jnp.concatenate([jnp.zeros((1,), jnp.int32), jnp.cumsum(per_row).astype(jnp.int32)])
+    n = num_chunks_for(num_tokens, num_rows, chunk_size)
+    idx = jnp.arange(n, dtype=jnp.int32)
+    row = jnp.searchsorted(first_chunk[1:], idx, side="right").astype(jnp.int32)
+    safe_row = jnp.minimum(row, num_rows - 1)
+    local = idx - first_chunk[safe_row]
+    used = row < num_rows
+    start = jnp.where(used, cu[safe_row] + local * chunk_size, num_tokens)
+    length = jnp.where(used, jnp.minimum(chunk_size, lens[safe_row] - local * chunk_size), 0)
+    is_first = used & (local == 0)
+    return ChunkLayout(row=row, start=start, length=length, is_first=is_first, first_chunk=first_chunk)
+
+
+def gather_chunks(x: jnp.ndarray, layout: ChunkLayout, chunk_size: int) -> jnp.ndarray:
+    """Gathers ``x[T, ...]`` into ``[num_chunks, chunk_size, ...]``; slots past a chunk's length are 0."""
+    num_tokens = x.shape[0]
+    pos = layout.start[:, None] + jnp.arange(chunk_size, dtype=jnp.int32)[None, :]
+    valid = jnp.arange(chunk_size, dtype=jnp.int32)[None, :] < layout.length[:, None]
+    safe = jnp.where(valid, jnp.minimum(pos, num_tokens - 1), 0)
+    out = x[safe]
+    mask = valid.reshape(valid.shape + (1,) * (x.ndim - 1))
+    return jnp.where(mask, out, jnp.zeros((), x.dtype))
+
+
+def scatter_chunks(y: jnp.ndarray, layout: ChunkLayout, num_tokens: int) -> jnp.ndarray:
+    """Inverse of :func:`gather_chunks`: ``[num_chunks, chunk_size, ...] -> [T, ...]``; padding tokens get 0."""
+    chunk_size = y.shape[1]
+    pos = layout.start[:, None] + jnp.arange(chunk_size, dtype=jnp.int32)[None, :]
+    valid = jnp.arange(chunk_size, dtype=jnp.int32)[None, :] < layout.length[:, None]
+    target = jnp.where(valid, pos, num_tokens)  # out-of-range index: dropped
+    out = jnp.zeros((num_tokens,) + y.shape[2:], y.dtype)
+    return out.at[target.reshape(-1)].set(y.reshape((-1,) + y.shape[2:]), mode="drop")

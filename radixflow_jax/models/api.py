@@ -1,0 +1,167 @@
+"""The oracle API: load a model by preset name or directory, run full forwards and incremental spans.
+
+``load(path_or_preset, dtype=...)`` returns a :class:`LoadedModel` with
+``logits(token_ids) -> np.ndarray[T, vocab]`` (one sequence, float32) and the incremental path the
+engine uses: :meth:`LoadedModel.new_sequence`, :meth:`LoadedModel.extend` (a span of any length
+through the chunked scan, with cached KV and recurrent state carried) and
+:meth:`LoadedModel.decode` (one token through the decode updates).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from typing import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from radixflow_jax.models import presets
+from radixflow_jax.models.batch import Batch, ModelCache, init_cache
+from radixflow_jax.models.config import ConfigError, ModelConfig
+from radixflow_jax.models.hf_config import parse_hf_config
+from radixflow_jax.models.hybrid import HybridLM
+from radixflow_jax.models.safetensors_io import WeightsError
+from radixflow_jax.models.tokenizer import Tokenizer
+from radixflow_jax.models.weights import has_orbax, load_orbax_state, load_safetensors_state
+
+_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
+_PAGE_SIZE = 16
+
+
+def resolve_dtype(dtype: str | jnp.dtype) -> jnp.dtype:
+    if isinstance(dtype, str):
+        if dtype not in _DTYPES:
+            raise ValueError(f"dtype {dtype!r}: expected one of {', '.join(_DTYPES)}")
+        return _DTYPES[dtype]
+    return jnp.dtype(dtype)
+
+
+def resolve_model_dir(path_or_preset: str) -> str:
+    """A directory holding ``config.json``: a preset name is materialised in the preset cache."""
+    if presets.is_preset(path_or_preset):
+        return presets.materialize(path_or_preset)
+    if not os.path.isdir(path_or_preset):
+        raise FileNotFoundError(
+            f"model {path_or_preset!r} is neither a directory nor a preset ({', '.join(presets.names())})"
+        )
+    if not os.path.exists(os.path.join(path_or_preset, "config.json")):
+        raise FileNotFoundError(f"{path_or_preset}: no config.json")
+    return path_or_preset
+
+
+def read_config(model_dir: str) -> ModelConfig:
+    with open(os.path.join(model_dir, "config.json")) as f:
+        try:
+            raw = json.load(f)
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"{model_dir}/config.json is not valid JSON ({exc})") from exc
+    return parse_hf_config(raw)
+
+
+@dataclasses.dataclass
+class SequenceState:
+    """One sequence's cache: contiguous pages ``1..n`` (page 0 is the padding sink), state slot 1."""
+
+    cache: ModelCache
+    length: int
+    capacity: int
+
+
+class LoadedModel:
+    """A model with its parameters on the device and, when the directory has one, its tokenizer."""
+
+    def __init__(self, model_dir: str, cfg: ModelConfig, graphdef: nnx.GraphDef, state: nnx.State, dtype: jnp.dtype):
+        self.model_dir = model_dir
+        self.config = cfg
+        self.dtype = dtype
+        self.graphdef = graphdef
+        self.params = state
+        self.tokenizer = Tokenizer(model_dir) if Tokenizer.exists(model_dir) else None
+        self._forward = jax.jit(self._forward_impl, static_argnames=("num_decode",), donate_argnames=("cache",))
+
+    @property
+    def module(self) -> HybridLM:
+        return nnx.merge(self.graphdef, self.params)
+
+    def _forward_impl(
+        self, params: nnx.State, tokens: jax.Array, batch: Batch, cache: ModelCache, *, num_decode: int
+    ) -> tuple[jax.Array, ModelCache]:
+        model = nnx.merge(self.graphdef, params)
+        hidden, cache = model(tokens, batch, cache, num_decode=num_decode)
+        return model.logits(hidden), cache
+
+    def new_sequence(self, capacity: int = 2048) -> SequenceState:
+        pages = -(-capacity // _PAGE_SIZE)
+        cache = init_cache(self.config, num_pages=pages + 1, page_size=_PAGE_SIZE, num_slots=2, dtype=self.dtype)
+        return SequenceState(cache=cache, length=0, capacity=pages * _PAGE_SIZE)
+
+    def _run(self, seq: SequenceState, ids: Sequence[int], num_decode: int) -> np.ndarray:
+        n = len(ids)
+        if n == 0:
+            raise ValueError("empty token span")
+        if seq.length + n > seq.capacity:
+            raise ValueError(f"sequence of {seq.length + n} tokens exceeds its capacity {seq.capacity}")
+        self._check_ids(ids)
+        padded = n if num_decode else max(8, 1 << (n - 1).bit_length())
+        tokens = np.zeros(padded, np.int32)
+        tokens[:n] = ids
+        pos = np.arange(seq.length, seq.length + n)
+        slots = np.zeros(padded, np.int32)
+        slots[:n] = (pos // _PAGE_SIZE + 1) * _PAGE_SIZE + pos % _PAGE_SIZE
+        num_pages = seq.capacity // _PAGE_SIZE
+        batch = Batch(
+            cu_seqlens=jnp.asarray([0, n], jnp.int32),
+            kv_lens=jnp.asarray([seq.length + n], jnp.int32),
+            page_table=jnp.arange(1, num_pages + 1, dtype=jnp.int32)[None, :],
+            slot_mapping=jnp.asarray(slots),
+            state_slots=jnp.asarray([1], jnp.int32),
+        )
+        logits, seq.cache = self._forward(self.params, jnp.asarray(tokens), batch, seq.cache, num_decode=num_decode)
+        seq.length += n
+        return np.asarray(logits[:n])
+
+    def extend(self, seq: SequenceState, ids: Sequence[int]) -> np.ndarray:
+        """Processes a span through the chunked path; returns its logits ``[n, vocab]`` (float32)."""
+        return self._run(seq, ids, num_decode=0)
+
+    def decode(self, seq: SequenceState, token_id: int) -> np.ndarray:
+        """Processes one token through the decode path; returns its logits ``[vocab]``."""
+        return self._run(seq, [token_id], num_decode=1)[0]
+
+    def logits(self, token_ids: Sequence[int]) -> np.ndarray:
+        """Full forward of one sequence: float32 logits ``[T, vocab]``."""
+        seq = self.new_sequence(max(len(token_ids), 1))
+        return self.extend(seq, token_ids)
+
+    def recurrent_states(self, seq: SequenceState) -> list[tuple[np.ndarray, np.ndarray]]:
+        """``(conv_state [K-1, C], ssm_state)`` of every recurrent layer, in layer order."""
+        return [(np.asarray(c[1]), np.asarray(s[1])) for c, s in zip(seq.cache.conv, seq.cache.ssm)]
+
+    def _check_ids(self, ids: Sequence[int]) -> None:
+        bad = [t for t in ids if not 0 <= int(t) < self.config.vocab_size]
+        if bad:
+            raise ValueError(f"token id {bad[0]} is outside the vocabulary [0, {self.config.vocab_size})")
+
+    def encode(self, text: str) -> list[int]:
+        if self.tokenizer is None:
+            raise ValueError(f"{self.model_dir} has no tokenizer.json: pass token ids instead of text")
+        return self.tokenizer.encode(text)
+
+
+def load(path_or_preset: str, dtype: str | jnp.dtype = "float32") -> LoadedModel:
+    """Loads a preset, a HF directory (safetensors) or a ``radixflow convert`` output (orbax)."""
+    jdtype = resolve_dtype(dtype)
+    model_dir = resolve_model_dir(path_or_preset)
+    cfg = read_config(model_dir)
+    if has_orbax(model_dir):
+        graphdef, state = load_orbax_state(model_dir, cfg, jdtype)
+    else:
+        graphdef, state = load_safetensors_state(model_dir, cfg, jdtype)
+    return LoadedModel(model_dir, cfg, graphdef, state, jdtype)
+
+
+__all__ = ["load", "LoadedModel", "SequenceState", "ConfigError", "WeightsError", "read_config"]

@@ -1,0 +1,82 @@
+"""The device-side inputs of one model call and the pools it reads and writes.
+
+A call processes a *packed ragged batch*: ``T`` token slots and ``R`` request rows. Row ``r`` owns
+packed tokens ``cu_seqlens[r]:cu_seqlens[r+1]``; slots after ``cu_seqlens[R]`` are padding. The first
+``num_decode`` rows (a static count) are one-token decode rows owning the first ``num_decode``
+token slots; they take the recurrent one-step update instead of the chunked scan.
+
+Invariants (the runner guarantees them, the model relies on them):
+  * ``kv_lens[r]`` is row r's context length *including* this span; its KV for positions
+    ``< kv_lens[r] - span_len`` is already in the pages named by ``page_table[r]``.
+  * ``slot_mapping[t] = page * page_size + offset`` of token t's KV; padding tokens map into the
+    reserved page 0. ``state_slots[r]`` names row r's recurrent state slot; padding rows use the
+    reserved slot 0. No two real rows of one call share a state slot.
+  * Recurrent states are float32; conv states hold the last ``K - 1`` conv inputs, oldest first.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from radixflow_jax.models.config import ModelConfig
+
+
+class Batch(NamedTuple):
+    cu_seqlens: jax.Array  # int32 [R + 1]
+    kv_lens: jax.Array  # int32 [R]
+    page_table: jax.Array  # int32 [R, max_pages]
+    slot_mapping: jax.Array  # int32 [T]
+    state_slots: jax.Array  # int32 [R]
+
+
+class ModelCache(NamedTuple):
+    """Per-layer pools. ``kv[i]`` belongs to the i-th attention layer; ``conv[j]``/``ssm[j]`` to the
+    j-th recurrent layer (in layer order)."""
+
+    kv: tuple[tuple[jax.Array, jax.Array], ...]  # ([P, page, Hkv, D], [P, page, Hkv, D])
+    conv: tuple[jax.Array, ...]  # [S, K - 1, conv_dim] in the model dtype
+    ssm: tuple[jax.Array, ...]  # [S, ...state shape] float32
+
+
+def recurrent_state_shapes(cfg: ModelConfig) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
+    """``(conv_shape, ssm_shape)`` per recurrent layer, without the slot axis."""
+    shapes = []
+    for i in cfg.recurrent_layers:
+        if cfg.mixers[i] == "gdn":
+            g = cfg.gdn
+            assert g is not None
+            shapes.append(((g.conv_kernel - 1, g.conv_dim), (g.num_v_heads, g.head_k_dim, g.head_v_dim)))
+    return shapes
+
+
+def init_cache(cfg: ModelConfig, *, num_pages: int, page_size: int, num_slots: int, dtype: jnp.dtype) -> ModelCache:
+    """Zeroed pools: ``num_pages`` KV pages (page 0 = padding sink), ``num_slots`` state slots
+    (slot 0 = padding sink)."""
+    att = cfg.attention
+    kv = []
+    for _ in cfg.attention_layers:
+        assert att is not None
+        shape = (num_pages, page_size, att.num_kv_heads, att.head_dim)
+        kv.append((jnp.zeros(shape, dtype), jnp.zeros(shape, dtype)))
+    conv, ssm = [], []
+    for conv_shape, ssm_shape in recurrent_state_shapes(cfg):
+        conv.append(jnp.zeros((num_slots,) + conv_shape, dtype))
+        ssm.append(jnp.zeros((num_slots,) + ssm_shape, jnp.float32))
+    return ModelCache(kv=tuple(kv), conv=tuple(conv), ssm=tuple(ssm))
+
+
+def state_bytes_per_slot(cfg: ModelConfig, dtype: jnp.dtype) -> int:
+    """Bytes one checkpoint (all recurrent layers, conv + SSM state) occupies."""
+    total = 0
+    for conv_shape, ssm_shape in recurrent_state_shapes(cfg):
+        conv_n = 1
+        for d in conv_shape:
+            conv_n *= d
+        ssm_n = 1
+        for d in ssm_shape:
+            ssm_n *= d
+        total += conv_n * jnp.dtype(dtype).itemsize + ssm_n * 4
+    return total

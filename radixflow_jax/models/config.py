@@ -1,0 +1,153 @@
+"""Frozen model configuration shared by every supported architecture.
+
+One :class:`ModelConfig` describes a decoder-only hybrid model as a list of per-layer mixer kinds
+(``attention``, ``gdn``; ``mamba`` comes with the Mamba2 family) and per-layer MLP kinds
+(``dense``, ``moe``, ``none``), plus the sub-configs each kind needs. Parsing from a HF
+``config.json`` lives in :mod:`radixflow_jax.models.hf_config`; this module holds no parsing logic.
+
+Invariants:
+  * ``len(mixers) == len(mlps) == num_layers``.
+  * ``attention`` is set iff some layer is ``attention``; ``gdn`` iff some layer is ``gdn``;
+    ``moe`` iff some layer's MLP is ``moe``.
+  * Head counts divide: ``attention.num_heads % attention.num_kv_heads == 0`` and
+    ``gdn.num_v_heads % gdn.num_k_heads == 0``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Literal
+
+Mixer = Literal["attention", "gdn"]
+MlpKind = Literal["dense", "moe", "none"]
+
+
+class ConfigError(ValueError):
+    """A model config value is missing, invalid or unsupported; the message names the field."""
+
+
+@dataclasses.dataclass(frozen=True)
+class RopeConfig:
+    """Rotary embedding over the first ``rotary_dim`` channels of each head (rotate-half layout)."""
+
+    theta: float
+    rotary_dim: int
+    kind: Literal["default", "linear", "llama3"] = "default"
+    factor: float = 1.0
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    original_max_position: int = 8192
+
+
+@dataclasses.dataclass(frozen=True)
+class AttentionConfig:
+    """Softmax attention. ``qk_norm``: per-head RMSNorm on q and k (``none``, ``rms``, ``rms_zc``
+    for the zero-centred ``1 + w`` form). ``output_gate``: q_proj also yields a per-head gate that
+    multiplies the output by ``sigmoid(gate)`` (interleaved per head: query channels, then gate)."""
+
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    qk_norm: Literal["none", "rms", "rms_zc"]
+    output_gate: bool
+    bias: bool
+    rope: RopeConfig | None
+    sliding_window: int | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class GdnConfig:
+    """Gated DeltaNet mixer. ``packed``: Qwen3-Next's ``in_proj_qkvz``/``in_proj_ba`` grouped by key
+    head; otherwise Qwen3.5's split ``in_proj_qkv``/``in_proj_z``/``in_proj_b``/``in_proj_a``."""
+
+    num_k_heads: int
+    num_v_heads: int
+    head_k_dim: int
+    head_v_dim: int
+    conv_kernel: int
+    packed: bool
+    chunk_size: int = 64
+
+    @property
+    def key_dim(self) -> int:
+        return self.num_k_heads * self.head_k_dim
+
+    @property
+    def value_dim(self) -> int:
+        return self.num_v_heads * self.head_v_dim
+
+    @property
+    def conv_dim(self) -> int:
+        return 2 * self.key_dim + self.value_dim
+
+
+@dataclasses.dataclass(frozen=True)
+class MoeConfig:
+    """Softmax router over ``num_experts``, top-k (renormalised when ``norm_topk``), SwiGLU experts;
+    an optional shared expert scaled by ``sigmoid(shared_gate(x))``."""
+
+    num_experts: int
+    top_k: int
+    intermediate_size: int
+    norm_topk: bool
+    shared_intermediate_size: int
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    """Everything the model code needs; built once, hashable, safe as a jit static argument."""
+
+    model_type: str
+    vocab_size: int
+    hidden_size: int
+    num_layers: int
+    mixers: tuple[Mixer, ...]
+    mlps: tuple[MlpKind, ...]
+    intermediate_size: int
+    rms_norm_eps: float
+    zero_centered_norm: bool
+    tie_word_embeddings: bool
+    max_position_embeddings: int
+    attention: AttentionConfig | None
+    gdn: GdnConfig | None
+    moe: MoeConfig | None
+    eos_token_ids: tuple[int, ...] = ()
+    bos_token_id: int | None = None
+    weight_prefix: str = "model."
+
+    def __post_init__(self) -> None:
+        if not (len(self.mixers) == len(self.mlps) == self.num_layers):
+            raise ConfigError(
+                f"num_hidden_layers={self.num_layers} but {len(self.mixers)} layer types and "
+                f"{len(self.mlps)} MLP kinds"
+            )
+        if ("attention" in self.mixers) != (self.attention is not None):
+            raise ConfigError("attention layers need an attention config (num_attention_heads, ...)")
+        if ("gdn" in self.mixers) != (self.gdn is not None):
+            raise ConfigError("linear_attention layers need the linear_* config fields")
+        if ("moe" in self.mlps) != (self.moe is not None):
+            raise ConfigError("MoE layers need num_experts / num_experts_per_tok / moe_intermediate_size")
+        att = self.attention
+        if att is not None and att.num_heads % att.num_kv_heads:
+            raise ConfigError(
+                f"num_attention_heads={att.num_heads} is not a multiple of num_key_value_heads={att.num_kv_heads}"
+            )
+        gdn = self.gdn
+        if gdn is not None and gdn.num_v_heads % gdn.num_k_heads:
+            raise ConfigError(
+                f"linear_num_value_heads={gdn.num_v_heads} is not a multiple of "
+                f"linear_num_key_heads={gdn.num_k_heads}"
+            )
+
+    @property
+    def attention_layers(self) -> tuple[int, ...]:
+        return tuple(i for i, m in enumerate(self.mixers) if m == "attention")
+
+    @property
+    def recurrent_layers(self) -> tuple[int, ...]:
+        return tuple(i for i, m in enumerate(self.mixers) if m != "attention")
+
+    @property
+    def is_hybrid(self) -> bool:
+        """True when the model carries recurrent state (prefix hits need checkpoints)."""
+        return bool(self.recurrent_layers)

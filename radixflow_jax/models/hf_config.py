@@ -1,0 +1,247 @@
+"""Parse a HF ``config.json`` dict into a :class:`ModelConfig`.
+
+Every value the model math depends on is read explicitly; a missing required field, a value out of
+range, or a feature we do not implement raises :class:`ConfigError` naming the field. Nothing is
+silently ignored except fields that do not change inference (dropout, init ranges, ...).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from radixflow_jax.models.config import (
+    AttentionConfig,
+    ConfigError,
+    GdnConfig,
+    ModelConfig,
+    MoeConfig,
+    RopeConfig,
+)
+
+_GDN_TYPES = ("qwen3_next", "qwen3_5_text", "qwen3_5_moe_text")
+_DENSE_TYPES = ("qwen3", "llama")
+
+
+def supported_model_types() -> tuple[str, ...]:
+    return _GDN_TYPES + ("qwen3_5", "qwen3_5_moe") + _DENSE_TYPES
+
+
+def _req(cfg: dict[str, Any], key: str, kind: type | tuple[type, ...] = int) -> Any:
+    if key not in cfg or cfg[key] is None:
+        raise ConfigError(f"config.json: required field '{key}' is missing")
+    value = cfg[key]
+    if isinstance(value, bool) or not isinstance(value, kind):
+        raise ConfigError(f"config.json: field '{key}' must be {kind}, got {value!r}")
+    return value
+
+
+def _positive(cfg: dict[str, Any], key: str, default: int | None = None) -> int:
+    if default is not None and cfg.get(key) is None:
+        return default
+    value = _req(cfg, key, int)
+    if value <= 0:
+        raise ConfigError(f"config.json: field '{key}' must be positive, got {value}")
+    return value
+
+
+def _act(cfg: dict[str, Any], key: str = "hidden_act") -> None:
+    act = cfg.get(key, "silu")
+    if act not in ("silu", "swish"):
+        raise ConfigError(f"config.json: {key}={act!r} is not supported (only 'silu')")
+
+
+def _eos(cfg: dict[str, Any]) -> tuple[int, ...]:
+    eos = cfg.get("eos_token_id")
+    if eos is None:
+        return ()
+    return tuple(eos) if isinstance(eos, list) else (int(eos),)
+
+
+def _rope(cfg: dict[str, Any], head_dim: int) -> RopeConfig:
+    params = dict(cfg.get("rope_parameters") or {})
+    legacy = cfg.get("rope_scaling") or {}
+    theta = params.get("rope_theta", cfg.get("rope_theta", 10000.0))
+    factor = params.get("partial_rotary_factor", cfg.get("partial_rotary_factor", 1.0))
+    kind = params.get("rope_type", legacy.get("rope_type", legacy.get("type", "default")))
+    src = params if "rope_type" in params else legacy
+    if not isinstance(theta, (int, float)) or theta <= 0:
+        raise ConfigError(f"config.json: rope_theta must be a positive number, got {theta!r}")
+    if not 0 < float(factor) <= 1:
+        raise ConfigError(f"config.json: partial_rotary_factor must be in (0, 1], got {factor!r}")
+    rotary_dim = int(head_dim * float(factor))
+    if rotary_dim % 2:
+        raise ConfigError(f"config.json: rotary dim {rotary_dim} (head_dim * partial_rotary_factor) must be even")
+    if kind == "default":
+        return RopeConfig(theta=float(theta), rotary_dim=rotary_dim)
+    if kind == "linear":
+        return RopeConfig(theta=float(theta), rotary_dim=rotary_dim, kind="linear", factor=float(src["factor"]))
+    if kind == "llama3":
+        return RopeConfig(
+            theta=float(theta),
+            rotary_dim=rotary_dim,
+            kind="llama3",
+            factor=float(src["factor"]),
+            low_freq_factor=float(src["low_freq_factor"]),
+            high_freq_factor=float(src["high_freq_factor"]),
+            original_max_position=int(src["original_max_position_embeddings"]),
+        )
+    raise ConfigError(f"config.json: rope_type={kind!r} is not supported (default, linear, llama3)")
+
+
+def _layer_types(cfg: dict[str, Any], n: int) -> tuple[str, ...]:
+    types = cfg.get("layer_types")
+    if types is None:
+        interval = cfg.get("full_attention_interval", 4)
+        types = ["linear_attention" if (i + 1) % interval else "full_attention" for i in range(n)]
+    if len(types) != n:
+        raise ConfigError(f"config.json: layer_types has {len(types)} entries, num_hidden_layers={n}")
+    mapping = {"linear_attention": "gdn", "full_attention": "attention"}
+    for i, t in enumerate(types):
+        if t not in mapping:
+            raise ConfigError(f"config.json: layer_types[{i}]={t!r} is not supported (linear_attention, full_attention)")
+    return tuple(mapping[t] for t in types)
+
+
+def _moe(cfg: dict[str, Any], shared_default: int = 0) -> MoeConfig:
+    num = _positive(cfg, "num_experts")
+    top_k = _positive(cfg, "num_experts_per_tok")
+    if top_k > num:
+        raise ConfigError(f"config.json: num_experts_per_tok={top_k} exceeds num_experts={num}")
+    shared = cfg.get("shared_expert_intermediate_size", shared_default) or 0
+    return MoeConfig(
+        num_experts=num,
+        top_k=top_k,
+        intermediate_size=_positive(cfg, "moe_intermediate_size"),
+        norm_topk=bool(cfg.get("norm_topk_prob", True)),
+        shared_intermediate_size=int(shared),
+    )
+
+
+def _common(cfg: dict[str, Any]) -> dict[str, Any]:
+    _act(cfg)
+    return dict(
+        model_type=cfg["model_type"],
+        vocab_size=_positive(cfg, "vocab_size"),
+        hidden_size=_positive(cfg, "hidden_size"),
+        num_layers=_positive(cfg, "num_hidden_layers"),
+        intermediate_size=_positive(cfg, "intermediate_size"),
+        rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
+        tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+        max_position_embeddings=_positive(cfg, "max_position_embeddings", 8192),
+        eos_token_ids=_eos(cfg),
+        bos_token_id=cfg.get("bos_token_id"),
+    )
+
+
+def _attention(cfg: dict[str, Any], qk_norm: str, output_gate: bool) -> AttentionConfig:
+    heads = _positive(cfg, "num_attention_heads")
+    head_dim = cfg.get("head_dim") or _positive(cfg, "hidden_size") // heads
+    window = cfg.get("sliding_window") if cfg.get("use_sliding_window") else None
+    if window is not None:
+        raise ConfigError("config.json: use_sliding_window=true is not supported yet")
+    return AttentionConfig(
+        num_heads=heads,
+        num_kv_heads=_positive(cfg, "num_key_value_heads", heads),
+        head_dim=int(head_dim),
+        qk_norm=qk_norm,  # type: ignore[arg-type]
+        output_gate=output_gate,
+        bias=bool(cfg.get("attention_bias", False)),
+        rope=_rope(cfg, int(head_dim)),
+    )
+
+
+def _parse_gdn_family(cfg: dict[str, Any]) -> ModelConfig:
+    common = _common(cfg)
+    n = common["num_layers"]
+    mixers = _layer_types(cfg, n)
+    mtype = cfg["model_type"]
+    if mtype == "qwen3_next":
+        num_experts = cfg.get("num_experts", 0) or 0
+        sparse_step = cfg.get("decoder_sparse_step", 1) or 1
+        mlp_only = set(cfg.get("mlp_only_layers") or [])
+        mlps = tuple(
+            "moe" if num_experts > 0 and i not in mlp_only and (i + 1) % sparse_step == 0 else "dense"
+            for i in range(n)
+        )
+        moe = _moe(cfg) if "moe" in mlps else None
+    elif mtype == "qwen3_5_moe_text":
+        mlps = ("moe",) * n
+        moe = _moe({**cfg, "norm_topk_prob": True})
+    else:
+        mlps = ("dense",) * n
+        moe = None
+    gdn = GdnConfig(
+        num_k_heads=_positive(cfg, "linear_num_key_heads"),
+        num_v_heads=_positive(cfg, "linear_num_value_heads"),
+        head_k_dim=_positive(cfg, "linear_key_head_dim"),
+        head_v_dim=_positive(cfg, "linear_value_head_dim"),
+        conv_kernel=_positive(cfg, "linear_conv_kernel_dim", 4),
+        packed=mtype == "qwen3_next",
+    )
+    if "attention" not in mixers:
+        raise ConfigError("config.json: layer_types has no full_attention layer")
+    return ModelConfig(
+        **common,
+        mixers=mixers,
+        mlps=mlps,  # type: ignore[arg-type]
+        zero_centered_norm=True,
+        attention=_attention(cfg, "rms_zc", output_gate=True),
+        gdn=gdn if "gdn" in mixers else None,
+        moe=moe,
+    )
+
+
+def _parse_dense(cfg: dict[str, Any]) -> ModelConfig:
+    common = _common(cfg)
+    n = common["num_layers"]
+    if cfg["model_type"] == "llama":
+        if cfg.get("mlp_bias"):
+            raise ConfigError("config.json: mlp_bias=true is not supported")
+        if (cfg.get("pretraining_tp") or 1) != 1:
+            raise ConfigError("config.json: pretraining_tp != 1 is not supported")
+    return ModelConfig(
+        **common,
+        mixers=("attention",) * n,
+        mlps=("dense",) * n,
+        zero_centered_norm=False,
+        attention=_attention(cfg, "rms" if cfg["model_type"] == "qwen3" else "none", output_gate=False),
+        gdn=None,
+        moe=None,
+    )
+
+
+def _composite(cfg: dict[str, Any]) -> ModelConfig:
+    """Qwen3.5 vision-language checkpoints: serve the text part (``text_config``)."""
+    text = cfg.get("text_config")
+    if not isinstance(text, dict):
+        raise ConfigError(f"config.json: model_type={cfg['model_type']!r} needs a 'text_config' object")
+    text = dict(text)
+    text.setdefault("model_type", cfg["model_type"] + "_text")
+    for key in ("tie_word_embeddings", "eos_token_id", "bos_token_id"):
+        if key not in text and key in cfg:
+            text[key] = cfg[key]
+    parsed = parse_hf_config(text)
+    import dataclasses
+
+    return dataclasses.replace(parsed, weight_prefix="model.language_model.")
+
+
+_PARSERS: dict[str, Callable[[dict[str, Any]], ModelConfig]] = {
+    **{t: _parse_gdn_family for t in _GDN_TYPES},
+    **{t: _parse_dense for t in _DENSE_TYPES},
+    "qwen3_5": _composite,
+    "qwen3_5_moe": _composite,
+}
+
+
+def parse_hf_config(cfg: dict[str, Any]) -> ModelConfig:
+    """Builds a :class:`ModelConfig` from a parsed ``config.json``; raises :class:`ConfigError`."""
+    mtype = cfg.get("model_type")
+    if mtype is None:
+        raise ConfigError("config.json: required field 'model_type' is missing")
+    parser = _PARSERS.get(mtype)
+    if parser is None:
+        raise ConfigError(
+            f"config.json: model_type={mtype!r} is not supported; supported: {', '.join(supported_model_types())}"
+        )
+    return parser(cfg)

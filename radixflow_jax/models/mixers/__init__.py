@@ -1,0 +1,1 @@
+"""Token mixers: softmax attention over paged KV, and recurrent mixers over state slots."""

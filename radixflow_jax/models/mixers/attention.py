@@ -1,0 +1,71 @@
+"""Softmax attention over a paged KV cache for a packed ragged batch.
+
+Covers Qwen3-Next/Qwen3.5 gated attention (output gate interleaved per head in ``q_proj``, zero-
+centred q/k norm, partial RoPE), Qwen3 (q/k RMSNorm, full RoPE) and Llama (no q/k norm).
+The new K/V of every token is written into its page slot *before* attending, so a prefill row sees
+its own span and its cached prefix through the same page table.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from radixflow_jax.kernels import ops
+from radixflow_jax.models.batch import Batch
+from radixflow_jax.models.config import AttentionConfig
+from radixflow_jax.models.layers import Linear, RMSNorm, apply_rope, rope_inv_freq
+
+KvPages = tuple[jax.Array, jax.Array]
+
+
+class Attention(nnx.Module):
+    def __init__(self, cfg: AttentionConfig, hidden: int, eps: float, *, dtype: jnp.dtype, rngs: nnx.Rngs):
+        self.cfg = cfg
+        q_out = cfg.num_heads * cfg.head_dim * (2 if cfg.output_gate else 1)
+        kv_out = cfg.num_kv_heads * cfg.head_dim
+        self.q_proj = Linear(hidden, q_out, bias=cfg.bias, dtype=dtype, rngs=rngs)
+        self.k_proj = Linear(hidden, kv_out, bias=cfg.bias, dtype=dtype, rngs=rngs)
+        self.v_proj = Linear(hidden, kv_out, bias=cfg.bias, dtype=dtype, rngs=rngs)
+        self.o_proj = Linear(cfg.num_heads * cfg.head_dim, hidden, bias=cfg.bias, dtype=dtype, rngs=rngs)
+        if cfg.qk_norm == "none":
+            self.q_norm = self.k_norm = None
+        else:
+            zc = cfg.qk_norm == "rms_zc"
+            self.q_norm = RMSNorm(cfg.head_dim, eps, zero_centered=zc, dtype=dtype)
+            self.k_norm = RMSNorm(cfg.head_dim, eps, zero_centered=zc, dtype=dtype)
+
+    def __call__(self, x: jax.Array, positions: jax.Array, batch: Batch, kv: KvPages) -> tuple[jax.Array, KvPages]:
+        cfg = self.cfg
+        num_tokens = x.shape[0]
+        q = self.q_proj(x)
+        gate = None
+        if cfg.output_gate:
+            q = q.reshape(num_tokens, cfg.num_heads, 2 * cfg.head_dim)
+            q, gate = q[..., : cfg.head_dim], q[..., cfg.head_dim :]
+            gate = gate.reshape(num_tokens, -1)
+        q = q.reshape(num_tokens, cfg.num_heads, cfg.head_dim)
+        k = self.k_proj(x).reshape(num_tokens, cfg.num_kv_heads, cfg.head_dim)
+        v = self.v_proj(x).reshape(num_tokens, cfg.num_kv_heads, cfg.head_dim)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        if cfg.rope is not None:
+            inv_freq = rope_inv_freq(cfg.rope)
+            q = apply_rope(q, positions, inv_freq)
+            k = apply_rope(k, positions, inv_freq)
+        k_pages, v_pages = ops.write_kv(kv[0], kv[1], k, v, batch.slot_mapping)
+        out = ops.paged_attention(
+            q,
+            k_pages,
+            v_pages,
+            batch.page_table,
+            batch.cu_seqlens,
+            batch.kv_lens,
+            scale=cfg.head_dim**-0.5,
+            sliding_window=cfg.sliding_window,
+        )
+        out = out.reshape(num_tokens, -1)
+        if gate is not None:
+            out = out * jax.nn.sigmoid(gate)
+        return self.o_proj(out), (k_pages, v_pages)

@@ -1,0 +1,140 @@
+"""Gated DeltaNet mixer (Qwen3-Next packed projections, Qwen3.5 split projections).
+
+Per token: project to q|k|v (+ z, b, a); depthwise causal conv (no bias) + SiLU over q|k|v with the
+row's carried conv state; L2-normalise q and k per head; ``beta = sigmoid(b)``,
+``g = -exp(A_log) * softplus(a + dt_bias)``; gated delta rule with the row's carried recurrent
+state; gated RMSNorm with ``z``; ``out_proj``.
+
+Rows ``[:num_decode]`` take the one-step updates; the remaining rows go through the chunked scan.
+Each real row reads its state from ``state_slots[r]`` and writes the state after its span back to
+the same slot (copy-on-write of checkpoints happens before the model runs).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from radixflow_jax.kernels import ops
+from radixflow_jax.models.batch import Batch
+from radixflow_jax.models.config import GdnConfig
+from radixflow_jax.models.layers import GatedRMSNorm, Linear
+
+
+class DepthwiseConv1d(nnx.Module):
+    """Holds the HF ``conv1d.weight [C, 1, K]`` (and optional bias) of a depthwise causal conv."""
+
+    def __init__(self, channels: int, kernel: int, *, bias: bool, dtype: jnp.dtype, rngs: nnx.Rngs):
+        self.weight = nnx.Param((jax.random.normal(rngs.params(), (channels, 1, kernel)) * 0.2).astype(dtype))
+        self.bias = nnx.Param(jnp.zeros((channels,), dtype)) if bias else None
+
+    def kernel(self) -> jax.Array:
+        return self.weight[...][:, 0, :]
+
+    def bias_or_none(self) -> jax.Array | None:
+        return self.bias[...] if self.bias is not None else None
+
+
+def l2norm(x: jax.Array, eps: float = 1e-6) -> jax.Array:
+    x = x.astype(jnp.float32)
+    return x * jax.lax.rsqrt(jnp.sum(x * x, axis=-1, keepdims=True) + eps)
+
+
+def run_conv(
+    conv: DepthwiseConv1d, x: jax.Array, batch: Batch, state: jax.Array, num_decode: int
+) -> tuple[jax.Array, jax.Array]:
+    """Causal conv + SiLU over packed ``x [T, C]``; ``state [R, K-1, C]`` -> ``(y [T, C], new [R, ...])``."""
+    num_rows = batch.state_slots.shape[0]
+    ys, states = [], []
+    if num_decode:
+        y, s = ops.causal_conv1d_update(x[:num_decode], conv.kernel(), conv.bias_or_none(), state[:num_decode])
+        ys.append(y)
+        states.append(s)
+    if num_rows > num_decode:
+        cu = batch.cu_seqlens[num_decode:] - num_decode
+        y, s = ops.causal_conv1d(x[num_decode:], conv.kernel(), conv.bias_or_none(), cu, state[num_decode:])
+        ys.append(y)
+        states.append(s)
+    elif x.shape[0] > num_decode:
+        ys.append(jnp.zeros_like(x[num_decode:]))
+    return jnp.concatenate(ys, axis=0), jnp.concatenate(states, axis=0)
+
+
+class GatedDeltaNet(nnx.Module):
+    def __init__(self, cfg: GdnConfig, hidden: int, eps: float, *, dtype: jnp.dtype, rngs: nnx.Rngs):
+        self.cfg = cfg
+        hv = cfg.num_v_heads
+        if cfg.packed:
+            self.in_proj_qkvz = Linear(hidden, 2 * cfg.key_dim + 2 * cfg.value_dim, bias=False, dtype=dtype, rngs=rngs)
+            self.in_proj_ba = Linear(hidden, 2 * hv, bias=False, dtype=dtype, rngs=rngs)
+        else:
+            self.in_proj_qkv = Linear(hidden, cfg.conv_dim, bias=False, dtype=dtype, rngs=rngs)
+            self.in_proj_z = Linear(hidden, cfg.value_dim, bias=False, dtype=dtype, rngs=rngs)
+            self.in_proj_b = Linear(hidden, hv, bias=False, dtype=dtype, rngs=rngs)
+            self.in_proj_a = Linear(hidden, hv, bias=False, dtype=dtype, rngs=rngs)
+        self.conv1d = DepthwiseConv1d(cfg.conv_dim, cfg.conv_kernel, bias=False, dtype=dtype, rngs=rngs)
+        self.dt_bias = nnx.Param(jnp.ones((hv,), dtype))
+        self.A_log = nnx.Param(jnp.log(jnp.linspace(1.0, 16.0, hv)).astype(dtype))
+        self.norm = GatedRMSNorm(cfg.head_v_dim, eps, dtype=dtype)
+        self.out_proj = Linear(cfg.value_dim, hidden, bias=False, dtype=dtype, rngs=rngs)
+
+    def _project(self, x: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
+        """Returns ``(qkv [T, conv_dim], z [T, Hv, dv], b [T, Hv], a [T, Hv])`` in HF channel order."""
+        cfg = self.cfg
+        num_tokens = x.shape[0]
+        if not cfg.packed:
+            z = self.in_proj_z(x).reshape(num_tokens, cfg.num_v_heads, cfg.head_v_dim)
+            return self.in_proj_qkv(x), z, self.in_proj_b(x), self.in_proj_a(x)
+        ratio = cfg.num_v_heads // cfg.num_k_heads
+        dk, dv = cfg.head_k_dim, cfg.head_v_dim
+        qkvz = self.in_proj_qkvz(x).reshape(num_tokens, cfg.num_k_heads, 2 * dk + 2 * ratio * dv)
+        q, k = qkvz[..., :dk], qkvz[..., dk : 2 * dk]
+        v = qkvz[..., 2 * dk : 2 * dk + ratio * dv]
+        z = qkvz[..., 2 * dk + ratio * dv :].reshape(num_tokens, cfg.num_v_heads, dv)
+        ba = self.in_proj_ba(x).reshape(num_tokens, cfg.num_k_heads, 2 * ratio)
+        b = ba[..., :ratio].reshape(num_tokens, cfg.num_v_heads)
+        a = ba[..., ratio:].reshape(num_tokens, cfg.num_v_heads)
+        qkv = jnp.concatenate(
+            [q.reshape(num_tokens, -1), k.reshape(num_tokens, -1), v.reshape(num_tokens, -1)], axis=-1
+        )
+        return qkv, z, b, a
+
+    def __call__(
+        self, x: jax.Array, batch: Batch, conv_pool: jax.Array, ssm_pool: jax.Array, num_decode: int
+    ) -> tuple[jax.Array, jax.Array, jax.Array]:
+        cfg = self.cfg
+        num_tokens, num_rows = x.shape[0], batch.state_slots.shape[0]
+        slots = batch.state_slots
+        qkv, z, b, a = self._project(x)
+        qkv, conv_new = run_conv(self.conv1d, qkv, batch, conv_pool[slots], num_decode)
+        q = l2norm(qkv[:, : cfg.key_dim].reshape(num_tokens, cfg.num_k_heads, cfg.head_k_dim))
+        k = l2norm(qkv[:, cfg.key_dim : 2 * cfg.key_dim].reshape(num_tokens, cfg.num_k_heads, cfg.head_k_dim))
+        v = qkv[:, 2 * cfg.key_dim :].reshape(num_tokens, cfg.num_v_heads, cfg.head_v_dim)
+        beta = jax.nn.sigmoid(b.astype(jnp.float32))
+        g = -jnp.exp(self.A_log[...].astype(jnp.float32)) * jax.nn.softplus(
+            a.astype(jnp.float32) + self.dt_bias[...].astype(jnp.float32)
+        )
+        ssm = ssm_pool[slots]
+        outs, states = [], []
+        if num_decode:
+            d = num_decode
+            o, s = ops.gated_delta_decode(q[:d], k[:d], v[:d], g[:d], beta[:d], ssm[:d])
+            outs.append(o)
+            states.append(s)
+        if num_rows > num_decode:
+            d = num_decode
+            cu = batch.cu_seqlens[d:] - d
+            o, s, _ = ops.gated_delta_chunked(
+                q[d:], k[d:], v[d:], g[d:], beta[d:], cu, ssm[d:], chunk_size=cfg.chunk_size
+            )
+            outs.append(o)
+            states.append(s)
+        elif num_tokens > num_decode:
+            outs.append(jnp.zeros((num_tokens - num_decode,) + v.shape[1:], v.dtype))
+        core = jnp.concatenate(outs, axis=0)
+        ssm_new = jnp.concatenate(states, axis=0)
+        out = self.norm(core, z).reshape(num_tokens, cfg.value_dim)
+        conv_pool = conv_pool.at[slots].set(conv_new.astype(conv_pool.dtype))
+        ssm_pool = ssm_pool.at[slots].set(ssm_new)
+        return self.out_proj(out), conv_pool, ssm_pool

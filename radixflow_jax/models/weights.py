@@ -1,0 +1,167 @@
+"""Load a :class:`HybridLM` from a HF directory (safetensors) or a converted orbax directory.
+
+The model is first built abstractly (``nnx.eval_shape``: shapes only, no memory), then every
+parameter is read once from its checkpoint tensor, checked, cast and placed. A parameter's NNX path
+joined by dots is its checkpoint key (``model.`` replaced by the config's weight prefix), except the
+stacked MoE experts, assembled from per-expert keys or fused ``gate_up_proj`` tensors.
+
+Errors (:class:`WeightsError`) name the tensor: missing, unexpected, or of the wrong shape.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from radixflow_jax.models.config import ModelConfig
+from radixflow_jax.models.hybrid import HybridLM
+from radixflow_jax.models.safetensors_io import SafetensorsDir, WeightsError
+
+ORBAX_SUBDIR = "orbax"
+MARKER_FILE = "radixflow.json"
+_IGNORED = (re.compile(r"^model\.visual\."), re.compile(r"^mtp\."), re.compile(r"rotary_emb\.inv_freq$"))
+_EXPERT = re.compile(r"^(?P<layer>.*\.mlp\.experts)\.(?P<name>gate_proj|up_proj|down_proj)$")
+
+
+def abstract_model(cfg: ModelConfig, dtype: jnp.dtype) -> tuple[nnx.GraphDef, nnx.State]:
+    """Graph definition and shape-only state of the model (allocates nothing)."""
+    abstract = nnx.eval_shape(lambda: HybridLM(cfg, dtype=dtype, rngs=nnx.Rngs(0)))
+    return nnx.split(abstract)
+
+
+def _key_of(path: tuple[Any, ...], cfg: ModelConfig) -> str:
+    name = ".".join(str(p) for p in path)
+    if name.startswith("model."):
+        name = cfg.weight_prefix + name[len("model.") :]
+    return name
+
+
+def _expert_source(
+    tensors: SafetensorsDir, base: str, name: str, num_experts: int, used: set[str]
+) -> np.ndarray:
+    """Stacked ``[E, in, out]`` expert weight from per-expert or fused checkpoint tensors."""
+    per_expert = [f"{base}.{e}.{name}.weight" for e in range(num_experts)]
+    if all(k in tensors for k in per_expert):
+        used.update(per_expert)
+        return np.stack([np.asarray(tensors[k]).T for k in per_expert])
+    if name in ("gate_proj", "up_proj") and f"{base}.gate_up_proj" in tensors:
+        fused = np.asarray(tensors[f"{base}.gate_up_proj"])  # [E, 2I, H]
+        used.add(f"{base}.gate_up_proj")
+        half = fused.shape[1] // 2
+        part = fused[:, :half] if name == "gate_proj" else fused[:, half:]
+        return np.transpose(part, (0, 2, 1))
+    if name == "down_proj" and f"{base}.down_proj" in tensors:
+        used.add(f"{base}.down_proj")
+        return np.transpose(np.asarray(tensors[f"{base}.down_proj"]), (0, 2, 1))  # [E, H, I] -> [E, I, H]
+    missing = next(k for k in per_expert if k not in tensors)
+    raise WeightsError(f"missing tensor '{missing}' (nor a fused '{base}.gate_up_proj'/'{base}.down_proj')")
+
+
+def _read_param(tensors: SafetensorsDir, cfg: ModelConfig, path: tuple[Any, ...], used: set[str]) -> np.ndarray:
+    key = _key_of(path, cfg)
+    match = _EXPERT.match(key)
+    if match and cfg.moe is not None:
+        return _expert_source(tensors, match["layer"], match["name"], cfg.moe.num_experts, used)
+    if key not in tensors:
+        raise WeightsError(f"missing tensor '{key}'")
+    used.add(key)
+    return tensors[key]
+
+
+def load_safetensors_state(model_dir: str, cfg: ModelConfig, dtype: jnp.dtype) -> tuple[nnx.GraphDef, nnx.State]:
+    """Reads every parameter from the safetensors files of ``model_dir``."""
+    graphdef, state = abstract_model(cfg, dtype)
+    tensors = SafetensorsDir(model_dir)
+    used: set[str] = set()
+    pure = state.to_pure_dict()
+
+    def fill(path: tuple[Any, ...], leaf: jax.ShapeDtypeStruct) -> jax.Array:
+        arr = _read_param(tensors, cfg, tuple(getattr(p, "key", getattr(p, "idx", p)) for p in path), used)
+        if tuple(arr.shape) != tuple(leaf.shape):
+            raise WeightsError(
+                f"tensor '{_key_of(tuple(getattr(p, 'key', getattr(p, 'idx', p)) for p in path), cfg)}' "
+                f"has shape {tuple(arr.shape)}, the config implies {tuple(leaf.shape)}"
+            )
+        return jnp.asarray(np.asarray(arr).astype(leaf.dtype))
+
+    filled = jax.tree_util.tree_map_with_path(fill, pure)
+    tied_head = "lm_head.weight" if cfg.tie_word_embeddings else None
+    extra = [k for k in tensors if k not in used and k != tied_head and not any(p.search(k) for p in _IGNORED)]
+    if extra:
+        raise WeightsError(f"unexpected tensor '{extra[0]}' ({len(extra)} unexpected in all) for {cfg.model_type}")
+    nnx.replace_by_pure_dict(state, filled)
+    return graphdef, state
+
+
+def save_orbax(model: HybridLM, out_dir: str) -> None:
+    """Writes the model's parameters as an orbax checkpoint under ``out_dir/orbax``."""
+    import orbax.checkpoint as ocp
+
+    _, state = nnx.split(model)
+    path = os.path.abspath(os.path.join(out_dir, ORBAX_SUBDIR))
+    if os.path.exists(path):
+        shutil.rmtree(path)
+    with ocp.StandardCheckpointer() as ckpt:
+        ckpt.save(path, state.to_pure_dict())
+
+
+def load_orbax_state(model_dir: str, cfg: ModelConfig, dtype: jnp.dtype) -> tuple[nnx.GraphDef, nnx.State]:
+    """Restores parameters from ``model_dir/orbax`` straight into the abstract model's shapes."""
+    import orbax.checkpoint as ocp
+
+    graphdef, state = abstract_model(cfg, dtype)
+    target = state.to_pure_dict()
+    path = os.path.abspath(os.path.join(model_dir, ORBAX_SUBDIR))
+    with ocp.StandardCheckpointer() as ckpt:
+        meta = ckpt.metadata(path)
+        tree = getattr(meta, "item_metadata", meta)
+        stored_shapes = {
+            jax.tree_util.keystr(p): tuple(getattr(m, "shape", ())) for p, m in jax.tree_util.tree_leaves_with_path(tree)
+        }
+        for p, leaf in jax.tree_util.tree_leaves_with_path(target):
+            name = jax.tree_util.keystr(p)
+            if name not in stored_shapes:
+                raise WeightsError(f"orbax checkpoint {path}: missing parameter {name}")
+            if stored_shapes[name] != tuple(leaf.shape):
+                raise WeightsError(
+                    f"orbax checkpoint {path}: parameter {name} has shape {stored_shapes[name]}, "
+                    f"the config implies {tuple(leaf.shape)}"
+                )
+        restored = ckpt.restore(path, target)
+    nnx.replace_by_pure_dict(state, restored)
+    return graphdef, state
+
+
+def has_orbax(model_dir: str) -> bool:
+    return os.path.isdir(os.path.join(model_dir, ORBAX_SUBDIR))
+
+
+def write_marker(out_dir: str, info: dict[str, Any]) -> None:
+    with open(os.path.join(out_dir, MARKER_FILE), "w") as f:
+        json.dump(info, f, indent=2)
+
+
+StateLoader = Callable[[str, ModelConfig, jnp.dtype], tuple[nnx.GraphDef, nnx.State]]
+
+
+def param_keys(state: nnx.State, cfg: ModelConfig) -> list[tuple[str, tuple[int, ...]]]:
+    """The checkpoint keys and on-disk shapes that a model with this state is loaded from
+    (stacked experts listed per expert, HF ``[out, in]`` layout)."""
+    out: list[tuple[str, tuple[int, ...]]] = []
+    for path, leaf in jax.tree_util.tree_leaves_with_path(state.to_pure_dict()):
+        key = _key_of(tuple(getattr(p, "key", getattr(p, "idx", p)) for p in path), cfg)
+        match = _EXPERT.match(key)
+        if match:
+            num, d_in, d_out = leaf.shape
+            out.extend((f"{match['layer']}.{e}.{match['name']}.weight", (d_out, d_in)) for e in range(num))
+        else:
+            out.append((key, tuple(leaf.shape)))
+    return out
