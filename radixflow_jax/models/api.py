@@ -165,3 +165,42 @@ def load(path_or_preset: str, dtype: str | jnp.dtype = "float32") -> LoadedModel
 
 
 __all__ = ["load", "LoadedModel", "SequenceState", "ConfigError", "WeightsError", "read_config"]
+
+
+def greedy_generate(model: LoadedModel, prompt_ids: Sequence[int], max_tokens: int) -> tuple[list[int], str]:
+    """Greedy decoding through the incremental path; returns ``(token ids, finish reason)``.
+
+    Stops at any of the model's EOS ids (config and tokenizer) or after ``max_tokens`` tokens."""
+    if not prompt_ids:
+        raise ValueError("the prompt is empty")
+    if max_tokens < 1:
+        raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
+    eos = set(model.config.eos_token_ids) | set(model.tokenizer.eos_token_ids if model.tokenizer else ())
+    seq = model.new_sequence(len(prompt_ids) + max_tokens)
+    logits = model.extend(seq, prompt_ids)[-1]
+    out: list[int] = []
+    while True:
+        token = int(np.argmax(logits))
+        out.append(token)
+        if token in eos:
+            return out, "stop"
+        if len(out) >= max_tokens:
+            return out, "length"
+        logits = model.decode(seq, token)
+
+
+def convert(src: str, out_dir: str, dtype: str = "float32") -> str:
+    """Writes ``out_dir`` (config, tokenizer files, orbax parameters) that :func:`load` reads faster."""
+    import shutil
+
+    from radixflow_jax.models.weights import save_orbax, write_marker
+
+    model = load(src, dtype=dtype)
+    os.makedirs(out_dir, exist_ok=True)
+    for name in ("config.json", "tokenizer.json", "tokenizer_config.json", "generation_config.json"):
+        path = os.path.join(model.model_dir, name)
+        if os.path.exists(path):
+            shutil.copy(path, os.path.join(out_dir, name))
+    save_orbax(model.module, out_dir)
+    write_marker(out_dir, {"format": "orbax", "dtype": str(jnp.dtype(model.dtype)), "source": os.path.abspath(model.model_dir)})
+    return out_dir

@@ -81,7 +81,7 @@ def load_safetensors_state(model_dir: str, cfg: ModelConfig, dtype: jnp.dtype) -
     graphdef, state = abstract_model(cfg, dtype)
     tensors = SafetensorsDir(model_dir)
     used: set[str] = set()
-    pure = state.to_pure_dict()
+    pure = nnx.to_pure_dict(state)
 
     def fill(path: tuple[Any, ...], leaf: jax.ShapeDtypeStruct) -> jax.Array:
         arr = _read_param(tensors, cfg, tuple(getattr(p, "key", getattr(p, "idx", p)) for p in path), used)
@@ -110,7 +110,7 @@ def save_orbax(model: HybridLM, out_dir: str) -> None:
     if os.path.exists(path):
         shutil.rmtree(path)
     with ocp.StandardCheckpointer() as ckpt:
-        ckpt.save(path, state.to_pure_dict())
+        ckpt.save(path, nnx.to_pure_dict(state))
 
 
 def load_orbax_state(model_dir: str, cfg: ModelConfig, dtype: jnp.dtype) -> tuple[nnx.GraphDef, nnx.State]:
@@ -118,16 +118,14 @@ def load_orbax_state(model_dir: str, cfg: ModelConfig, dtype: jnp.dtype) -> tupl
     import orbax.checkpoint as ocp
 
     graphdef, state = abstract_model(cfg, dtype)
-    target = state.to_pure_dict()
+    target = nnx.to_pure_dict(state)
     path = os.path.abspath(os.path.join(model_dir, ORBAX_SUBDIR))
     with ocp.StandardCheckpointer() as ckpt:
         meta = ckpt.metadata(path)
         tree = getattr(meta, "item_metadata", meta)
-        stored_shapes = {
-            jax.tree_util.keystr(p): tuple(getattr(m, "shape", ())) for p, m in jax.tree_util.tree_leaves_with_path(tree)
-        }
+        stored_shapes = {_dotted(p): tuple(getattr(m, "shape", ())) for p, m in jax.tree_util.tree_leaves_with_path(tree)}
         for p, leaf in jax.tree_util.tree_leaves_with_path(target):
-            name = jax.tree_util.keystr(p)
+            name = _dotted(p)
             if name not in stored_shapes:
                 raise WeightsError(f"orbax checkpoint {path}: missing parameter {name}")
             if stored_shapes[name] != tuple(leaf.shape):
@@ -138,6 +136,10 @@ def load_orbax_state(model_dir: str, cfg: ModelConfig, dtype: jnp.dtype) -> tupl
         restored = ckpt.restore(path, target)
     nnx.replace_by_pure_dict(state, restored)
     return graphdef, state
+
+
+def _dotted(path: tuple[Any, ...]) -> str:
+    return ".".join(str(getattr(p, "key", getattr(p, "idx", p))) for p in path)
 
 
 def has_orbax(model_dir: str) -> bool:
@@ -156,7 +158,7 @@ def param_keys(state: nnx.State, cfg: ModelConfig) -> list[tuple[str, tuple[int,
     """The checkpoint keys and on-disk shapes that a model with this state is loaded from
     (stacked experts listed per expert, HF ``[out, in]`` layout)."""
     out: list[tuple[str, tuple[int, ...]]] = []
-    for path, leaf in jax.tree_util.tree_leaves_with_path(state.to_pure_dict()):
+    for path, leaf in jax.tree_util.tree_leaves_with_path(nnx.to_pure_dict(state)):
         key = _key_of(tuple(getattr(p, "key", getattr(p, "idx", p)) for p in path), cfg)
         match = _EXPERT.match(key)
         if match:

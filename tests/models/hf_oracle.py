@@ -1,0 +1,113 @@
+"""Tiny random HF models saved with ``save_pretrained``: the oracle for model-math tests."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from typing import Any
+
+import numpy as np
+import torch
+import transformers as tf
+
+GDN_COMMON: dict[str, Any] = dict(
+    vocab_size=160,
+    hidden_size=64,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    linear_num_key_heads=2,
+    linear_num_value_heads=4,
+    linear_key_head_dim=8,
+    linear_value_head_dim=12,
+    intermediate_size=96,
+    max_position_embeddings=4096,
+)
+MOE: dict[str, Any] = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=48)
+PATTERN = ["linear_attention", "linear_attention", "full_attention", "linear_attention", "full_attention"]
+
+
+def _moe_text():
+    from transformers.models.qwen3_5_moe import Qwen3_5MoeForCausalLM, Qwen3_5MoeTextConfig
+
+    return Qwen3_5MoeTextConfig, Qwen3_5MoeForCausalLM
+
+
+def make_case(name: str) -> tuple[Any, Any]:
+    """``(config, model class)`` of one named tiny configuration."""
+    layers4 = dict(num_hidden_layers=4)
+    pattern = dict(num_hidden_layers=5, layer_types=PATTERN)
+    cases: dict[str, Any] = {
+        "qwen3_5_text": lambda: (tf.Qwen3_5TextConfig(**GDN_COMMON, **layers4), tf.Qwen3_5ForCausalLM),
+        "qwen3_5_text_eqheads": lambda: (
+            tf.Qwen3_5TextConfig(
+                **{**GDN_COMMON, "linear_num_key_heads": 4, "linear_key_head_dim": 20, "linear_value_head_dim": 20,
+                   "head_dim": 24, "num_key_value_heads": 1},
+                **pattern,
+            ),
+            tf.Qwen3_5ForCausalLM,
+        ),
+        "qwen3_next_moe": lambda: (tf.Qwen3NextConfig(**GDN_COMMON, **MOE, **layers4), tf.Qwen3NextForCausalLM),
+        "qwen3_next_dense": lambda: (
+            tf.Qwen3NextConfig(**GDN_COMMON, **{**MOE, "num_experts": 4}, decoder_sparse_step=2, mlp_only_layers=[3],
+                               **pattern),
+            tf.Qwen3NextForCausalLM,
+        ),
+        "qwen3_5_moe_text": lambda: (_moe_text()[0](**GDN_COMMON, **MOE, **layers4), _moe_text()[1]),
+        "qwen3_5_vl": lambda: (
+            tf.Qwen3_5Config(
+                text_config=dict(**GDN_COMMON, **layers4),
+                vision_config=dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64,
+                                   patch_size=4, temporal_patch_size=1, spatial_merge_size=1),
+            ),
+            tf.Qwen3_5ForConditionalGeneration,
+        ),
+        "qwen3": lambda: (
+            tf.Qwen3Config(vocab_size=160, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                           num_key_value_heads=2, head_dim=24, intermediate_size=96),
+            tf.Qwen3ForCausalLM,
+        ),
+        "llama": lambda: (
+            tf.LlamaConfig(vocab_size=160, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                           num_key_value_heads=2, intermediate_size=96,
+                           rope_scaling=dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0,
+                                             high_freq_factor=4.0, original_max_position_embeddings=64)),
+            tf.LlamaForCausalLM,
+        ),
+    }
+    return cases[name]()
+
+
+def build(name: str, directory: str | None = None, seed: int = 0) -> tuple[str, torch.nn.Module]:
+    """Builds the random HF model, perturbs its norm weights (so zero-centred norms are not trivial),
+    saves it with ``save_pretrained`` and returns ``(directory, model)``."""
+    config, cls = make_case(name)
+    torch.manual_seed(seed)
+    model = cls(config).eval()
+    with torch.no_grad():
+        for pname, p in model.named_parameters():
+            if "norm" in pname:
+                p.add_(0.1 * torch.randn_like(p))
+    directory = directory or tempfile.mkdtemp(prefix=f"hf-{name}-")
+    model.save_pretrained(directory)
+    assert os.path.exists(os.path.join(directory, "model.safetensors"))
+    return directory, model
+
+
+def hf_logits(model: torch.nn.Module, ids: list[int]) -> np.ndarray:
+    with torch.no_grad():
+        return model(torch.tensor([ids])).logits[0].float().numpy()
+
+
+def hf_states(model: torch.nn.Module, ids: list[int]) -> list[tuple[np.ndarray, np.ndarray]]:
+    """``(conv_state [K-1, C], recurrent_state)`` per linear-attention layer after ``ids``."""
+    with torch.no_grad():
+        out = model(torch.tensor([ids]), use_cache=True)
+    cache = out["cache"]
+    states = []
+    for i, kind in enumerate(model.config.layer_types):
+        if kind == "linear_attention":
+            conv = cache.get_conv_state(i, state_idx=0)[0].float().numpy()  # [C, K]: the last K inputs
+            ssm = cache.get_recurrent_state(i, state_idx=0)[0].float().numpy()
+            states.append((conv[:, 1:].T, ssm))
+    return states
