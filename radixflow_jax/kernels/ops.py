@@ -10,12 +10,20 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import functools
 import os
 from typing import Any, Callable, Iterator
+
+import jax
 
 from radixflow_jax.kernels import attention as _attention
 from radixflow_jax.kernels import conv as _conv
 from radixflow_jax.kernels import gated_delta as _gated_delta
+from radixflow_jax.kernels import ssd as _ssd
+from radixflow_jax.kernels.pallas import common as _pallas_common
+from radixflow_jax.kernels.pallas import gated_delta as _pallas_gated_delta
+from radixflow_jax.kernels.pallas import paged_attention as _pallas_attention
+from radixflow_jax.kernels.pallas import ssd as _pallas_ssd
 
 BACKENDS = ("auto", "reference", "pallas")
 
@@ -49,6 +57,8 @@ def use_backend(name: str) -> Iterator[None]:
 _REFERENCE: dict[str, Callable[..., Any]] = {
     "gated_delta_chunked": _gated_delta.gated_delta_chunked,
     "gated_delta_decode": _gated_delta.gated_delta_decode,
+    "ssd_chunked": _ssd.ssd_chunked,
+    "ssd_decode": _ssd.ssd_decode,
     "causal_conv1d": _conv.causal_conv1d,
     "causal_conv1d_update": _conv.causal_conv1d_update,
     "conv_states_at": _conv.conv_states_at,
@@ -58,7 +68,35 @@ _REFERENCE: dict[str, Callable[..., Any]] = {
 
 
 def _pallas_impl(op: str) -> Callable[..., Any] | None:
-    """The Pallas implementation of ``op`` for this platform, or None (none registered yet)."""
+    """The Pallas implementation of ``op`` for this platform, or None.
+
+    Kernels: ``gated_delta_chunked``, ``ssd_chunked`` and ``paged_attention``
+    (:mod:`radixflow_jax.kernels.pallas`). The variant follows ``jax.default_backend()``: ``tpu``
+    -> Mosaic variant, ``gpu``/``cuda``/``rocm`` -> Triton variant; on ``cpu`` only when
+    ``RADIXFLOW_PALLAS_INTERPRET=1`` (the TPU-structured variant in interpret mode, for tests),
+    else None, so a forced ``pallas`` backend raises :class:`KernelUnavailableError`.
+
+    The decode updates (``gated_delta_decode``, ``ssd_decode``), the convolutions
+    (``causal_conv1d``, ``causal_conv1d_update``, ``conv_states_at``) and ``write_kv`` stay jnp on
+    purpose: each is one memory-bound pass (read the state / window once, write it once) with no
+    reduction or reuse for a kernel to tile, which XLA already fuses into a single loop at
+    bandwidth; ``write_kv`` is an in-place scatter into donated pools. A Pallas version would add
+    launch and relayout cost without saving traffic, so these ops have no Pallas entry.
+    """
+    kernels: dict[str, Callable[..., Any]] = {
+        "gated_delta_chunked": _pallas_gated_delta.gated_delta_chunked,
+        "ssd_chunked": _pallas_ssd.ssd_chunked,
+        "paged_attention": _pallas_attention.paged_attention,
+    }
+    kernel = kernels.get(op)
+    if kernel is None:
+        return None
+    platform = jax.default_backend()
+    variant = _pallas_common.platform_backend(platform)
+    if variant is not None:
+        return functools.partial(kernel, backend=variant)
+    if platform == "cpu" and os.environ.get("RADIXFLOW_PALLAS_INTERPRET") == "1":
+        return functools.partial(kernel, backend="tpu", interpret=True)
     return None
 
 
@@ -81,6 +119,14 @@ def gated_delta_chunked(*args: Any, **kwargs: Any) -> Any:
 
 def gated_delta_decode(*args: Any, **kwargs: Any) -> Any:
     return resolve("gated_delta_decode")(*args, **kwargs)
+
+
+def ssd_chunked(*args: Any, **kwargs: Any) -> Any:
+    return resolve("ssd_chunked")(*args, **kwargs)
+
+
+def ssd_decode(*args: Any, **kwargs: Any) -> Any:
+    return resolve("ssd_decode")(*args, **kwargs)
 
 
 def causal_conv1d(*args: Any, **kwargs: Any) -> Any:

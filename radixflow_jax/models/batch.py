@@ -49,6 +49,10 @@ def recurrent_state_shapes(cfg: ModelConfig) -> list[tuple[tuple[int, ...], tupl
             g = cfg.gdn
             assert g is not None
             shapes.append(((g.conv_kernel - 1, g.conv_dim), (g.num_v_heads, g.head_k_dim, g.head_v_dim)))
+        else:
+            m = cfg.mamba
+            assert m is not None
+            shapes.append(((m.conv_kernel - 1, m.conv_dim), (m.num_heads, m.head_dim, m.state_size)))
     return shapes
 
 

@@ -1,13 +1,13 @@
 """Frozen model configuration shared by every supported architecture.
 
 One :class:`ModelConfig` describes a decoder-only hybrid model as a list of per-layer mixer kinds
-(``attention``, ``gdn``; ``mamba`` comes with the Mamba2 family) and per-layer MLP kinds
-(``dense``, ``moe``, ``none``), plus the sub-configs each kind needs. Parsing from a HF
+(``attention``, ``gdn``, ``mamba``, ``none``) and per-layer MLP kinds (``dense`` SwiGLU, ``relu2``,
+``moe``, ``none``), plus the sub-configs each kind needs. Parsing from a HF
 ``config.json`` lives in :mod:`radixflow_jax.models.hf_config`; this module holds no parsing logic.
 
 Invariants:
   * ``len(mixers) == len(mlps) == num_layers``.
-  * ``attention`` is set iff some layer is ``attention``; ``gdn`` iff some layer is ``gdn``;
+  * ``attention`` is set iff some layer is ``attention``; ``gdn``/``mamba`` iff some layer is one;
     ``moe`` iff some layer's MLP is ``moe``.
   * Head counts divide: ``attention.num_heads % attention.num_kv_heads == 0`` and
     ``gdn.num_v_heads % gdn.num_k_heads == 0``.
@@ -18,8 +18,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Literal
 
-Mixer = Literal["attention", "gdn"]
-MlpKind = Literal["dense", "moe", "none"]
+Mixer = Literal["attention", "gdn", "mamba", "none"]
+MlpKind = Literal["dense", "relu2", "moe", "none"]
+NormStyle = Literal["llama", "zero_centered", "float32_weight"]
 
 
 class ConfigError(ValueError):
@@ -82,6 +83,49 @@ class GdnConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class MambaConfig:
+    """Mamba2 (SSD) mixer: ``in_proj -> [z | xBC | dt]``, depthwise conv (+bias) + SiLU over xBC,
+    SSD scan with ``A = -exp(A_log)``, ``dt = clamp(softplus(dt + dt_bias), *dt_limit)``, ``+ D x``,
+    gated group RMSNorm (gate first), ``out_proj``."""
+
+    num_heads: int
+    head_dim: int
+    state_size: int
+    n_groups: int
+    conv_kernel: int
+    conv_bias: bool
+    proj_bias: bool
+    chunk_size: int
+    dt_limit: tuple[float, float]
+    norm_eps: float
+
+    @property
+    def inner_dim(self) -> int:
+        return self.num_heads * self.head_dim
+
+    @property
+    def conv_dim(self) -> int:
+        return self.inner_dim + 2 * self.n_groups * self.state_size
+
+
+@dataclasses.dataclass(frozen=True)
+class Naming:
+    """HF attribute names of one architecture, so NNX paths equal checkpoint keys. ``block``: one
+    ``norm`` and one ``mixer`` (attention, Mamba2 or MLP) per layer (Nemotron-H); otherwise two
+    pre-norms per layer, a token mixer and an MLP."""
+
+    embed: str = "embed_tokens"
+    final_norm: str = "norm"
+    attention: str = "self_attn"
+    gdn: str = "linear_attn"
+    mamba: str = "mamba"
+    mlp: str = "mlp"
+    pre_mixer_norm: str = "input_layernorm"
+    pre_mlp_norm: str = "post_attention_layernorm"
+    block: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
 class MoeConfig:
     """Softmax router over ``num_experts``, top-k (renormalised when ``norm_topk``), SwiGLU experts;
     an optional shared expert scaled by ``sigmoid(shared_gate(x))``."""
@@ -105,12 +149,14 @@ class ModelConfig:
     mlps: tuple[MlpKind, ...]
     intermediate_size: int
     rms_norm_eps: float
-    zero_centered_norm: bool
+    norm_style: NormStyle
     tie_word_embeddings: bool
     max_position_embeddings: int
     attention: AttentionConfig | None
     gdn: GdnConfig | None
     moe: MoeConfig | None
+    mamba: MambaConfig | None = None
+    naming: Naming = Naming()
     eos_token_ids: tuple[int, ...] = ()
     bos_token_id: int | None = None
     weight_prefix: str = "model."
@@ -125,6 +171,8 @@ class ModelConfig:
             raise ConfigError("attention layers need an attention config (num_attention_heads, ...)")
         if ("gdn" in self.mixers) != (self.gdn is not None):
             raise ConfigError("linear_attention layers need the linear_* config fields")
+        if ("mamba" in self.mixers) != (self.mamba is not None):
+            raise ConfigError("Mamba2 layers need the mamba_* / ssm_* config fields")
         if ("moe" in self.mlps) != (self.moe is not None):
             raise ConfigError("MoE layers need num_experts / num_experts_per_tok / moe_intermediate_size")
         att = self.attention
@@ -145,7 +193,7 @@ class ModelConfig:
 
     @property
     def recurrent_layers(self) -> tuple[int, ...]:
-        return tuple(i for i, m in enumerate(self.mixers) if m != "attention")
+        return tuple(i for i, m in enumerate(self.mixers) if m in ("gdn", "mamba"))
 
     @property
     def is_hybrid(self) -> bool:

@@ -23,7 +23,7 @@ _DENSE_TYPES = ("qwen3", "llama")
 
 
 def supported_model_types() -> tuple[str, ...]:
-    return _GDN_TYPES + ("qwen3_5", "qwen3_5_moe") + _DENSE_TYPES
+    return _GDN_TYPES + ("qwen3_5", "qwen3_5_moe", "bamba", "nemotron_h") + _DENSE_TYPES
 
 
 def _req(cfg: dict[str, Any], key: str, kind: type | tuple[type, ...] = int) -> Any:
@@ -184,7 +184,7 @@ def _parse_gdn_family(cfg: dict[str, Any]) -> ModelConfig:
         **common,
         mixers=mixers,
         mlps=mlps,  # type: ignore[arg-type]
-        zero_centered_norm=True,
+        norm_style="zero_centered",
         attention=_attention(cfg, "rms_zc", output_gate=True),
         gdn=gdn if "gdn" in mixers else None,
         moe=moe,
@@ -203,7 +203,7 @@ def _parse_dense(cfg: dict[str, Any]) -> ModelConfig:
         **common,
         mixers=("attention",) * n,
         mlps=("dense",) * n,
-        zero_centered_norm=False,
+        norm_style="llama",
         attention=_attention(cfg, "rms" if cfg["model_type"] == "qwen3" else "none", output_gate=False),
         gdn=None,
         moe=None,
@@ -236,10 +236,12 @@ _PARSERS: dict[str, Callable[[dict[str, Any]], ModelConfig]] = {
 
 def parse_hf_config(cfg: dict[str, Any]) -> ModelConfig:
     """Builds a :class:`ModelConfig` from a parsed ``config.json``; raises :class:`ConfigError`."""
+    from radixflow_jax.models import hf_config_ssm
+
     mtype = cfg.get("model_type")
     if mtype is None:
         raise ConfigError("config.json: required field 'model_type' is missing")
-    parser = _PARSERS.get(mtype)
+    parser = {**_PARSERS, "bamba": hf_config_ssm.parse_bamba, "nemotron_h": hf_config_ssm.parse_nemotron_h}.get(mtype)
     if parser is None:
         raise ConfigError(
             f"config.json: model_type={mtype!r} is not supported; supported: {', '.join(supported_model_types())}"

@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from radixflow_jax.models.config import MoeConfig, RopeConfig
+from radixflow_jax.models.config import MoeConfig, NormStyle, RopeConfig
 
 
 def _normal(rngs: nnx.Rngs, shape: tuple[int, ...], dtype: jnp.dtype, std: float = 0.02) -> jax.Array:
@@ -43,20 +43,24 @@ class Embedding(nnx.Module):
 
 
 class RMSNorm(nnx.Module):
-    """RMSNorm over the last axis. ``zero_centered``: ``norm(x) * (1 + w)`` in float32 (Qwen3-Next,
-    Qwen3.5; weight starts at 0); otherwise ``w * norm(x).astype(dtype)`` (Llama, Qwen3)."""
+    """RMSNorm over the last axis, in the reference's rounding order per ``style``:
+    ``zero_centered``: ``norm(x) * (1 + w)`` in float32 (Qwen3-Next, Qwen3.5; weight starts at 0);
+    ``llama``: ``w * norm(x).astype(dtype)`` (Llama, Qwen3, Bamba);
+    ``float32_weight``: ``(w * norm(x)).astype(dtype)`` in float32 (Nemotron-H)."""
 
-    def __init__(self, dim: int, eps: float, *, zero_centered: bool, dtype: jnp.dtype):
+    def __init__(self, dim: int, eps: float, *, style: NormStyle, dtype: jnp.dtype):
         self.eps = eps
-        self.zero_centered = zero_centered
-        self.weight = nnx.Param(jnp.zeros((dim,), dtype) if zero_centered else jnp.ones((dim,), dtype))
+        self.style = style
+        self.weight = nnx.Param(jnp.zeros((dim,), dtype) if style == "zero_centered" else jnp.ones((dim,), dtype))
 
     def __call__(self, x: jax.Array) -> jax.Array:
         x32 = x.astype(jnp.float32)
         normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
         w = self.weight[...]
-        if self.zero_centered:
+        if self.style == "zero_centered":
             return (normed * (1.0 + w.astype(jnp.float32))).astype(x.dtype)
+        if self.style == "float32_weight":
+            return (w.astype(jnp.float32) * normed).astype(x.dtype)
         return w * normed.astype(x.dtype)
 
 
@@ -118,6 +122,17 @@ class Mlp(nnx.Module):
 
     def __call__(self, x: jax.Array) -> jax.Array:
         return self.down_proj(jax.nn.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Relu2Mlp(nnx.Module):
+    """Squared-ReLU MLP (Nemotron-H): ``down(relu(up(x)) ** 2)``."""
+
+    def __init__(self, hidden: int, inter: int, *, dtype: jnp.dtype, rngs: nnx.Rngs):
+        self.up_proj = Linear(hidden, inter, bias=False, dtype=dtype, rngs=rngs)
+        self.down_proj = Linear(inter, hidden, bias=False, dtype=dtype, rngs=rngs)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        return self.down_proj(jnp.square(jax.nn.relu(self.up_proj(x))))
 
 
 class Experts(nnx.Module):

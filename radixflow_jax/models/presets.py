@@ -73,6 +73,53 @@ PRESETS: dict[str, dict[str, Any]] = {
         "decoder_sparse_step": 1,
         "mlp_only_layers": [],
     },
+    "tiny-bamba": {
+        "model_type": "bamba",
+        "architectures": ["BambaForCausalLM"],
+        "vocab_size": VOCAB_SIZE,
+        "hidden_size": 128,
+        "intermediate_size": 256,
+        "num_hidden_layers": 8,
+        "attn_layer_indices": [3, 7],
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "mamba_n_heads": 8,
+        "mamba_d_head": 32,
+        "mamba_n_groups": 2,
+        "mamba_d_state": 16,
+        "mamba_d_conv": 4,
+        "mamba_expand": 2,
+        "mamba_chunk_size": 64,
+        "mamba_conv_bias": True,
+        "mamba_proj_bias": False,
+        "hidden_act": "silu",
+        "rms_norm_eps": 1e-5,
+        "max_position_embeddings": 16384,
+        "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5},
+        "tie_word_embeddings": False,
+    },
+    "tiny-nemotron-h": {
+        "model_type": "nemotron_h",
+        "architectures": ["NemotronHForCausalLM"],
+        "vocab_size": VOCAB_SIZE,
+        "hidden_size": 128,
+        "intermediate_size": 256,
+        "hybrid_override_pattern": "M-M*-M-M*-",
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 32,
+        "mamba_num_heads": 8,
+        "mamba_head_dim": 32,
+        "n_groups": 2,
+        "ssm_state_size": 16,
+        "conv_kernel": 4,
+        "chunk_size": 64,
+        "use_conv_bias": True,
+        "mlp_hidden_act": "relu2",
+        "layer_norm_epsilon": 1e-5,
+        "max_position_embeddings": 16384,
+        "tie_word_embeddings": False,
+    },
     "tiny-qwen3": {
         "model_type": "qwen3",
         "architectures": ["Qwen3ForCausalLM"],
@@ -149,6 +196,8 @@ def _init_tensor(key: str, shape: tuple[int, ...], rng: np.random.Generator, hid
         return np.log(rng.uniform(1.0, 16.0, shape)).astype(np.float32)
     if key.endswith("dt_bias"):
         return rng.uniform(0.5, 1.5, shape).astype(np.float32)
+    if key.endswith(".D"):
+        return (1.0 + 0.1 * rng.standard_normal(shape)).astype(np.float32)
     if key.endswith("linear_attn.norm.weight"):
         return (1.0 + 0.1 * rng.standard_normal(shape)).astype(np.float32)
     if "norm" in key:  # zero-centred norms start near 0; plain RMSNorm weights near 1
@@ -175,9 +224,9 @@ def _weights(config: dict[str, Any], seed: int) -> dict[str, np.ndarray]:
     tensors = {}
     for key, shape in param_keys(state, cfg):
         tensors[key] = _init_tensor(key, shape, rng, cfg.hidden_size)
-    if "qwen3" == config["model_type"]:
+    if cfg.norm_style != "zero_centered":  # plain RMSNorm weights sit near 1
         for key in tensors:
-            if key.endswith("norm.weight"):
+            if key.endswith("norm.weight") or key.endswith("norm_f.weight") or key.endswith("layernorm.weight"):
                 tensors[key] = tensors[key] + 1.0
     return tensors
 

@@ -81,7 +81,7 @@ def make_case(name: str) -> tuple[Any, Any]:
 def build(name: str, directory: str | None = None, seed: int = 0) -> tuple[str, torch.nn.Module]:
     """Builds the random HF model, perturbs its norm weights (so zero-centred norms are not trivial),
     saves it with ``save_pretrained`` and returns ``(directory, model)``."""
-    config, cls = make_case(name)
+    config, cls = make_ssm_case(name) if name.startswith(("bamba", "nemotron")) else make_case(name)
     torch.manual_seed(seed)
     model = cls(config).eval()
     with torch.no_grad():
@@ -105,9 +105,38 @@ def hf_states(model: torch.nn.Module, ids: list[int]) -> list[tuple[np.ndarray, 
         out = model(torch.tensor([ids]), use_cache=True)
     cache = out["cache"]
     states = []
-    for i, kind in enumerate(model.config.layer_types):
-        if kind == "linear_attention":
+    kinds = getattr(model.config, "layers_block_type", None) or model.config.layer_types
+    for i, kind in enumerate(kinds):
+        if kind in ("linear_attention", "mamba"):
             conv = cache.get_conv_state(i, state_idx=0)[0].float().numpy()  # [C, K]: the last K inputs
             ssm = cache.get_recurrent_state(i, state_idx=0)[0].float().numpy()
             states.append((conv[:, 1:].T, ssm))
     return states
+
+
+def make_ssm_case(name: str) -> tuple[Any, Any]:
+    """Mamba2-hybrid tiny configurations (chunk 16 so prompts cross several chunks)."""
+    mamba = dict(vocab_size=160, hidden_size=64, num_attention_heads=4, num_key_value_heads=2, intermediate_size=96)
+    cases: dict[str, Any] = {
+        "bamba": lambda: (
+            tf.BambaConfig(**mamba, num_hidden_layers=4, attn_layer_indices=[1], mamba_n_heads=8, mamba_d_head=16,
+                           mamba_n_groups=2, mamba_d_state=8, mamba_chunk_size=16),
+            tf.BambaForCausalLM,
+        ),
+        "bamba_g1": lambda: (
+            tf.BambaConfig(**mamba, num_hidden_layers=3, attn_layer_indices=[2], mamba_n_heads=4, mamba_d_head=32,
+                           mamba_n_groups=1, mamba_d_state=12, mamba_chunk_size=16),
+            tf.BambaForCausalLM,
+        ),
+        "nemotron_h": lambda: (
+            tf.NemotronHConfig(**mamba, hybrid_override_pattern="M*-M-", head_dim=16, mamba_num_heads=8,
+                               mamba_head_dim=16, n_groups=2, ssm_state_size=8, chunk_size=16),
+            tf.NemotronHForCausalLM,
+        ),
+        "nemotron_h_g1": lambda: (
+            tf.NemotronHConfig(**mamba, hybrid_override_pattern="MM-*M", head_dim=24, mamba_num_heads=4,
+                               mamba_head_dim=16, n_groups=1, ssm_state_size=16, chunk_size=16),
+            tf.NemotronHForCausalLM,
+        ),
+    }
+    return cases[name]()

@@ -32,9 +32,9 @@ class Attention(nnx.Module):
         if cfg.qk_norm == "none":
             self.q_norm = self.k_norm = None
         else:
-            zc = cfg.qk_norm == "rms_zc"
-            self.q_norm = RMSNorm(cfg.head_dim, eps, zero_centered=zc, dtype=dtype)
-            self.k_norm = RMSNorm(cfg.head_dim, eps, zero_centered=zc, dtype=dtype)
+            style = "zero_centered" if cfg.qk_norm == "rms_zc" else "llama"
+            self.q_norm = RMSNorm(cfg.head_dim, eps, style=style, dtype=dtype)
+            self.k_norm = RMSNorm(cfg.head_dim, eps, style=style, dtype=dtype)
 
     def __call__(self, x: jax.Array, positions: jax.Array, batch: Batch, kv: KvPages) -> tuple[jax.Array, KvPages]:
         cfg = self.cfg

@@ -1,0 +1,87 @@
+"""Mamba2 (SSD) mixer (Bamba, Nemotron-H, Granite-4.0-H).
+
+Per token: ``in_proj -> [z | xBC | dt]``; depthwise causal conv (+bias) + SiLU over xBC with the
+row's carried conv state; ``x | B | C`` with B, C per group (head h uses group h // (H/G));
+``dt = clamp(softplus(dt + dt_bias), *dt_limit)``, ``A = -exp(A_log)``; SSD scan with the row's
+carried state; ``y + D x``; gated group RMSNorm ``norm(y * silu(z))`` per group; ``out_proj``.
+
+The clamp applies on both the chunked and the decode path (the reference clamps only the chunked
+path; with the default limits the two agree because softplus is positive).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from radixflow_jax.kernels import ops
+from radixflow_jax.models.batch import Batch
+from radixflow_jax.models.config import MambaConfig
+from radixflow_jax.models.layers import Linear
+from radixflow_jax.models.mixers.recurrent import DepthwiseConv1d, run_conv
+
+
+class GroupGatedRMSNorm(nnx.Module):
+    """``w * rmsnorm_per_group(y * silu(gate))`` (gate first), computed in float32."""
+
+    def __init__(self, dim: int, groups: int, eps: float, *, dtype: jnp.dtype):
+        self.groups = groups
+        self.eps = eps
+        self.weight = nnx.Param(jnp.ones((dim,), dtype))
+
+    def __call__(self, y: jax.Array, gate: jax.Array) -> jax.Array:
+        h = y.astype(jnp.float32) * jax.nn.silu(gate.astype(jnp.float32))
+        grouped = h.reshape(h.shape[:-1] + (self.groups, -1))
+        grouped = grouped * jax.lax.rsqrt(jnp.mean(grouped * grouped, axis=-1, keepdims=True) + self.eps)
+        return self.weight[...].astype(jnp.float32) * grouped.reshape(h.shape)
+
+
+class Mamba2(nnx.Module):
+    def __init__(self, cfg: MambaConfig, hidden: int, *, dtype: jnp.dtype, rngs: nnx.Rngs):
+        self.cfg = cfg
+        h = cfg.num_heads
+        self.in_proj = Linear(hidden, cfg.inner_dim + cfg.conv_dim + h, bias=cfg.proj_bias, dtype=dtype, rngs=rngs)
+        self.conv1d = DepthwiseConv1d(cfg.conv_dim, cfg.conv_kernel, bias=cfg.conv_bias, dtype=dtype, rngs=rngs)
+        self.dt_bias = nnx.Param(jnp.ones((h,), dtype))
+        self.A_log = nnx.Param(jnp.log(jnp.arange(1, h + 1, dtype=jnp.float32)).astype(dtype))
+        self.D = nnx.Param(jnp.ones((h,), dtype))
+        self.norm = GroupGatedRMSNorm(cfg.inner_dim, cfg.n_groups, cfg.norm_eps, dtype=dtype)
+        self.out_proj = Linear(cfg.inner_dim, hidden, bias=cfg.proj_bias, dtype=dtype, rngs=rngs)
+
+    def __call__(
+        self, x: jax.Array, batch: Batch, conv_pool: jax.Array, ssm_pool: jax.Array, num_decode: int
+    ) -> tuple[jax.Array, jax.Array, jax.Array]:
+        cfg = self.cfg
+        num_tokens, num_rows = x.shape[0], batch.state_slots.shape[0]
+        inner, groups_dim = cfg.inner_dim, cfg.n_groups * cfg.state_size
+        slots = batch.state_slots
+        proj = self.in_proj(x)
+        z = proj[:, :inner]
+        xbc, conv_new = run_conv(self.conv1d, proj[:, inner : inner + cfg.conv_dim], batch, conv_pool[slots], num_decode)
+        dt_raw = proj[:, inner + cfg.conv_dim :]
+        xs = xbc[:, :inner].reshape(num_tokens, cfg.num_heads, cfg.head_dim)
+        b = xbc[:, inner : inner + groups_dim].reshape(num_tokens, cfg.n_groups, cfg.state_size)
+        c = xbc[:, inner + groups_dim :].reshape(num_tokens, cfg.n_groups, cfg.state_size)
+        dt = jax.nn.softplus(dt_raw.astype(jnp.float32) + self.dt_bias[...].astype(jnp.float32))
+        dt = jnp.clip(dt, cfg.dt_limit[0], cfg.dt_limit[1])
+        a = -jnp.exp(self.A_log[...].astype(jnp.float32))
+        ssm = ssm_pool[slots]
+        outs, states = [], []
+        d = num_decode
+        if d:
+            y, s = ops.ssd_decode(xs[:d], dt[:d], a, b[:d], c[:d], ssm[:d])
+            outs.append(y.astype(jnp.float32))
+            states.append(s)
+        if num_rows > d:
+            cu = batch.cu_seqlens[d:] - d
+            y, s, _ = ops.ssd_chunked(xs[d:], dt[d:], a, b[d:], c[d:], cu, ssm[d:], chunk_size=cfg.chunk_size)
+            outs.append(y.astype(jnp.float32))
+            states.append(s)
+        elif num_tokens > d:
+            outs.append(jnp.zeros((num_tokens - d,) + xs.shape[1:], jnp.float32))
+        y = jnp.concatenate(outs, axis=0) + self.D[...].astype(jnp.float32)[:, None] * xs.astype(jnp.float32)
+        out = self.norm(y.reshape(num_tokens, inner), z).astype(x.dtype)
+        conv_pool = conv_pool.at[slots].set(conv_new.astype(conv_pool.dtype))
+        ssm_pool = ssm_pool.at[slots].set(jnp.concatenate(states, axis=0))
+        return self.out_proj(out), conv_pool, ssm_pool
