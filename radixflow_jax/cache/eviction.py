@@ -1,0 +1,105 @@
+"""Eviction policies: which evictable node goes first.
+
+``RadixCache.evict_kv`` and ``evict_states`` decide *what may* be evicted (never a locked node, never
+pending KV, never a pending checkpoint); a policy only orders the candidates. A policy is any object
+with ``score(node, now, target) -> float``: lower scores are evicted first. ``target`` is ``"kv"``
+(the node's pages, and its committed checkpoint with them) or ``"state"`` (its checkpoint only).
+
+Policies must be pure functions of the node, the clock and their own frozen parameters, so eviction
+is deterministic. Ties are broken by the deeper node first, then by tree order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal, Protocol
+
+from radixflow_jax.cache.tree import Node
+
+__all__ = [
+    "EvictTarget",
+    "EvictionPolicy",
+    "FlopAwarePolicy",
+    "LRUPolicy",
+    "kv_evictable",
+    "state_evictable",
+]
+
+EvictTarget = Literal["kv", "state"]
+
+
+class EvictionPolicy(Protocol):
+    def score(self, node: Node, now: int, target: EvictTarget) -> float:
+        """Lower is evicted first."""
+        ...
+
+
+@dataclass(frozen=True)
+class LRUPolicy:
+    """Least recently used first (``node.last_access`` is the cache's logical clock)."""
+
+    def score(self, node: Node, now: int, target: EvictTarget) -> float:
+        return float(node.last_access)
+
+
+@dataclass(frozen=True)
+class FlopAwarePolicy:
+    """Marconi-style: ``score = recency + alpha * (flops_saved / bytes) / efficiency_scale``.
+
+    ``recency = last_access / now`` lies in [0, 1]. ``flops(start, end)`` is the caller's estimate of
+    the FLOPs needed to recompute tokens ``[start, end)`` given the prefix before ``start``. For
+    ``"kv"`` the node saves its own span and frees ``pages * page_bytes`` (+ ``state_bytes`` when it
+    holds a committed checkpoint); for ``"state"`` the checkpoint saves recomputing from the nearest
+    checkpoint above it (or the root) and frees ``state_bytes``. ``efficiency_scale`` (FLOPs per byte
+    of a typical entry) normalises the second term to about [0, 1]; ``alpha`` weighs it (Marconi tunes
+    alpha online; here it is fixed per policy object).
+    """
+
+    flops: Callable[[int, int], float]
+    page_bytes: float
+    state_bytes: float
+    alpha: float = 1.0
+    efficiency_scale: float = 1.0
+
+    def score(self, node: Node, now: int, target: EvictTarget) -> float:
+        recency = node.last_access / max(now, 1)
+        if target == "kv":
+            saved = self.flops(node.start_depth, node.depth)
+            size = len(node.pages) * self.page_bytes
+            if node.checkpoint is not None:
+                size += self.state_bytes
+        else:
+            saved = self.flops(_checkpoint_above(node), node.depth)
+            size = self.state_bytes
+        efficiency = saved / max(size, 1e-30) / self.efficiency_scale
+        return recency + self.alpha * efficiency
+
+
+def _checkpoint_above(node: Node) -> int:
+    """Depth of the nearest committed checkpoint strictly above ``node`` (0 at the root)."""
+    up = node.parent
+    while up is not None and not up.is_root:
+        if up.checkpoint is not None and up.checkpoint.committed:
+            return up.depth
+        up = up.parent
+    return 0
+
+
+def kv_evictable(node: Node) -> bool:
+    """An attached, unlocked leaf with committed KV and no pending checkpoint."""
+    ckpt = node.checkpoint
+    return (
+        node.attached
+        and not node.is_root
+        and not node.children
+        and node.lock_count == 0
+        and node.kv_producer is None
+        and (ckpt is None or ckpt.committed)
+    )
+
+
+def state_evictable(node: Node) -> bool:
+    """An attached, unlocked node holding a committed checkpoint."""
+    ckpt = node.checkpoint
+    return node.attached and node.lock_count == 0 and ckpt is not None and ckpt.committed

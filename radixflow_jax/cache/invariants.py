@@ -1,0 +1,93 @@
+"""Whole-cache invariant checks (used by tests and debug builds; O(tree + pools)).
+
+Checked: the node invariants listed in ``tree.py``; the producer index equals the set of nodes that
+hold pending KV or a pending checkpoint of that producer; the tree references each page and slot at
+most once, never the reserved id 0, and never a free id (pool refcount >= tree references); and the
+pools' own invariants (every id free xor owned, counts consistent).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from radixflow_jax.cache.config import CacheConfig
+from radixflow_jax.cache.pools import InvariantError, PagePool, SlotPool
+from radixflow_jax.cache.tree import Node, iter_nodes
+
+__all__ = ["check_tree", "tree_references"]
+
+
+def tree_references(root: Node) -> tuple[Counter[int], Counter[int]]:
+    """How many references the tree holds on each page and each slot."""
+    pages: Counter[int] = Counter()
+    slots: Counter[int] = Counter()
+    for node in iter_nodes(root):
+        pages.update(node.pages)
+        if node.checkpoint is not None:
+            slots[node.checkpoint._slot] += 1
+    return pages, slots
+
+
+def _fail(node: Node, msg: str) -> None:
+    raise InvariantError(f"{msg}: {node!r}")
+
+
+def _check_node(node: Node, parent: Node, config: CacheConfig) -> None:
+    p = config.page_size
+    if not node.attached or node.parent is not parent:
+        _fail(node, "child not attached to its parent")
+    if not node.key or len(node.key) % p:
+        _fail(node, "span is not a non-empty multiple of page_size")
+    if len(node.pages) != len(node.key) // p:
+        _fail(node, "page count does not match span")
+    if node.depth != parent.depth + len(node.key):
+        _fail(node, "depth inconsistent with parent")
+    if parent.children.get(node.key[:p]) is not node:
+        _fail(node, "parent indexes the child under another key")
+    locks = node.own_locks + sum(c.lock_count for c in node.children.values())
+    if node.own_locks < 0 or node.lock_count != locks:
+        _fail(node, f"lock_count {node.lock_count} != own {node.own_locks} + children")
+    ckpt = node.checkpoint
+    if node.kv_producer is not None:
+        if parent.kv_producer not in (None, node.kv_producer):
+            _fail(node, "pending KV under another producer's pending KV")
+        if node.lock_count:
+            _fail(node, "pending KV is locked")
+        if ckpt is not None and not (ckpt.pending and ckpt.producer_id == node.kv_producer):
+            _fail(node, "pending KV holds a checkpoint not pending by its producer")
+    elif parent.kv_producer is not None:
+        _fail(node, "committed KV below pending KV")
+
+
+def check_tree(
+    root: Node,
+    config: CacheConfig,
+    page_pool: PagePool,
+    slot_pool: SlotPool,
+    pending: dict[int, set[Node]],
+) -> None:
+    """Raise ``InvariantError`` on the first violated invariant."""
+    if not root.is_root or root.pages or root.checkpoint is not None or root.kv_producer is not None:
+        raise InvariantError("root must hold no span, pages, KV status or checkpoint")
+    expected: dict[int, set[Node]] = {}
+    for node in iter_nodes(root):
+        assert node.parent is not None
+        _check_node(node, node.parent, config)
+        owners = {node.kv_producer} if node.kv_producer is not None else set()
+        if node.checkpoint is not None and node.checkpoint.pending:
+            owners.add(node.checkpoint.producer_id)
+        for pid in owners:
+            expected.setdefault(pid, set()).add(node)
+    actual = {pid: nodes for pid, nodes in pending.items() if nodes}
+    if actual != expected:
+        raise InvariantError(f"producer index {actual} != nodes with pending data {expected}")
+    page_refs, slot_refs = tree_references(root)
+    for pool, refs, what in ((page_pool, page_refs, "page"), (slot_pool, slot_refs, "slot")):
+        pool.check_invariants()
+        for i, n in refs.items():
+            if n > 1:
+                raise InvariantError(f"tree references {what} {i} {n} times")
+            if not 0 < i < pool.size:
+                raise InvariantError(f"tree references invalid {what} {i}")
+            if pool.refcount(i) < n:
+                raise InvariantError(f"{what} {i} has refcount {pool.refcount(i)} < tree references {n}")

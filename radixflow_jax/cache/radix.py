@@ -1,0 +1,286 @@
+"""The prefix cache: a radix tree over token ids holding KV pages and recurrent-state checkpoints.
+
+Ownership: the tree holds exactly one reference (``incref``) on every page and checkpoint slot it
+stores and drops it (``decref``) when it stops storing it. Callers keep and release their own
+references independently, so a page shared by the tree and a running request stays allocated until
+both let go. The usual protocols:
+
+  * insert: a request passes its page table; pages of spans new to the tree are ``adopted`` (the
+    tree takes its own reference); pages duplicating a cached span are ``rejected``: the caller
+    switches to the tree's pages and ``decref``s its duplicates. Finished requests ``decref`` the
+    pages they allocated; what the tree adopted survives.
+  * checkpoint lifecycle: ``alloc`` a slot, ``plant_pending`` (the tree takes its reference), then
+    ``decref`` the caller's reference. When the producer's round has finished and its result has been
+    processed, ``commit`` (the commit fence); on abort or preemption ``unpublish``, which drops the
+    pending checkpoints (freeing their slots) and the pending KV nodes planting created.
+
+Readability: a pending checkpoint is reported only as pending (the request is a *consumer*); its
+slot is never returned (``Checkpoint.slot`` raises while pending). Pending KV (nodes created by
+``plant_pending`` whose pages the producer's round is writing) is never part of a KV hit.
+
+All depths are page-aligned (see ``config.py``); ``last_access`` uses a logical clock that advances
+once per ``match``/``insert``/``lock``/``plant_pending``/``commit`` call, never wall time.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections.abc import Iterable, Sequence
+
+from radixflow_jax.cache.eviction import EvictionPolicy, EvictTarget, kv_evictable, state_evictable
+from radixflow_jax.cache.pools import InvariantError
+from radixflow_jax.cache.results import InsertResult, MatchResult
+from radixflow_jax.cache.store import TreeStore
+from radixflow_jax.cache.tree import Checkpoint, CheckpointStatus, Node, iter_nodes, iter_postorder
+
+__all__ = ["RadixCache"]
+
+
+class RadixCache(TreeStore):
+    """See the module docstring. Construct with ``RadixCache(config, page_pool, slot_pool, policy=...)``
+    (``slot_pool`` may be omitted for attention-only models). Not thread-safe: one scheduler thread
+    owns it."""
+
+    # ------------------------------------------------------------------ lookup
+
+    def match(self, tokens: Sequence[int], *, touch: bool = True) -> MatchResult:
+        """Walk the tree along ``tokens``; see ``MatchResult`` for what comes back.
+
+        Never covers more than ``align_down(len(tokens) - 1)`` tokens. May split the last matched
+        node so that the path ends exactly at the matched depth (``kv_node`` ends exactly at the KV
+        hit). ``touch`` stamps the matched nodes' access time.
+        """
+        p = self._config.page_size
+        toks = tuple(tokens)
+        cap = self._config.align_down(len(toks) - 1) if toks else 0
+        now = self._tick() if touch else self._clock
+        path, partial, k = self._descend(toks, cap)
+        if partial is not None and k > 0:
+            path.append(self._split(partial, k))  # the path now ends exactly at the matched depth
+        kv_node = self._root
+        kv_pages: list[int] = []
+        ckpt_node: Node | None = None
+        committed: Node | None = None
+        for node in path:
+            if node.kv_producer is None:  # committed KV is a prefix of the path (tree.py)
+                kv_node = node
+                kv_pages.extend(node.pages)
+            if node.checkpoint is not None:
+                ckpt_node = node
+                if node.checkpoint.committed:
+                    committed = node
+            if touch:
+                node.last_access = now
+        ckpt = ckpt_node.checkpoint if ckpt_node is not None else None
+        pending = ckpt is not None and ckpt.pending
+        producer_id = ckpt.producer_id if ckpt is not None and pending else None
+        deepest = path[-1] if path else self._root
+        if self._config.hybrid:
+            hit_node = committed if committed is not None else self._root
+            consumer_of = producer_id
+        else:
+            hit_node = kv_node
+            consumer_of = deepest.kv_producer
+        return MatchResult(
+            kv_hit_len=kv_node.depth,
+            kv_pages=tuple(kv_pages),
+            kv_node=kv_node,
+            pending_kv_len=deepest.depth,
+            checkpoint_node=ckpt_node,
+            checkpoint_depth=ckpt_node.depth if ckpt_node is not None else 0,
+            checkpoint_pending=pending,
+            producer_id=producer_id,
+            committed_node=committed,
+            committed_depth=committed.depth if committed is not None else 0,
+            committed_slot=committed.readable_slot if committed is not None else None,
+            hit_len=hit_node.depth,
+            hit_pages=tuple(kv_pages[: hit_node.depth // p]),
+            hit_node=hit_node,
+            consumer_of=consumer_of,
+            shared_len=self._shared_len(toks),
+        )
+
+    # ------------------------------------------------------------------ insert / lock
+
+    def insert(self, tokens: Sequence[int], pages: Sequence[int]) -> InsertResult:
+        """Insert the computed, committed prefix ``tokens[:align_down(len)]`` with its KV ``pages``.
+
+        ``pages[i]`` holds tokens ``[i * page_size, (i + 1) * page_size)``; pages beyond the last
+        full page are ignored. Pending KV on the path is replaced by the given (written) pages and
+        becomes committed. Raises ``ValueError`` (changing nothing) on short, duplicate or free pages.
+        """
+        toks = tuple(tokens)
+        n = len(toks) // self._config.page_size
+        self._validate_pages(pages, n)
+        self._tick()
+        node, tree_pages, adopted, rejected = self._ensure_path(toks, n * self._config.page_size, pages, None)
+        return InsertResult(node, tuple(tree_pages), tuple(adopted), tuple(rejected))
+
+    def lock(self, node: Node) -> None:
+        """Protect ``node`` and its path to the root from eviction and flush (counted)."""
+        if not node.attached:
+            raise ValueError(f"cannot lock a node that left the tree: {node!r}")
+        if node.kv_producer is not None:
+            raise ValueError(f"cannot lock pending KV: {node!r}")
+        now = self._tick()
+        node.own_locks += 1
+        up: Node | None = node
+        while up is not None:
+            up.lock_count += 1
+            up.last_access = now
+            up = up.parent
+
+    def unlock(self, node: Node) -> None:
+        """Undo one ``lock(node)``. Raises ``ValueError`` without a matching lock."""
+        if node.own_locks <= 0:
+            raise ValueError(f"unlock without a matching lock: {node!r}")
+        node.own_locks -= 1
+        up: Node | None = node
+        while up is not None:
+            up.lock_count -= 1
+            up = up.parent
+
+    # ------------------------------------------------------------------ checkpoint lifecycle
+
+    def plant_pending(
+        self, tokens: Sequence[int], depth: int, slot: int | None, producer_id: int, pages: Sequence[int]
+    ) -> Node | None:
+        """Mark a PENDING checkpoint of ``producer_id`` in ``slot`` at exactly ``depth`` tokens.
+
+        Locates or creates the node ending at ``depth`` (splitting as needed); spans missing from
+        the tree are created as pending KV holding the producer's ``pages`` (its page table, covering
+        ``depth``). With ``slot=None`` only that pending KV is published (attention-only models, or
+        a producer whose state is not checkpointed there). Returns the node, or ``None`` (changing
+        nothing) when that depth already holds a checkpoint or the path runs through another
+        producer's pending KV; the caller then neither emits this checkpoint nor keeps the slot.
+        ``ValueError`` on a depth that is not a positive page multiple ``<= len(tokens)``, on short
+        pages, or on a slot the caller does not own.
+        """
+        p = self._config.page_size
+        toks = tuple(tokens)
+        if depth <= 0 or depth % p or depth > len(toks):
+            raise ValueError(f"checkpoint depth {depth} must be a positive multiple of {p} <= {len(toks)}")
+        if slot is not None and self._slots.refcount(slot) == 0:
+            raise ValueError(f"slot {slot} is free; allocate it before planting")
+        self._validate_pages(pages, depth // p)
+        if not self._can_plant(toks, depth, producer_id, with_checkpoint=slot is not None):
+            return None
+        self._tick()
+        node = self._ensure_path(toks, depth, pages, producer_id)[0]
+        if slot is not None:
+            self._slots.incref(slot)
+            node.checkpoint = Checkpoint(slot, producer_id)
+            self._pending.setdefault(producer_id, set()).add(node)
+        return node
+
+    def commit(self, producer_id: int, depth: int | None = None) -> int:
+        """The commit fence: the producer's round has finished and its result has been processed.
+
+        Commits the producer's pending checkpoints and pending KV ending at or before ``depth`` (all
+        of them when ``None``); returns how many checkpoints became committed (readable). A producer
+        id names one request (one token path); its planted depths are committed in depth order.
+        """
+        nodes = self._pending.get(producer_id)
+        if not nodes:
+            return 0
+        now = self._tick()
+        done = 0
+        for node in sorted(nodes, key=lambda n: n.depth):
+            if depth is not None and node.depth > depth:
+                break
+            if node.kv_producer == producer_id:
+                node.kv_producer = None
+            ckpt = node.checkpoint
+            if ckpt is not None and ckpt.pending and ckpt.producer_id == producer_id:
+                ckpt.status = CheckpointStatus.COMMITTED
+                done += 1
+            node.last_access = now
+            nodes.discard(node)
+        if not nodes:
+            del self._pending[producer_id]
+        return done
+
+    def unpublish(self, producer_id: int) -> int:
+        """Abort/preemption: drop the producer's pending checkpoints (freeing their slots) and the
+        pending KV nodes it planted. Its consumers fall back to their committed checkpoints. Also
+        the rollback of a tentative plan that was not admitted. Returns how many checkpoints were
+        dropped. Committed data of the producer stays."""
+        nodes = self._pending.pop(producer_id, set())
+        dropped = 0
+        for node in sorted(nodes, key=lambda n: n.depth, reverse=True):  # children first
+            ckpt = node.checkpoint
+            if ckpt is not None and ckpt.pending and ckpt.producer_id == producer_id:
+                node.checkpoint = None
+                self._slots.decref(ckpt._slot)
+                dropped += 1
+            if node.kv_producer == producer_id:
+                if node.children or node.lock_count:
+                    raise InvariantError(f"pending KV node with children or locks: {node!r}")
+                self._remove_leaf(node)
+        return dropped
+
+    def pending_producers(self) -> tuple[int, ...]:
+        """Producers with pending KV or checkpoints, ascending."""
+        return tuple(sorted(self._pending))
+
+    # ------------------------------------------------------------------ eviction
+
+    def evict_kv(self, num_pages: int, policy: EvictionPolicy | None = None) -> int:
+        """Evict unlocked leaves (their pages and committed checkpoint) in policy order until
+        ``num_pages`` pages went back to the pool's free list or nothing is evictable.
+
+        Returns the pages actually freed (a page a request still references is not freed by
+        evicting its node). Never touches locked nodes, pending KV or pending checkpoints.
+        Cost: one tree walk plus a heap, O(nodes log nodes) per call.
+        """
+        start = self._pages.num_free
+        if num_pages <= 0:
+            return 0
+        heap = self._heap((n for n in iter_nodes(self._root) if kv_evictable(n)), "kv", policy)
+        tie = itertools.count(len(heap))
+        while heap and self._pages.num_free - start < num_pages:
+            node = heapq.heappop(heap)[-1]
+            if not kv_evictable(node):
+                continue
+            parent = node.parent
+            self._remove_leaf(node)
+            if parent is not None and kv_evictable(parent):
+                heapq.heappush(heap, self._entry(parent, "kv", policy, next(tie)))
+        return self._pages.num_free - start
+
+    def evict_states(self, num_slots: int, policy: EvictionPolicy | None = None) -> int:
+        """Drop unlocked committed checkpoints in policy order (keeping the nodes' KV) until
+        ``num_slots`` slots went back to the free list; returns the slots actually freed."""
+        start = self._slots.num_free
+        if num_slots <= 0:
+            return 0
+        heap = self._heap((n for n in iter_nodes(self._root) if state_evictable(n)), "state", policy)
+        while heap and self._slots.num_free - start < num_slots:
+            self._drop_checkpoint(heapq.heappop(heap)[-1])
+        return self._slots.num_free - start
+
+    def _entry(
+        self, node: Node, target: EvictTarget, policy: EvictionPolicy | None, seq: int
+    ) -> tuple[float, int, int, Node]:
+        pol = policy if policy is not None else self._policy
+        return (pol.score(node, self._clock, target), -node.depth, seq, node)
+
+    def _heap(
+        self, nodes: Iterable[Node], target: EvictTarget, policy: EvictionPolicy | None
+    ) -> list[tuple[float, int, int, Node]]:
+        heap = [self._entry(n, target, policy, i) for i, n in enumerate(nodes)]
+        heapq.heapify(heap)
+        return heap
+
+    def flush(self) -> None:
+        """Drop every unlocked node and every committed checkpoint on one. Pending KV and pending checkpoints stay
+        (a round may be writing them): after every producer committed or un-published and every lock
+        was released, a flush leaves the tree empty and frees all pages and slots it held."""
+        for node in iter_postorder(self._root):
+            if state_evictable(node):
+                self._drop_checkpoint(node)
+        for node in iter_postorder(self._root):
+            if kv_evictable(node):
+                self._remove_leaf(node)
+

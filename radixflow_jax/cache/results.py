@@ -1,0 +1,85 @@
+"""Immutable results returned by ``RadixCache``: a match, an insert, and the cache statistics."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from radixflow_jax.cache.tree import Node
+
+__all__ = ["CacheStats", "InsertResult", "MatchResult"]
+
+
+@dataclass(frozen=True)
+class MatchResult:
+    """What the cache holds for a token sequence.
+
+    Invariants:
+      * every depth here is a multiple of ``page_size`` and ``<= len(tokens) - 1`` (at least one
+        token is always left to compute, to get logits), except ``shared_len`` (token-granular,
+        uncapped: it only feeds ``branch_point``);
+      * ``kv_hit_len``/``kv_pages``/``kv_node``: the committed KV prefix; ``kv_node`` ends exactly at
+        ``kv_hit_len`` (the root when 0). ``pending_kv_len >= kv_hit_len`` also counts KV that a
+        producer's uncommitted round is writing (never readable);
+      * ``checkpoint_*``: the deepest checkpoint on the path, pending or committed, and the producer
+        of a pending one. Nothing here exposes a pending checkpoint's slot;
+      * ``committed_*``: the deepest committed checkpoint (the fallback), ``committed_slot`` readable;
+      * ``hit_len``/``hit_pages``/``hit_node``: the usable hit. Hybrid models: the committed checkpoint
+        depth (``<= kv_hit_len``); attention-only: ``kv_hit_len``. Lock ``hit_node`` before using it;
+      * ``consumer_of``: the producer whose commit would extend the usable hit, i.e. the request is a
+        *consumer*. Hybrid: the deepest checkpoint is pending (``producer_id``); attention-only: the
+        path continues into pending KV. ``None`` otherwise.
+    """
+
+    kv_hit_len: int
+    kv_pages: tuple[int, ...]
+    kv_node: Node
+    pending_kv_len: int
+    checkpoint_node: Node | None
+    checkpoint_depth: int
+    checkpoint_pending: bool
+    producer_id: int | None
+    committed_node: Node | None
+    committed_depth: int
+    committed_slot: int | None
+    hit_len: int
+    hit_pages: tuple[int, ...]
+    hit_node: Node
+    consumer_of: int | None
+    shared_len: int
+
+    @property
+    def is_consumer(self) -> bool:
+        """A pending producer's commit would give this request a deeper usable hit."""
+        return self.consumer_of is not None
+
+
+@dataclass(frozen=True)
+class InsertResult:
+    """Outcome of ``RadixCache.insert``.
+
+    ``node`` ends at the inserted (page-aligned) depth; ``pages`` are the tree's pages for that whole
+    prefix (the caller should use these in its page table). ``adopted`` pages got one reference held
+    by the tree. ``rejected`` are given pages that duplicate a span the tree already held with other
+    pages: the tree took no reference on them, so the caller should switch to ``pages`` and ``decref``
+    them. Given pages equal to the tree's own are neither adopted nor rejected.
+    """
+
+    node: Node
+    pages: tuple[int, ...]
+    adopted: tuple[int, ...]
+    rejected: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class CacheStats:
+    """A snapshot: ``cached_tokens``/``pages_held`` count committed KV; ``pending_tokens`` counts KV
+    of pending nodes (pages the tree references but nobody may read yet)."""
+
+    nodes: int
+    cached_tokens: int
+    pending_tokens: int
+    pages_held: int
+    checkpoints_pending: int
+    checkpoints_committed: int
+    locked_nodes: int
+    producers: int

@@ -1,0 +1,223 @@
+"""The radix tree's state and its structural mutations (the base of ``RadixCache``).
+
+``TreeStore`` owns the root, the producer index (producer id -> nodes holding its pending KV or
+pending checkpoint) and the logical clock, and implements every mutation that must keep the tree's
+page/slot references in step with the pools: creating nodes (taking a reference on each page),
+splitting, upgrading pending KV, dropping checkpoints and removing leaves (releasing references).
+The invariants are the ones in ``tree.py`` and ``invariants.py``; the public API is ``radix.py``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from radixflow_jax.cache.config import CacheConfig
+from radixflow_jax.cache.eviction import EvictionPolicy, LRUPolicy
+from radixflow_jax.cache.invariants import check_tree
+from radixflow_jax.cache.pools import PagePool, SlotPool
+from radixflow_jax.cache.results import CacheStats
+from radixflow_jax.cache.tree import Node, attach, common_prefix_len, detach_leaf, iter_nodes, split
+
+__all__ = ["TreeStore"]
+
+
+class TreeStore:
+    """State and reference-keeping mutations of the prefix cache (see ``RadixCache``)."""
+
+    def __init__(
+        self,
+        config: CacheConfig,
+        page_pool: PagePool,
+        slot_pool: SlotPool | None = None,
+        *,
+        policy: EvictionPolicy | None = None,
+    ) -> None:
+        self._config = config
+        self._pages = page_pool
+        self._slots = slot_pool if slot_pool is not None else SlotPool(1)
+        self._policy: EvictionPolicy = policy if policy is not None else LRUPolicy()
+        self._root = Node((), [], None)
+        self._pending: dict[int, set[Node]] = {}  # producer -> nodes with its pending KV/checkpoint
+        self._clock = 0
+
+    @property
+    def config(self) -> CacheConfig:
+        return self._config
+
+    @property
+    def page_pool(self) -> PagePool:
+        return self._pages
+
+    @property
+    def slot_pool(self) -> SlotPool:
+        return self._slots
+
+    @property
+    def root(self) -> Node:
+        return self._root
+
+    @property
+    def now(self) -> int:
+        """The logical clock (last value stamped into ``last_access``)."""
+        return self._clock
+
+    def _tick(self) -> int:
+        self._clock += 1
+        return self._clock
+
+    def _descend(self, toks: tuple[int, ...], limit: int) -> tuple[list[Node], Node | None, int]:
+        """Nodes fully matched within ``toks[:limit]``, then the next partly matched node (or None)
+        and how many of its pages match."""
+        p = self._config.page_size
+        node, depth, path = self._root, 0, []
+        while depth < limit:
+            child = node.children.get(toks[depth : depth + p])
+            if child is None:
+                break
+            k = min(common_prefix_len(child.key, toks, depth) // p, (limit - depth) // p)
+            if k < len(child.pages):
+                return path, child, k
+            path.append(child)
+            node, depth = child, child.depth
+        return path, None, 0
+
+    def _shared_len(self, toks: tuple[int, ...]) -> int:
+        """Token-granular common prefix of ``toks`` with any path in the tree (pending included)."""
+        p = self._config.page_size
+        node, depth = self._root, 0
+        while True:
+            child = node.children.get(toks[depth : depth + p]) if len(toks) - depth >= p else None
+            if child is None:
+                best = (common_prefix_len(c.key[:p], toks, depth) for c in node.children.values())
+                return depth + max(best, default=0)
+            n = common_prefix_len(child.key, toks, depth)
+            if n < len(child.key):
+                return depth + n
+            node, depth = child, child.depth
+
+    def _can_plant(self, toks: tuple[int, ...], depth: int, producer_id: int, *, with_checkpoint: bool) -> bool:
+        """Whether ``plant_pending`` may mark ``depth``: no other producer's pending KV on the way
+        and, ``with_checkpoint``, no checkpoint there yet (read-only)."""
+        p = self._config.page_size
+        node, d = self._root, 0
+        while d < depth:
+            child = node.children.get(toks[d : d + p])
+            if child is None:
+                return True
+            if child.kv_producer not in (None, producer_id):
+                return False
+            if min(common_prefix_len(child.key, toks, d) // p, (depth - d) // p) < len(child.pages):
+                return True  # a split will create a fresh node ending at depth
+            node, d = child, child.depth
+        return not with_checkpoint or node.checkpoint is None
+
+    # ------------------------------------------------------------------ introspection
+
+    def stats(self) -> CacheStats:
+        """Counts over the whole tree (O(nodes))."""
+        nodes = cached = pending_tokens = held = ck_pending = ck_committed = locked = 0
+        for node in iter_nodes(self._root):
+            nodes += 1
+            held += len(node.pages)
+            if node.kv_producer is None:
+                cached += len(node.key)
+            else:
+                pending_tokens += len(node.key)
+            if node.checkpoint is not None:
+                ck_pending += node.checkpoint.pending
+                ck_committed += node.checkpoint.committed
+            locked += node.lock_count > 0
+        return CacheStats(nodes, cached, pending_tokens, held, ck_pending, ck_committed, locked, len(self._pending))
+
+    def check_invariants(self) -> None:
+        """Raise ``InvariantError`` unless the tree, the producer index and the pools are consistent."""
+        check_tree(self._root, self._config, self._pages, self._slots, self._pending)
+
+    # ------------------------------------------------------------------ internals
+
+    def _validate_pages(self, pages: Sequence[int], n: int) -> None:
+        if len(pages) < n:
+            raise ValueError(f"{len(pages)} pages given, {n} needed")
+        head = list(pages[:n])
+        if len(set(head)) != n:
+            raise ValueError("the same page is given twice")
+        for page in head:
+            if self._pages.refcount(page) == 0:
+                raise ValueError(f"page {page} is free; the caller must own the pages it passes")
+
+    def _split(self, node: Node, num_pages: int) -> Node:
+        upper = split(node, num_pages, self._config.page_size)
+        if upper.kv_producer is not None:
+            self._pending.setdefault(upper.kv_producer, set()).add(upper)
+        return upper
+
+    def _ensure_path(
+        self, toks: tuple[int, ...], depth: int, pages: Sequence[int], producer: int | None
+    ) -> tuple[Node, list[int], list[int], list[int]]:
+        """Walk or create the path of ``toks[:depth]``; return (end node, tree pages, adopted,
+        rejected). ``producer=None``: committed data (pending KV on the path is upgraded to the given
+        pages). Otherwise missing spans become pending KV of ``producer`` and existing nodes stay."""
+        p = self._config.page_size
+        now = self._clock
+        node, d = self._root, 0
+        tree_pages: list[int] = []
+        adopted: list[int] = []
+        rejected: list[int] = []
+        while d < depth:
+            child = node.children.get(toks[d : d + p])
+            if child is None:
+                new_pages = list(pages[d // p : depth // p])
+                for page in new_pages:
+                    self._pages.incref(page)
+                child = Node(toks[d:depth], new_pages, node, kv_producer=producer, last_access=now)
+                attach(node, child, p)
+                if producer is not None:
+                    self._pending.setdefault(producer, set()).add(child)
+                adopted += new_pages
+            else:
+                k = min(common_prefix_len(child.key, toks, d) // p, (depth - d) // p)
+                if k < len(child.pages):
+                    child = self._split(child, k)
+                given = pages[d // p : child.depth // p]
+                if producer is None and child.kv_producer is not None:
+                    self._upgrade(child, given, adopted)
+                elif producer is None:
+                    rejected += [g for g, held in zip(given, child.pages) if g != held]
+                child.last_access = now
+            tree_pages += child.pages
+            node, d = child, child.depth
+        return node, tree_pages, adopted, rejected
+
+    def _upgrade(self, node: Node, given: Sequence[int], adopted: list[int]) -> None:
+        """Pending KV becomes committed, holding the given (written) pages instead."""
+        pid = node.kv_producer
+        assert pid is not None
+        for i, (new, old) in enumerate(zip(given, node.pages)):
+            if new != old:
+                self._pages.incref(new)
+                self._pages.decref(old)
+                node.pages[i] = new
+                adopted.append(new)
+        node.kv_producer = None
+        ckpt = node.checkpoint
+        if ckpt is None or not ckpt.pending:
+            self._unindex(pid, node)
+
+    def _unindex(self, producer_id: int, node: Node) -> None:
+        nodes = self._pending.get(producer_id)
+        if nodes is not None:
+            nodes.discard(node)
+            if not nodes:
+                del self._pending[producer_id]
+
+    def _drop_checkpoint(self, node: Node) -> None:
+        ckpt = node.checkpoint
+        if ckpt is not None:
+            node.checkpoint = None
+            self._slots.decref(ckpt._slot)
+
+    def _remove_leaf(self, node: Node) -> None:
+        detach_leaf(node, self._config.page_size)
+        self._drop_checkpoint(node)
+        self._pages.release(node.pages)
+        node.pages = []

@@ -1,0 +1,208 @@
+"""Radix-tree nodes, checkpoints, and the structural primitives (split, attach, detach, walks).
+
+Node invariants (``invariants.check_tree`` verifies them):
+  * a non-root node's ``key`` is a non-empty multiple of ``page_size`` tokens and it holds exactly
+    ``len(key) // page_size`` page ids; ``depth == parent.depth + len(key)`` (its *end* depth);
+  * a parent indexes each child under the child's first page of tokens (siblings differ there);
+  * a node object's end depth never changes: a split inserts a *new* upper node above it, so a
+    handle a caller holds (a lock, a checkpoint) keeps meaning the same prefix;
+  * ``lock_count == own_locks + sum(child.lock_count)``: locking a node locks its path to the root;
+  * KV is *pending* (``kv_producer`` set) while the producer's round that writes it has not been
+    committed. A pending-KV node's parent is the root, a committed node, or a pending-KV node of the
+    same producer; it is never locked and its checkpoint, if any, is pending by the same producer.
+    Hence a committed-KV node has only committed-KV ancestors and every committed checkpoint sits on
+    committed KV.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterator, Sequence
+
+__all__ = ["Checkpoint", "CheckpointStatus", "Node", "PendingCheckpointError", "common_prefix_len"]
+
+
+class CheckpointStatus(enum.Enum):
+    PENDING = "pending"
+    COMMITTED = "committed"
+
+
+class PendingCheckpointError(RuntimeError):
+    """Someone asked for the slot of a checkpoint that is not committed (it may not be written)."""
+
+
+class Checkpoint:
+    """A recurrent-state snapshot held in a state slot, valid exactly at its node's end depth.
+
+    ``slot`` is readable only once committed (the commit fence); reading a pending checkpoint's slot
+    raises ``PendingCheckpointError``. ``producer_id`` names the request whose round writes it.
+    """
+
+    __slots__ = ("_slot", "status", "producer_id")
+
+    def __init__(self, slot: int, producer_id: int) -> None:
+        self._slot = slot
+        self.status = CheckpointStatus.PENDING
+        self.producer_id = producer_id
+
+    @property
+    def pending(self) -> bool:
+        return self.status is CheckpointStatus.PENDING
+
+    @property
+    def committed(self) -> bool:
+        return self.status is CheckpointStatus.COMMITTED
+
+    @property
+    def slot(self) -> int:
+        if self.status is not CheckpointStatus.COMMITTED:
+            raise PendingCheckpointError(f"checkpoint of producer {self.producer_id} is pending, not readable")
+        return self._slot
+
+    def __repr__(self) -> str:
+        slot = self._slot if self.committed else "?"
+        return f"Checkpoint({self.status.value}, slot={slot}, producer={self.producer_id})"
+
+
+class Node:
+    """One radix node; fields are managed by ``RadixCache`` (callers only read them and lock them)."""
+
+    __slots__ = (
+        "parent",
+        "children",
+        "key",
+        "pages",
+        "depth",
+        "kv_producer",
+        "checkpoint",
+        "lock_count",
+        "own_locks",
+        "last_access",
+        "attached",
+    )
+
+    def __init__(
+        self,
+        key: tuple[int, ...],
+        pages: list[int],
+        parent: Node | None,
+        *,
+        kv_producer: int | None = None,
+        last_access: int = 0,
+    ) -> None:
+        self.parent = parent
+        self.children: dict[tuple[int, ...], Node] = {}
+        self.key = key
+        self.pages = pages
+        self.depth = (parent.depth if parent is not None else 0) + len(key)
+        self.kv_producer = kv_producer
+        self.checkpoint: Checkpoint | None = None
+        self.lock_count = 0
+        self.own_locks = 0
+        self.last_access = last_access
+        self.attached = parent is None  # the root is always attached; children once linked
+
+    @property
+    def is_root(self) -> bool:
+        return self.parent is None and not self.key
+
+    @property
+    def start_depth(self) -> int:
+        return self.depth - len(self.key)
+
+    @property
+    def is_leaf(self) -> bool:
+        return not self.children
+
+    @property
+    def kv_pending(self) -> bool:
+        return self.kv_producer is not None
+
+    @property
+    def readable_slot(self) -> int | None:
+        """The committed checkpoint's slot, or None (never a pending slot)."""
+        ckpt = self.checkpoint
+        return ckpt.slot if ckpt is not None and ckpt.committed else None
+
+    def path_tokens(self) -> tuple[int, ...]:
+        """All tokens from the root to this node's end (``len == depth``)."""
+        parts: list[tuple[int, ...]] = []
+        node: Node | None = self
+        while node is not None:
+            parts.append(node.key)
+            node = node.parent
+        return tuple(t for part in reversed(parts) for t in part)
+
+    def __repr__(self) -> str:
+        kv = "pending" if self.kv_pending else "committed"
+        return (
+            f"Node(depth={self.start_depth}..{self.depth}, pages={self.pages}, kv={kv}, "
+            f"ckpt={self.checkpoint}, locks={self.lock_count})"
+        )
+
+
+def common_prefix_len(key: Sequence[int], tokens: Sequence[int], start: int) -> int:
+    """Length of the common prefix of ``key`` and ``tokens[start:]``."""
+    n = min(len(key), len(tokens) - start)
+    i = 0
+    while i < n and key[i] == tokens[start + i]:
+        i += 1
+    return i
+
+
+def attach(parent: Node, child: Node, page_size: int) -> None:
+    """Link ``child`` under ``parent`` (indexed by its first page)."""
+    child.parent = parent
+    child.attached = True
+    parent.children[child.key[:page_size]] = child
+
+
+def detach_leaf(node: Node, page_size: int) -> None:
+    """Unlink a leaf from its parent; the node stays a valid (detached) object for stale handles."""
+    if node.children:
+        raise ValueError("only a leaf can be detached")
+    parent = node.parent
+    if parent is None:
+        raise ValueError("the root cannot be detached")
+    del parent.children[node.key[:page_size]]
+    node.attached = False
+
+
+def split(node: Node, num_pages: int, page_size: int) -> Node:
+    """Insert a new node above ``node`` holding its first ``num_pages`` pages; return the new node.
+
+    ``node`` keeps its end depth, children, checkpoint and own locks; the new upper node inherits the
+    KV status, the lock count (every lock below it passes through it) and the access time.
+    """
+    cut = num_pages * page_size
+    if not 0 < cut < len(node.key):
+        raise ValueError(f"split at {num_pages} pages outside node of {len(node.key)} tokens")
+    parent = node.parent
+    assert parent is not None
+    upper = Node(
+        node.key[:cut],
+        node.pages[:num_pages],
+        parent,
+        kv_producer=node.kv_producer,
+        last_access=node.last_access,
+    )
+    upper.lock_count = node.lock_count
+    attach(parent, upper, page_size)  # replaces node under the same first-page key
+    node.key = node.key[cut:]
+    node.pages = node.pages[num_pages:]
+    attach(upper, node, page_size)
+    return upper
+
+
+def iter_nodes(root: Node) -> Iterator[Node]:
+    """Every non-root node, parents before children (deterministic: children in insertion order)."""
+    stack = list(reversed(list(root.children.values())))
+    while stack:
+        node = stack.pop()
+        yield node
+        stack.extend(reversed(list(node.children.values())))
+
+
+def iter_postorder(root: Node) -> list[Node]:
+    """Every non-root node, children before parents."""
+    return list(reversed(list(iter_nodes(root))))

@@ -1,0 +1,116 @@
+"""Unit and property tests of the reference-counted page and slot pools."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from radixflow_jax.cache import InvariantError, PagePool, SlotPool
+
+
+@pytest.mark.parametrize("pool_cls", [PagePool, SlotPool])
+def test_reserved_id_zero_is_never_handed_out(pool_cls):
+    pool = pool_cls(5)
+    assert pool.capacity == 4 and pool.num_free == 4 and pool.num_used == 0
+    ids = pool.alloc(4)
+    assert ids == [1, 2, 3, 4]
+    assert pool.alloc(1) is None
+    for bad in (0, 5, -1):
+        with pytest.raises(ValueError):
+            pool.incref(bad)
+        with pytest.raises(ValueError):
+            pool.decref(bad)
+    pool.check_invariants()
+
+
+def test_alloc_is_transactional():
+    pool = PagePool(4)
+    first = pool.alloc(2)
+    assert first == [1, 2]
+    before = (pool.num_free, pool.num_used, [pool.refcount(i) for i in range(1, 4)])
+    assert pool.alloc(2) is None  # only one left: all or nothing
+    assert (pool.num_free, pool.num_used, [pool.refcount(i) for i in range(1, 4)]) == before
+    assert pool.alloc(1) == [3]
+    assert pool.alloc(0) == []
+    with pytest.raises(ValueError):
+        pool.alloc(-1)
+    pool.check_invariants()
+
+
+def test_refcounts_free_at_zero_and_never_go_negative():
+    pool = SlotPool(3)
+    (s,) = pool.alloc(1)
+    pool.incref(s)
+    assert pool.refcount(s) == 2
+    assert pool.decref(s) is False
+    assert pool.num_free == 1
+    assert pool.decref(s) is True
+    assert pool.is_free(s) and pool.num_free == 2
+    with pytest.raises(ValueError):
+        pool.decref(s)  # below zero
+    with pytest.raises(ValueError):
+        pool.incref(s)  # no resurrection of a free id
+    assert pool.refcount(s) == 0
+    pool.check_invariants()
+
+
+def test_release_and_reuse_order_is_deterministic():
+    pool = PagePool(6)
+    ids = pool.alloc(5)
+    assert pool.release(ids[1:3]) == 2
+    assert pool.alloc(2) == [3, 2]  # last freed, first reused
+    pool.check_invariants()
+
+
+def test_check_invariants_detects_corruption():
+    pool = PagePool(4)
+    pool.alloc(1)
+    pool._free.append(1)  # an owned page on the free list
+    with pytest.raises(InvariantError):
+        pool.check_invariants()
+
+
+def test_bad_sizes_and_types():
+    with pytest.raises(ValueError):
+        PagePool(0)
+    pool = PagePool(1)  # only the reserved page
+    assert pool.capacity == 0 and pool.alloc(1) is None and pool.alloc(0) == []
+    with pytest.raises(TypeError):
+        PagePool(3).incref(True)
+
+
+@settings(max_examples=150, deadline=None)
+@given(size=st.integers(1, 8), ops=st.lists(st.tuples(st.sampled_from("aid"), st.integers(0, 8)), max_size=60))
+def test_pool_matches_a_model(size, ops):
+    """Random alloc/incref/decref against a dict model: counts, free xor owned, never negative."""
+    pool = PagePool(size)
+    model: dict[int, int] = {}
+    for op, arg in ops:
+        if op == "a":
+            got = pool.alloc(arg)
+            if arg > size - 1 - len(model):
+                assert got is None
+            else:
+                assert got is not None and len(got) == arg and not set(got) & set(model)
+                model.update({i: 1 for i in got})
+        elif op == "i":
+            if arg in model:
+                pool.incref(arg)
+                model[arg] += 1
+            else:
+                with pytest.raises(ValueError):
+                    pool.incref(arg)
+        else:
+            if arg in model:
+                freed = pool.decref(arg)
+                model[arg] -= 1
+                assert freed == (model[arg] == 0)
+                if freed:
+                    del model[arg]
+            else:
+                with pytest.raises(ValueError):
+                    pool.decref(arg)
+        pool.check_invariants()
+        assert pool.num_used == len(model) and pool.num_free == size - 1 - len(model)
+        assert all(pool.refcount(i) == n for i, n in model.items())
