@@ -1,0 +1,45 @@
+"""The admission core's vocabulary: decisions, policies and queue orders (DESIGN.md section 6).
+
+For each waiting request, in queue order, the core answers one :class:`Decision`. The policies
+differ in exactly one place, the answer for a *consumer* (a request whose best prefix match ends at
+a checkpoint another request is still producing): ``native`` ends the scan there (vLLM's same-step
+deferral, SGLang's ``break``), ``radixflow`` lets only that request wait and keeps scanning.
+Everything else is the same code.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+
+
+class Decision(enum.Enum):
+    ADMIT = "admit"
+    WAIT_LOCAL = "wait_local"  # skip this request, keep scanning
+    STOP_ROUND = "stop_round"  # end the scan for this round
+    STOP_UNTIL_FREE = "stop_until_free"  # memory exhausted: no admissions until something is released
+
+
+@dataclasses.dataclass(frozen=True)
+class Policy:
+    """``consumer``: the answer for a consumer of a pending checkpoint. ``use_cache``: prefix reuse."""
+
+    name: str
+    consumer: Decision
+    use_cache: bool = True
+
+
+POLICIES: dict[str, Policy] = {
+    "native": Policy("native", Decision.STOP_ROUND),
+    "radixflow": Policy("radixflow", Decision.WAIT_LOCAL),
+    "no-cache": Policy("no-cache", Decision.STOP_ROUND, use_cache=False),
+}
+QUEUE_ORDERS = ("fcfs", "lpm")
+
+
+def get_policy(name: str) -> Policy:
+    """The policy named ``name``; ``ValueError`` naming the choices otherwise."""
+    try:
+        return POLICIES[name]
+    except KeyError:
+        raise ValueError(f"unknown policy {name!r}; choose one of {', '.join(POLICIES)}") from None

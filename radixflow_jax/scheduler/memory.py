@@ -1,0 +1,92 @@
+"""Pools and the radix cache as the scheduler uses them: all-or-nothing allocation with eviction,
+checkpoint planting, and releasing what a request holds.
+
+Invariants:
+  * An allocation either returns every id asked for or changes nothing (after evicting what the
+    cache could give up); it never asserts on a short pool.
+  * A request holds one reference to each page in ``own_pages`` and to its ``slot``; tree-owned pages
+    in its page table are protected by the lock on ``hit_node``. :meth:`Memory.release` drops exactly
+    these, so after every request finished and the cache is flushed all pages and slots are free.
+  * A checkpoint slot handed to :meth:`RadixCache.plant_pending` is referenced by the tree only; if
+    planting is refused the slot goes straight back to the free list.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from radixflow_jax.cache import CacheConfig, PagePool, RadixCache, SlotPool
+from radixflow_jax.scheduler.request import Request
+
+
+class Memory:
+    def __init__(self, cache_config: CacheConfig, pages: PagePool, slots: SlotPool | None, cache: RadixCache | None):
+        self.config = cache_config
+        self.pages = pages
+        self.slots = slots
+        self.cache = cache
+        self.evicted_pages = 0
+        self.evicted_slots = 0
+
+    def alloc_pages(self, n: int) -> list[int] | None:
+        if n <= 0:
+            return []
+        ids = self.pages.alloc(n)
+        if ids is None and self.cache is not None:
+            self.evicted_pages += self.cache.evict_kv(n - self.pages.num_free)
+            ids = self.pages.alloc(n)
+        return ids
+
+    def alloc_slot(self) -> int | None:
+        if self.slots is None:
+            return None
+        ids = self.slots.alloc(1)
+        if ids is None and self.cache is not None:
+            self.evicted_slots += self.cache.evict_states(1)
+            ids = self.slots.alloc(1)
+        return ids[0] if ids else None
+
+    def ensure_pages(self, req: Request, num_tokens: int) -> bool:
+        """Grows ``req``'s page table to hold ``num_tokens`` tokens (all or nothing)."""
+        need = self.config.pages_for(num_tokens) - len(req.pages)
+        ids = self.alloc_pages(need)
+        if ids is None:
+            return False
+        req.pages.extend(ids)
+        req.own_pages.extend(ids)
+        return True
+
+    def plant(self, req: Request, depths: Sequence[int]) -> list[tuple[int, int]]:
+        """Plants pending checkpoints of ``req`` at ``depths``; returns ``(depth, slot)`` of those the
+        round must emit (a refused plant or an exhausted slot pool just skips that depth)."""
+        if self.cache is None or self.slots is None:
+            return []
+        planted = []
+        tokens = req.tokens
+        for depth in depths:
+            slot = self.alloc_slot()
+            if slot is None:
+                break
+            node = self.cache.plant_pending(tokens, depth, slot, req.request_id, req.pages)
+            self.slots.decref(slot)  # the tree holds the only reference now (or none: refused)
+            if node is not None:
+                planted.append((depth, slot))
+        return planted
+
+    def release(self, req: Request, *, keep_prefix: bool) -> None:
+        """Drops everything ``req`` holds. ``keep_prefix``: first insert its computed full pages into
+        the tree so later requests can reuse them (the tree takes its own references)."""
+        if self.cache is not None:
+            self.cache.unpublish(req.request_id)
+            if keep_prefix and req.num_computed >= self.config.page_size:
+                self.cache.insert(req.tokens[: req.num_computed], req.pages)
+            if req.hit_node is not None:
+                self.cache.unlock(req.hit_node)
+        self.pages.release(req.own_pages)
+        if req.slot is not None and self.slots is not None:
+            self.slots.decref(req.slot)
+        req.pages, req.own_pages, req.slot, req.hit_node = [], [], None, None
+
+    def flush(self) -> None:
+        if self.cache is not None:
+            self.cache.flush()

@@ -1,0 +1,66 @@
+"""The round plan (scheduler -> runner) and round statistics (for metrics).
+
+A plan is plain data over integers. Rows with a one-token span come first (``num_decode`` of them)
+so the model can run them through the one-step recurrent updates.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+
+@dataclasses.dataclass(frozen=True)
+class RowPlan:
+    """One request's work in a round.
+
+    ``tokens`` are computed at positions ``start .. start + len(tokens) - 1``; ``pages`` is the page
+    table covering ``start + len(tokens)`` tokens; ``slot`` the row's state slot (0 for attention-only
+    models); ``copy_from``: a committed checkpoint slot copied into ``slot`` before the model runs;
+    ``emits``: ``(offset, slot)`` pairs, the state after ``offset`` tokens of the span written into a
+    checkpoint slot (offset is a chunk multiple or the span length); ``sample``: the span ends the
+    known tokens, so the next token is sampled from its last position.
+    """
+
+    request_id: int
+    tokens: tuple[int, ...]
+    start: int
+    pages: tuple[int, ...]
+    slot: int
+    copy_from: int | None
+    emits: tuple[tuple[int, int], ...]
+    sample: bool
+
+    @property
+    def is_decode(self) -> bool:
+        return len(self.tokens) == 1
+
+
+@dataclasses.dataclass
+class RoundStats:
+    """What the scan decided; the engine adds the slot counts once the runner picked buckets."""
+
+    admitted: int = 0
+    consumers_blocked: int = 0  # consumers that hit STOP_ROUND (native)
+    consumers_waiting: int = 0  # consumers that got WAIT_LOCAL (radixflow)
+    stopped_by_consumer: bool = False
+    stopped_by_memory: bool = False
+    shadow_tokens: int = 0  # tokens admissible requests behind a consumer stop would have brought
+    shadow_rows: int = 0
+    preempted: int = 0
+    evicted_pages: int = 0
+    evicted_slots: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class RoundPlan:
+    rows: tuple[RowPlan, ...]
+    num_decode: int
+    stats: RoundStats
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(len(r.tokens) for r in self.rows)
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.rows

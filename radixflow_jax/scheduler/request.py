@@ -1,0 +1,63 @@
+"""A request as the scheduler sees it: token ids, budgets, and what it holds in the cache.
+
+Invariants:
+  * ``tokens = prompt + output``; the KV and recurrent state of ``tokens[:num_computed]`` are in
+    ``pages`` / ``slot``. Each round computes a span ``tokens[num_computed:end]`` and samples the
+    next token iff ``end == len(tokens)`` (decode is the one-token case; a recompute after
+    preemption is a long prefill that ends in a sample).
+  * ``pages`` lists the request's page table; ``own_pages`` the subset it allocated itself and holds
+    one reference to (the rest belong to the radix tree and are protected by ``hit_node``'s lock).
+  * ``slot`` is the request's own recurrent-state slot (one reference), ``None`` until admitted and
+    for attention-only models.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from typing import Any
+
+
+class RequestStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclasses.dataclass
+class Request:
+    request_id: int
+    prompt: tuple[int, ...]
+    max_tokens: int
+    stop_token_ids: frozenset[int] = frozenset()
+    arrival_time: float = 0.0
+    output: list[int] = dataclasses.field(default_factory=list)
+    status: RequestStatus = RequestStatus.WAITING
+    finish_reason: str | None = None
+    pages: list[int] = dataclasses.field(default_factory=list)
+    own_pages: list[int] = dataclasses.field(default_factory=list)
+    slot: int | None = None
+    num_computed: int = 0
+    cached_tokens: int = 0
+    hit_node: Any = None
+    consumer_waits: int = 0
+    num_preemptions: int = 0
+    first_token_round: int | None = None
+    extra: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    @property
+    def tokens(self) -> tuple[int, ...]:
+        return self.prompt + tuple(self.output)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt) + len(self.output)
+
+    @property
+    def remaining(self) -> int:
+        """Tokens still to compute before the next sample."""
+        return self.num_tokens - self.num_computed
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is RequestStatus.FINISHED

@@ -1,0 +1,314 @@
+"""The scheduler: plans a round (running work first, then admissions) and commits its result.
+
+``schedule()`` needs no device sync: it reads only host state. The admission scan asks, for each
+waiting request in queue order, for a :class:`Decision`; the policy changes only the answer for a
+consumer of a pending checkpoint. ``commit()`` is the commit fence: it marks the round's
+checkpoints committed, appends sampled tokens, finishes and releases requests.
+
+Invariants:
+  * Every span starts at a multiple of the grid ``G`` except decode spans, and every span that does
+    not end the known tokens ends on the grid, so checkpoint depths (multiples of ``G``) are chunk
+    boundaries inside spans.
+  * A request never reads a pending checkpoint: ``copy_from`` is always a committed slot of a node
+    the request locked.
+  * Liveness: with nothing running, the head of the queue is admitted from its committed hit or a
+    cold prefill, or failed with a clear reason if it can never fit.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+from typing import Iterable
+
+from radixflow_jax.cache import CacheConfig, PagePool, RadixCache, SlotPool
+from radixflow_jax.scheduler.admission import QUEUE_ORDERS, Decision, get_policy
+from radixflow_jax.scheduler.memory import Memory
+from radixflow_jax.scheduler.plan import RoundPlan, RoundStats, RowPlan
+from radixflow_jax.scheduler.request import Request, RequestStatus
+
+
+@dataclasses.dataclass(frozen=True)
+class SchedulerConfig:
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    page_size: int
+    grid: int
+    hybrid: bool
+    policy: str = "radixflow"
+    queue_order: str = "fcfs"
+    enable_prefix_cache: bool = True
+    max_consumer_wait: int = 16
+    checkpoint_interval: int = 0  # 0: every grid position
+
+    def __post_init__(self) -> None:
+        get_policy(self.policy)
+        if self.queue_order not in QUEUE_ORDERS:
+            raise ValueError(f"queue_order {self.queue_order!r}: expected one of {', '.join(QUEUE_ORDERS)}")
+        if self.max_num_seqs < 1:
+            raise ValueError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
+        if self.max_num_batched_tokens < max(self.grid, self.max_num_seqs):
+            raise ValueError(
+                f"max_num_batched_tokens={self.max_num_batched_tokens} must be >= the checkpoint grid {self.grid} "
+                f"and >= max_num_seqs={self.max_num_seqs}"
+            )
+        if self.checkpoint_interval % self.grid:
+            raise ValueError(f"checkpoint_interval {self.checkpoint_interval} must be a multiple of the grid {self.grid}")
+
+
+class Scheduler:
+    def __init__(self, config: SchedulerConfig, num_pages: int, num_slots: int):
+        self.config = config
+        self.policy = get_policy(config.policy)
+        cache_cfg = CacheConfig(page_size=config.page_size, grid=config.grid, hybrid=config.hybrid)
+        pages = PagePool(num_pages)
+        slots = SlotPool(num_slots) if config.hybrid else None
+        caching = config.enable_prefix_cache and self.policy.use_cache
+        cache = RadixCache(cache_cfg, pages, slots) if caching else None
+        self.memory = Memory(cache_cfg, pages, slots, cache)
+        self.waiting: collections.deque[Request] = collections.deque()
+        self.running: list[Request] = []
+        self.requests: dict[int, Request] = {}
+        self.round_index = 0
+
+    # ----------------------------------------------------------------- queue management
+    def max_request_tokens(self) -> int:
+        """The longest request (prompt + max_tokens) the pools can hold with nothing else running."""
+        return self.memory.pages.capacity * self.config.page_size
+
+    def add(self, req: Request) -> None:
+        if req.request_id in self.requests:
+            raise ValueError(f"request id {req.request_id} is already in use")
+        if not req.prompt:
+            raise ValueError("the prompt is empty")
+        if len(req.prompt) + req.max_tokens > self.max_request_tokens():
+            raise ValueError(
+                f"prompt ({len(req.prompt)} tokens) + max_tokens ({req.max_tokens}) exceeds the KV pool's "
+                f"{self.max_request_tokens()} tokens"
+            )
+        self.requests[req.request_id] = req
+        self.waiting.append(req)
+
+    def abort(self, request_id: int) -> Request | None:
+        req = self.requests.get(request_id)
+        if req is None or req.is_finished:
+            return None
+        self._finish(req, "abort", keep_prefix=False)
+        return req
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    # ----------------------------------------------------------------- planning
+    def _span(self, start: int, remaining: int, budget: int) -> int:
+        """Tokens to compute from ``start``: all of them if they fit, else up to the last grid
+        position within the budget (0 if none)."""
+        if remaining <= budget:
+            return remaining
+        g = self.config.grid
+        return max(0, (start + budget) // g * g - start)
+
+    def _emit_depths(self, req: Request, start: int, end: int) -> list[int]:
+        if not self.config.hybrid:
+            return []
+        step = self.config.checkpoint_interval or self.config.grid
+        first = (start // step + 1) * step
+        depths = set(range(first, end + 1, step))
+        g = self.config.grid
+        prompt_end = len(req.prompt) // g * g
+        if start < prompt_end <= end:
+            depths.add(prompt_end)
+        return sorted(depths)
+
+    def _row(self, req: Request, span: int, copy_from: int | None) -> RowPlan:
+        start = req.num_computed
+        planted = self.memory.plant(req, self._emit_depths(req, start, start + span))
+        return RowPlan(
+            request_id=req.request_id,
+            tokens=req.tokens[start : start + span],
+            start=start,
+            pages=tuple(req.pages),
+            slot=req.slot or 0,
+            copy_from=copy_from,
+            emits=tuple((depth - start, slot) for depth, slot in planted),
+            sample=start + span == req.num_tokens,
+        )
+
+    def _preempt_one(self, keep: Request, scheduled: set[int]) -> bool:
+        """Preempts the latest-admitted running request that has no row in this round yet."""
+        for victim in reversed(self.running):
+            if victim is not keep and victim.request_id not in scheduled:
+                self._preempt(victim)
+                return True
+        return False
+
+    def _preempt(self, req: Request) -> None:
+        self.memory.release(req, keep_prefix=False)
+        self.running.remove(req)
+        req.status, req.num_computed, req.cached_tokens = RequestStatus.WAITING, 0, 0
+        req.num_preemptions += 1
+        self.waiting.appendleft(req)
+
+    def _schedule_running(self, rows: list[RowPlan], budget: list[int], stats: RoundStats) -> None:
+        scheduled: set[int] = set()
+        for req in list(self.running):
+            if req not in self.running:
+                continue  # preempted while making room for an earlier one
+            span = self._span(req.num_computed, req.remaining, budget[0])
+            if span == 0:
+                continue
+            while not self.memory.ensure_pages(req, req.num_computed + span):
+                if not self._preempt_one(req, scheduled):
+                    self._preempt(req)
+                    stats.preempted += 1
+                    break
+                stats.preempted += 1
+            else:
+                rows.append(self._row(req, span, None))
+                scheduled.add(req.request_id)
+                budget[0] -= span
+                budget[1] -= 1
+
+    def _order(self) -> list[Request]:
+        queue = list(self.waiting)
+        cache = self.memory.cache
+        if self.config.queue_order == "lpm" and cache is not None:
+            hits = {r.request_id: cache.match(r.tokens, touch=False).hit_len for r in queue}
+            queue.sort(key=lambda r: -hits[r.request_id])  # stable: FCFS among equals
+        return queue
+
+    def _decide(self, req: Request, budget: list[int], rows: list[RowPlan], stats: RoundStats) -> Decision:
+        cache, memory = self.memory.cache, self.memory
+        if budget[1] == 0:
+            return Decision.STOP_ROUND
+        match = cache.match(req.tokens) if cache is not None else None
+        if match is not None and self.config.hybrid and match.is_consumer:
+            if req.consumer_waits < self.config.max_consumer_wait:
+                req.consumer_waits += 1
+                if self.policy.consumer is Decision.STOP_ROUND:
+                    stats.consumers_blocked += 1
+                    stats.stopped_by_consumer = True
+                else:
+                    stats.consumers_waiting += 1
+                return self.policy.consumer
+        hit = match.hit_len if match is not None else 0
+        span = self._span(hit, req.num_tokens - hit, budget[0])
+        if span == 0:
+            return Decision.STOP_ROUND
+        if match is not None and hit > 0:
+            cache.lock(match.hit_node)
+            req.hit_node = match.hit_node
+            req.pages = list(match.hit_pages)
+        slot = memory.alloc_slot() if self.config.hybrid else None
+        if (self.config.hybrid and slot is None) or not memory.ensure_pages(req, hit + span):
+            if slot is not None:
+                memory.slots.decref(slot)
+            memory.release(req, keep_prefix=False)
+            return Decision.STOP_UNTIL_FREE
+        req.slot = slot
+        req.num_computed = req.cached_tokens = hit
+        copy_from = match.committed_slot if (match is not None and hit > 0 and self.config.hybrid) else None
+        rows.append(self._row(req, span, copy_from))
+        budget[0] -= span
+        budget[1] -= 1
+        return Decision.ADMIT
+
+    def _shadow(self, queue: Iterable[Request], budget: list[int], stats: RoundStats) -> None:
+        """Counts what non-consumers behind a consumer stop could have brought (the bubble)."""
+        tokens, rows = budget[0], budget[1]
+        cache = self.memory.cache
+        for req in queue:
+            if rows == 0 or tokens == 0:
+                break
+            match = cache.match(req.tokens, touch=False) if cache is not None else None
+            if match is not None and match.is_consumer:
+                continue
+            hit = match.hit_len if match is not None else 0
+            span = self._span(hit, req.num_tokens - hit, tokens)
+            if span:
+                stats.shadow_tokens += span
+                stats.shadow_rows += 1
+                tokens -= span
+                rows -= 1
+
+    def schedule(self) -> RoundPlan:
+        """Plans one round: running requests, then admissions in queue order."""
+        cfg = self.config
+        stats = RoundStats()
+        rows: list[RowPlan] = []
+        budget = [cfg.max_num_batched_tokens, cfg.max_num_seqs]
+        evicted = (self.memory.evicted_pages, self.memory.evicted_slots)
+        self._schedule_running(rows, budget, stats)
+        queue = self._order()
+        for i, req in enumerate(queue):
+            decision = self._decide(req, budget, rows, stats)
+            if decision is Decision.ADMIT:
+                self.waiting.remove(req)
+                self.running.append(req)
+                req.status = RequestStatus.RUNNING
+                stats.admitted += 1
+            elif decision is Decision.WAIT_LOCAL:
+                continue
+            elif decision is Decision.STOP_ROUND:
+                if stats.stopped_by_consumer:
+                    self._shadow(queue[i + 1 :], budget, stats)
+                break
+            else:
+                stats.stopped_by_memory = True
+                if not rows and not self.running:
+                    self._unblock(req)
+                break
+        stats.evicted_pages = self.memory.evicted_pages - evicted[0]
+        stats.evicted_slots = self.memory.evicted_slots - evicted[1]
+        rows.sort(key=lambda r: not r.is_decode)  # one-token rows first (stable)
+        num_decode = sum(1 for r in rows if r.is_decode)
+        return RoundPlan(rows=tuple(rows), num_decode=num_decode, stats=stats)
+
+    def _unblock(self, req: Request) -> None:
+        """Nothing runs and the head cannot get memory: flush the cache so the next round admits it
+        (``add`` refused requests that could never fit, so this always makes progress)."""
+        self.memory.flush()
+
+    # ----------------------------------------------------------------- commit fence
+    def commit(self, plan: RoundPlan, sampled: dict[int, int]) -> list[Request]:
+        """Applies a finished round: advance, append samples, commit checkpoints, finish requests.
+        Returns the requests that finished in this round."""
+        self.round_index += 1
+        finished = []
+        cache = self.memory.cache
+        for row in plan.rows:
+            req = self.requests[row.request_id]
+            if req.is_finished:
+                continue  # aborted while the round ran
+            req.num_computed = row.start + len(row.tokens)
+            if cache is not None:
+                cache.commit(req.request_id)
+                if not self.config.hybrid:
+                    cache.insert(req.tokens[: req.num_computed], req.pages)
+            if not row.sample:
+                continue
+            token = sampled[row.request_id]
+            req.output.append(token)
+            if req.first_token_round is None:
+                req.first_token_round = self.round_index
+            if token in req.stop_token_ids:
+                self._finish(req, "stop", keep_prefix=True)
+            elif len(req.output) >= req.max_tokens:
+                self._finish(req, "length", keep_prefix=True)
+            if req.is_finished:
+                finished.append(req)
+        return finished
+
+    def finish(self, request_id: int, reason: str) -> None:
+        """Ends a request for a reason the engine found (e.g. a stop string)."""
+        req = self.requests[request_id]
+        if not req.is_finished:
+            self._finish(req, reason, keep_prefix=True)
+
+    def _finish(self, req: Request, reason: str, *, keep_prefix: bool) -> None:
+        self.memory.release(req, keep_prefix=keep_prefix)
+        if req in self.running:
+            self.running.remove(req)
+        elif req in self.waiting:
+            self.waiting.remove(req)
+        req.status, req.finish_reason = RequestStatus.FINISHED, reason

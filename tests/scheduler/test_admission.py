@@ -1,0 +1,107 @@
+"""The admission core without a model: native stops at a consumer, radixflow fills the round."""
+
+from __future__ import annotations
+
+import pytest
+
+from radixflow_jax.scheduler.request import Request
+from radixflow_jax.scheduler.scheduler import Scheduler, SchedulerConfig
+
+ARTICLE = tuple(range(100, 132))  # 32 tokens: checkpoints at 8, 16, 24, 32
+
+
+def _sched(policy: str, budget: int = 64, **kw) -> Scheduler:
+    cfg = SchedulerConfig(
+        max_num_seqs=4, max_num_batched_tokens=budget, page_size=4, grid=8, hybrid=True, policy=policy, **kw
+    )
+    return Scheduler(cfg, num_pages=64, num_slots=32)
+
+
+def _queue(s: Scheduler) -> None:
+    s.add(Request(1, ARTICLE + (1, 2, 3, 4, 5), max_tokens=2))  # producer
+    s.add(Request(2, ARTICLE + (6, 7, 8, 9, 10), max_tokens=2))  # consumer of request 1
+    s.add(Request(3, tuple(range(200, 210)), max_tokens=2))  # independent
+    s.add(Request(4, tuple(range(300, 310)), max_tokens=2))  # independent
+
+
+def _run(s: Scheduler) -> list[list[int]]:
+    rounds = []
+    while s.has_work():
+        plan = s.schedule()
+        assert plan.rows, "no progress"
+        rounds.append([r.request_id for r in plan.rows])
+        s.commit(plan, {r.request_id: 0 for r in plan.rows if r.sample})
+        s.memory.pages.check_invariants()
+    return rounds
+
+
+def test_native_stops_at_consumer_radixflow_fills_round() -> None:
+    native, flow = _sched("native"), _sched("radixflow")
+    _queue(native)
+    _queue(flow)
+    p_native, p_flow = native.schedule(), flow.schedule()
+    assert [r.request_id for r in p_native.rows] == [1]
+    assert p_native.stats.stopped_by_consumer and p_native.stats.consumers_blocked == 1
+    assert p_native.stats.shadow_rows == 2 and p_native.stats.shadow_tokens == 20
+    assert sorted(r.request_id for r in p_flow.rows) == [1, 3, 4]
+    assert p_flow.stats.consumers_waiting == 1 and not p_flow.stats.stopped_by_consumer
+    producer = p_flow.rows[0]
+    assert [off for off, _ in producer.emits] == [8, 16, 24, 32]
+    # next round: the consumer reuses the committed checkpoint at depth 32 under both policies
+    for s, plan in ((native, p_native), (flow, p_flow)):
+        s.commit(plan, {r.request_id: 0 for r in plan.rows if r.sample})
+        nxt = s.schedule()
+        consumer = next(r for r in nxt.rows if r.request_id == 2)
+        assert consumer.start == 32 and consumer.copy_from is not None
+        assert s.requests[2].cached_tokens == 32
+
+
+@pytest.mark.parametrize("policy", ["native", "radixflow", "no-cache"])
+def test_everything_finishes_and_pools_drain(policy: str) -> None:
+    s = _sched(policy)
+    _queue(s)
+    rounds = _run(s)
+    assert all(s.requests[i].is_finished for i in (1, 2, 3, 4))
+    assert all(len(s.requests[i].output) == 2 for i in (1, 2, 3, 4))
+    s.memory.flush()
+    assert s.memory.pages.num_used == 0
+    assert s.memory.slots is None or s.memory.slots.num_used == 0
+    assert len(rounds) >= 2
+
+
+def test_two_articles_fewer_rounds_same_reuse() -> None:
+    def run(policy: str) -> tuple[list[list[int]], int]:
+        s = _sched(policy, budget=128)
+        other = tuple(range(500, 532))
+        for rid, prompt in enumerate([ARTICLE + (1, 2), ARTICLE + (3, 4), other + (5, 6), other + (7, 8)]):
+            s.add(Request(rid, prompt, max_tokens=1))
+        rounds = _run(s)
+        return rounds, sum(r.cached_tokens for r in s.requests.values())
+
+    native, native_reuse = run("native")
+    flow, flow_reuse = run("radixflow")
+    assert native == [[0], [1, 2], [3]]
+    assert flow == [[0, 2], [1, 3]]
+    assert native_reuse == flow_reuse == 64
+
+
+def test_consumer_wait_is_bounded() -> None:
+    s = _sched("radixflow", budget=128, max_consumer_wait=0)
+    _queue(s)
+    plan = s.schedule()
+    assert sorted(r.request_id for r in plan.rows) == [1, 2, 3, 4]  # no waiting at all
+    consumer = next(r for r in plan.rows if r.request_id == 2)
+    assert consumer.start == 0 and consumer.copy_from is None  # cold prefill: never reads pending
+
+
+def test_bad_requests_are_refused() -> None:
+    s = _sched("radixflow")
+    with pytest.raises(ValueError, match="exceeds the KV pool"):
+        s.add(Request(9, tuple(range(300)), max_tokens=10))
+    with pytest.raises(ValueError, match="empty"):
+        s.add(Request(10, (), max_tokens=1))
+    s.add(Request(11, (1, 2), max_tokens=1))
+    with pytest.raises(ValueError, match="already in use"):
+        s.add(Request(11, (1, 2), max_tokens=1))
+    with pytest.raises(ValueError, match="unknown policy"):
+        SchedulerConfig(max_num_seqs=1, max_num_batched_tokens=64, page_size=4, grid=8, hybrid=True, policy="x")
