@@ -44,12 +44,14 @@ class RadixCache(TreeStore):
 
     # ------------------------------------------------------------------ lookup
 
-    def match(self, tokens: Sequence[int], *, touch: bool = True) -> MatchResult:
+    def match(self, tokens: Sequence[int], *, touch: bool = True, shared: bool = True) -> MatchResult:
         """Walk the tree along ``tokens``; see ``MatchResult`` for what comes back.
 
         Never covers more than ``align_down(len(tokens) - 1)`` tokens. May split the last matched
         node so that the path ends exactly at the matched depth (``kv_node`` ends exactly at the KV
-        hit). ``touch`` stamps the matched nodes' access time.
+        hit). ``touch`` stamps the matched nodes' access time. ``shared=False`` skips the
+        token-granular divergence search (it scans every child at the divergence node) and reports
+        ``shared_len = pending_kv_len``, a page-granular lower bound.
         """
         p = self._config.page_size
         toks = tuple(tokens)
@@ -98,7 +100,7 @@ class RadixCache(TreeStore):
             hit_pages=tuple(kv_pages[: hit_node.depth // p]),
             hit_node=hit_node,
             consumer_of=consumer_of,
-            shared_len=self._shared_len(toks),
+            shared_len=self._shared_len(toks) if shared else deepest.depth,
         )
 
     # ------------------------------------------------------------------ insert / lock

@@ -33,8 +33,9 @@ class Batch(NamedTuple):
 
 
 class ModelCache(NamedTuple):
-    """Per-layer pools. ``kv[i]`` belongs to the i-th attention layer; ``conv[j]``/``ssm[j]`` to the
-    j-th recurrent layer (in layer order)."""
+    """Per-layer pools. ``kv[i]`` belongs to the i-th layer of ``cfg.attention_layers``;
+    ``conv[j]``/``ssm[j]`` to the j-th layer of ``cfg.recurrent_layers`` (both in layer order). A
+    ``parallel`` layer (Falcon-H1) appears in both lists and owns one entry of each."""
 
     kv: tuple[tuple[jax.Array, jax.Array], ...]  # ([P, page, Hkv, D], [P, page, Hkv, D])
     conv: tuple[jax.Array, ...]  # [S, K - 1, conv_dim] in the model dtype
@@ -42,7 +43,8 @@ class ModelCache(NamedTuple):
 
 
 def recurrent_state_shapes(cfg: ModelConfig) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
-    """``(conv_shape, ssm_shape)`` per recurrent layer, without the slot axis."""
+    """``(conv_shape, ssm_shape)`` per recurrent layer (``parallel`` ones included: their Mamba2
+    state), without the slot axis."""
     shapes = []
     for i in cfg.recurrent_layers:
         if cfg.mixers[i] == "gdn":

@@ -1,14 +1,20 @@
 """Frozen model configuration shared by every supported architecture.
 
 One :class:`ModelConfig` describes a decoder-only hybrid model as a list of per-layer mixer kinds
-(``attention``, ``gdn``, ``mamba``, ``none``) and per-layer MLP kinds (``dense`` SwiGLU, ``relu2``,
-``moe``, ``none``), plus the sub-configs each kind needs. Parsing from a HF
+(``attention``, ``gdn``, ``mamba``, ``parallel`` = attention and Mamba2 side by side on the same
+input (Falcon-H1), ``none``) and per-layer MLP kinds (``dense`` SwiGLU, ``relu2``, ``moe``, ``glu``
+= Granite's fused ``input_linear``/``output_linear`` SwiGLU, ``glu_moe`` = Granite's routed experts
+plus that shared GLU, ``none``), plus the sub-configs each kind needs and the scalar
+:class:`Multipliers` (identity unless the family has muP/Granite scaling). Parsing from a HF
 ``config.json`` lives in :mod:`radixflow_jax.models.hf_config`; this module holds no parsing logic.
 
 Invariants:
   * ``len(mixers) == len(mlps) == num_layers``.
-  * ``attention`` is set iff some layer is ``attention``; ``gdn``/``mamba`` iff some layer is one;
-    ``moe`` iff some layer's MLP is ``moe``.
+  * ``attention`` is set iff some layer is ``attention`` or ``parallel``; ``mamba`` iff some layer is
+    ``mamba`` or ``parallel``; ``gdn`` iff some layer is ``gdn``; ``moe`` iff some layer's MLP is
+    ``moe`` or ``glu_moe``.
+  * A ``parallel`` layer owns one KV entry *and* one recurrent state entry: it is counted in both
+    :attr:`ModelConfig.attention_layers` and :attr:`ModelConfig.recurrent_layers`.
   * Head counts divide: ``attention.num_heads % attention.num_kv_heads == 0`` and
     ``gdn.num_v_heads % gdn.num_k_heads == 0``.
 """
@@ -18,8 +24,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Literal
 
-Mixer = Literal["attention", "gdn", "mamba", "none"]
-MlpKind = Literal["dense", "relu2", "moe", "none"]
+Mixer = Literal["attention", "gdn", "mamba", "parallel", "none"]
+MlpKind = Literal["dense", "relu2", "moe", "glu", "glu_moe", "none"]
+MambaNorm = Literal["gate_first", "norm_first", "none"]
 NormStyle = Literal["llama", "zero_centered", "float32_weight"]
 
 
@@ -44,7 +51,8 @@ class RopeConfig:
 class AttentionConfig:
     """Softmax attention. ``qk_norm``: per-head RMSNorm on q and k (``none``, ``rms``, ``rms_zc``
     for the zero-centred ``1 + w`` form). ``output_gate``: q_proj also yields a per-head gate that
-    multiplies the output by ``sigmoid(gate)`` (interleaved per head: query channels, then gate)."""
+    multiplies the output by ``sigmoid(gate)`` (interleaved per head: query channels, then gate).
+    ``scale``: the softmax scale; ``None`` means ``head_dim ** -0.5`` (Granite sets it explicitly)."""
 
     num_heads: int
     num_kv_heads: int
@@ -54,6 +62,11 @@ class AttentionConfig:
     bias: bool
     rope: RopeConfig | None
     sliding_window: int | None = None
+    scale: float | None = None
+
+    @property
+    def softmax_scale(self) -> float:
+        return self.head_dim**-0.5 if self.scale is None else self.scale
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,7 +99,10 @@ class GdnConfig:
 class MambaConfig:
     """Mamba2 (SSD) mixer: ``in_proj -> [z | xBC | dt]``, depthwise conv (+bias) + SiLU over xBC,
     SSD scan with ``A = -exp(A_log)``, ``dt = clamp(softplus(dt + dt_bias), *dt_limit)``, ``+ D x``,
-    gated group RMSNorm (gate first), ``out_proj``."""
+    output gate, ``out_proj``. ``gated_norm``: ``gate_first`` = ``w * groupnorm(y * silu(z))``
+    (Bamba, Nemotron-H, Granite), ``norm_first`` = ``w * groupnorm(y) * silu(z)``, ``none`` =
+    ``y * silu(z)`` without a norm weight (the last two: Falcon-H1). ``proj_bias`` is the
+    ``in_proj`` bias, ``out_proj_bias`` the ``out_proj`` one."""
 
     num_heads: int
     head_dim: int
@@ -98,6 +114,8 @@ class MambaConfig:
     chunk_size: int
     dt_limit: tuple[float, float]
     norm_eps: float
+    out_proj_bias: bool = False
+    gated_norm: MambaNorm = "gate_first"
 
     @property
     def inner_dim(self) -> int:
@@ -112,7 +130,8 @@ class MambaConfig:
 class Naming:
     """HF attribute names of one architecture, so NNX paths equal checkpoint keys. ``block``: one
     ``norm`` and one ``mixer`` (attention, Mamba2 or MLP) per layer (Nemotron-H); otherwise two
-    pre-norms per layer, a token mixer and an MLP."""
+    pre-norms per layer, a token mixer (a ``parallel`` layer holds both ``attention`` and
+    ``mamba``) and an MLP. ``routed``: Granite's routed experts, beside the shared GLU at ``mlp``."""
 
     embed: str = "embed_tokens"
     final_norm: str = "norm"
@@ -120,6 +139,7 @@ class Naming:
     gdn: str = "linear_attn"
     mamba: str = "mamba"
     mlp: str = "mlp"
+    routed: str = "block_sparse_moe"
     pre_mixer_norm: str = "input_layernorm"
     pre_mlp_norm: str = "post_attention_layernorm"
     block: bool = False
@@ -127,14 +147,43 @@ class Naming:
 
 @dataclasses.dataclass(frozen=True)
 class MoeConfig:
-    """Softmax router over ``num_experts``, top-k (renormalised when ``norm_topk``), SwiGLU experts;
-    an optional shared expert scaled by ``sigmoid(shared_gate(x))``."""
+    """Softmax router over ``num_experts``, top-k (renormalised when ``norm_topk``), SwiGLU experts
+    of width ``intermediate_size``; an optional shared expert scaled by ``sigmoid(shared_gate(x))``
+    (``shared_intermediate_size > 0``; Qwen). Granite's ``glu_moe`` uses ``norm_topk`` (softmax
+    over the top-k logits is the same distribution) and its ungated shared GLU has the model's
+    ``intermediate_size``, so ``shared_intermediate_size`` is 0 there."""
 
     num_experts: int
     top_k: int
     intermediate_size: int
     norm_topk: bool
     shared_intermediate_size: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Multipliers:
+    """Scalar multipliers of the muP-style families; every default is the identity.
+
+    Granite-4.0-H: ``embedding``, ``residual`` (``x + residual * f(x)`` for both sub-blocks),
+    ``logits_scaling`` (logits are *divided* by it); its attention scale is
+    :attr:`AttentionConfig.scale`. Falcon-H1: ``embedding``, ``lm_head`` (logits multiplied),
+    ``attention_in``/``attention_out`` around the attention branch, ``key`` on k before RoPE,
+    ``ssm_in`` on the Mamba2 input, ``ssm_out`` on its output, ``ssm`` on the ``in_proj`` output
+    segments ``(z, x, B, C, dt)``, ``mlp_gate`` on ``gate_proj``'s output before SiLU, ``mlp_down``
+    on the MLP output."""
+
+    embedding: float = 1.0
+    residual: float = 1.0
+    logits_scaling: float = 1.0
+    lm_head: float = 1.0
+    attention_in: float = 1.0
+    attention_out: float = 1.0
+    key: float = 1.0
+    ssm_in: float = 1.0
+    ssm_out: float = 1.0
+    ssm: tuple[float, float, float, float, float] = (1.0, 1.0, 1.0, 1.0, 1.0)
+    mlp_gate: float = 1.0
+    mlp_down: float = 1.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -157,6 +206,7 @@ class ModelConfig:
     moe: MoeConfig | None
     mamba: MambaConfig | None = None
     naming: Naming = Naming()
+    multipliers: Multipliers = Multipliers()
     eos_token_ids: tuple[int, ...] = ()
     bos_token_id: int | None = None
     weight_prefix: str = "model."
@@ -167,13 +217,13 @@ class ModelConfig:
                 f"num_hidden_layers={self.num_layers} but {len(self.mixers)} layer types and "
                 f"{len(self.mlps)} MLP kinds"
             )
-        if ("attention" in self.mixers) != (self.attention is not None):
+        if bool(self.attention_layers) != (self.attention is not None):
             raise ConfigError("attention layers need an attention config (num_attention_heads, ...)")
         if ("gdn" in self.mixers) != (self.gdn is not None):
             raise ConfigError("linear_attention layers need the linear_* config fields")
-        if ("mamba" in self.mixers) != (self.mamba is not None):
+        if any(m in ("mamba", "parallel") for m in self.mixers) != (self.mamba is not None):
             raise ConfigError("Mamba2 layers need the mamba_* / ssm_* config fields")
-        if ("moe" in self.mlps) != (self.moe is not None):
+        if any(k in ("moe", "glu_moe") for k in self.mlps) != (self.moe is not None):
             raise ConfigError("MoE layers need num_experts / num_experts_per_tok / moe_intermediate_size")
         att = self.attention
         if att is not None and att.num_heads % att.num_kv_heads:
@@ -189,11 +239,13 @@ class ModelConfig:
 
     @property
     def attention_layers(self) -> tuple[int, ...]:
-        return tuple(i for i, m in enumerate(self.mixers) if m == "attention")
+        """Layers owning a KV entry (``attention`` and ``parallel``), in layer order."""
+        return tuple(i for i, m in enumerate(self.mixers) if m in ("attention", "parallel"))
 
     @property
     def recurrent_layers(self) -> tuple[int, ...]:
-        return tuple(i for i, m in enumerate(self.mixers) if m in ("gdn", "mamba"))
+        """Layers owning a conv/SSM state entry (``gdn``, ``mamba``, ``parallel``), in layer order."""
+        return tuple(i for i, m in enumerate(self.mixers) if m in ("gdn", "mamba", "parallel"))
 
     @property
     def is_hybrid(self) -> bool:

@@ -23,7 +23,8 @@ _DENSE_TYPES = ("qwen3", "llama")
 
 
 def supported_model_types() -> tuple[str, ...]:
-    return _GDN_TYPES + ("qwen3_5", "qwen3_5_moe", "bamba", "nemotron_h") + _DENSE_TYPES
+    ssm = ("bamba", "nemotron_h", "granitemoehybrid", "falcon_h1")
+    return _GDN_TYPES + ("qwen3_5", "qwen3_5_moe") + ssm + _DENSE_TYPES
 
 
 def _req(cfg: dict[str, Any], key: str, kind: type | tuple[type, ...] = int) -> Any:
@@ -236,12 +237,18 @@ _PARSERS: dict[str, Callable[[dict[str, Any]], ModelConfig]] = {
 
 def parse_hf_config(cfg: dict[str, Any]) -> ModelConfig:
     """Builds a :class:`ModelConfig` from a parsed ``config.json``; raises :class:`ConfigError`."""
-    from radixflow_jax.models import hf_config_ssm
+    from radixflow_jax.models import hf_config_mup, hf_config_ssm
 
     mtype = cfg.get("model_type")
     if mtype is None:
         raise ConfigError("config.json: required field 'model_type' is missing")
-    parser = {**_PARSERS, "bamba": hf_config_ssm.parse_bamba, "nemotron_h": hf_config_ssm.parse_nemotron_h}.get(mtype)
+    parser = {
+        **_PARSERS,
+        "bamba": hf_config_ssm.parse_bamba,
+        "nemotron_h": hf_config_ssm.parse_nemotron_h,
+        "granitemoehybrid": hf_config_mup.parse_granite,
+        "falcon_h1": hf_config_mup.parse_falcon_h1,
+    }.get(mtype)
     if parser is None:
         raise ConfigError(
             f"config.json: model_type={mtype!r} is not supported; supported: {', '.join(supported_model_types())}"

@@ -47,6 +47,7 @@ def _mamba(cfg: dict[str, Any], keys: dict[str, str], dt_limit: tuple[float, flo
         chunk_size=_positive(cfg, keys["chunk"], 256),
         dt_limit=dt_limit,
         norm_eps=eps,
+        out_proj_bias=bool(cfg.get(keys["proj_bias"], False)),
     )
     if m.num_heads % m.n_groups:
         raise ConfigError(f"config.json: {keys['heads']}={m.num_heads} is not a multiple of {keys['groups']}={m.n_groups}")

@@ -3,7 +3,9 @@
 ``HybridLM.model`` mirrors the HF ``model.`` prefix (``embed_tokens``, ``layers``, ``norm``) and
 ``HybridLM.lm_head`` the HF ``lm_head`` (absent when embeddings are tied). A call processes one
 packed ragged batch (see ``models/batch.py``) and returns the final hidden states and the updated
-pools; :meth:`HybridLM.logits` projects selected hidden states to float32 logits.
+pools; :meth:`HybridLM.logits` projects selected hidden states to float32 logits. The model-level
+multipliers (embedding, logits) and the layer-level ones (residual, parallel-branch scales) are
+applied here; the others inside the modules (see ``config.Multipliers``).
 """
 
 from __future__ import annotations
@@ -15,46 +17,77 @@ from flax import nnx
 from radixflow_jax.kernels.batch import positions_from_batch
 from radixflow_jax.models.batch import Batch, ModelCache
 from radixflow_jax.models.config import ModelConfig
+from radixflow_jax.models.fused_mlp import FusedMoe, GluMlp
 from radixflow_jax.models.layers import Embedding, Linear, Mlp, Relu2Mlp, RMSNorm, SparseMoe
-from radixflow_jax.models.mixers.attention import Attention
+from radixflow_jax.models.mixers.attention import Attention, KvPages
 from radixflow_jax.models.mixers.gdn import GatedDeltaNet
 from radixflow_jax.models.mixers.mamba2 import Mamba2
 
+RecState = tuple[jax.Array, jax.Array]
+
 
 def _mlp(cfg: ModelConfig, kind: str, *, dtype: jnp.dtype, rngs: nnx.Rngs) -> nnx.Module | None:
+    """The MLP at ``naming.mlp`` (for ``glu_moe`` the shared GLU; the routed part is built apart)."""
     if kind == "moe":
         assert cfg.moe is not None
         return SparseMoe(cfg.moe, cfg.hidden_size, dtype=dtype, rngs=rngs)
     if kind == "dense":
-        return Mlp(cfg.hidden_size, cfg.intermediate_size, dtype=dtype, rngs=rngs)
+        mult = cfg.multipliers
+        return Mlp(
+            cfg.hidden_size,
+            cfg.intermediate_size,
+            dtype=dtype,
+            rngs=rngs,
+            gate_multiplier=mult.mlp_gate,
+            down_multiplier=mult.mlp_down,
+        )
     if kind == "relu2":
         return Relu2Mlp(cfg.hidden_size, cfg.intermediate_size, dtype=dtype, rngs=rngs)
+    if kind in ("glu", "glu_moe"):
+        return GluMlp(cfg.hidden_size, cfg.intermediate_size, dtype=dtype, rngs=rngs)
     return None
 
 
 def _mixer(cfg: ModelConfig, kind: str, *, dtype: jnp.dtype, rngs: nnx.Rngs) -> nnx.Module | None:
+    mult = cfg.multipliers
     if kind == "attention":
         assert cfg.attention is not None
-        return Attention(cfg.attention, cfg.hidden_size, cfg.rms_norm_eps, dtype=dtype, rngs=rngs)
+        return Attention(
+            cfg.attention, cfg.hidden_size, cfg.rms_norm_eps, dtype=dtype, rngs=rngs, key_multiplier=mult.key
+        )
     if kind == "gdn":
         assert cfg.gdn is not None
         return GatedDeltaNet(cfg.gdn, cfg.hidden_size, cfg.rms_norm_eps, dtype=dtype, rngs=rngs)
     if kind == "mamba":
         assert cfg.mamba is not None
-        return Mamba2(cfg.mamba, cfg.hidden_size, dtype=dtype, rngs=rngs)
+        return Mamba2(
+            cfg.mamba, cfg.hidden_size, dtype=dtype, rngs=rngs, in_multiplier=mult.ssm_in, segment_multipliers=mult.ssm
+        )
     return None
 
 
+def _scaled(x: jax.Array, factor: float) -> jax.Array:
+    return x * factor if factor != 1.0 else x
+
+
 class DecoderLayer(nnx.Module):
-    """One layer. Two-norm layout: ``x + mixer(norm(x))`` then ``x + mlp(norm(x))``; block layout
+    """One layer. Two-norm layout: ``x + r * mixer(norm(x))`` then ``x + r * mlp(norm(x))`` with
+    ``r`` the residual multiplier; a ``parallel`` layer's mixer output is
+    ``ssm_out * mamba(h) + attention_out * attention(attention_in * h)``. Block layout
     (``naming.block``): ``x + mixer(norm(x))`` where the mixer may also be an MLP. Attribute names
-    come from ``cfg.naming`` so parameter paths equal checkpoint keys."""
+    come from ``cfg.naming`` so parameter paths equal checkpoint keys.
+
+    ``has_kv`` / ``has_state``: whether the layer consumes one KV entry / one conv+SSM state entry
+    of the model cache (both for ``parallel``)."""
 
     def __init__(self, cfg: ModelConfig, index: int, *, dtype: jnp.dtype, rngs: nnx.Rngs):
         names = cfg.naming
         self.mixer_kind = cfg.mixers[index]
         self.mlp_kind = cfg.mlps[index]
         self.block = names.block
+        self.mult = cfg.multipliers
+        self.has_kv = self.mixer_kind in ("attention", "parallel")
+        self.has_state = self.mixer_kind in ("gdn", "mamba", "parallel")
 
         def norm() -> RMSNorm:
             return RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, style=cfg.norm_style, dtype=dtype)
@@ -67,33 +100,78 @@ class DecoderLayer(nnx.Module):
                 self.mixer = _mixer(cfg, self.mixer_kind, dtype=dtype, rngs=rngs)
             self.mixer_name, self.mlp_name = "mixer", None
             return
-        self.mixer_name = {"attention": names.attention, "gdn": names.gdn, "mamba": names.mamba}[self.mixer_kind]
+        self.attention_name = names.attention if self.has_kv else None
+        self.recurrent_name = {"gdn": names.gdn, "mamba": names.mamba, "parallel": names.mamba}.get(self.mixer_kind)
         setattr(self, names.pre_mixer_norm, norm())
-        setattr(self, self.mixer_name, _mixer(cfg, self.mixer_kind, dtype=dtype, rngs=rngs))
+        if self.attention_name is not None:
+            setattr(self, self.attention_name, _mixer(cfg, "attention", dtype=dtype, rngs=rngs))
+        if self.recurrent_name is not None:
+            kind = "mamba" if self.mixer_kind == "parallel" else self.mixer_kind
+            setattr(self, self.recurrent_name, _mixer(cfg, kind, dtype=dtype, rngs=rngs))
         self.mlp_name = names.mlp if self.mlp_kind != "none" else None
+        self.routed_name = names.routed if self.mlp_kind == "glu_moe" else None
         if self.mlp_name is not None:
             setattr(self, names.pre_mlp_norm, norm())
             setattr(self, names.mlp, _mlp(cfg, self.mlp_kind, dtype=dtype, rngs=rngs))
+        if self.routed_name is not None:
+            assert cfg.moe is not None
+            setattr(self, self.routed_name, FusedMoe(cfg.moe, cfg.hidden_size, dtype=dtype, rngs=rngs))
         self.pre_mixer_norm, self.pre_mlp_norm = names.pre_mixer_norm, names.pre_mlp_norm
 
-    def __call__(
-        self, x: jax.Array, positions: jax.Array, batch: Batch, state: tuple[jax.Array, ...], num_decode: int
-    ) -> tuple[jax.Array, tuple[jax.Array, ...]]:
-        """``state``: ``(k_pages, v_pages)`` for attention, ``(conv, ssm)`` for recurrent mixers, ``()``."""
-        pre = self.norm if self.block else getattr(self, self.pre_mixer_norm)
-        mixer = getattr(self, self.mixer_name)
-        h = pre(x)
-        if self.mixer_kind == "attention":
-            h, state = mixer(h, positions, batch, state)
-        elif self.mixer_kind in ("gdn", "mamba"):
-            h, conv, ssm = mixer(h, batch, state[0], state[1], num_decode)
-            state = (conv, ssm)
+    def _block_call(
+        self,
+        x: jax.Array,
+        positions: jax.Array,
+        batch: Batch,
+        kv: KvPages | None,
+        rec: RecState | None,
+        num_decode: int,
+    ) -> tuple[jax.Array, KvPages | None, RecState | None]:
+        h = self.norm(x)
+        if self.has_kv:
+            h, kv = self.mixer(h, positions, batch, kv)
+        elif self.has_state:
+            assert rec is not None
+            h, conv, ssm = self.mixer(h, batch, rec[0], rec[1], num_decode)
+            rec = (conv, ssm)
         else:
-            h = mixer(h)
-        x = x + h
-        if self.mlp_name is not None and not self.block:
-            x = x + getattr(self, self.mlp_name)(getattr(self, self.pre_mlp_norm)(x))
-        return x, state
+            h = self.mixer(h)
+        return x + h, kv, rec
+
+    def __call__(
+        self,
+        x: jax.Array,
+        positions: jax.Array,
+        batch: Batch,
+        kv: KvPages | None,
+        rec: RecState | None,
+        num_decode: int,
+    ) -> tuple[jax.Array, KvPages | None, RecState | None]:
+        """``kv``: this layer's ``(k_pages, v_pages)`` iff ``has_kv``; ``rec``: its ``(conv, ssm)``
+        pools iff ``has_state``. Returns the new hidden states and the updated entries."""
+        if self.block:
+            return self._block_call(x, positions, batch, kv, rec, num_decode)
+        mult = self.mult
+        h = getattr(self, self.pre_mixer_norm)(x)
+        mixed = None
+        if self.recurrent_name is not None:
+            assert rec is not None
+            out, conv, ssm = getattr(self, self.recurrent_name)(h, batch, rec[0], rec[1], num_decode)
+            rec = (conv, ssm)
+            mixed = _scaled(out, mult.ssm_out)
+        if self.attention_name is not None:
+            out, kv = getattr(self, self.attention_name)(_scaled(h, mult.attention_in), positions, batch, kv)
+            out = _scaled(out, mult.attention_out)
+            mixed = out if mixed is None else mixed + out
+        assert mixed is not None
+        x = x + _scaled(mixed, mult.residual)
+        if self.mlp_name is not None:
+            h = getattr(self, self.pre_mlp_norm)(x)
+            out = getattr(self, self.mlp_name)(h)
+            if self.routed_name is not None:
+                out = getattr(self, self.routed_name)(h) + out
+            x = x + _scaled(out, mult.residual)
+        return x, kv, rec
 
 
 class Backbone(nnx.Module):
@@ -127,23 +205,32 @@ class HybridLM(nnx.Module):
     ) -> tuple[jax.Array, ModelCache]:
         """``tokens [T]`` -> ``(hidden [T, hidden] after the final norm, updated cache)``."""
         _, positions, _ = positions_from_batch(batch.cu_seqlens, batch.kv_lens, tokens.shape[0])
-        x = self.model.embedding(tokens)
+        x = _scaled(self.model.embedding(tokens), self.config.multipliers.embedding)
         kv, conv, ssm = list(cache.kv), list(cache.conv), list(cache.ssm)
         att_i = rec_i = 0
         for layer in self.model.layers:
-            if layer.mixer_kind == "attention":
-                x, kv[att_i] = layer(x, positions, batch, kv[att_i], num_decode)
+            layer_kv = kv[att_i] if layer.has_kv else None
+            layer_rec = (conv[rec_i], ssm[rec_i]) if layer.has_state else None
+            x, layer_kv, layer_rec = layer(x, positions, batch, layer_kv, layer_rec, num_decode)
+            if layer.has_kv:
+                assert layer_kv is not None
+                kv[att_i] = layer_kv
                 att_i += 1
-            elif layer.mixer_kind in ("gdn", "mamba"):
-                x, (conv[rec_i], ssm[rec_i]) = layer(x, positions, batch, (conv[rec_i], ssm[rec_i]), num_decode)
+            if layer.has_state:
+                assert layer_rec is not None
+                conv[rec_i], ssm[rec_i] = layer_rec
                 rec_i += 1
-            else:
-                x, _ = layer(x, positions, batch, (), num_decode)
         return self.model.final_norm(x), ModelCache(kv=tuple(kv), conv=tuple(conv), ssm=tuple(ssm))
 
     def logits(self, hidden: jax.Array) -> jax.Array:
-        """Float32 logits of ``hidden [..., hidden_size]``."""
+        """Float32 logits of ``hidden [..., hidden_size]``, times ``lm_head`` and divided by
+        ``logits_scaling`` (in the model dtype, where the references apply them)."""
         if self.lm_head is None:
-            w = self.model.embedding.weight[...]
-            return (hidden @ w.T).astype(jnp.float32)
-        return self.lm_head(hidden).astype(jnp.float32)
+            logits = hidden @ self.model.embedding.weight[...].T
+        else:
+            logits = self.lm_head(hidden)
+        mult = self.config.multipliers
+        logits = _scaled(logits, mult.lm_head)
+        if mult.logits_scaling != 1.0:
+            logits = logits / mult.logits_scaling
+        return logits.astype(jnp.float32)

@@ -113,15 +113,31 @@ def apply_rope(x: jax.Array, positions: jax.Array, inv_freq: np.ndarray) -> jax.
 
 
 class Mlp(nnx.Module):
-    """SwiGLU MLP: ``down(silu(gate(x)) * up(x))``."""
+    """SwiGLU MLP: ``down(silu(gate(x) * gate_multiplier) * up(x)) * down_multiplier`` (the
+    multipliers are Falcon-H1's ``mlp_multipliers``; at 1.0 they are skipped)."""
 
-    def __init__(self, hidden: int, inter: int, *, dtype: jnp.dtype, rngs: nnx.Rngs):
+    def __init__(
+        self,
+        hidden: int,
+        inter: int,
+        *,
+        dtype: jnp.dtype,
+        rngs: nnx.Rngs,
+        gate_multiplier: float = 1.0,
+        down_multiplier: float = 1.0,
+    ):
         self.gate_proj = Linear(hidden, inter, bias=False, dtype=dtype, rngs=rngs)
         self.up_proj = Linear(hidden, inter, bias=False, dtype=dtype, rngs=rngs)
         self.down_proj = Linear(inter, hidden, bias=False, dtype=dtype, rngs=rngs)
+        self.gate_multiplier = gate_multiplier
+        self.down_multiplier = down_multiplier
 
     def __call__(self, x: jax.Array) -> jax.Array:
-        return self.down_proj(jax.nn.silu(self.gate_proj(x)) * self.up_proj(x))
+        gate = self.gate_proj(x)
+        if self.gate_multiplier != 1.0:
+            gate = gate * self.gate_multiplier
+        y = self.down_proj(jax.nn.silu(gate) * self.up_proj(x))
+        return y * self.down_multiplier if self.down_multiplier != 1.0 else y
 
 
 class Relu2Mlp(nnx.Module):
@@ -133,6 +149,16 @@ class Relu2Mlp(nnx.Module):
 
     def __call__(self, x: jax.Array) -> jax.Array:
         return self.down_proj(jnp.square(jax.nn.relu(self.up_proj(x))))
+
+
+def group_by_expert(experts: jax.Array, num_experts: int) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """``experts [T, k]`` -> ``(order, token_of, sizes)``: the (token, slot) pairs sorted by expert
+    (stable), the token of each sorted pair, and the pair count per expert (for ``ragged_dot``)."""
+    top_k = experts.shape[1]
+    flat = experts.reshape(-1)
+    order = jnp.argsort(flat, stable=True)
+    sizes = jnp.bincount(flat, length=num_experts).astype(jnp.int32)
+    return order, order // top_k, sizes
 
 
 class Experts(nnx.Module):
@@ -147,13 +173,8 @@ class Experts(nnx.Module):
 
     def __call__(self, x: jax.Array, experts: jax.Array, weights: jax.Array) -> jax.Array:
         """``x[T, H]``; ``experts``/``weights`` ``[T, k]``: sum over k of ``w * expert(x)``."""
-        num_tokens, top_k = experts.shape
-        num_experts = self.gate_proj.shape[0]
-        flat = experts.reshape(-1)
-        order = jnp.argsort(flat, stable=True)
-        token_of = order // top_k
+        order, token_of, sizes = group_by_expert(experts, self.gate_proj.shape[0])
         xs = x[token_of]
-        sizes = jnp.bincount(flat, length=num_experts).astype(jnp.int32)
         h = jax.nn.silu(jax.lax.ragged_dot(xs, self.gate_proj[...], sizes)) * jax.lax.ragged_dot(
             xs, self.up_proj[...], sizes
         )

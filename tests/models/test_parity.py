@@ -33,7 +33,11 @@ def test_bfloat16_close_to_float32(tmp_path) -> None:
     assert np.abs(bf16 - f32).max() < 0.1 * max(1.0, np.abs(f32).max())
 
 
-@pytest.mark.parametrize("preset", ["tiny-qwen3.5", "tiny-qwen3-next", "tiny-qwen3", "tiny-bamba", "tiny-nemotron-h"])
+@pytest.mark.parametrize(
+    "preset",
+    ["tiny-qwen3.5", "tiny-qwen3-next", "tiny-qwen3", "tiny-bamba", "tiny-nemotron-h", "tiny-granite-4.0-h",
+     "tiny-falcon-h1"],
+)
 def test_presets_match_transformers_and_have_margins(preset: str) -> None:
     import torch
     import transformers as tf

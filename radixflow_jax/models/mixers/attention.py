@@ -1,7 +1,9 @@
 """Softmax attention over a paged KV cache for a packed ragged batch.
 
 Covers Qwen3-Next/Qwen3.5 gated attention (output gate interleaved per head in ``q_proj``, zero-
-centred q/k norm, partial RoPE), Qwen3 (q/k RMSNorm, full RoPE) and Llama (no q/k norm).
+centred q/k norm, partial RoPE), Qwen3 (q/k RMSNorm, full RoPE), Llama (no q/k norm), Granite-4.0-H
+(explicit softmax scale, optional RoPE) and Falcon-H1 (``key_multiplier`` on k before RoPE, so the
+cached keys are the scaled ones, as in the reference cache).
 The new K/V of every token is written into its page slot *before* attending, so a prefill row sees
 its own span and its cached prefix through the same page table.
 """
@@ -21,8 +23,18 @@ KvPages = tuple[jax.Array, jax.Array]
 
 
 class Attention(nnx.Module):
-    def __init__(self, cfg: AttentionConfig, hidden: int, eps: float, *, dtype: jnp.dtype, rngs: nnx.Rngs):
+    def __init__(
+        self,
+        cfg: AttentionConfig,
+        hidden: int,
+        eps: float,
+        *,
+        dtype: jnp.dtype,
+        rngs: nnx.Rngs,
+        key_multiplier: float = 1.0,
+    ):
         self.cfg = cfg
+        self.key_multiplier = key_multiplier
         q_out = cfg.num_heads * cfg.head_dim * (2 if cfg.output_gate else 1)
         kv_out = cfg.num_kv_heads * cfg.head_dim
         self.q_proj = Linear(hidden, q_out, bias=cfg.bias, dtype=dtype, rngs=rngs)
@@ -48,6 +60,8 @@ class Attention(nnx.Module):
         q = q.reshape(num_tokens, cfg.num_heads, cfg.head_dim)
         k = self.k_proj(x).reshape(num_tokens, cfg.num_kv_heads, cfg.head_dim)
         v = self.v_proj(x).reshape(num_tokens, cfg.num_kv_heads, cfg.head_dim)
+        if self.key_multiplier != 1.0:
+            k = k * self.key_multiplier
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         if cfg.rope is not None:
@@ -62,7 +76,7 @@ class Attention(nnx.Module):
             batch.page_table,
             batch.cu_seqlens,
             batch.kv_lens,
-            scale=cfg.head_dim**-0.5,
+            scale=cfg.softmax_scale,
             sliding_window=cfg.sliding_window,
         )
         out = out.reshape(num_tokens, -1)

@@ -20,7 +20,7 @@ from radixflow_jax.kernels import ops
 from radixflow_jax.models.batch import Batch
 from radixflow_jax.models.config import GdnConfig
 from radixflow_jax.models.layers import GatedRMSNorm, Linear
-from radixflow_jax.models.mixers.recurrent import DepthwiseConv1d, run_conv
+from radixflow_jax.models.mixers.recurrent import DepthwiseConv1d, Emits, emitted_states, run_conv, write_emits
 
 
 def l2norm(x: jax.Array, eps: float = 1e-6) -> jax.Array:
@@ -69,13 +69,20 @@ class GatedDeltaNet(nnx.Module):
         return qkv, z, b, a
 
     def __call__(
-        self, x: jax.Array, batch: Batch, conv_pool: jax.Array, ssm_pool: jax.Array, num_decode: int
+        self,
+        x: jax.Array,
+        batch: Batch,
+        conv_pool: jax.Array,
+        ssm_pool: jax.Array,
+        num_decode: int,
+        emits: Emits | None = None,
     ) -> tuple[jax.Array, jax.Array, jax.Array]:
         cfg = self.cfg
         num_tokens, num_rows = x.shape[0], batch.state_slots.shape[0]
         slots = batch.state_slots
-        qkv, z, b, a = self._project(x)
-        qkv, conv_new = run_conv(self.conv1d, qkv, batch, conv_pool[slots], num_decode)
+        qkv_in, z, b, a = self._project(x)
+        conv0 = conv_pool[slots]
+        qkv, conv_new = run_conv(self.conv1d, qkv_in, batch, conv0, num_decode)
         q = l2norm(qkv[:, : cfg.key_dim].reshape(num_tokens, cfg.num_k_heads, cfg.head_k_dim))
         k = l2norm(qkv[:, cfg.key_dim : 2 * cfg.key_dim].reshape(num_tokens, cfg.num_k_heads, cfg.head_k_dim))
         v = qkv[:, 2 * cfg.key_dim :].reshape(num_tokens, cfg.num_v_heads, cfg.head_v_dim)
@@ -85,19 +92,21 @@ class GatedDeltaNet(nnx.Module):
         )
         ssm = ssm_pool[slots]
         outs, states = [], []
-        if num_decode:
-            d = num_decode
+        d = num_decode
+        decode_src = prefill_src = None
+        if d:
             o, s = ops.gated_delta_decode(q[:d], k[:d], v[:d], g[:d], beta[:d], ssm[:d])
             outs.append(o)
             states.append(s)
-        if num_rows > num_decode:
-            d = num_decode
+            decode_src = (conv_new[:d], s)
+        if num_rows > d:
             cu = batch.cu_seqlens[d:] - d
-            o, s, _ = ops.gated_delta_chunked(
+            o, s, chunk_states = ops.gated_delta_chunked(
                 q[d:], k[d:], v[d:], g[d:], beta[d:], cu, ssm[d:], chunk_size=cfg.chunk_size
             )
             outs.append(o)
             states.append(s)
+            prefill_src = (qkv_in[d:], cu, conv0[d:], ssm[d:], chunk_states)
         elif num_tokens > num_decode:
             outs.append(jnp.zeros((num_tokens - num_decode,) + v.shape[1:], v.dtype))
         core = jnp.concatenate(outs, axis=0)
@@ -105,4 +114,7 @@ class GatedDeltaNet(nnx.Module):
         out = self.norm(core, z).reshape(num_tokens, cfg.value_dim)
         conv_pool = conv_pool.at[slots].set(conv_new.astype(conv_pool.dtype))
         ssm_pool = ssm_pool.at[slots].set(ssm_new)
+        if emits is not None:
+            emitted = emitted_states(emits, d, cfg.chunk_size, decode_src, prefill_src)
+            conv_pool, ssm_pool = write_emits(conv_pool, ssm_pool, emits, emitted)
         return self.out_proj(out), conv_pool, ssm_pool

@@ -1,9 +1,12 @@
-"""Mamba2 (SSD) mixer (Bamba, Nemotron-H, Granite-4.0-H).
+"""Mamba2 (SSD) mixer (Bamba, Nemotron-H, Granite-4.0-H, Falcon-H1).
 
-Per token: ``in_proj -> [z | xBC | dt]``; depthwise causal conv (+bias) + SiLU over xBC with the
-row's carried conv state; ``x | B | C`` with B, C per group (head h uses group h // (H/G));
-``dt = clamp(softplus(dt + dt_bias), *dt_limit)``, ``A = -exp(A_log)``; SSD scan with the row's
-carried state; ``y + D x``; gated group RMSNorm ``norm(y * silu(z))`` per group; ``out_proj``.
+Per token: ``in_proj(x * in_multiplier) * segment multipliers -> [z | xBC | dt]``; depthwise causal
+conv (+bias) + SiLU over xBC with the row's carried conv state; ``x | B | C`` with B, C per group
+(head h uses group h // (H/G)); ``dt = clamp(softplus(dt + dt_bias), *dt_limit)``,
+``A = -exp(A_log)``; SSD scan with the row's carried state; ``y + D x``; the output gate per
+``MambaConfig.gated_norm`` (group RMSNorm of ``y * silu(z)``, ``silu(z) *`` group RMSNorm of ``y``, or
+plain ``y * silu(z)``); ``out_proj``. The multipliers are Falcon-H1's ``ssm_in_multiplier`` and
+``ssm_multipliers`` (its ``mup_vector``); at 1.0 they are skipped.
 
 The clamp applies on both the chunked and the decode path (the reference clamps only the chunked
 path; with the default limits the two agree because softplus is positive).
@@ -13,6 +16,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from radixflow_jax.kernels import ops
@@ -23,31 +27,72 @@ from radixflow_jax.models.mixers.recurrent import DepthwiseConv1d, run_conv
 
 
 class GroupGatedRMSNorm(nnx.Module):
-    """``w * rmsnorm_per_group(y * silu(gate))`` (gate first), computed in float32."""
+    """Gate first: ``w * rmsnorm_per_group(y * silu(gate))``; otherwise
+    ``w * rmsnorm_per_group(y) * silu(gate)``. Computed in float32."""
 
-    def __init__(self, dim: int, groups: int, eps: float, *, dtype: jnp.dtype):
+    def __init__(self, dim: int, groups: int, eps: float, *, gate_first: bool = True, dtype: jnp.dtype):
         self.groups = groups
         self.eps = eps
+        self.gate_first = gate_first
         self.weight = nnx.Param(jnp.ones((dim,), dtype))
 
     def __call__(self, y: jax.Array, gate: jax.Array) -> jax.Array:
-        h = y.astype(jnp.float32) * jax.nn.silu(gate.astype(jnp.float32))
+        g = jax.nn.silu(gate.astype(jnp.float32))
+        h = y.astype(jnp.float32) * g if self.gate_first else y.astype(jnp.float32)
         grouped = h.reshape(h.shape[:-1] + (self.groups, -1))
         grouped = grouped * jax.lax.rsqrt(jnp.mean(grouped * grouped, axis=-1, keepdims=True) + self.eps)
-        return self.weight[...].astype(jnp.float32) * grouped.reshape(h.shape)
+        out = self.weight[...].astype(jnp.float32) * grouped.reshape(h.shape)
+        return out if self.gate_first else out * g
 
 
 class Mamba2(nnx.Module):
-    def __init__(self, cfg: MambaConfig, hidden: int, *, dtype: jnp.dtype, rngs: nnx.Rngs):
+    def __init__(
+        self,
+        cfg: MambaConfig,
+        hidden: int,
+        *,
+        dtype: jnp.dtype,
+        rngs: nnx.Rngs,
+        in_multiplier: float = 1.0,
+        segment_multipliers: tuple[float, float, float, float, float] = (1.0, 1.0, 1.0, 1.0, 1.0),
+    ):
         self.cfg = cfg
+        self.in_multiplier = in_multiplier
+        self.segment_multipliers = tuple(segment_multipliers)
         h = cfg.num_heads
         self.in_proj = Linear(hidden, cfg.inner_dim + cfg.conv_dim + h, bias=cfg.proj_bias, dtype=dtype, rngs=rngs)
         self.conv1d = DepthwiseConv1d(cfg.conv_dim, cfg.conv_kernel, bias=cfg.conv_bias, dtype=dtype, rngs=rngs)
         self.dt_bias = nnx.Param(jnp.ones((h,), dtype))
         self.A_log = nnx.Param(jnp.log(jnp.arange(1, h + 1, dtype=jnp.float32)).astype(dtype))
         self.D = nnx.Param(jnp.ones((h,), dtype))
-        self.norm = GroupGatedRMSNorm(cfg.inner_dim, cfg.n_groups, cfg.norm_eps, dtype=dtype)
-        self.out_proj = Linear(cfg.inner_dim, hidden, bias=cfg.proj_bias, dtype=dtype, rngs=rngs)
+        self.norm = (
+            None
+            if cfg.gated_norm == "none"
+            else GroupGatedRMSNorm(
+                cfg.inner_dim, cfg.n_groups, cfg.norm_eps, gate_first=cfg.gated_norm == "gate_first", dtype=dtype
+            )
+        )
+        self.out_proj = Linear(cfg.inner_dim, hidden, bias=cfg.out_proj_bias, dtype=dtype, rngs=rngs)
+
+    def _segment_vector(self) -> np.ndarray:
+        """Falcon-H1's ``mup_vector``: one multiplier per ``in_proj`` segment ``z | x | B | C | dt``."""
+        cfg = self.cfg
+        gs = cfg.n_groups * cfg.state_size
+        sizes = (cfg.inner_dim, cfg.inner_dim, gs, gs, cfg.num_heads)
+        return np.concatenate([np.full(n, m, np.float32) for n, m in zip(sizes, self.segment_multipliers)])
+
+    def _project(self, x: jax.Array) -> jax.Array:
+        if self.in_multiplier != 1.0:
+            x = x * self.in_multiplier
+        proj = self.in_proj(x)
+        if any(m != 1.0 for m in self.segment_multipliers):
+            proj = proj * jnp.asarray(self._segment_vector(), proj.dtype)
+        return proj
+
+    def _gate(self, y: jax.Array, z: jax.Array) -> jax.Array:
+        if self.norm is None:
+            return y * jax.nn.silu(z.astype(jnp.float32))
+        return self.norm(y, z)
 
     def __call__(
         self, x: jax.Array, batch: Batch, conv_pool: jax.Array, ssm_pool: jax.Array, num_decode: int
@@ -56,7 +101,7 @@ class Mamba2(nnx.Module):
         num_tokens, num_rows = x.shape[0], batch.state_slots.shape[0]
         inner, groups_dim = cfg.inner_dim, cfg.n_groups * cfg.state_size
         slots = batch.state_slots
-        proj = self.in_proj(x)
+        proj = self._project(x)
         z = proj[:, :inner]
         xbc, conv_new = run_conv(self.conv1d, proj[:, inner : inner + cfg.conv_dim], batch, conv_pool[slots], num_decode)
         dt_raw = proj[:, inner + cfg.conv_dim :]
@@ -81,7 +126,7 @@ class Mamba2(nnx.Module):
         elif num_tokens > d:
             outs.append(jnp.zeros((num_tokens - d,) + xs.shape[1:], jnp.float32))
         y = jnp.concatenate(outs, axis=0) + self.D[...].astype(jnp.float32)[:, None] * xs.astype(jnp.float32)
-        out = self.norm(y.reshape(num_tokens, inner), z).astype(x.dtype)
+        out = self._gate(y.reshape(num_tokens, inner), z).astype(x.dtype)
         conv_pool = conv_pool.at[slots].set(conv_new.astype(conv_pool.dtype))
         ssm_pool = ssm_pool.at[slots].set(jnp.concatenate(states, axis=0))
         return self.out_proj(out), conv_pool, ssm_pool

@@ -7,6 +7,8 @@ rows form a packed ragged batch over the remaining slots (see ``models/batch.py`
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import jax
 import jax.numpy as jnp
 from flax import nnx
@@ -47,3 +49,57 @@ def run_conv(
     elif x.shape[0] > num_decode:
         ys.append(jnp.zeros_like(x[num_decode:]))
     return jnp.concatenate(ys, axis=0), jnp.concatenate(states, axis=0)
+
+
+class Emits(NamedTuple):
+    """Checkpoints a call writes: the state of row ``rows[m]`` after ``offsets[m]`` tokens of its
+    span goes to slot ``slots[m]``. Offsets of prefill rows are 0, a multiple of the kernel chunk, or
+    the span length; a decode row's offset is 1. Padding entries write slot 0."""
+
+    rows: jax.Array  # int32 [M]
+    offsets: jax.Array  # int32 [M]
+    slots: jax.Array  # int32 [M]
+
+
+def emitted_states(
+    emits: Emits,
+    num_decode: int,
+    chunk_size: int,
+    decode: tuple[jax.Array, jax.Array] | None,
+    prefill: tuple[jax.Array, jax.Array, jax.Array, jax.Array, jax.Array] | None,
+) -> tuple[jax.Array, jax.Array]:
+    """``(conv [M, K-1, C], ssm [M, ...])`` of every emit.
+
+    ``decode``: the decode rows' new ``(conv, ssm)``; ``prefill``: ``(conv inputs [Tp, C],
+    cu_seqlens [Rp+1], initial conv [Rp, ...], initial ssm [Rp, ...], chunk_states [Nc, ...])`` of the
+    prefill rows (row ``r`` of the batch is prefill row ``r - num_decode``)."""
+    convs, ssms, use_decode = [], [], emits.rows < num_decode
+    if decode is not None:
+        idx = jnp.clip(emits.rows, 0, num_decode - 1)
+        convs.append(decode[0][idx])
+        ssms.append(decode[1][idx])
+    if prefill is not None:
+        x, cu, conv0, ssm0, chunk_states = prefill
+        rows = jnp.clip(emits.rows - num_decode, 0, conv0.shape[0] - 1)
+        lens = cu[1:] - cu[:-1]
+        offsets = jnp.clip(emits.offsets, 0, lens[rows])
+        per_row = (lens + chunk_size - 1) // chunk_size
+        first_chunk = jnp.concatenate([jnp.zeros((1,), jnp.int32), jnp.cumsum(per_row).astype(jnp.int32)])
+        chunk = jnp.clip(first_chunk[rows] + (offsets + chunk_size - 1) // chunk_size - 1, 0, chunk_states.shape[0] - 1)
+        at_start = (offsets == 0).reshape((-1,) + (1,) * (ssm0.ndim - 1))
+        convs.append(ops.conv_states_at(x, cu, conv0, rows, offsets))
+        ssms.append(jnp.where(at_start, ssm0[rows], chunk_states[chunk]))
+    if len(convs) == 1:
+        return convs[0], ssms[0]
+    sel_c = use_decode.reshape((-1,) + (1,) * (convs[0].ndim - 1))
+    sel_s = use_decode.reshape((-1,) + (1,) * (ssms[0].ndim - 1))
+    return jnp.where(sel_c, convs[0], convs[1]), jnp.where(sel_s, ssms[0], ssms[1])
+
+
+def write_emits(
+    conv_pool: jax.Array, ssm_pool: jax.Array, emits: Emits | None, states: tuple[jax.Array, jax.Array] | None
+) -> tuple[jax.Array, jax.Array]:
+    if emits is None or states is None:
+        return conv_pool, ssm_pool
+    conv, ssm = states
+    return conv_pool.at[emits.slots].set(conv.astype(conv_pool.dtype)), ssm_pool.at[emits.slots].set(ssm)
