@@ -1,0 +1,23 @@
+"""RadixFlow-JAX: a JAX serving engine for hybrid LLMs with state-ready prefix-cache scheduling.
+
+``LLM``, ``SamplingParams`` and ``RequestOutput`` are imported lazily, so ``radixflow_jax.cache`` and
+``radixflow_jax.scheduler`` stay importable without JAX.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["LLM", "RequestOutput", "SamplingParams", "UnsupportedParameterError"]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "LLM":
+        from radixflow_jax.engine.llm import LLM
+
+        return LLM
+    if name in ("RequestOutput", "SamplingParams", "UnsupportedParameterError"):
+        from radixflow_jax.engine import params
+
+        return getattr(params, name)
+    raise AttributeError(f"module 'radixflow_jax' has no attribute {name!r}")

@@ -22,6 +22,7 @@ from radixflow_jax.models.layers import Embedding, Linear, Mlp, Relu2Mlp, RMSNor
 from radixflow_jax.models.mixers.attention import Attention, KvPages
 from radixflow_jax.models.mixers.gdn import GatedDeltaNet
 from radixflow_jax.models.mixers.mamba2 import Mamba2
+from radixflow_jax.models.mixers.recurrent import Emits
 
 RecState = tuple[jax.Array, jax.Array]
 
@@ -126,13 +127,14 @@ class DecoderLayer(nnx.Module):
         kv: KvPages | None,
         rec: RecState | None,
         num_decode: int,
+        emits: Emits | None = None,
     ) -> tuple[jax.Array, KvPages | None, RecState | None]:
         h = self.norm(x)
         if self.has_kv:
             h, kv = self.mixer(h, positions, batch, kv)
         elif self.has_state:
             assert rec is not None
-            h, conv, ssm = self.mixer(h, batch, rec[0], rec[1], num_decode)
+            h, conv, ssm = self.mixer(h, batch, rec[0], rec[1], num_decode, emits)
             rec = (conv, ssm)
         else:
             h = self.mixer(h)
@@ -146,17 +148,18 @@ class DecoderLayer(nnx.Module):
         kv: KvPages | None,
         rec: RecState | None,
         num_decode: int,
+        emits: Emits | None = None,
     ) -> tuple[jax.Array, KvPages | None, RecState | None]:
         """``kv``: this layer's ``(k_pages, v_pages)`` iff ``has_kv``; ``rec``: its ``(conv, ssm)``
         pools iff ``has_state``. Returns the new hidden states and the updated entries."""
         if self.block:
-            return self._block_call(x, positions, batch, kv, rec, num_decode)
+            return self._block_call(x, positions, batch, kv, rec, num_decode, emits)
         mult = self.mult
         h = getattr(self, self.pre_mixer_norm)(x)
         mixed = None
         if self.recurrent_name is not None:
             assert rec is not None
-            out, conv, ssm = getattr(self, self.recurrent_name)(h, batch, rec[0], rec[1], num_decode)
+            out, conv, ssm = getattr(self, self.recurrent_name)(h, batch, rec[0], rec[1], num_decode, emits)
             rec = (conv, ssm)
             mixed = _scaled(out, mult.ssm_out)
         if self.attention_name is not None:
@@ -201,9 +204,16 @@ class HybridLM(nnx.Module):
         )
 
     def __call__(
-        self, tokens: jax.Array, batch: Batch, cache: ModelCache, *, num_decode: int = 0
+        self,
+        tokens: jax.Array,
+        batch: Batch,
+        cache: ModelCache,
+        *,
+        num_decode: int = 0,
+        emits: Emits | None = None,
     ) -> tuple[jax.Array, ModelCache]:
-        """``tokens [T]`` -> ``(hidden [T, hidden] after the final norm, updated cache)``."""
+        """``tokens [T]`` -> ``(hidden [T, hidden] after the final norm, updated cache)``; ``emits``
+        names the checkpoints to write (every recurrent layer writes its part)."""
         _, positions, _ = positions_from_batch(batch.cu_seqlens, batch.kv_lens, tokens.shape[0])
         x = _scaled(self.model.embedding(tokens), self.config.multipliers.embedding)
         kv, conv, ssm = list(cache.kv), list(cache.conv), list(cache.ssm)
@@ -211,7 +221,7 @@ class HybridLM(nnx.Module):
         for layer in self.model.layers:
             layer_kv = kv[att_i] if layer.has_kv else None
             layer_rec = (conv[rec_i], ssm[rec_i]) if layer.has_state else None
-            x, layer_kv, layer_rec = layer(x, positions, batch, layer_kv, layer_rec, num_decode)
+            x, layer_kv, layer_rec = layer(x, positions, batch, layer_kv, layer_rec, num_decode, emits)
             if layer.has_kv:
                 assert layer_kv is not None
                 kv[att_i] = layer_kv

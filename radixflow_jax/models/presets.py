@@ -3,7 +3,7 @@
 A preset is materialised once into a real HF-format directory (``config.json``, ``model.safetensors``
 with the on-disk key names, ``tokenizer.json``, ``tokenizer_config.json`` with a ChatML template),
 so it goes through the same loader as a downloaded checkpoint and ``transformers`` can load it too.
-Weights come from a fixed numpy seed; the output head is scaled up so greedy choices have clear
+Weights come from a fixed numpy seed; the output head (and MoE routers) are scaled up so greedy choices have clear
 margins (random tiny models otherwise sit on near-ties). Directory: ``$RADIXFLOW_CACHE/presets``
 (default ``~/.cache/radixflow/presets``), one folder per preset and format version.
 """
@@ -20,7 +20,7 @@ import numpy as np
 
 from radixflow_jax.models.safetensors_io import save_file
 
-FORMAT_VERSION = "v1"
+FORMAT_VERSION = "v2"
 VOCAB_SIZE = 512
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 CHAT_TEMPLATE = (
@@ -276,6 +276,10 @@ def _init_tensor(key: str, shape: tuple[int, ...], rng: np.random.Generator, hid
     if key.endswith("embed_tokens.weight"):
         return rng.standard_normal(shape).astype(np.float32)
     if key == "lm_head.weight":
+        return (8.0 / np.sqrt(hidden) * rng.standard_normal(shape)).astype(np.float32)
+    if key.endswith("mlp.gate.weight") or key.endswith("router.layer.weight"):
+        # MoE routers get clear margins too: a near-tie in top-k flips on rounding noise and
+        # makes outputs depend on batch shapes
         return (8.0 / np.sqrt(hidden) * rng.standard_normal(shape)).astype(np.float32)
     fan_in = shape[-1]
     return (rng.standard_normal(shape) / np.sqrt(fan_in)).astype(np.float32)

@@ -33,7 +33,9 @@ class Memory:
             return []
         ids = self.pages.alloc(n)
         if ids is None and self.cache is not None:
-            self.evicted_pages += self.cache.evict_kv(n - self.pages.num_free)
+            # evict in batches: one eviction pass walks the tree, so amortise it over many allocations
+            batch = max(n - self.pages.num_free, self.pages.capacity // 32)
+            self.evicted_pages += self.cache.evict_kv(batch)
             ids = self.pages.alloc(n)
         return ids
 
@@ -42,7 +44,7 @@ class Memory:
             return None
         ids = self.slots.alloc(1)
         if ids is None and self.cache is not None:
-            self.evicted_slots += self.cache.evict_states(1)
+            self.evicted_slots += self.cache.evict_states(max(1, self.slots.capacity // 32))
             ids = self.slots.alloc(1)
         return ids[0] if ids else None
 

@@ -173,7 +173,7 @@ class Scheduler:
         queue = list(self.waiting)
         cache = self.memory.cache
         if self.config.queue_order == "lpm" and cache is not None:
-            hits = {r.request_id: cache.match(r.tokens, touch=False).hit_len for r in queue}
+            hits = {r.request_id: cache.match(r.tokens, touch=False, shared=False).hit_len for r in queue}
             queue.sort(key=lambda r: -hits[r.request_id])  # stable: FCFS among equals
         return queue
 
@@ -181,7 +181,7 @@ class Scheduler:
         cache, memory = self.memory.cache, self.memory
         if budget[1] == 0:
             return Decision.STOP_ROUND
-        match = cache.match(req.tokens) if cache is not None else None
+        match = cache.match(req.tokens, shared=False) if cache is not None else None
         if match is not None and self.config.hybrid and match.is_consumer:
             if req.consumer_waits < self.config.max_consumer_wait:
                 req.consumer_waits += 1
@@ -214,13 +214,14 @@ class Scheduler:
         return Decision.ADMIT
 
     def _shadow(self, queue: Iterable[Request], budget: list[int], stats: RoundStats) -> None:
-        """Counts what non-consumers behind a consumer stop could have brought (the bubble)."""
+        """Counts what non-consumers behind a consumer stop could have brought (the bubble). Looks at
+        no more than ``4 * max_num_seqs`` requests: an estimate, bounded so planning stays cheap."""
         tokens, rows = budget[0], budget[1]
         cache = self.memory.cache
-        for req in queue:
-            if rows == 0 or tokens == 0:
+        for seen, req in enumerate(queue):
+            if rows == 0 or tokens == 0 or seen >= 4 * self.config.max_num_seqs:
                 break
-            match = cache.match(req.tokens, touch=False) if cache is not None else None
+            match = cache.match(req.tokens, touch=False, shared=False) if cache is not None else None
             if match is not None and match.is_consumer:
                 continue
             hit = match.hit_len if match is not None else 0

@@ -23,7 +23,7 @@ from radixflow_jax.kernels import ops
 from radixflow_jax.models.batch import Batch
 from radixflow_jax.models.config import MambaConfig
 from radixflow_jax.models.layers import Linear
-from radixflow_jax.models.mixers.recurrent import DepthwiseConv1d, run_conv
+from radixflow_jax.models.mixers.recurrent import DepthwiseConv1d, Emits, emitted_states, run_conv, write_emits
 
 
 class GroupGatedRMSNorm(nnx.Module):
@@ -95,7 +95,13 @@ class Mamba2(nnx.Module):
         return self.norm(y, z)
 
     def __call__(
-        self, x: jax.Array, batch: Batch, conv_pool: jax.Array, ssm_pool: jax.Array, num_decode: int
+        self,
+        x: jax.Array,
+        batch: Batch,
+        conv_pool: jax.Array,
+        ssm_pool: jax.Array,
+        num_decode: int,
+        emits: Emits | None = None,
     ) -> tuple[jax.Array, jax.Array, jax.Array]:
         cfg = self.cfg
         num_tokens, num_rows = x.shape[0], batch.state_slots.shape[0]
@@ -103,7 +109,8 @@ class Mamba2(nnx.Module):
         slots = batch.state_slots
         proj = self._project(x)
         z = proj[:, :inner]
-        xbc, conv_new = run_conv(self.conv1d, proj[:, inner : inner + cfg.conv_dim], batch, conv_pool[slots], num_decode)
+        xbc_in, conv0 = proj[:, inner : inner + cfg.conv_dim], conv_pool[slots]
+        xbc, conv_new = run_conv(self.conv1d, xbc_in, batch, conv0, num_decode)
         dt_raw = proj[:, inner + cfg.conv_dim :]
         xs = xbc[:, :inner].reshape(num_tokens, cfg.num_heads, cfg.head_dim)
         b = xbc[:, inner : inner + groups_dim].reshape(num_tokens, cfg.n_groups, cfg.state_size)
@@ -114,19 +121,27 @@ class Mamba2(nnx.Module):
         ssm = ssm_pool[slots]
         outs, states = [], []
         d = num_decode
+        decode_src = prefill_src = None
         if d:
             y, s = ops.ssd_decode(xs[:d], dt[:d], a, b[:d], c[:d], ssm[:d])
             outs.append(y.astype(jnp.float32))
             states.append(s)
+            decode_src = (conv_new[:d], s)
         if num_rows > d:
             cu = batch.cu_seqlens[d:] - d
-            y, s, _ = ops.ssd_chunked(xs[d:], dt[d:], a, b[d:], c[d:], cu, ssm[d:], chunk_size=cfg.chunk_size)
+            y, s, chunk_states = ops.ssd_chunked(
+                xs[d:], dt[d:], a, b[d:], c[d:], cu, ssm[d:], chunk_size=cfg.chunk_size
+            )
             outs.append(y.astype(jnp.float32))
             states.append(s)
+            prefill_src = (xbc_in[d:], cu, conv0[d:], ssm[d:], chunk_states)
         elif num_tokens > d:
             outs.append(jnp.zeros((num_tokens - d,) + xs.shape[1:], jnp.float32))
         y = jnp.concatenate(outs, axis=0) + self.D[...].astype(jnp.float32)[:, None] * xs.astype(jnp.float32)
         out = self._gate(y.reshape(num_tokens, inner), z).astype(x.dtype)
         conv_pool = conv_pool.at[slots].set(conv_new.astype(conv_pool.dtype))
         ssm_pool = ssm_pool.at[slots].set(jnp.concatenate(states, axis=0))
+        if emits is not None:
+            emitted = emitted_states(emits, d, cfg.chunk_size, decode_src, prefill_src)
+            conv_pool, ssm_pool = write_emits(conv_pool, ssm_pool, emits, emitted)
         return self.out_proj(out), conv_pool, ssm_pool

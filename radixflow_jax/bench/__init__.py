@@ -1,0 +1,1 @@
+"""Workloads and the side-by-side policy comparison behind ``radixflow bench``."""

@@ -1,0 +1,127 @@
+"""Seeded benchmark workloads (token ids; no dataset is downloaded).
+
+Statistics follow REFERENCES.md section 4:
+  * ``race``: articles of ~420 tokens (middle/high school mix), 3-5 questions each of ~45 tokens
+    (question + 4 options + template), one-letter answers;
+  * ``quality``: articles of ~6.5-7k tokens, up to 20 questions each (~17.7 on average), 60-80 tokens;
+  * ``gsp``: SGLang's generated-shared-prefix shape (groups x prompts, system prompt, question, output);
+  * ``multiturn``: conversations whose next turn extends the previous turn (prompt + answer + new text).
+Arrivals: ``burst`` (each article's questions together, articles spaced), ``all`` (everything at t=0),
+``poisson`` (shuffled, exponential gaps at ``rate``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Sequence
+
+import numpy as np
+
+WORKLOADS = ("race", "quality", "gsp", "multiturn")
+ARRIVALS = ("burst", "all", "poisson")
+
+
+@dataclasses.dataclass(frozen=True)
+class BenchRequest:
+    prompt: tuple[int, ...]
+    max_tokens: int
+    arrival_s: float = 0.0
+    group: int = 0  # article / conversation id
+    turn: int = 0  # multiturn: the turn index (turn k+1 depends on turn k's answer)
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkloadSpec:
+    name: str = "race"
+    num_requests: int = 64
+    seed: int = 0
+    arrival: str = "burst"
+    rate: float = 8.0  # requests/s for poisson; articles/s for burst
+    vocab: int = 500  # ids drawn from [3, vocab)
+    article_len: int | None = None
+    question_len: int | None = None
+    max_tokens: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.name not in WORKLOADS:
+            raise ValueError(f"unknown workload {self.name!r}; workloads: {', '.join(WORKLOADS)} or a .jsonl file")
+        if self.arrival not in ARRIVALS:
+            raise ValueError(f"unknown arrival {self.arrival!r}; arrivals: {', '.join(ARRIVALS)}")
+        if self.num_requests < 1:
+            raise ValueError(f"num_requests must be >= 1, got {self.num_requests}")
+        if not self.rate > 0:
+            raise ValueError(f"rate must be > 0, got {self.rate}")
+
+
+def _ids(rng: np.random.Generator, n: int, vocab: int) -> tuple[int, ...]:
+    return tuple(int(t) for t in rng.integers(3, vocab, max(1, n)))
+
+
+def _articles(spec: WorkloadSpec, rng: np.random.Generator, art_mean: int, art_sd: int, q_mean: int, q_sd: int,
+              per_article: Sequence[int], out: int) -> list[BenchRequest]:  # fmt: skip
+    reqs: list[BenchRequest] = []
+    template = _ids(rng, 12, spec.vocab)  # shared instruction header
+    group = 0
+    while len(reqs) < spec.num_requests:
+        n_art = spec.article_len or int(max(32, rng.normal(art_mean, art_sd)))
+        article = template + _ids(rng, n_art, spec.vocab)
+        count = int(rng.choice(per_article))
+        for _ in range(min(count, spec.num_requests - len(reqs))):
+            n_q = spec.question_len or int(max(8, rng.normal(q_mean, q_sd)))
+            reqs.append(BenchRequest(article + _ids(rng, n_q, spec.vocab), spec.max_tokens or out, group=group))
+        group += 1
+    return reqs
+
+
+def _gsp(spec: WorkloadSpec, rng: np.random.Generator) -> list[BenchRequest]:
+    per_group = 16
+    sys_len, q_len = spec.article_len or 2048, spec.question_len or 128
+    reqs = []
+    group = 0
+    while len(reqs) < spec.num_requests:
+        system = _ids(rng, sys_len, spec.vocab)
+        for _ in range(min(per_group, spec.num_requests - len(reqs))):
+            reqs.append(BenchRequest(system + _ids(rng, q_len, spec.vocab), spec.max_tokens or 256, group=group))
+        group += 1
+    return reqs
+
+
+def _multiturn(spec: WorkloadSpec, rng: np.random.Generator) -> list[BenchRequest]:
+    """Each conversation's turns; turn k's prompt is stored without the previous answers (the
+    driver appends the real answers when it submits turn k)."""
+    turns = 4
+    reqs = []
+    group = 0
+    while len(reqs) < spec.num_requests:
+        first = _ids(rng, spec.article_len or 300, spec.vocab)
+        for t in range(min(turns, spec.num_requests - len(reqs))):
+            text = first if t == 0 else _ids(rng, spec.question_len or 40, spec.vocab)
+            reqs.append(BenchRequest(text, spec.max_tokens or 32, group=group, turn=t))
+        group += 1
+    return reqs
+
+
+def _arrivals(spec: WorkloadSpec, reqs: list[BenchRequest], rng: np.random.Generator) -> list[BenchRequest]:
+    if spec.arrival == "all":
+        return reqs
+    if spec.arrival == "burst":
+        return [dataclasses.replace(r, arrival_s=r.group / spec.rate) for r in reqs]
+    order = rng.permutation(len(reqs)) if spec.name != "multiturn" else np.arange(len(reqs))
+    gaps = rng.exponential(1.0 / spec.rate, len(reqs))
+    times = np.cumsum(gaps) - gaps[0]
+    return [dataclasses.replace(reqs[i], arrival_s=float(t)) for i, t in zip(order, times)]
+
+
+def generate(spec: WorkloadSpec) -> list[BenchRequest]:
+    """The workload's requests in arrival order (seeded: same spec, same requests)."""
+    rng = np.random.default_rng(spec.seed)
+    if spec.name == "race":
+        reqs = _articles(spec, rng, 420, 80, 45, 8, (3, 4, 5), 1)
+    elif spec.name == "quality":
+        reqs = _articles(spec, rng, 6700, 300, 70, 6, tuple(range(12, 21)), 1)
+    elif spec.name == "gsp":
+        reqs = _gsp(spec, rng)
+    else:
+        reqs = _multiturn(spec, rng)
+    reqs = _arrivals(spec, reqs, rng)
+    return sorted(reqs, key=lambda r: r.arrival_s)

@@ -1,0 +1,161 @@
+"""Runs an :class:`EngineCore` on its own thread so servers and clients can add, abort and stream
+requests from other threads or an asyncio loop while rounds keep running.
+
+Invariants:
+  * Only the engine thread touches the core. Other threads talk to it through a locked inbox that
+    the thread drains before every round, so nothing accepted is lost.
+  * Every accepted request gets exactly one final event (finished or aborted); an engine error
+    fails every open request with that error and stops the thread instead of hanging clients.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import queue
+import threading
+from typing import AsyncIterator, Iterator, Sequence
+
+from radixflow_jax.engine.core import EngineCore
+from radixflow_jax.engine.params import RequestOutput, SamplingParams
+
+
+class EngineDeadError(RuntimeError):
+    """The engine thread stopped after an error; the message carries it."""
+
+
+@dataclasses.dataclass
+class _Pending:
+    prompt: list[int]
+    params: SamplingParams
+    handle: RequestHandle
+
+
+class RequestHandle:
+    """A submitted request: ``stream()`` yields snapshots as tokens arrive; ``result()`` waits."""
+
+    def __init__(self, engine: BackgroundEngine):
+        self._engine = engine
+        self._events: queue.Queue[RequestOutput | BaseException] = queue.Queue()
+        self.request_id: int | None = None
+        self._accepted = threading.Event()
+        self._error: BaseException | None = None
+
+    def _push(self, item: RequestOutput | BaseException) -> None:
+        self._events.put(item)
+
+    def stream(self, timeout: float | None = None) -> Iterator[RequestOutput]:
+        while True:
+            item = self._events.get(timeout=timeout)
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+            if item.finished:
+                return
+
+    def result(self, timeout: float | None = None) -> RequestOutput:
+        last = None
+        for last in self.stream(timeout):
+            pass
+        assert last is not None
+        return last
+
+    async def astream(self) -> AsyncIterator[RequestOutput]:
+        loop = asyncio.get_running_loop()
+        while True:
+            item = await loop.run_in_executor(None, self._events.get)
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+            if item.finished:
+                return
+
+    def abort(self) -> None:
+        self._engine.abort(self)
+
+
+class BackgroundEngine:
+    def __init__(self, core: EngineCore):
+        self.core = core
+        self._lock = threading.Lock()
+        self._wake = threading.Condition(self._lock)
+        self._inbox: list[_Pending] = []
+        self._aborts: list[RequestHandle] = []
+        self._handles: dict[int, RequestHandle] = {}
+        self._stopped = False
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="radixflow-engine", daemon=True)
+        self._thread.start()
+
+    def submit(self, prompt: Sequence[int], params: SamplingParams) -> RequestHandle:
+        """Queues a request. Validation errors raise here, in the caller's thread."""
+        if self._error is not None:
+            raise EngineDeadError(f"engine stopped: {self._error!r}")
+        if not prompt:
+            raise ValueError("the prompt is empty")
+        if len(prompt) + params.max_tokens > self.core.max_model_len:
+            raise ValueError(
+                f"prompt ({len(prompt)} tokens) + max_tokens ({params.max_tokens}) exceeds "
+                f"max_model_len={self.core.max_model_len}"
+            )
+        handle = RequestHandle(self)
+        with self._wake:
+            self._inbox.append(_Pending(list(prompt), params, handle))
+            self._wake.notify()
+        return handle
+
+    def abort(self, handle: RequestHandle) -> None:
+        with self._wake:
+            self._aborts.append(handle)
+            self._wake.notify()
+
+    def shutdown(self, timeout: float = 10.0) -> None:
+        with self._wake:
+            self._stopped = True
+            self._wake.notify()
+        self._thread.join(timeout)
+
+    def _drain(self) -> None:
+        with self._wake:
+            while not self._inbox and not self._aborts and not self.core.has_unfinished() and not self._stopped:
+                self._wake.wait()
+            inbox, self._inbox = self._inbox, []
+            aborts, self._aborts = self._aborts, []
+        for item in inbox:
+            try:
+                rid = self.core.add_request(item.prompt, item.params)
+            except ValueError as exc:
+                item.handle._push(exc)
+                continue
+            item.handle.request_id = rid
+            self._handles[rid] = item.handle
+        for handle in aborts:
+            if handle.request_id is not None and handle.request_id in self._handles:
+                out = self.core.abort(handle.request_id)
+                if out is not None:
+                    handle._push(dataclasses.replace(out, token_ids=list(out.token_ids)))
+                self._handles.pop(handle.request_id, None)
+
+    def _run(self) -> None:
+        try:
+            while not self._stopped:
+                self._drain()
+                if self._stopped:
+                    break
+                for out in self.core.step():
+                    handle = self._handles.get(out.request_id)
+                    if handle is None:
+                        continue
+                    handle._push(dataclasses.replace(out, token_ids=list(out.token_ids)))
+                    if out.finished:
+                        self._handles.pop(out.request_id, None)
+        except BaseException as exc:  # fail every open request instead of hanging it
+            self._error = exc
+            dead = EngineDeadError(f"engine stopped: {exc!r}")
+            for handle in list(self._handles.values()):
+                handle._push(dead)
+            with self._wake:
+                for item in self._inbox:
+                    item.handle._push(dead)
+                self._inbox.clear()
+            raise

@@ -1,0 +1,208 @@
+"""The engine loop (DESIGN.md section 4): plan a round -> build arrays -> run the step -> commit.
+
+:class:`EngineCore` is single-threaded and step-driven: ``add_request`` / ``abort`` / ``step``.
+``engine/background.py`` runs it on a thread for servers and streaming clients. Every round leaves
+a :class:`RoundRecord` (slots, padding, bubbles, consumers, timings) in ``records``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import math
+import time
+from typing import Callable, Sequence
+
+from radixflow_jax.engine.protocol import Executor, StepResult
+from radixflow_jax.engine.params import RequestOutput, SamplingParams
+from radixflow_jax.runner.inputs import SamplingRow
+from radixflow_jax.scheduler.request import Request
+from radixflow_jax.scheduler.scheduler import Scheduler, SchedulerConfig
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineConfig:
+    """Budgets, pools and policy. ``None`` pool sizes are derived from the other values."""
+
+    max_num_seqs: int = 16
+    max_num_batched_tokens: int = 512
+    page_size: int = 16
+    num_kv_pages: int | None = None
+    num_state_slots: int | None = None
+    max_model_len: int | None = None
+    policy: str = "radixflow"
+    queue_order: str = "fcfs"
+    enable_prefix_cache: bool = True
+    max_consumer_wait: int = 16
+    checkpoint_interval: int = 0
+    kernels: str = "auto"
+    seed: int = 0
+    warmup: bool = True
+
+
+@dataclasses.dataclass(frozen=True)
+class RoundRecord:
+    index: int
+    num_tokens: int
+    num_rows: int
+    token_slots: int
+    row_slots: int
+    padding_tokens: int
+    bubble_tokens: int
+    bubble_rows: int
+    admitted: int
+    consumers_blocked: int
+    consumers_waiting: int
+    preempted: int
+    plan_s: float
+    build_s: float
+    step_s: float
+
+
+def model_grid(chunk_sizes: Sequence[int], page_size: int) -> int:
+    """The checkpoint grid ``G = lcm(page size, every recurrent kernel chunk)``."""
+    return math.lcm(page_size, *chunk_sizes) if chunk_sizes else page_size
+
+
+class EngineCore:
+    def __init__(
+        self,
+        executor: Executor,
+        sched_config: SchedulerConfig,
+        *,
+        num_pages: int,
+        num_slots: int,
+        max_model_len: int,
+        eos_token_ids: Sequence[int] = (),
+        tokenizer: object | None = None,
+        seed: int = 0,
+        clock: Callable[[], float] = time.perf_counter,
+    ):
+        self.clock = clock
+        self.executor = executor
+        self.scheduler = Scheduler(sched_config, num_pages=num_pages, num_slots=num_slots)
+        self.max_model_len = max_model_len
+        self.eos_token_ids = tuple(eos_token_ids)
+        self.tokenizer = tokenizer
+        self.seed = seed
+        self.records: list[RoundRecord] = []
+        self._ids = itertools.count()
+        self._params: dict[int, SamplingParams] = {}
+        self._sampling: dict[int, SamplingRow] = {}
+        self._outputs: dict[int, RequestOutput] = {}
+
+    # --------------------------------------------------------------------------------- requests
+    def add_request(
+        self, prompt_ids: Sequence[int], params: SamplingParams, *, arrival_time: float | None = None
+    ) -> int:
+        """Queues a request; raises ``ValueError`` (nothing queued) on a prompt the engine cannot run."""
+        if not prompt_ids:
+            raise ValueError("the prompt is empty")
+        if len(prompt_ids) + params.max_tokens > self.max_model_len:
+            raise ValueError(
+                f"prompt ({len(prompt_ids)} tokens) + max_tokens ({params.max_tokens}) exceeds "
+                f"max_model_len={self.max_model_len}"
+            )
+        if params.stop and self.tokenizer is None:
+            raise ValueError("stop strings need a tokenizer; this model has none (use stop_token_ids)")
+        rid = next(self._ids)
+        stops = set(params.stop_token_ids) | (set() if params.ignore_eos else set(self.eos_token_ids))
+        req = Request(rid, tuple(int(t) for t in prompt_ids), params.max_tokens, frozenset(stops))
+        req.arrival_time = self.clock() if arrival_time is None else arrival_time
+        self.scheduler.add(req)
+        self._params[rid] = params
+        seed = params.seed if params.seed is not None else hash((self.seed, rid)) & 0xFFFFFFFF
+        self._sampling[rid] = SamplingRow(params.temperature, params.top_k, params.top_p, params.min_p, seed)
+        self._outputs[rid] = RequestOutput(
+            rid, req.prompt, [], None, None, len(req.prompt), 0, req.arrival_time
+        )
+        return rid
+
+    def abort(self, request_id: int) -> RequestOutput | None:
+        req = self.scheduler.abort(request_id)
+        if req is None:
+            return None
+        out = self._outputs[request_id]
+        out.finish_reason, out.finish_time = "abort", self.clock()
+        return out
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_work()
+
+    # --------------------------------------------------------------------------------- the loop
+    def step(self) -> list[RequestOutput]:
+        """Runs one round; returns the outputs that changed (new tokens or finished)."""
+        t0 = time.perf_counter()
+        plan = self.scheduler.schedule()
+        t1 = time.perf_counter()
+        if plan.is_empty:
+            return []
+        result = self.executor.execute(plan, self._sampling)
+        finished = self.scheduler.commit(plan, result.sampled)
+        self._record(plan, result, t1 - t0)
+        now = self.clock()
+        changed = []
+        for row in plan.rows:
+            if row.sample:
+                changed.append(self._update(row.request_id, now))
+        for req in finished:
+            out = self._outputs[req.request_id]
+            if out.finish_reason is None:
+                self._finalize(req, now)
+        return changed
+
+    def _update(self, rid: int, now: float) -> RequestOutput:
+        req = self.scheduler.requests[rid]
+        out = self._outputs[rid]
+        out.token_ids = list(req.output)
+        out.cached_tokens = req.cached_tokens
+        if out.first_token_time is None:
+            out.first_token_time, out.first_token_round = now, len(self.records)
+        params = self._params[rid]
+        if self.tokenizer is not None:
+            out.text = self.tokenizer.decode(out.token_ids)
+            hit = min((out.text.find(s) for s in params.stop if s in out.text), default=-1)
+            if hit >= 0 and not req.is_finished:
+                out.text = out.text[:hit]
+                self.scheduler.finish(rid, "stop")
+        if req.is_finished:
+            self._finalize(req, now)
+        return out
+
+    def _finalize(self, req: Request, now: float) -> None:
+        out = self._outputs[req.request_id]
+        out.token_ids = list(req.output)
+        out.finish_reason = req.finish_reason
+        out.finish_time, out.finish_round = now, len(self.records)
+        self._sampling.pop(req.request_id, None)
+
+    def _record(self, plan, result: StepResult, plan_s: float) -> None:
+        # Bubble: budget left idle while requests behind a consumer stop were admissible; the
+        # scheduler's shadow scan measured what they would have brought within the budget left.
+        st = plan.stats
+        self.records.append(
+            RoundRecord(
+                index=len(self.records),
+                num_tokens=plan.num_tokens,
+                num_rows=len(plan.rows),
+                token_slots=result.token_slots,
+                row_slots=result.row_slots,
+                padding_tokens=result.token_slots - plan.num_tokens,
+                bubble_tokens=st.shadow_tokens,
+                bubble_rows=st.shadow_rows,
+                admitted=st.admitted,
+                consumers_blocked=st.consumers_blocked,
+                consumers_waiting=st.consumers_waiting,
+                preempted=st.preempted,
+                plan_s=plan_s,
+                build_s=result.build_s,
+                step_s=result.step_s,
+            )
+        )
+
+    def output(self, request_id: int) -> RequestOutput:
+        return self._outputs[request_id]
+
+    def run_until_done(self) -> None:
+        while self.has_unfinished():
+            self.step()

@@ -1,0 +1,59 @@
+"""Executors run a planned round. The model executor runs the real jitted step; the simulated
+executor (``engine/sim``) replaces it with a cost model. The engine loop and scheduler are the same
+code for both.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Mapping
+
+import jax
+import numpy as np
+
+from radixflow_jax.models.api import LoadedModel
+from radixflow_jax.models.batch import init_cache
+from radixflow_jax.runner.inputs import SamplingRow, build_arrays
+from radixflow_jax.runner.shapes import ShapeConfig
+from radixflow_jax.runner.step import CompiledStep
+from radixflow_jax.engine.protocol import StepResult
+from radixflow_jax.scheduler.plan import RoundPlan
+
+
+class ModelExecutor:
+    """Owns the device pools and the compiled step variants of one model."""
+
+    def __init__(
+        self,
+        model: LoadedModel,
+        shapes: ShapeConfig,
+        *,
+        page_size: int,
+        num_pages: int,
+        num_slots: int,
+        kernels: str = "auto",
+        warmup: bool = True,
+    ):
+        self.model = model
+        self.shapes = shapes
+        self.page_size = page_size
+        self.cache = init_cache(
+            model.config, num_pages=num_pages, page_size=page_size, num_slots=num_slots, dtype=model.dtype
+        )
+        self.step = CompiledStep(model.graphdef, model.params, self.cache, shapes, kernels)
+        if warmup:
+            self.step.warmup()
+
+    def execute(self, plan: RoundPlan, sampling: Mapping[int, SamplingRow]) -> StepResult:
+        t0 = time.perf_counter()
+        all_decode = plan.num_decode == len(plan.rows)
+        variant = self.shapes.select(plan.num_tokens, len(plan.rows), all_decode)
+        arrays = build_arrays(
+            plan, variant, page_size=self.page_size, max_pages=self.shapes.max_pages_per_row, sampling=sampling
+        )
+        t1 = time.perf_counter()
+        self.cache, tokens = self.step(variant, self.model.params, self.cache, arrays.as_dict())
+        tokens = np.asarray(jax.device_get(tokens))
+        t2 = time.perf_counter()
+        sampled = {row.request_id: int(tokens[i]) for i, row in enumerate(plan.rows) if row.sample}
+        return StepResult(sampled, variant.num_tokens, variant.num_rows, t1 - t0, t2 - t1)

@@ -1,0 +1,122 @@
+"""The offline API: ``LLM(model, ...).generate(prompts, sampling_params) -> list[RequestOutput]``.
+
+Builds the model, sizes the pools, compiles every step variant, and runs the engine loop until all
+given prompts finished. Outputs come back in prompt order.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+from radixflow_jax.engine.core import EngineConfig, EngineCore, model_grid
+from radixflow_jax.engine.executor import ModelExecutor
+from radixflow_jax.engine.params import RequestOutput, SamplingParams
+from radixflow_jax.models.api import LoadedModel, load
+from radixflow_jax.models.batch import state_bytes_per_slot
+from radixflow_jax.models.config import ModelConfig
+from radixflow_jax.runner.shapes import ShapeConfig
+from radixflow_jax.scheduler.scheduler import SchedulerConfig
+
+
+def recurrent_chunks(cfg: ModelConfig) -> list[int]:
+    chunks = []
+    if cfg.gdn is not None:
+        chunks.append(cfg.gdn.chunk_size)
+    if cfg.mamba is not None:
+        chunks.append(cfg.mamba.chunk_size)
+    return chunks
+
+
+def pool_sizes(cfg: ModelConfig, ec: EngineConfig, max_model_len: int) -> tuple[int, int]:
+    """``(num_kv_pages, num_state_slots)`` including the reserved id 0 of each pool; checks minimums."""
+    pages_per_seq = math.ceil(max_model_len / ec.page_size)
+    min_pages, min_slots = pages_per_seq + 1, 2 if cfg.is_hybrid else 1
+    pages = ec.num_kv_pages if ec.num_kv_pages is not None else 1 + max(
+        2 * ec.max_num_seqs * math.ceil(min(max_model_len, 2048) / ec.page_size), pages_per_seq
+    )
+    slots = ec.num_state_slots if ec.num_state_slots is not None else 1 + ec.max_num_seqs + max(64, 8 * ec.max_num_seqs)
+    if not cfg.is_hybrid:
+        slots = 1
+    if pages < min_pages:
+        raise ValueError(
+            f"num_kv_pages={pages} cannot hold one request of max_model_len={max_model_len} tokens: "
+            f"the minimum is {min_pages} ({pages_per_seq} pages of {ec.page_size} tokens + the reserved page 0)"
+        )
+    if slots < min_slots:
+        raise ValueError(f"num_state_slots={slots}: the minimum is {min_slots} (one request + the reserved slot 0)")
+    return pages, slots
+
+
+def build_engine(model: LoadedModel, ec: EngineConfig) -> EngineCore:
+    cfg = model.config
+    max_model_len = ec.max_model_len or min(cfg.max_position_embeddings, 8192)
+    grid = model_grid(recurrent_chunks(cfg), ec.page_size)
+    num_pages, num_slots = pool_sizes(cfg, ec, max_model_len)
+    shapes = ShapeConfig(
+        max_tokens=ec.max_num_batched_tokens,
+        max_rows=ec.max_num_seqs,
+        max_pages_per_row=math.ceil(max_model_len / ec.page_size),
+        grid=grid,
+    )
+    executor = ModelExecutor(
+        model, shapes, page_size=ec.page_size, num_pages=num_pages, num_slots=num_slots,
+        kernels=ec.kernels, warmup=ec.warmup,
+    )  # fmt: skip
+    sched = SchedulerConfig(
+        max_num_seqs=ec.max_num_seqs,
+        max_num_batched_tokens=ec.max_num_batched_tokens,
+        page_size=ec.page_size,
+        grid=grid,
+        hybrid=cfg.is_hybrid,
+        policy=ec.policy,
+        queue_order=ec.queue_order,
+        enable_prefix_cache=ec.enable_prefix_cache,
+        max_consumer_wait=ec.max_consumer_wait,
+        checkpoint_interval=ec.checkpoint_interval,
+    )
+    eos = tuple(cfg.eos_token_ids) + (model.tokenizer.eos_token_ids if model.tokenizer else ())
+    return EngineCore(
+        executor, sched, num_pages=num_pages, num_slots=num_slots, max_model_len=max_model_len,
+        eos_token_ids=eos, tokenizer=model.tokenizer, seed=ec.seed,
+    )  # fmt: skip
+
+
+class LLM:
+    """Offline generation. ``model``: a preset name, a HF directory or a converted directory."""
+
+    def __init__(self, model: str | LoadedModel, *, dtype: str = "float32", **engine_options: object):
+        self.model = model if isinstance(model, LoadedModel) else load(model, dtype=dtype)
+        self.config = EngineConfig(**engine_options)  # type: ignore[arg-type]
+        self.engine = build_engine(self.model, self.config)
+        self.state_bytes_per_slot = state_bytes_per_slot(self.model.config, self.model.dtype)
+
+    def _ids(self, prompt: str | Sequence[int]) -> list[int]:
+        if isinstance(prompt, str):
+            return self.model.encode(prompt)
+        return [int(t) for t in prompt]
+
+    def generate(
+        self,
+        prompts: Sequence[str] | Sequence[Sequence[int]],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+    ) -> list[RequestOutput]:
+        """Runs every prompt to completion; a bad prompt raises before anything is queued."""
+        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
+            raise TypeError("prompts must be a list of strings or a list of token-id lists")
+        params = sampling_params or SamplingParams()
+        per = list(params) if isinstance(params, (list, tuple)) else [params] * len(prompts)
+        if len(per) != len(prompts):
+            raise ValueError(f"{len(per)} sampling params for {len(prompts)} prompts")
+        encoded = [self._ids(p) for p in prompts]
+        for ids, p in zip(encoded, per):  # validate everything before queueing anything
+            if not ids:
+                raise ValueError("a prompt is empty")
+            if len(ids) + p.max_tokens > self.engine.max_model_len:
+                raise ValueError(
+                    f"prompt ({len(ids)} tokens) + max_tokens ({p.max_tokens}) exceeds "
+                    f"max_model_len={self.engine.max_model_len}"
+                )
+        rids = [self.engine.add_request(ids, p) for ids, p in zip(encoded, per)]
+        self.engine.run_until_done()
+        return [self.engine.output(r) for r in rids]

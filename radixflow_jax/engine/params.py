@@ -1,0 +1,99 @@
+"""User-facing request parameters and results: :class:`SamplingParams`, :class:`RequestOutput`.
+
+Parameters we do not implement are rejected with :class:`UnsupportedParameterError`; nothing is
+silently ignored.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Sequence
+
+_UNSUPPORTED = ("n", "best_of", "logprobs", "prompt_logprobs", "presence_penalty", "frequency_penalty",
+                "repetition_penalty", "logit_bias", "use_beam_search", "min_tokens")  # fmt: skip
+
+
+class UnsupportedParameterError(ValueError):
+    """A sampling parameter this engine does not implement was given a non-default value."""
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingParams:
+    """``temperature == 0`` is greedy. ``top_k <= 0`` and ``top_p == 1`` and ``min_p == 0`` are off.
+    ``seed``: per-request RNG stream (default: derived from the engine seed and the request id).
+    ``stop``: strings that end generation (excluded from the text); ``stop_token_ids`` end it too;
+    the model's EOS ids end it unless ``ignore_eos``."""
+
+    max_tokens: int = 16
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    min_p: float = 0.0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+
+    def __post_init__(self) -> None:
+        if isinstance(self.stop, str):
+            object.__setattr__(self, "stop", (self.stop,))
+        object.__setattr__(self, "stop", tuple(self.stop))
+        object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
+        if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
+            raise ValueError(f"max_tokens must be an integer >= 1, got {self.max_tokens!r}")
+        if not self.temperature >= 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature!r}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
+        if not 0 <= self.min_p <= 1:
+            raise ValueError(f"min_p must be in [0, 1], got {self.min_p!r}")
+        if not isinstance(self.top_k, int):
+            raise ValueError(f"top_k must be an integer, got {self.top_k!r}")
+        if any(not s for s in self.stop):
+            raise ValueError("stop strings must be non-empty")
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> SamplingParams:
+        """Builds params from a request body; unsupported or unknown names raise."""
+        fields = {f.name for f in dataclasses.fields(cls)}
+        for key, value in values.items():
+            if key in _UNSUPPORTED:
+                default_ok = value is None or (key == "n" and value == 1) or value in (0, 0.0, False)
+                if not default_ok:
+                    raise UnsupportedParameterError(f"sampling parameter '{key}' is not supported")
+            elif key not in fields:
+                raise UnsupportedParameterError(f"unknown sampling parameter '{key}'")
+        kwargs = {k: v for k, v in values.items() if k in fields and v is not None}
+        if kwargs.get("top_k") == -1:
+            kwargs["top_k"] = 0
+        return cls(**kwargs)
+
+
+@dataclasses.dataclass
+class RequestOutput:
+    """A finished (or, when streamed, in-progress) request."""
+
+    request_id: int
+    prompt_token_ids: Sequence[int]
+    token_ids: list[int]
+    text: str | None
+    finish_reason: str | None
+    prompt_tokens: int
+    cached_tokens: int
+    arrival_time: float
+    first_token_time: float | None = None
+    finish_time: float | None = None
+    first_token_round: int | None = None
+    finish_round: int | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+    @property
+    def ttft(self) -> float | None:
+        return None if self.first_token_time is None else self.first_token_time - self.arrival_time
+
+    @property
+    def latency(self) -> float | None:
+        return None if self.finish_time is None else self.finish_time - self.arrival_time

@@ -1,0 +1,26 @@
+"""What an executor is (no JAX here: the simulated executor and the engine loop need none)."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Mapping, Protocol
+
+from radixflow_jax.runner.inputs import SamplingRow
+from radixflow_jax.scheduler.plan import RoundPlan
+
+
+@dataclasses.dataclass(frozen=True)
+class StepResult:
+    """Sampled token per sampling row, the slot counts of the variant used, and timings."""
+
+    sampled: dict[int, int]
+    token_slots: int
+    row_slots: int
+    build_s: float
+    step_s: float
+
+
+class Executor(Protocol):
+    def execute(self, plan: RoundPlan, sampling: Mapping[int, SamplingRow]) -> StepResult: ...
+
+

@@ -1,0 +1,149 @@
+"""Model and device specifications for the simulated executor (plain Python, no JAX).
+
+Model sizes follow the models' published ``config.json`` values as collected in REFERENCES.md
+section 3; device numbers are public datasheet peaks (dense bf16 FLOP/s, HBM bandwidth, memory).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSpec:
+    """Per-token costs of one model. ``attn``/``gdn``/``mamba`` count layers of each mixer."""
+
+    name: str
+    hidden: int
+    vocab: int
+    attn: int
+    q_heads: int
+    kv_heads: int
+    head_dim: int
+    gdn: int = 0
+    gdn_k_heads: int = 0
+    gdn_v_heads: int = 0
+    gdn_k_dim: int = 128
+    gdn_v_dim: int = 128
+    mamba: int = 0
+    mamba_heads: int = 0
+    mamba_head_dim: int = 64
+    mamba_state: int = 128
+    mamba_groups: int = 8
+    mlp_layers: int = 0  # layers with a dense MLP
+    mlp_inter: int = 0
+    mlp_mats: int = 3  # SwiGLU 3, squared-ReLU 2
+    moe_layers: int = 0
+    experts_active: int = 0
+    expert_inter: int = 0
+    shared_inter: int = 0
+    total_experts: int = 0
+    conv_kernel: int = 4
+    dtype_bytes: int = 2
+
+    def _attn_params(self) -> int:
+        return self.hidden * self.head_dim * (2 * self.q_heads + 2 * self.kv_heads)  # q (+gate) k v o
+
+    def _gdn_params(self) -> int:
+        kd, vd = self.gdn_k_heads * self.gdn_k_dim, self.gdn_v_heads * self.gdn_v_dim
+        return self.hidden * (2 * kd + 2 * vd + 2 * self.gdn_v_heads) + vd * self.hidden
+
+    def _mamba_params(self) -> int:
+        inner = self.mamba_heads * self.mamba_head_dim
+        conv = inner + 2 * self.mamba_groups * self.mamba_state
+        return self.hidden * (inner + conv + self.mamba_heads) + inner * self.hidden
+
+    @property
+    def active_params(self) -> int:
+        """Parameters touched per token (routed experts: only the active ones)."""
+        mlp = self.mlp_layers * self.mlp_mats * self.hidden * self.mlp_inter
+        moe = self.moe_layers * 3 * self.hidden * (self.experts_active * self.expert_inter + self.shared_inter)
+        return (
+            self.attn * self._attn_params() + self.gdn * self._gdn_params() + self.mamba * self._mamba_params()
+            + mlp + moe + 2 * self.vocab * self.hidden
+        )  # fmt: skip
+
+    @property
+    def total_params(self) -> int:
+        extra = self.moe_layers * 3 * self.hidden * self.expert_inter * max(self.total_experts - self.experts_active, 0)
+        return self.active_params + extra
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        return self.attn * 2 * self.kv_heads * self.head_dim * self.dtype_bytes
+
+    @property
+    def state_bytes(self) -> int:
+        """One checkpoint: every recurrent layer's float32 state plus its conv state."""
+        gdn = self.gdn_v_heads * self.gdn_k_dim * self.gdn_v_dim * 4
+        gdn_conv = (self.conv_kernel - 1) * (2 * self.gdn_k_heads * self.gdn_k_dim + self.gdn_v_heads * self.gdn_v_dim)
+        inner = self.mamba_heads * self.mamba_head_dim
+        mamba = self.mamba_heads * self.mamba_head_dim * self.mamba_state * 4
+        mamba_conv = (self.conv_kernel - 1) * (inner + 2 * self.mamba_groups * self.mamba_state)
+        return self.gdn * (gdn + gdn_conv * self.dtype_bytes) + self.mamba * (mamba + mamba_conv * self.dtype_bytes)
+
+    @property
+    def recurrent_flops_per_token(self) -> int:
+        gdn = 6 * self.gdn_v_heads * self.gdn_k_dim * self.gdn_v_dim
+        mamba = 6 * self.mamba_heads * self.mamba_head_dim * self.mamba_state
+        return self.gdn * gdn + self.mamba * mamba
+
+    @property
+    def is_hybrid(self) -> bool:
+        return bool(self.gdn or self.mamba)
+
+
+def _qwen35(name: str, hidden: int, layers: int, q: int, kv: int, v_heads: int, mlp: int, **kw: int) -> ModelSpec:
+    attn = layers // 4
+    return ModelSpec(
+        name, hidden, 248320, attn, q, kv, 256, gdn=layers - attn, gdn_k_heads=16, gdn_v_heads=v_heads,
+        mlp_layers=layers if mlp else 0, mlp_inter=mlp, **kw,
+    )  # fmt: skip
+
+
+MODEL_SPECS: dict[str, ModelSpec] = {
+    "qwen3.5-4b": _qwen35("qwen3.5-4b", 2560, 32, 16, 4, 32, 9216),
+    "qwen3.5-9b": _qwen35("qwen3.5-9b", 4096, 32, 16, 4, 32, 12288),
+    "qwen3.5-27b": _qwen35("qwen3.5-27b", 5120, 64, 24, 4, 48, 17408),
+    "qwen3.5-35b-a3b": _qwen35(
+        "qwen3.5-35b-a3b", 2048, 40, 16, 2, 32, 0, moe_layers=40, experts_active=8, expert_inter=512,
+        shared_inter=512, total_experts=256,
+    ),  # fmt: skip
+    "qwen3-next-80b-a3b": dataclasses.replace(
+        _qwen35("qwen3-next-80b-a3b", 2048, 48, 16, 2, 32, 0, moe_layers=48, experts_active=10, expert_inter=512,
+                shared_inter=512, total_experts=512),
+        vocab=151936,
+    ),  # fmt: skip
+    "nemotron-h-8b": ModelSpec(
+        "nemotron-h-8b", 4096, 131072, 4, 32, 8, 128, mamba=24, mamba_heads=128, mamba_head_dim=64,
+        mamba_state=128, mamba_groups=8, mlp_layers=24, mlp_inter=21504, mlp_mats=2,
+    ),  # fmt: skip
+    "qwen3-8b": ModelSpec("qwen3-8b", 4096, 151936, 36, 32, 8, 128, mlp_layers=36, mlp_inter=12288),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class DeviceSpec:
+    name: str
+    peak_flops: float  # dense bf16 FLOP/s
+    hbm_bandwidth: float  # bytes/s
+    memory_bytes: float
+
+
+DEVICE_SPECS: dict[str, DeviceSpec] = {
+    "h200": DeviceSpec("h200", 989e12, 4.8e12, 141e9),
+    "tpu-v5e": DeviceSpec("tpu-v5e", 197e12, 0.819e12, 16e9),
+    "tpu-v6e": DeviceSpec("tpu-v6e", 918e12, 1.64e12, 32e9),
+}
+
+
+def get_model_spec(name: str) -> ModelSpec:
+    if name not in MODEL_SPECS:
+        raise ValueError(f"unknown model spec {name!r}; specs: {', '.join(MODEL_SPECS)}")
+    return MODEL_SPECS[name]
+
+
+def get_device_spec(name: str) -> DeviceSpec:
+    if name not in DEVICE_SPECS:
+        raise ValueError(f"unknown device {name!r}; devices: {', '.join(DEVICE_SPECS)}")
+    return DEVICE_SPECS[name]
