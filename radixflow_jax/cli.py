@@ -1,4 +1,4 @@
-"""The ``radixflow`` command line: ``generate`` and ``convert`` (``bench`` and ``serve`` come later).
+"""The ``radixflow`` command line: ``bench``, ``generate`` and ``convert`` (``serve`` comes later).
 
 Every subcommand turns a bad argument into one clear line on stderr and exit status 2.
 """
@@ -22,6 +22,11 @@ def _parser() -> argparse.ArgumentParser:
     gen.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
     gen.add_argument("--max-tokens", type=int, default=32)
     gen.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+
+    bench = sub.add_parser("bench", help="compare scheduling policies side by side on a workload")
+    from radixflow_jax.bench.cli import add_arguments
+
+    add_arguments(bench)
 
     conv = sub.add_parser("convert", help="convert a HF directory (or preset) to an orbax directory")
     conv.add_argument("src", help="HF model directory or preset name")
@@ -61,9 +66,15 @@ def _convert(args: argparse.Namespace) -> int:
     return 0
 
 
+def _bench(args: argparse.Namespace) -> int:
+    from radixflow_jax.bench.cli import run
+
+    return run(args)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    handlers = {"generate": _generate, "convert": _convert}
+    handlers = {"generate": _generate, "convert": _convert, "bench": _bench}
     try:
         return handlers[args.command](args)
     except (ValueError, FileNotFoundError, KeyError) as exc:

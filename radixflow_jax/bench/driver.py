@@ -37,9 +37,12 @@ class RunResult:
     mean_tpot_s: float
     consumers_blocked: int
     consumers_waiting: int
+    latencies: tuple[float, ...] = dataclasses.field(default=(), repr=False)
 
     def as_dict(self) -> dict[str, float | int | str]:
-        return dataclasses.asdict(self)
+        out = dataclasses.asdict(self)
+        out.pop("latencies")
+        return out
 
 
 def drive(
@@ -122,4 +125,5 @@ def summarize(policy: str, engine: EngineCore, outputs: list[RequestOutput], num
         mean_tpot_s=float(np.mean(tpot)) if tpot else float("nan"),
         consumers_blocked=sum(r.consumers_blocked for r in recs),
         consumers_waiting=sum(r.consumers_waiting for r in recs),
+        latencies=tuple(float(x) for x in lat),
     )

@@ -10,11 +10,11 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from typing import Callable
+from typing import Any, Callable
 
 from radixflow_jax.bench.driver import RunResult, drive, summarize
 from radixflow_jax.bench.workloads import BenchRequest
-from radixflow_jax.engine.core import EngineConfig, EngineCore, model_grid
+from radixflow_jax.engine.core import EngineConfig, EngineCore, RoundRecord, model_grid
 from radixflow_jax.engine.sim import RooflineCost, SimExecutor, VirtualClock
 from radixflow_jax.engine.specs import DeviceSpec, ModelSpec
 from radixflow_jax.runner.shapes import ShapeConfig
@@ -27,21 +27,28 @@ class BenchConfig:
     engine: EngineConfig = EngineConfig()
 
 
+Records = dict[str, list[RoundRecord]]
+
+
 def run_model(
-    model_name: str, requests: list[BenchRequest], cfg: BenchConfig, dtype: str = "float32",
-    progress: Callable[[str, int, int], None] | None = None,
-) -> list[RunResult]:  # fmt: skip
+    model: Any, requests: list[BenchRequest], cfg: BenchConfig, dtype: str = "float32",
+    progress: Callable[[str, int, int], None] | None = None, with_records: bool = False,
+) -> Any:  # fmt: skip
+    """Each policy on a fresh engine over the same loaded model (a ``LoadedModel`` or a name).
+    Returns the results, and with ``with_records`` also the per-round records per policy."""
     from radixflow_jax.engine.llm import build_engine
     from radixflow_jax.models.api import load
 
-    model = load(model_name, dtype=dtype)
-    results = []
+    if isinstance(model, str):
+        model = load(model, dtype=dtype)
+    results, records = [], {}
     for policy in cfg.policies:
         engine = build_engine(model, dataclasses.replace(cfg.engine, policy=policy))
         cb = (lambda done, total, p=policy: progress(p, done, total)) if progress else None
         outputs = drive(engine, requests, progress=cb)
         results.append(summarize(policy, engine, outputs, len(requests)))
-    return results
+        records[policy] = engine.records
+    return (results, records) if with_records else results
 
 
 def sim_pools(spec: ModelSpec, device: DeviceSpec, page_size: int, state_fraction: float = 0.3) -> tuple[int, int]:
@@ -78,9 +85,9 @@ def build_sim_engine(spec: ModelSpec, device: DeviceSpec, ec: EngineConfig) -> E
 
 def run_sim(
     spec: ModelSpec, device: DeviceSpec, requests: list[BenchRequest], cfg: BenchConfig,
-    progress: Callable[[str, int, int], None] | None = None,
-) -> list[RunResult]:  # fmt: skip
-    results = []
+    progress: Callable[[str, int, int], None] | None = None, with_records: bool = False,
+) -> Any:  # fmt: skip
+    results, records = [], {}
     for policy in cfg.policies:
         engine = build_sim_engine(spec, device, dataclasses.replace(cfg.engine, policy=policy))
         clock = engine.clock
@@ -88,7 +95,8 @@ def run_sim(
         cb = (lambda done, total, p=policy: progress(p, done, total)) if progress else None
         outputs = drive(engine, requests, wait=clock.advance, progress=cb)
         results.append(summarize(policy, engine, outputs, len(requests)))
-    return results
+        records[policy] = engine.records
+    return (results, records) if with_records else results
 
 
 def relative_change(base: RunResult, new: RunResult) -> dict[str, float]:
@@ -104,3 +112,24 @@ def relative_change(base: RunResult, new: RunResult) -> dict[str, float]:
 def timed(fn: Callable[[], list[RunResult]]) -> tuple[list[RunResult], float]:
     start = time.perf_counter()
     return fn(), time.perf_counter() - start
+
+
+def calibrate(engine: EngineCore) -> "CalibratedCost":
+    """A cost model fitted to the measured rounds (plan + build + step) of a model-executor run."""
+    from radixflow_jax.engine.sim import CalibratedCost
+
+    return CalibratedCost.fit([(r.token_slots, r.row_slots, r.plan_s + r.build_s + r.step_s) for r in engine.records])
+
+
+def mirror_sim_engine(engine: EngineCore, cost: Any) -> EngineCore:
+    """A simulated engine making the same decisions as ``engine`` (same scheduler config, pools
+    and step shapes), with ``cost`` as its round time."""
+    sched = engine.scheduler
+    clock = VirtualClock()
+    shapes = getattr(engine.executor, "shapes", None)
+    executor = SimExecutor(cost, clock, shapes)
+    slots = sched.memory.slots.size if sched.memory.slots is not None else 1
+    return EngineCore(
+        executor, sched.config, num_pages=sched.memory.pages.size, num_slots=slots,
+        max_model_len=engine.max_model_len, clock=clock,
+    )  # fmt: skip

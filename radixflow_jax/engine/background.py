@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import numbers
 import queue
 import threading
 from typing import AsyncIterator, Iterator, Sequence
@@ -38,11 +39,19 @@ class RequestHandle:
         self._engine = engine
         self._events: queue.Queue[RequestOutput | BaseException] = queue.Queue()
         self.request_id: int | None = None
-        self._accepted = threading.Event()
-        self._error: BaseException | None = None
+        self._waiter_lock = threading.Lock()
+        self._waiter: tuple[asyncio.AbstractEventLoop, asyncio.Future[None]] | None = None
 
     def _push(self, item: RequestOutput | BaseException) -> None:
-        self._events.put(item)
+        with self._waiter_lock:
+            self._events.put(item)
+            waiter, self._waiter = self._waiter, None
+        if waiter is not None:
+            loop, fut = waiter
+            try:
+                loop.call_soon_threadsafe(_wake, fut)
+            except RuntimeError:  # the waiting loop is closed: nobody listens any more
+                pass
 
     def stream(self, timeout: float | None = None) -> Iterator[RequestOutput]:
         while True:
@@ -61,9 +70,25 @@ class RequestHandle:
         return last
 
     async def astream(self) -> AsyncIterator[RequestOutput]:
+        """Like :meth:`stream` on an asyncio loop. Waiting parks a future that the engine thread
+        resolves (no executor thread blocks on the queue), so a cancelled wait loses no event."""
         loop = asyncio.get_running_loop()
         while True:
-            item = await loop.run_in_executor(None, self._events.get)
+            with self._waiter_lock:
+                try:
+                    item = self._events.get_nowait()
+                except queue.Empty:
+                    fut: asyncio.Future[None] = loop.create_future()
+                    self._waiter = (loop, fut)
+                    item = None
+            if item is None:
+                try:
+                    await fut
+                finally:
+                    with self._waiter_lock:
+                        if self._waiter is not None and self._waiter[1] is fut:
+                            self._waiter = None
+                continue
             if isinstance(item, BaseException):
                 raise item
             yield item
@@ -72,6 +97,11 @@ class RequestHandle:
 
     def abort(self) -> None:
         self._engine.abort(self)
+
+
+def _wake(fut: asyncio.Future[None]) -> None:
+    if not fut.done():
+        fut.set_result(None)
 
 
 class BackgroundEngine:
@@ -89,18 +119,27 @@ class BackgroundEngine:
 
     def submit(self, prompt: Sequence[int], params: SamplingParams) -> RequestHandle:
         """Queues a request. Validation errors raise here, in the caller's thread."""
-        if self._error is not None:
-            raise EngineDeadError(f"engine stopped: {self._error!r}")
-        if not prompt:
+        if not isinstance(params, SamplingParams):
+            raise TypeError(f"params must be SamplingParams, got {type(params).__name__}")
+        if isinstance(prompt, (str, bytes)):
+            raise TypeError("prompt must be a list of token ids")
+        if len(prompt) == 0:
             raise ValueError("the prompt is empty")
-        if len(prompt) + params.max_tokens > self.core.max_model_len:
+        if any(isinstance(t, bool) or not isinstance(t, numbers.Integral) for t in prompt):
+            raise ValueError("prompt token ids must be integers")
+        ids = [int(t) for t in prompt]
+        if len(ids) + params.max_tokens > self.core.max_model_len:
             raise ValueError(
-                f"prompt ({len(prompt)} tokens) + max_tokens ({params.max_tokens}) exceeds "
+                f"prompt ({len(ids)} tokens) + max_tokens ({params.max_tokens}) exceeds "
                 f"max_model_len={self.core.max_model_len}"
             )
         handle = RequestHandle(self)
-        with self._wake:
-            self._inbox.append(_Pending(list(prompt), params, handle))
+        with self._wake:  # checked under the lock: the thread fails or drops the inbox under it too
+            if self._error is not None:
+                raise EngineDeadError(f"engine stopped: {self._error!r}")
+            if self._stopped:
+                raise EngineDeadError("engine was shut down")
+            self._inbox.append(_Pending(ids, params, handle))
             self._wake.notify()
         return handle
 
@@ -110,10 +149,16 @@ class BackgroundEngine:
             self._wake.notify()
 
     def shutdown(self, timeout: float = 10.0) -> None:
+        """Stops the thread after the current round; open requests end with an ``abort`` event and
+        requests not yet accepted fail with :class:`EngineDeadError`."""
         with self._wake:
             self._stopped = True
             self._wake.notify()
         self._thread.join(timeout)
+
+    @property
+    def is_running(self) -> bool:
+        return self._thread.is_alive()
 
     def _drain(self) -> None:
         with self._wake:
@@ -124,7 +169,7 @@ class BackgroundEngine:
         for item in inbox:
             try:
                 rid = self.core.add_request(item.prompt, item.params)
-            except ValueError as exc:
+            except Exception as exc:  # a bad request fails alone; add_request queues nothing then
                 item.handle._push(exc)
                 continue
             item.handle.request_id = rid
@@ -149,6 +194,7 @@ class BackgroundEngine:
                     handle._push(dataclasses.replace(out, token_ids=list(out.token_ids)))
                     if out.finished:
                         self._handles.pop(out.request_id, None)
+            self._close()
         except BaseException as exc:  # fail every open request instead of hanging it
             self._error = exc
             dead = EngineDeadError(f"engine stopped: {exc!r}")
@@ -159,3 +205,15 @@ class BackgroundEngine:
                     item.handle._push(dead)
                 self._inbox.clear()
             raise
+
+    def _close(self) -> None:
+        """After shutdown: every open request gets its final (abort) event, the inbox fails."""
+        for rid, handle in list(self._handles.items()):
+            out = self.core.abort(rid)
+            if out is not None:
+                handle._push(dataclasses.replace(out, token_ids=list(out.token_ids)))
+        self._handles.clear()
+        with self._wake:
+            inbox, self._inbox = self._inbox, []
+        for item in inbox:
+            item.handle._push(EngineDeadError("engine was shut down"))

@@ -38,6 +38,7 @@ class EngineConfig:
     kernels: str = "auto"
     seed: int = 0
     warmup: bool = True
+    compilation_cache_dir: str | None = None  # persistent XLA cache: later engines reuse compiled variants
 
 
 @dataclasses.dataclass(frozen=True)

@@ -7,6 +7,7 @@ given prompts finished. Outputs come back in prompt order.
 from __future__ import annotations
 
 import math
+import os
 from typing import Sequence
 
 from radixflow_jax.engine.core import EngineConfig, EngineCore, model_grid
@@ -48,8 +49,19 @@ def pool_sizes(cfg: ModelConfig, ec: EngineConfig, max_model_len: int) -> tuple[
     return pages, slots
 
 
+def enable_compilation_cache(directory: str) -> None:
+    """Turns on JAX's persistent compilation cache (a process-wide JAX setting)."""
+    import jax
+
+    os.makedirs(directory, exist_ok=True)
+    jax.config.update("jax_compilation_cache_dir", directory)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+
+
 def build_engine(model: LoadedModel, ec: EngineConfig) -> EngineCore:
     cfg = model.config
+    if ec.compilation_cache_dir:
+        enable_compilation_cache(ec.compilation_cache_dir)
     max_model_len = ec.max_model_len or min(cfg.max_position_embeddings, 8192)
     grid = model_grid(recurrent_chunks(cfg), ec.page_size)
     num_pages, num_slots = pool_sizes(cfg, ec, max_model_len)

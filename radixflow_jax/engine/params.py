@@ -7,10 +7,23 @@ silently ignored.
 from __future__ import annotations
 
 import dataclasses
+import numbers
 from typing import Any, Sequence
 
-_UNSUPPORTED = ("n", "best_of", "logprobs", "prompt_logprobs", "presence_penalty", "frequency_penalty",
-                "repetition_penalty", "logit_bias", "use_beam_search", "min_tokens")  # fmt: skip
+# Unsupported parameters and the values that mean "off" (accepted, since they ask for nothing).
+_UNSUPPORTED: dict[str, tuple[Any, ...]] = {
+    "n": (1,), "best_of": (1,), "logprobs": (0, False), "prompt_logprobs": (0, False),
+    "presence_penalty": (0,), "frequency_penalty": (0,), "repetition_penalty": (1,), "logit_bias": ({},),
+    "use_beam_search": (False,), "min_tokens": (0,),
+}  # fmt: skip
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _is_real(value: Any) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
 
 
 class UnsupportedParameterError(ValueError):
@@ -38,17 +51,29 @@ class SamplingParams:
         if isinstance(self.stop, str):
             object.__setattr__(self, "stop", (self.stop,))
         object.__setattr__(self, "stop", tuple(self.stop))
+        if any(not isinstance(s, str) for s in self.stop):
+            raise ValueError(f"stop must be a string or a list of strings, got {self.stop!r}")
+        if isinstance(self.stop_token_ids, (str, bytes)) or any(not _is_int(t) for t in self.stop_token_ids):
+            raise ValueError(f"stop_token_ids must be a list of integers, got {self.stop_token_ids!r}")
         object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
-        if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
+        for name in ("temperature", "top_p", "min_p"):
+            if not _is_real(getattr(self, name)):
+                raise ValueError(f"{name} must be a number, got {getattr(self, name)!r}")
+        if not _is_int(self.max_tokens) or self.max_tokens < 1:
             raise ValueError(f"max_tokens must be an integer >= 1, got {self.max_tokens!r}")
-        if not self.temperature >= 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature!r}")
+        if self.seed is not None and not _is_int(self.seed):
+            raise ValueError(f"seed must be an integer or None, got {self.seed!r}")
+        if self.seed is not None:
+            object.__setattr__(self, "seed", int(self.seed))
+        if not 0 <= self.temperature < float("inf"):
+            raise ValueError(f"temperature must be a finite number >= 0, got {self.temperature!r}")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
         if not 0 <= self.min_p <= 1:
             raise ValueError(f"min_p must be in [0, 1], got {self.min_p!r}")
-        if not isinstance(self.top_k, int):
+        if not _is_int(self.top_k):
             raise ValueError(f"top_k must be an integer, got {self.top_k!r}")
+        object.__setattr__(self, "top_k", int(self.top_k))
         if any(not s for s in self.stop):
             raise ValueError("stop strings must be non-empty")
 
@@ -58,7 +83,8 @@ class SamplingParams:
         fields = {f.name for f in dataclasses.fields(cls)}
         for key, value in values.items():
             if key in _UNSUPPORTED:
-                default_ok = value is None or (key == "n" and value == 1) or value in (0, 0.0, False)
+                neutral = _UNSUPPORTED[key]
+                default_ok = value is None or any(value == v for v in neutral)
                 if not default_ok:
                     raise UnsupportedParameterError(f"sampling parameter '{key}' is not supported")
             elif key not in fields:

@@ -60,6 +60,10 @@ def build_arrays(
     plan: RoundPlan, variant: Variant, *, page_size: int, max_pages: int, sampling: Mapping[int, SamplingRow]
 ) -> StepArrays:
     t, r, m = variant.num_tokens, variant.num_rows, variant.max_emits
+    # checked before filling: an oversized plan must raise this, not an index/broadcast error halfway
+    num_tokens, num_emits = sum(len(row.tokens) for row in plan.rows), sum(len(row.emits) for row in plan.rows)
+    if num_tokens > t or len(plan.rows) > r or num_emits > m:
+        raise ValueError(f"plan ({num_tokens} tokens, {len(plan.rows)} rows, {num_emits} emits) exceeds variant {variant}")
     a = StepArrays(
         tokens=np.zeros(t, np.int32),
         cu_seqlens=np.zeros(r + 1, np.int32),
@@ -84,6 +88,11 @@ def build_arrays(
         n = len(row.tokens)
         if len(row.pages) > max_pages:
             raise ValueError(f"request {row.request_id} needs {len(row.pages)} pages, the page table holds {max_pages}")
+        if len(row.pages) * page_size < row.start + n:
+            raise ValueError(
+                f"request {row.request_id}: {len(row.pages)} pages of {page_size} do not cover positions "
+                f"{row.start}..{row.start + n - 1}"
+            )
         a.tokens[cursor : cursor + n] = row.tokens
         pos = np.arange(row.start, row.start + n)
         pages = np.asarray(row.pages, np.int32)
@@ -102,6 +111,4 @@ def build_arrays(
         a.temperature[i], a.top_k[i], a.top_p[i], a.min_p[i] = s.temperature, s.top_k, s.top_p, s.min_p
         a.seed[i], a.position[i] = np.uint32(s.seed & 0xFFFFFFFF), row.start + n
     a.cu_seqlens[len(plan.rows) + 1 :] = cursor
-    if cursor > t or len(plan.rows) > r or emit > m:
-        raise ValueError(f"plan ({cursor} tokens, {len(plan.rows)} rows, {emit} emits) exceeds variant {variant}")
     return a

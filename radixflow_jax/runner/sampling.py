@@ -18,7 +18,9 @@ def _filter(logits: jax.Array, top_k: jax.Array, top_p: jax.Array, min_p: jax.Ar
     kth = jnp.where(top_k > 0, order[jnp.clip(top_k - 1, 0, vocab - 1)], -jnp.inf)
     probs = jax.nn.softmax(order)
     before = jnp.cumsum(probs) - probs  # mass strictly above each sorted entry
-    cutoff = jnp.min(jnp.where(before < top_p, order, jnp.inf))  # smallest logit still inside top-p
+    # smallest logit still inside top-p; top_p >= 1 is off (float32 cumsums saturate at 1 on peaked
+    # rows, which would otherwise drop the tail)
+    cutoff = jnp.where(top_p >= 1.0, -jnp.inf, jnp.min(jnp.where(before < top_p, order, jnp.inf)))
     floor = jnp.log(jnp.maximum(min_p, 1e-30)) + order[0]  # p >= min_p * p_max  <=>  logit >= log(min_p) + max
     keep = (logits >= kth) & (logits >= cutoff) & ((min_p <= 0) | (logits >= floor))
     return jnp.where(keep, logits, -jnp.inf)

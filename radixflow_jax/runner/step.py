@@ -84,6 +84,7 @@ class CompiledStep:
         self._compiled: dict[Variant, Callable] = {}
         self.num_compiles = 0
         self.compile_seconds = 0.0
+        self.last_compile_s = 0.0  # compile time spent inside the latest call (lazy warm-up)
         self.strict = False
 
     def _compile(self, variant: Variant) -> Callable:
@@ -108,5 +109,11 @@ class CompiledStep:
     def __call__(
         self, variant: Variant, params: nnx.State, cache: ModelCache, arrays: dict[str, np.ndarray]
     ) -> tuple[ModelCache, jax.Array]:
-        fn = self._compiled.get(variant) or self._compile(variant)
+        fn = self._compiled.get(variant)
+        if fn is None:
+            before = self.compile_seconds
+            fn = self._compile(variant)
+            self.last_compile_s = self.compile_seconds - before
+        else:
+            self.last_compile_s = 0.0
         return fn(params, cache, arrays)

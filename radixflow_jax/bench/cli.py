@@ -1,0 +1,151 @@
+"""``radixflow bench``: one workload, several policies side by side, one table (and JSON / plots).
+
+With no arguments: the ``tiny-qwen3.5`` preset on the model executor, the ``race`` workload in
+per-article bursts, ``native`` vs ``radixflow``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Any
+
+from radixflow_jax.bench.driver import RunResult
+from radixflow_jax.bench.run import BenchConfig, relative_change, run_model, run_sim
+from radixflow_jax.bench.workloads import ARRIVALS, WORKLOADS, BenchRequest, WorkloadSpec, generate
+from radixflow_jax.engine.core import EngineConfig
+from radixflow_jax.engine.specs import DEVICE_SPECS, MODEL_SPECS, get_device_spec, get_model_spec
+
+COLUMNS = (
+    ("rounds", "rounds", "{:d}"), ("mean_latency_s", "mean lat s", "{:.3f}"), ("p50_latency_s", "p50 s", "{:.3f}"),
+    ("p99_latency_s", "p99 s", "{:.3f}"), ("mean_ttft_s", "TTFT s", "{:.3f}"), ("padding_tokens", "padding", "{:d}"),
+    ("bubble_tokens", "bubbles", "{:d}"), ("reuse", "reuse", "{:.1%}"), ("throughput_tok_s", "tok/s", "{:.1f}"),
+    ("completed", "done", "{:d}"),
+)  # fmt: skip
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default="tiny-qwen3.5", help="preset, model directory, or a model spec (sim)")
+    p.add_argument("--executor", choices=("model", "sim"), default=None, help="default: sim for a spec name")
+    p.add_argument("--device", default="h200", help=f"sim device: {', '.join(DEVICE_SPECS)}")
+    p.add_argument("--workload", default="race", help=f"{', '.join(WORKLOADS)} or a .jsonl file")
+    p.add_argument("--policies", default="native,radixflow")
+    p.add_argument("--num-requests", type=int, default=None)
+    p.add_argument("--arrival", default="burst", choices=ARRIVALS)
+    p.add_argument("--rate", type=float, default=None, help="burst: articles/s; poisson: requests/s")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--max-num-seqs", type=int, default=None)
+    p.add_argument("--max-num-batched-tokens", type=int, default=None)
+    p.add_argument("--max-tokens", type=int, default=None, help="override the workload's output length")
+    p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
+    p.add_argument("--json", dest="json_out", default=None)
+    p.add_argument("--plot", default=None, help="PNG path: slot occupancy per round and latency CDFs")
+    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--no-compile-cache", action="store_true", help="do not keep compiled steps on disk")
+
+
+def _requests(args: argparse.Namespace, executor: str, encode: Any) -> list[BenchRequest]:
+    if args.workload.endswith(".jsonl"):
+        from radixflow_jax.bench.jsonl import read_jsonl
+
+        return read_jsonl(args.workload, encode)
+    default_n = 40 if executor == "model" else 2000
+    rate = args.rate if args.rate is not None else (50.0 if executor == "model" else 400.0)
+    spec = WorkloadSpec(
+        args.workload, num_requests=args.num_requests or default_n, seed=args.seed, arrival=args.arrival,
+        rate=rate, max_tokens=args.max_tokens,
+    )  # fmt: skip
+    return generate(spec)
+
+
+def _progress(enabled: bool) -> Any:
+    if not enabled:
+        return None
+
+    def show(policy: str, done: int, total: int) -> None:
+        if done != total and (30 * done // max(total, 1)) == (30 * (done - 1) // max(total, 1)):
+            return  # redraw only when the bar grows
+        bar = "#" * (30 * done // max(total, 1))
+        sys.stderr.write(f"\r{policy:>10} [{bar:<30}] {done}/{total}")
+        if done == total:
+            sys.stderr.write("\n")
+        sys.stderr.flush()
+
+    return show
+
+
+def format_table(runs: list[RunResult]) -> str:
+    head = ["policy"] + [c[1] for c in COLUMNS]
+    rows = [[r.policy] + [fmt.format(getattr(r, key)) for key, _, fmt in COLUMNS] for r in runs]
+    if len(runs) >= 2:
+        base = runs[0]
+        for r in runs[1:]:
+            rel = relative_change(base, r)
+            cells = []
+            for key, _, _ in COLUMNS:
+                if key in rel:
+                    cells.append(f"{rel[key]:+.1%}")
+                elif key == "reuse":
+                    cells.append(f"{rel['reuse_points']:+.1f}pt")
+                else:
+                    cells.append("")
+            rows.append([f"{r.policy} vs {base.policy}"] + cells)
+    widths = [max(len(str(x)) for x in col) for col in zip(head, *rows)]
+    lines = ["  ".join(str(c).rjust(w) for c, w in zip(line, widths)) for line in [head] + rows]
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    policies = tuple(p.strip() for p in args.policies.split(",") if p.strip())
+    from radixflow_jax.scheduler.admission import get_policy
+
+    for p in policies:
+        get_policy(p)
+    is_spec = args.model in MODEL_SPECS
+    executor = args.executor or ("sim" if is_spec else "model")
+    if executor == "sim" and not is_spec:
+        raise ValueError(f"--executor sim needs a model spec ({', '.join(MODEL_SPECS)}), got {args.model!r}")
+    if executor == "model" and is_spec:
+        raise ValueError(f"{args.model!r} is a model spec: use --executor sim, or a preset / directory")
+    if args.rate is not None and not args.rate > 0:
+        raise ValueError(f"--rate must be > 0, got {args.rate}")
+    if args.num_requests is not None and args.num_requests < 1:
+        raise ValueError(f"--num-requests must be >= 1, got {args.num_requests}")
+    seqs = args.max_num_seqs or (8 if executor == "model" else 64)
+    tokens = args.max_num_batched_tokens or (512 if executor == "model" else 8192)
+    cache_dir = None if args.no_compile_cache else os.path.join(
+        os.environ.get("RADIXFLOW_CACHE", os.path.join(os.path.expanduser("~"), ".cache", "radixflow")), "xla"
+    )
+    engine = EngineConfig(
+        max_num_seqs=seqs, max_num_batched_tokens=tokens, seed=args.seed, compilation_cache_dir=cache_dir
+    )
+    cfg = BenchConfig(policies=policies, engine=engine)
+    progress = _progress(not args.no_progress)
+    if executor == "sim":
+        requests = _requests(args, executor, None)
+        runs, records = run_sim(
+            get_model_spec(args.model), get_device_spec(args.device), requests, cfg, progress, with_records=True
+        )
+    else:
+        if args.plot and not os.path.splitext(args.plot)[1]:
+            raise ValueError("--plot needs a file name such as out.png")
+        from radixflow_jax.models.api import load
+
+        model = load(args.model, dtype=args.dtype)
+        requests = _requests(args, executor, model.encode if model.tokenizer else None)
+        runs, records = run_model(model, requests, cfg, progress=progress, with_records=True)
+    print(format_table(runs))
+    config = {"model": args.model, "executor": executor, "device": args.device if executor == "sim" else "cpu",
+              "workload": args.workload, "num_requests": len(requests), "arrival": args.arrival, "seed": args.seed,
+              "max_num_seqs": seqs, "max_num_batched_tokens": tokens, "policies": list(policies)}  # fmt: skip
+    if args.json_out:
+        payload = {"config": config, "runs": [r.as_dict() for r in runs]}
+        with open(args.json_out, "w") as f:
+            json.dump(payload, f, indent=2)
+    if args.plot:
+        from radixflow_jax.bench.plots import plot_runs
+
+        plot_runs(args.plot, runs, records)
+    return 0
