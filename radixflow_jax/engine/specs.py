@@ -132,6 +132,8 @@ class DeviceSpec:
 
 DEVICE_SPECS: dict[str, DeviceSpec] = {
     "h200": DeviceSpec("h200", 989e12, 4.8e12, 141e9),
+    # two H200 with tensor parallelism, communication not modelled (for models that need 2 GPUs)
+    "h200x2": DeviceSpec("h200x2", 2 * 989e12, 2 * 4.8e12, 2 * 141e9),
     "tpu-v5e": DeviceSpec("tpu-v5e", 197e12, 0.819e12, 16e9),
     "tpu-v6e": DeviceSpec("tpu-v6e", 918e12, 1.64e12, 32e9),
 }
