@@ -100,10 +100,17 @@ def _pallas_impl(op: str) -> Callable[..., Any] | None:
     return None
 
 
+# Ops that are jnp under every backend by design (see ``_pallas_impl``): forcing ``pallas`` does not
+# make them fail, because there is no Pallas kernel to prefer.
+JNP_ONLY = frozenset(
+    {"gated_delta_decode", "ssd_decode", "causal_conv1d", "causal_conv1d_update", "conv_states_at", "write_kv"}
+)
+
+
 def resolve(op: str) -> Callable[..., Any]:
     """The implementation of ``op`` under the selected backend."""
     backend = selected_backend()
-    if backend == "reference":
+    if backend == "reference" or op in JNP_ONLY:
         return _REFERENCE[op]
     impl = _pallas_impl(op)
     if impl is not None:
