@@ -79,6 +79,7 @@ def build_sim_engine(spec: ModelSpec, device: DeviceSpec, ec: EngineConfig) -> E
         grid=grid, hybrid=spec.is_hybrid, policy=ec.policy, queue_order=ec.queue_order,
         enable_prefix_cache=ec.enable_prefix_cache, max_consumer_wait=ec.max_consumer_wait,
         checkpoint_interval=ec.checkpoint_interval,
+        max_checkpoints=ec.max_checkpoints,
     )  # fmt: skip
     return EngineCore(executor, sched, num_pages=pages, num_slots=slots, max_model_len=max_model_len, clock=clock)
 

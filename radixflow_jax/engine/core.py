@@ -34,7 +34,8 @@ class EngineConfig:
     queue_order: str = "fcfs"
     enable_prefix_cache: bool = True
     max_consumer_wait: int = 16
-    checkpoint_interval: int = 0
+    checkpoint_interval: int = 0  # 0: adaptive (about max_checkpoints per prompt, on the grid)
+    max_checkpoints: int = 8
     kernels: str = "auto"
     seed: int = 0
     warmup: bool = True

@@ -86,6 +86,7 @@ def build_engine(model: LoadedModel, ec: EngineConfig) -> EngineCore:
         enable_prefix_cache=ec.enable_prefix_cache,
         max_consumer_wait=ec.max_consumer_wait,
         checkpoint_interval=ec.checkpoint_interval,
+        max_checkpoints=ec.max_checkpoints,
     )
     eos = tuple(cfg.eos_token_ids) + (model.tokenizer.eos_token_ids if model.tokenizer else ())
     return EngineCore(

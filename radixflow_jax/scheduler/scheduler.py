@@ -39,7 +39,8 @@ class SchedulerConfig:
     queue_order: str = "fcfs"
     enable_prefix_cache: bool = True
     max_consumer_wait: int = 16
-    checkpoint_interval: int = 0  # 0: every grid position
+    checkpoint_interval: int = 0  # 0: adaptive, see max_checkpoints
+    max_checkpoints: int = 8  # adaptive spacing: about this many grid checkpoints over a prompt
 
     def __post_init__(self) -> None:
         get_policy(self.policy)
@@ -108,10 +109,19 @@ class Scheduler:
         g = self.config.grid
         return max(0, (start + budget) // g * g - start)
 
+    def _interval(self, req: Request) -> int:
+        """Checkpoint spacing: fixed, or the grid multiple that spreads about ``max_checkpoints``
+        over the prompt (dense grids exhaust the state pool on long prompts)."""
+        g = self.config.grid
+        if self.config.checkpoint_interval:
+            return self.config.checkpoint_interval
+        per = -(-len(req.prompt) // max(self.config.max_checkpoints, 1))
+        return max(g, -(-per // g) * g)
+
     def _emit_depths(self, req: Request, start: int, end: int) -> list[int]:
         if not self.config.hybrid:
             return []
-        step = self.config.checkpoint_interval or self.config.grid
+        step = self._interval(req)
         first = (start // step + 1) * step
         depths = set(range(first, end + 1, step))
         g = self.config.grid
