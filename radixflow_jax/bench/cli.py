@@ -141,7 +141,13 @@ def run(args: argparse.Namespace) -> int:
               "workload": args.workload, "num_requests": len(requests), "arrival": args.arrival, "seed": args.seed,
               "max_num_seqs": seqs, "max_num_batched_tokens": tokens, "policies": list(policies)}  # fmt: skip
     if args.json_out:
-        payload = {"config": config, "runs": [r.as_dict() for r in runs]}
+        import dataclasses
+
+        payload = {
+            "config": config,
+            "runs": [r.as_dict() for r in runs],
+            "round_records": {p: [dataclasses.asdict(r) for r in recs] for p, recs in records.items()},
+        }
         with open(args.json_out, "w") as f:
             json.dump(payload, f, indent=2)
     if args.plot:

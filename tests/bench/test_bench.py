@@ -106,6 +106,9 @@ def test_cli_json_schema_sim(tmp_path, capsys) -> None:
     for run in data["runs"]:
         assert keys <= set(run) and run["completed"] == run["num_requests"] == 200
     assert data["runs"][1]["rounds"] < data["runs"][0]["rounds"]
+    for run in data["runs"]:  # per-round metrics are there too
+        recs = data["round_records"][run["policy"]]
+        assert len(recs) == run["rounds"] and sum(r["bubble_tokens"] for r in recs) == run["bubble_tokens"]
     assert abs(data["runs"][1]["reuse"] - data["runs"][0]["reuse"]) <= 0.01
     import os
 

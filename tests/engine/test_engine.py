@@ -74,3 +74,14 @@ def test_reused_state_slot_starts_from_zero() -> None:
     first = llm.generate([prompt], params)[0].token_ids
     second = llm.generate([prompt], params)[0].token_ids
     assert first == second
+
+
+def test_preemption_recomputes_to_the_same_outputs() -> None:
+    prompts = [list(range(10 + 50 * i, 130 + 50 * i)) for i in range(4)]
+    params = SamplingParams(max_tokens=24, ignore_eos=True)
+    small = {**SMALL, "max_model_len": 256}
+    roomy = LLM("tiny-qwen3.5", **small).generate(prompts, params)
+    tight_llm = LLM("tiny-qwen3.5", num_kv_pages=18, **small)
+    tight = tight_llm.generate(prompts, params)
+    assert sum(r.preempted for r in tight_llm.engine.records) > 0
+    assert [o.token_ids for o in tight] == [o.token_ids for o in roomy]

@@ -105,3 +105,31 @@ def test_bad_requests_are_refused() -> None:
         s.add(Request(11, (1, 2), max_tokens=1))
     with pytest.raises(ValueError, match="unknown policy"):
         SchedulerConfig(max_num_seqs=1, max_num_batched_tokens=64, page_size=4, grid=8, hybrid=True, policy="x")
+
+
+def test_lpm_admits_longest_cached_prefix_first() -> None:
+    s = _sched("radixflow", budget=128, queue_order="lpm")
+    s.add(Request(1, ARTICLE + (1, 2, 3), max_tokens=1))
+    while s.has_work():  # cache the article
+        plan = s.schedule()
+        s.commit(plan, {r.request_id: 0 for r in plan.rows if r.sample})
+    s.add(Request(2, tuple(range(700, 740)), max_tokens=1))  # arrives first, no cached prefix
+    s.add(Request(3, ARTICLE + (9, 9), max_tokens=1))  # arrives later, 32 cached tokens
+    plan = s.schedule()
+    assert [r.request_id for r in plan.rows][0] == 3
+
+
+def test_preemption_under_a_tiny_pool_still_finishes_everything() -> None:
+    cfg = SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=64, page_size=4, grid=8, hybrid=True)
+    s = Scheduler(cfg, num_pages=24, num_slots=8)
+    for i in range(4):
+        s.add(Request(i, tuple(range(100 * i, 100 * i + 20)), max_tokens=30))
+    preempted = 0
+    while s.has_work():
+        plan = s.schedule()
+        preempted += plan.stats.preempted
+        s.commit(plan, {r.request_id: 1 for r in plan.rows if r.sample})
+    assert preempted > 0
+    assert all(len(s.requests[i].output) == 30 for i in range(4))
+    s.memory.flush()
+    assert s.memory.pages.num_used == 0 and s.memory.slots.num_used == 0
