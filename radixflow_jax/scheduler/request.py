@@ -24,7 +24,7 @@ class RequestStatus(enum.Enum):
     FINISHED = "finished"
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(eq=False)  # identity equality: queues test membership by object
 class Request:
     request_id: int
     prompt: tuple[int, ...]
