@@ -5,7 +5,8 @@ Invariants:
   * Only the engine thread touches the core. Other threads talk to it through a locked inbox that
     the thread drains before every round, so nothing accepted is lost.
   * Every accepted request gets exactly one final event (finished or aborted); an engine error
-    fails every open request with that error and stops the thread instead of hanging clients.
+    fails every open request with that error and stops the thread instead of hanging clients;
+    ``shutdown`` aborts open requests and fails those not yet accepted. A bad request fails alone.
 """
 
 from __future__ import annotations
@@ -41,6 +42,15 @@ class RequestHandle:
         self.request_id: int | None = None
         self._waiter_lock = threading.Lock()
         self._waiter: tuple[asyncio.AbstractEventLoop, asyncio.Future[None]] | None = None
+        self._final: RequestOutput | BaseException | None = None  # the final event, once consumed
+
+    def _take(self, item: RequestOutput | BaseException) -> RequestOutput:
+        """Returns a consumed event (raises an error event); remembers the final one."""
+        if isinstance(item, BaseException) or item.finished:
+            self._final = item
+        if isinstance(item, BaseException):
+            raise item
+        return item
 
     def _push(self, item: RequestOutput | BaseException) -> None:
         with self._waiter_lock:
@@ -54,10 +64,13 @@ class RequestHandle:
                 pass
 
     def stream(self, timeout: float | None = None) -> Iterator[RequestOutput]:
+        """Yields each new snapshot, the final one last (``queue.Empty`` after ``timeout`` seconds
+        without an event). Once the final event was consumed, a new stream yields just that."""
+        if self._final is not None:
+            yield self._take(self._final)
+            return
         while True:
-            item = self._events.get(timeout=timeout)
-            if isinstance(item, BaseException):
-                raise item
+            item = self._take(self._events.get(timeout=timeout))
             yield item
             if item.finished:
                 return
@@ -73,6 +86,9 @@ class RequestHandle:
         """Like :meth:`stream` on an asyncio loop. Waiting parks a future that the engine thread
         resolves (no executor thread blocks on the queue), so a cancelled wait loses no event."""
         loop = asyncio.get_running_loop()
+        if self._final is not None:
+            yield self._take(self._final)
+            return
         while True:
             with self._waiter_lock:
                 try:
@@ -89,8 +105,7 @@ class RequestHandle:
                         if self._waiter is not None and self._waiter[1] is fut:
                             self._waiter = None
                 continue
-            if isinstance(item, BaseException):
-                raise item
+            item = self._take(item)
             yield item
             if item.finished:
                 return
@@ -179,6 +194,7 @@ class BackgroundEngine:
                 out = self.core.abort(handle.request_id)
                 if out is not None:
                     handle._push(dataclasses.replace(out, token_ids=list(out.token_ids)))
+                    self.core.forget(handle.request_id)  # delivered: keep no per-request state
                 self._handles.pop(handle.request_id, None)
 
     def _run(self) -> None:
@@ -194,6 +210,7 @@ class BackgroundEngine:
                     handle._push(dataclasses.replace(out, token_ids=list(out.token_ids)))
                     if out.finished:
                         self._handles.pop(out.request_id, None)
+                        self.core.forget(out.request_id)  # delivered: keep no per-request state
             self._close()
         except BaseException as exc:  # fail every open request instead of hanging it
             self._error = exc

@@ -79,7 +79,9 @@ class EngineCore:
         tokenizer: object | None = None,
         seed: int = 0,
         clock: Callable[[], float] = time.perf_counter,
+        vocab_size: int | None = None,
     ):
+        self.vocab_size = vocab_size
         self.clock = clock
         self.executor = executor
         self.scheduler = Scheduler(sched_config, num_pages=num_pages, num_slots=num_slots)
@@ -94,10 +96,8 @@ class EngineCore:
         self._outputs: dict[int, RequestOutput] = {}
 
     # --------------------------------------------------------------------------------- requests
-    def add_request(
-        self, prompt_ids: Sequence[int], params: SamplingParams, *, arrival_time: float | None = None
-    ) -> int:
-        """Queues a request; raises ``ValueError`` (nothing queued) on a prompt the engine cannot run."""
+    def validate(self, prompt_ids: Sequence[int], params: SamplingParams) -> None:
+        """Raises ``ValueError`` for a request this engine cannot run (nothing is queued)."""
         if not prompt_ids:
             raise ValueError("the prompt is empty")
         if len(prompt_ids) + params.max_tokens > self.max_model_len:
@@ -107,6 +107,25 @@ class EngineCore:
             )
         if params.stop and self.tokenizer is None:
             raise ValueError("stop strings need a tokenizer; this model has none (use stop_token_ids)")
+        if self.vocab_size is not None:
+            bad = next((t for t in prompt_ids if not 0 <= int(t) < self.vocab_size), None)
+            if bad is not None:
+                raise ValueError(f"token id {bad} is outside the vocabulary [0, {self.vocab_size})")
+
+    def forget(self, request_id: int) -> None:
+        """Drops a finished request's bookkeeping (long-running servers call this after delivery)."""
+        req = self.scheduler.requests.get(request_id)
+        if req is not None and not req.is_finished:
+            raise ValueError(f"request {request_id} is still running")
+        self.scheduler.requests.pop(request_id, None)
+        for table in (self._params, self._sampling, self._outputs):
+            table.pop(request_id, None)
+
+    def add_request(
+        self, prompt_ids: Sequence[int], params: SamplingParams, *, arrival_time: float | None = None
+    ) -> int:
+        """Queues a request; raises ``ValueError`` (nothing queued) on a prompt the engine cannot run."""
+        self.validate(prompt_ids, params)
         rid = next(self._ids)
         stops = set(params.stop_token_ids) | (set() if params.ignore_eos else set(self.eos_token_ids))
         req = Request(rid, tuple(int(t) for t in prompt_ids), params.max_tokens, frozenset(stops))
@@ -126,6 +145,7 @@ class EngineCore:
             return None
         out = self._outputs[request_id]
         out.finish_reason, out.finish_time = "abort", self.clock()
+        self._sampling.pop(request_id, None)
         return out
 
     def has_unfinished(self) -> bool:
@@ -164,9 +184,12 @@ class EngineCore:
         if self.tokenizer is not None:
             out.text = self.tokenizer.decode(out.token_ids)
             hit = min((out.text.find(s) for s in params.stop if s in out.text), default=-1)
-            if hit >= 0 and not req.is_finished:
+            if hit >= 0:
                 out.text = out.text[:hit]
-                self.scheduler.finish(rid, "stop")
+                if req.is_finished:
+                    req.finish_reason = "stop"  # the completing token was also the last allowed one
+                else:
+                    self.scheduler.finish(rid, "stop")
         if req.is_finished:
             self._finalize(req, now)
         return out

@@ -91,7 +91,7 @@ def build_engine(model: LoadedModel, ec: EngineConfig) -> EngineCore:
     eos = tuple(cfg.eos_token_ids) + (model.tokenizer.eos_token_ids if model.tokenizer else ())
     return EngineCore(
         executor, sched, num_pages=num_pages, num_slots=num_slots, max_model_len=max_model_len,
-        eos_token_ids=eos, tokenizer=model.tokenizer, seed=ec.seed,
+        eos_token_ids=eos, tokenizer=model.tokenizer, seed=ec.seed, vocab_size=cfg.vocab_size,
     )  # fmt: skip
 
 
@@ -123,13 +123,10 @@ class LLM:
             raise ValueError(f"{len(per)} sampling params for {len(prompts)} prompts")
         encoded = [self._ids(p) for p in prompts]
         for ids, p in zip(encoded, per):  # validate everything before queueing anything
-            if not ids:
-                raise ValueError("a prompt is empty")
-            if len(ids) + p.max_tokens > self.engine.max_model_len:
-                raise ValueError(
-                    f"prompt ({len(ids)} tokens) + max_tokens ({p.max_tokens}) exceeds "
-                    f"max_model_len={self.engine.max_model_len}"
-                )
+            self.engine.validate(ids, p)
         rids = [self.engine.add_request(ids, p) for ids, p in zip(encoded, per)]
         self.engine.run_until_done()
-        return [self.engine.output(r) for r in rids]
+        outputs = [self.engine.output(r) for r in rids]
+        for r in rids:
+            self.engine.forget(r)
+        return outputs

@@ -1,0 +1,153 @@
+"""The compile guard: after warm-up compiled every step variant, no round of a long mixed workload
+may compile again. ``CompiledStep.strict`` turns a post-warm-up compile into
+``CompileAfterWarmupError``, and ``num_compiles`` must not move.
+
+The workload mixes prompt lengths 5-300, max_tokens 1-12, shared prefixes (cache hits, checkpoint
+copies and emits), sampling settings, arrivals between rounds and aborts, under both admission
+policies; a tight page pool forces preemption and recompute.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from radixflow_jax.engine.core import EngineConfig, EngineCore
+from radixflow_jax.engine.llm import build_engine, pool_sizes
+from radixflow_jax.engine.params import SamplingParams
+from radixflow_jax.models.api import load
+from radixflow_jax.runner.shapes import Variant
+from radixflow_jax.runner.step import CompileAfterWarmupError
+
+CONFIG = EngineConfig(max_num_seqs=4, max_num_batched_tokens=64, max_model_len=512, warmup=True)
+NUM_REQUESTS = 100
+
+
+@pytest.fixture(scope="module")
+def core() -> EngineCore:
+    core = build_engine(load("tiny-qwen3.5"), CONFIG)
+    step = core.executor.step
+    assert step.num_compiles == len(core.executor.shapes.variants())  # warm-up compiled everything
+    step.strict = True
+    return core
+
+
+def workload(seed: int) -> list[tuple[list[int], SamplingParams]]:
+    rng = np.random.default_rng(seed)
+    prefixes = [rng.integers(3, 500, n).tolist() for n in (64, 130, 200, 256)]
+    requests = []
+    for i in range(NUM_REQUESTS):
+        kind = rng.choice(4, p=[0.25, 0.1, 0.4, 0.25])
+        if kind == 0:  # shares a long prefix, short suffix
+            prompt = prefixes[rng.integers(len(prefixes))] + rng.integers(3, 500, rng.integers(1, 40)).tolist()
+        elif kind == 1:  # a prefix exactly (a full hit up to the last grid position)
+            prompt = list(prefixes[rng.integers(len(prefixes))])
+        elif kind == 2:  # short
+            prompt = rng.integers(3, 500, rng.integers(5, 65)).tolist()
+        else:  # long: several chunked-prefill rounds
+            prompt = rng.integers(3, 500, rng.integers(65, 301)).tolist()
+        prompt = prompt[:300]
+        max_tokens = int(rng.integers(1, 13))
+        if i % 3 == 0:
+            params = SamplingParams(max_tokens=max_tokens, temperature=float(rng.uniform(0.2, 1.5)),
+                                    top_k=int(rng.integers(0, 20)), top_p=float(rng.uniform(0.5, 1.0)),
+                                    seed=int(rng.integers(1 << 31)))  # fmt: skip
+        else:
+            params = SamplingParams(max_tokens=max_tokens, ignore_eos=bool(i % 2))
+        requests.append((prompt, params))
+    return requests
+
+
+def run(core: EngineCore, seed: int) -> dict[str, int]:
+    rng = np.random.default_rng(seed + 1000)
+    pending = workload(seed)
+    rids: list[int] = []
+    aborted = 0
+    while pending or core.has_unfinished():
+        for _ in range(int(rng.integers(0, 6)) if core.has_unfinished() else 1):  # arrivals between rounds
+            if pending:
+                prompt, params = pending.pop(0)
+                rids.append(core.add_request(prompt, params))
+        if rids and rng.random() < 0.03:  # occasional aborts of whatever is picked
+            if core.abort(rids[int(rng.integers(len(rids)))]) is not None:
+                aborted += 1
+        core.step()
+    outs = [core.output(r) for r in rids]
+    assert all(o.finished for o in outs)
+    assert sum(o.finish_reason == "abort" for o in outs) == aborted
+    for o, (_, params) in zip(outs, workload(seed)):
+        assert 0 <= len(o.token_ids) <= params.max_tokens
+        if o.finish_reason == "length":
+            assert len(o.token_ids) == params.max_tokens
+    return {"cached": sum(o.cached_tokens for o in outs), "aborted": aborted}
+
+
+def test_no_compiles_after_warmup_radixflow(core: EngineCore) -> None:
+    step = core.executor.step
+    compiled = step.num_compiles
+    rounds = len(core.records)
+    stats = run(core, seed=0)
+    assert step.num_compiles == compiled
+    records = core.records[rounds:]
+    shapes = {(r.token_slots, r.row_slots) for r in records}
+    assert len(shapes) >= 6, shapes  # the workload really used many variants
+    assert any(r.num_rows > 1 and r.num_tokens == r.num_rows for r in records)  # decode-only rounds
+    assert any(r.padding_tokens > 0 for r in records)
+    assert stats["cached"] > 0
+
+
+def _core_on(core: EngineCore, policy: str, *, num_kv_pages: int | None = None, max_model_len: int = 512) -> EngineCore:
+    """Another engine on the same executor (the same compiled variants and device pools): its own
+    scheduler, policy and (possibly smaller) pools; only one of them runs at a time."""
+    options = dict(num_kv_pages=num_kv_pages, num_state_slots=12) if num_kv_pages else {}
+    ec = dataclasses.replace(CONFIG, policy=policy, max_model_len=max_model_len, **options)
+    pages, slots = pool_sizes(core.executor.model.config, ec, max_model_len)
+    return EngineCore(
+        core.executor, dataclasses.replace(core.scheduler.config, policy=policy), num_pages=pages,
+        num_slots=slots, max_model_len=max_model_len, eos_token_ids=core.eos_token_ids, tokenizer=core.tokenizer,
+    )  # fmt: skip
+
+
+def test_no_compiles_after_warmup_native(core: EngineCore) -> None:
+    step = core.executor.step
+    compiled = step.num_compiles
+    native = _core_on(core, "native", num_kv_pages=36)  # just above the minimum: eviction pressure
+    run(native, seed=1)
+    assert step.num_compiles == compiled
+    assert step.strict
+
+
+def test_no_compiles_under_preemption_and_outputs_survive_it(core: EngineCore) -> None:
+    """A page pool too small for four growing requests: requests get preempted and recomputed (a
+    long prefill that ends in a sample) without a compile, and outputs do not change: greedy ones,
+    and seeded samples too (a draw depends on the seed and the token position only)."""
+    step = core.executor.step
+    compiled = step.num_compiles
+    rng = np.random.default_rng(5)
+    prompts = [rng.integers(3, 500, int(rng.integers(20, 60))).tolist() for _ in range(6)]
+    params = [SamplingParams(max_tokens=60, ignore_eos=True, **({"temperature": 0.9, "seed": i} if i % 2 else {}))
+              for i in range(6)]  # fmt: skip
+    outputs = []
+    for engine in (_core_on(core, "native", num_kv_pages=22, max_model_len=320), _core_on(core, "radixflow")):
+        rids = [engine.add_request(p, sp) for p, sp in zip(prompts, params)]
+        engine.run_until_done()
+        outputs.append([engine.output(r).token_ids for r in rids])
+        preempted = sum(r.preempted for r in engine.records)
+        if engine.scheduler.memory.pages.capacity < 32:
+            assert preempted > 0
+        else:
+            assert preempted == 0
+    assert step.num_compiles == compiled
+    assert outputs[0] == outputs[1]
+    assert all(len(t) == 60 for t in outputs[0])
+
+
+def test_guard_refuses_a_new_variant(core: EngineCore) -> None:
+    """The guard itself: a variant outside the warm-up set raises instead of compiling."""
+    step = core.executor.step
+    compiled = step.num_compiles
+    with pytest.raises(CompileAfterWarmupError):
+        step._compile(Variant(num_tokens=8, num_rows=3, num_decode=0, max_emits=3))
+    assert step.num_compiles == compiled

@@ -1,0 +1,131 @@
+"""``build_arrays``: a hand-made round plan (two decode rows, a prefill row, padding) becomes the
+exact fixed-shape arrays the step expects; padding points at the reserved page 0 / slot 0."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from radixflow_jax.runner.inputs import SamplingRow, build_arrays
+from radixflow_jax.runner.shapes import ShapeConfig, Variant
+from radixflow_jax.scheduler.plan import RoundPlan, RoundStats, RowPlan
+
+PAGE = 4
+MAX_PAGES = 4
+
+
+def _row(rid, tokens, start, pages, slot, copy_from=None, emits=(), sample=True) -> RowPlan:
+    return RowPlan(rid, tuple(tokens), start, tuple(pages), slot, copy_from, tuple(emits), sample)
+
+
+def _plan(*rows: RowPlan) -> RoundPlan:
+    return RoundPlan(rows=tuple(rows), num_decode=sum(r.is_decode for r in rows), stats=RoundStats())
+
+
+# decode at position 5 (page index 1 -> page 5), decode at position 8 (page index 2 -> page 6) that
+# emits a checkpoint, and a 6-token prefill from position 2 that resumes from checkpoint slot 5
+DECODE_A = _row(10, [7], 5, [3, 5], slot=2)
+DECODE_B = _row(11, [8], 8, [1, 2, 6], slot=3, emits=[(1, 7)])
+PREFILL = _row(12, [21, 22, 23, 24, 25, 26], 2, [4, 9], slot=1, copy_from=5, emits=[(2, 8), (6, 9)], sample=False)
+VARIANT = Variant(num_tokens=16, num_rows=4, num_decode=0, max_emits=6)
+SAMPLING = {10: SamplingRow(0.5, 7, 0.9, 0.05, seed=(1 << 40) + 3), 12: SamplingRow(1.0, 0, 1.0, 0.0, seed=99)}
+
+
+@pytest.fixture(scope="module")
+def arrays():
+    return build_arrays(_plan(DECODE_A, DECODE_B, PREFILL), VARIANT, page_size=PAGE, max_pages=MAX_PAGES, sampling=SAMPLING)
+
+
+def test_shapes_depend_only_on_the_variant(arrays) -> None:
+    d = arrays.as_dict()
+    expected = {
+        "tokens": (16,), "cu_seqlens": (5,), "kv_lens": (4,), "page_table": (4, MAX_PAGES), "slot_mapping": (16,),
+        "state_slots": (4,), "copy_src": (4,), "emit_rows": (6,), "emit_offsets": (6,), "emit_slots": (6,),
+        "logits_index": (4,), "temperature": (4,), "top_k": (4,), "top_p": (4,), "min_p": (4,), "seed": (4,),
+        "position": (4,),
+    }  # fmt: skip
+    assert {k: v.shape for k, v in d.items()} == expected
+    assert d["seed"].dtype == np.uint32
+    assert d["temperature"].dtype == np.float32
+    assert all(d[k].dtype == np.int32 for k in expected if k not in ("seed", "temperature", "top_p", "min_p"))
+    empty = build_arrays(_plan(), VARIANT, page_size=PAGE, max_pages=MAX_PAGES, sampling={})
+    assert {k: v.shape for k, v in empty.as_dict().items()} == expected
+
+
+def test_tokens_and_ragged_layout(arrays) -> None:
+    np.testing.assert_array_equal(arrays.tokens, [7, 8, 21, 22, 23, 24, 25, 26] + [0] * 8)
+    np.testing.assert_array_equal(arrays.cu_seqlens, [0, 1, 2, 8, 8])  # padding row: empty span
+    np.testing.assert_array_equal(arrays.kv_lens, [6, 9, 8, 0])
+    np.testing.assert_array_equal(arrays.logits_index, [0, 1, 7, 0])  # last token of each row
+
+
+def test_slot_mapping_and_page_table(arrays) -> None:
+    # position p of a row writes page pages[p // PAGE], offset p % PAGE
+    real = [5 * PAGE + 1, 6 * PAGE + 0] + [4 * PAGE + 2, 4 * PAGE + 3, 9 * PAGE + 0, 9 * PAGE + 1, 9 * PAGE + 2, 9 * PAGE + 3]
+    np.testing.assert_array_equal(arrays.slot_mapping[:8], real)
+    np.testing.assert_array_equal(arrays.slot_mapping[8:], 0)  # padding tokens write page 0
+    np.testing.assert_array_equal(arrays.page_table, [[3, 5, 0, 0], [1, 2, 6, 0], [4, 9, 0, 0], [0, 0, 0, 0]])
+
+
+def test_state_slots_copies_and_emits(arrays) -> None:
+    np.testing.assert_array_equal(arrays.state_slots, [2, 3, 1, 0])
+    # no copy: a row copies its own slot onto itself; padding copies slot 0 onto itself
+    np.testing.assert_array_equal(arrays.copy_src, [2, 3, 5, 0])
+    np.testing.assert_array_equal(arrays.emit_rows, [1, 2, 2, 0, 0, 0])
+    np.testing.assert_array_equal(arrays.emit_offsets, [1, 2, 6, 0, 0, 0])
+    np.testing.assert_array_equal(arrays.emit_slots, [7, 8, 9, 0, 0, 0])  # padding emits write slot 0
+
+
+def test_sampling_columns(arrays) -> None:
+    np.testing.assert_allclose(arrays.temperature, [0.5, 0.0, 1.0, 0.0])  # request 11 has no entry: greedy
+    np.testing.assert_array_equal(arrays.top_k, [7, 0, 0, 0])
+    np.testing.assert_allclose(arrays.top_p, [0.9, 1.0, 1.0, 1.0])
+    np.testing.assert_allclose(arrays.min_p, [0.05, 0.0, 0.0, 0.0])
+    np.testing.assert_array_equal(arrays.seed, [3, 0, 99, 0])  # seeds wrap to 32 bits
+    np.testing.assert_array_equal(arrays.position, [6, 9, 8, 0])  # position of the token to sample
+
+
+def test_decode_variant_from_shapes() -> None:
+    shapes = ShapeConfig(max_tokens=16, max_rows=4, max_pages_per_row=MAX_PAGES, grid=8)
+    plan = _plan(DECODE_A, DECODE_B)
+    variant = shapes.select(plan.num_tokens, len(plan.rows), all_decode=True)
+    assert (variant.num_tokens, variant.num_rows, variant.num_decode) == (2, 2, 2)
+    a = build_arrays(plan, variant, page_size=PAGE, max_pages=MAX_PAGES, sampling={})
+    np.testing.assert_array_equal(a.tokens, [7, 8])
+    np.testing.assert_array_equal(a.cu_seqlens, [0, 1, 2])
+    np.testing.assert_array_equal(a.slot_mapping, [21, 24])
+    np.testing.assert_array_equal(a.copy_src, [2, 3])
+    assert variant in shapes.variants()
+
+
+def test_same_plan_same_arrays() -> None:
+    plan = _plan(DECODE_A, DECODE_B, PREFILL)
+    a = build_arrays(plan, VARIANT, page_size=PAGE, max_pages=MAX_PAGES, sampling=SAMPLING).as_dict()
+    b = build_arrays(plan, VARIANT, page_size=PAGE, max_pages=MAX_PAGES, sampling=SAMPLING).as_dict()
+    for k in a:
+        np.testing.assert_array_equal(a[k], b[k], err_msg=k)
+
+
+@pytest.mark.parametrize(
+    "variant",
+    [
+        Variant(num_tokens=4, num_rows=4, num_decode=0, max_emits=6),  # 8 tokens > 4
+        Variant(num_tokens=16, num_rows=2, num_decode=0, max_emits=6),  # 3 rows > 2
+        Variant(num_tokens=16, num_rows=4, num_decode=0, max_emits=2),  # 3 emits > 2
+    ],
+)
+def test_plan_exceeding_the_variant_raises(variant: Variant) -> None:
+    with pytest.raises(ValueError, match="exceeds variant"):
+        build_arrays(_plan(DECODE_A, DECODE_B, PREFILL), variant, page_size=PAGE, max_pages=MAX_PAGES, sampling={})
+
+
+def test_too_many_pages_raises() -> None:
+    row = _row(1, [1], 20, [1, 2, 3, 4, 5, 6], slot=0)
+    with pytest.raises(ValueError, match="page table"):
+        build_arrays(_plan(row), VARIANT, page_size=PAGE, max_pages=MAX_PAGES, sampling={})
+
+
+def test_pages_not_covering_the_span_raise() -> None:
+    row = _row(1, [1, 2, 3], 6, [1, 2], slot=0)  # positions 6..8 need 3 pages of 4
+    with pytest.raises(ValueError, match="pages"):
+        build_arrays(_plan(row), VARIANT, page_size=PAGE, max_pages=MAX_PAGES, sampling={})
