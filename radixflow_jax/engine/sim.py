@@ -67,7 +67,8 @@ class RooflineCost:
 
 @dataclasses.dataclass(frozen=True)
 class CalibratedCost:
-    """Per-variant measured step times ``{(token_slots, row_slots): seconds}`` plus a fitted line."""
+    """Per-variant mean measured round times ``{(token_slots, row_slots): seconds}`` plus a line
+    fitted over them for variants never measured."""
 
     table: Mapping[tuple[int, int], float]
     intercept: float
@@ -90,7 +91,8 @@ class CalibratedCost:
         groups: dict[tuple[int, int], list[float]] = {}
         for t, r, s in samples:
             groups.setdefault((t, r), []).append(s)
-        table = {k: float(np.median(v)) for k, v in groups.items()}
+        # the mean (not the median): totals over a run are what the simulator has to predict
+        table = {k: float(np.mean(v)) for k, v in groups.items()}
         x = np.array([[1.0, t, r] for t, r in table]) if len(table) >= 3 else None
         if x is None:
             mean = float(np.mean(list(table.values())))
