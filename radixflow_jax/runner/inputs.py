@@ -8,6 +8,7 @@ slot 0. A padded token never changes a real page or slot.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from typing import Mapping
 
 import numpy as np
@@ -83,9 +84,11 @@ def build_arrays(
         seed=np.zeros(r, np.uint32),
         position=np.zeros(r, np.int32),
     )
-    cursor = emit = 0
-    for i, row in enumerate(plan.rows):
-        n = len(row.tokens)
+    rows = plan.rows
+    nr = len(rows)
+    lens = [len(row.tokens) for row in rows]
+    starts = [row.start for row in rows]
+    for row, n in zip(rows, lens):
         if len(row.pages) > max_pages:
             raise ValueError(f"request {row.request_id} needs {len(row.pages)} pages, the page table holds {max_pages}")
         if len(row.pages) * page_size < row.start + n:
@@ -93,22 +96,30 @@ def build_arrays(
                 f"request {row.request_id}: {len(row.pages)} pages of {page_size} do not cover positions "
                 f"{row.start}..{row.start + n - 1}"
             )
-        a.tokens[cursor : cursor + n] = row.tokens
-        pos = np.arange(row.start, row.start + n)
-        pages = np.asarray(row.pages, np.int32)
-        a.slot_mapping[cursor : cursor + n] = pages[pos // page_size] * page_size + pos % page_size
-        a.page_table[i, : len(row.pages)] = pages
-        a.kv_lens[i] = row.start + n
-        a.state_slots[i] = row.slot
-        a.copy_src[i] = row.copy_from if row.copy_from is not None else row.slot
-        for offset, slot in row.emits:
-            a.emit_rows[emit], a.emit_offsets[emit], a.emit_slots[emit] = i, offset, slot
-            emit += 1
-        cursor += n
-        a.cu_seqlens[i + 1] = cursor
-        a.logits_index[i] = cursor - 1
-        s = sampling.get(row.request_id, GREEDY)
-        a.temperature[i], a.top_k[i], a.top_p[i], a.min_p[i] = s.temperature, s.top_k, s.top_p, s.min_p
-        a.seed[i], a.position[i] = np.uint32(s.seed & 0xFFFFFFFF), row.start + n
-    a.cu_seqlens[len(plan.rows) + 1 :] = cursor
+    # one vectorised pass per array: per-row numpy calls dominated the host overhead
+    cu = np.zeros(nr + 1, np.int64)
+    np.cumsum(lens, out=cu[1:])
+    total = int(cu[-1])
+    a.tokens[:total] = np.fromiter(itertools.chain.from_iterable(row.tokens for row in rows), np.int32, total)
+    for i, row in enumerate(rows):
+        a.page_table[i, : len(row.pages)] = row.pages
+    row_of = np.repeat(np.arange(nr), lens)
+    pos = np.asarray(starts, np.int64)[row_of] + (np.arange(total) - cu[:-1][row_of])
+    a.slot_mapping[:total] = a.page_table[row_of, pos // page_size] * page_size + pos % page_size
+    a.cu_seqlens[: nr + 1] = cu
+    a.cu_seqlens[nr + 1 :] = total
+    a.kv_lens[:nr] = cu[1:] - cu[:-1] + np.asarray(starts, np.int64)
+    a.position[:nr] = a.kv_lens[:nr]
+    a.logits_index[:nr] = cu[1:] - 1
+    a.state_slots[:nr] = [row.slot for row in rows]
+    a.copy_src[:nr] = [row.slot if row.copy_from is None else row.copy_from for row in rows]
+    emits = [(i, offset, slot) for i, row in enumerate(rows) for offset, slot in row.emits]
+    if emits:
+        a.emit_rows[: len(emits)], a.emit_offsets[: len(emits)], a.emit_slots[: len(emits)] = zip(*emits)
+    params = [sampling.get(row.request_id, GREEDY) for row in rows]
+    a.temperature[:nr] = [p.temperature for p in params]
+    a.top_k[:nr] = [p.top_k for p in params]
+    a.top_p[:nr] = [p.top_p for p in params]
+    a.min_p[:nr] = [p.min_p for p in params]
+    a.seed[:nr] = [p.seed & 0xFFFFFFFF for p in params]
     return a
