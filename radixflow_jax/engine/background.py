@@ -143,11 +143,7 @@ class BackgroundEngine:
         if any(isinstance(t, bool) or not isinstance(t, numbers.Integral) for t in prompt):
             raise ValueError("prompt token ids must be integers")
         ids = [int(t) for t in prompt]
-        if len(ids) + params.max_tokens > self.core.max_model_len:
-            raise ValueError(
-                f"prompt ({len(ids)} tokens) + max_tokens ({params.max_tokens}) exceeds "
-                f"max_model_len={self.core.max_model_len}"
-            )
+        self.core.validate(ids, params)  # reads only the core's fixed settings: safe off-thread
         handle = RequestHandle(self)
         with self._wake:  # checked under the lock: the thread fails or drops the inbox under it too
             if self._error is not None:

@@ -46,12 +46,12 @@ def _run(policy: str, reqs, pages: int, slots: int) -> tuple[Scheduler, set[int]
         if not s.has_work() and round_index > 6:
             break
         plan = s.schedule()
+        for row in plan.rows:  # a source checkpoint is one the tree holds (committed), never a free slot
+            assert row.copy_from is None or s.memory.slots.refcount(row.copy_from) > 0
         s.commit(plan, {r.request_id: 7 for r in plan.rows if r.sample})
         s.memory.pages.check_invariants()
         if s.memory.slots is not None:
             s.memory.slots.check_invariants()
-        for row in plan.rows:  # a row never reads a pending checkpoint
-            assert row.copy_from is None or row.copy_from != 0
     assert not s.has_work(), "livelock: work left after 400 rounds"
     return s, accepted
 

@@ -16,7 +16,6 @@ def test_model_logits_pallas_equal_reference(preset: str, monkeypatch) -> None:
     with ops.use_backend("reference"):
         ref = model.logits(ids)
     monkeypatch.setenv("RADIXFLOW_PALLAS_INTERPRET", "1")
-    assert ops.resolve.__name__ == "resolve"
     with ops.use_backend("pallas"):
         assert "pallas" in getattr(ops.resolve("paged_attention"), "func", ops.resolve("paged_attention")).__module__
         fresh = load(preset)  # a new jit so the kernels are traced under the forced backend
