@@ -1,4 +1,4 @@
-"""The ``radixflow`` command line: ``bench``, ``generate`` and ``convert`` (``serve`` comes later).
+"""The ``radixflow`` command line: ``serve``, ``bench``, ``generate`` and ``convert``.
 
 Every subcommand turns a bad argument into one clear line on stderr and exit status 2.
 """
@@ -27,6 +27,11 @@ def _parser() -> argparse.ArgumentParser:
     from radixflow_jax.bench.cli import add_arguments
 
     add_arguments(bench)
+
+    srv = sub.add_parser("serve", help="an OpenAI-compatible HTTP server")
+    from radixflow_jax.serve.server import add_arguments as add_serve_arguments
+
+    add_serve_arguments(srv)
 
     conv = sub.add_parser("convert", help="convert a HF directory (or preset) to an orbax directory")
     conv.add_argument("src", help="HF model directory or preset name")
@@ -72,9 +77,15 @@ def _bench(args: argparse.Namespace) -> int:
     return run(args)
 
 
+def _serve(args: argparse.Namespace) -> int:
+    from radixflow_jax.serve.server import serve
+
+    return serve(args)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    handlers = {"generate": _generate, "convert": _convert, "bench": _bench}
+    handlers = {"generate": _generate, "convert": _convert, "bench": _bench, "serve": _serve}
     try:
         return handlers[args.command](args)
     except (ValueError, FileNotFoundError, KeyError) as exc:

@@ -7,18 +7,22 @@ Invariants:
   * Every accepted request gets exactly one final event (finished or aborted); an engine error
     fails every open request with that error and stops the thread instead of hanging clients;
     ``shutdown`` aborts open requests and fails those not yet accepted. A bad request fails alone.
+  * ``observer`` (optional) sees every delivered event and every round record on the engine thread;
+    with ``trim_records`` the core's record list is emptied after each round (long-running servers).
+  * ``call(fn)`` runs ``fn(core)`` on the engine thread between rounds (e.g. a prefix-cache reset).
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import dataclasses
 import numbers
 import queue
 import threading
-from typing import AsyncIterator, Iterator, Sequence
+from typing import Any, AsyncIterator, Callable, Iterator, Protocol, Sequence
 
-from radixflow_jax.engine.core import EngineCore
+from radixflow_jax.engine.core import EngineCore, RoundRecord
 from radixflow_jax.engine.params import RequestOutput, SamplingParams
 
 
@@ -119,13 +123,23 @@ def _wake(fut: asyncio.Future[None]) -> None:
         fut.set_result(None)
 
 
+class EngineObserver(Protocol):
+    """Called on the engine thread: ``events`` delivered to clients (final ones included, aborts
+    too), ``records`` of the rounds just run. Must be quick and must not raise."""
+
+    def __call__(self, events: Sequence[RequestOutput], records: Sequence[RoundRecord]) -> None: ...
+
+
 class BackgroundEngine:
-    def __init__(self, core: EngineCore):
+    def __init__(self, core: EngineCore, *, observer: EngineObserver | None = None, trim_records: bool = False):
         self.core = core
+        self._observer = observer
+        self._trim = trim_records
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
         self._inbox: list[_Pending] = []
         self._aborts: list[RequestHandle] = []
+        self._calls: list[tuple[Callable[[EngineCore], Any], concurrent.futures.Future[Any]]] = []
         self._handles: dict[int, RequestHandle] = {}
         self._stopped = False
         self._error: BaseException | None = None
@@ -159,6 +173,32 @@ class BackgroundEngine:
             self._aborts.append(handle)
             self._wake.notify()
 
+    def call(self, fn: Callable[[EngineCore], Any]) -> concurrent.futures.Future[Any]:
+        """Runs ``fn(core)`` on the engine thread before the next round; the future holds its result
+        (or its exception). Fails at once with :class:`EngineDeadError` if the engine stopped."""
+        fut: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        with self._wake:
+            if self._error is not None or self._stopped:
+                fut.set_exception(EngineDeadError(f"engine stopped: {self._error!r}"))
+                return fut
+            self._calls.append((fn, fut))
+            self._wake.notify()
+        return fut
+
+    @property
+    def num_waiting(self) -> int:
+        """Requests accepted but not yet admitted to a round (inbox + the scheduler's waiting queue)."""
+        return len(self._inbox) + len(self.core.scheduler.waiting)
+
+    @property
+    def num_running(self) -> int:
+        return len(self.core.scheduler.running)
+
+    @property
+    def error(self) -> BaseException | None:
+        """The error that stopped the engine thread, if any."""
+        return self._error
+
     def shutdown(self, timeout: float = 10.0) -> None:
         """Stops the thread after the current round; open requests end with an ``abort`` event and
         requests not yet accepted fail with :class:`EngineDeadError`."""
@@ -173,10 +213,18 @@ class BackgroundEngine:
 
     def _drain(self) -> None:
         with self._wake:
-            while not self._inbox and not self._aborts and not self.core.has_unfinished() and not self._stopped:
+            while not (self._inbox or self._aborts or self._calls or self.core.has_unfinished() or self._stopped):
                 self._wake.wait()
             inbox, self._inbox = self._inbox, []
             aborts, self._aborts = self._aborts, []
+            calls, self._calls = self._calls, []
+        for fn, fut in calls:
+            if fut.set_running_or_notify_cancel():
+                try:
+                    fut.set_result(fn(self.core))
+                except Exception as exc:  # the caller gets it; the engine keeps going
+                    fut.set_exception(exc)
+        delivered: list[RequestOutput] = []
         for item in inbox:
             try:
                 rid = self.core.add_request(item.prompt, item.params)
@@ -189,9 +237,13 @@ class BackgroundEngine:
             if handle.request_id is not None and handle.request_id in self._handles:
                 out = self.core.abort(handle.request_id)
                 if out is not None:
-                    handle._push(dataclasses.replace(out, token_ids=list(out.token_ids)))
+                    event = dataclasses.replace(out, token_ids=list(out.token_ids))
+                    handle._push(event)
+                    delivered.append(event)
                     self.core.forget(handle.request_id)  # delivered: keep no per-request state
                 self._handles.pop(handle.request_id, None)
+        if delivered and self._observer is not None:
+            self._observer(delivered, ())
 
     def _run(self) -> None:
         try:
@@ -199,14 +251,22 @@ class BackgroundEngine:
                 self._drain()
                 if self._stopped:
                     break
+                delivered = []
+                seen = len(self.core.records)
                 for out in self.core.step():
                     handle = self._handles.get(out.request_id)
                     if handle is None:
                         continue
-                    handle._push(dataclasses.replace(out, token_ids=list(out.token_ids)))
+                    event = dataclasses.replace(out, token_ids=list(out.token_ids))
+                    handle._push(event)
+                    delivered.append(event)
                     if out.finished:
                         self._handles.pop(out.request_id, None)
                         self.core.forget(out.request_id)  # delivered: keep no per-request state
+                if self._observer is not None:
+                    self._observer(delivered, self.core.records[seen:])
+                if self._trim:
+                    self.core.records.clear()
             self._close()
         except BaseException as exc:  # fail every open request instead of hanging it
             self._error = exc
@@ -217,6 +277,9 @@ class BackgroundEngine:
                 for item in self._inbox:
                     item.handle._push(dead)
                 self._inbox.clear()
+                for _, fut in self._calls:
+                    fut.set_exception(dead)
+                self._calls.clear()
             raise
 
     def _close(self) -> None:
@@ -228,5 +291,8 @@ class BackgroundEngine:
         self._handles.clear()
         with self._wake:
             inbox, self._inbox = self._inbox, []
+            calls, self._calls = self._calls, []
         for item in inbox:
             item.handle._push(EngineDeadError("engine was shut down"))
+        for _, fut in calls:
+            fut.set_exception(EngineDeadError("engine was shut down"))

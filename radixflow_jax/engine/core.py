@@ -89,7 +89,8 @@ class EngineCore:
         self.eos_token_ids = tuple(eos_token_ids)
         self.tokenizer = tokenizer
         self.seed = seed
-        self.records: list[RoundRecord] = []
+        self.records: list[RoundRecord] = []  # a long-running owner may trim it; num_rounds keeps counting
+        self.num_rounds = 0
         self._ids = itertools.count()
         self._params: dict[int, SamplingParams] = {}
         self._sampling: dict[int, SamplingRow] = {}
@@ -179,7 +180,7 @@ class EngineCore:
         out.token_ids = list(req.output)
         out.cached_tokens = req.cached_tokens
         if out.first_token_time is None:
-            out.first_token_time, out.first_token_round = now, len(self.records)
+            out.first_token_time, out.first_token_round = now, self.num_rounds
         params = self._params[rid]
         if self.tokenizer is not None:
             out.text = self.tokenizer.decode(out.token_ids)
@@ -198,16 +199,17 @@ class EngineCore:
         out = self._outputs[req.request_id]
         out.token_ids = list(req.output)
         out.finish_reason = req.finish_reason
-        out.finish_time, out.finish_round = now, len(self.records)
+        out.finish_time, out.finish_round = now, self.num_rounds
         self._sampling.pop(req.request_id, None)
 
     def _record(self, plan, result: StepResult, plan_s: float) -> None:
         # Bubble: budget left idle while requests behind a consumer stop were admissible; the
         # scheduler's shadow scan measured what they would have brought within the budget left.
         st = plan.stats
+        self.num_rounds += 1
         self.records.append(
             RoundRecord(
-                index=len(self.records),
+                index=self.num_rounds - 1,
                 num_tokens=plan.num_tokens,
                 num_rows=len(plan.rows),
                 token_slots=result.token_slots,

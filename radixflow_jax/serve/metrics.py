@@ -1,0 +1,174 @@
+"""Prometheus metrics of a server, under the ``radixflow:`` prefix.
+
+Names mirror vLLM's where one exists (``num_requests_running``, ``kv_cache_usage_perc``,
+``prefix_cache_queries``/``prefix_cache_hits`` in tokens, ``prompt_tokens``, ``generation_tokens``,
+``request_success{finished_reason}``, ``num_preemptions``, the TTFT / inter-token / end-to-end /
+queue-time histograms); the rest is what only this engine knows: state-slot usage, checkpoint hits
+vs KV-only hit tokens, rounds, padding and bubble tokens, consumers waiting and blocked.
+
+Invariants:
+  * Every metric lives in the server's own :class:`CollectorRegistry` (no process-global state).
+  * Counters and histograms are fed on the engine thread by :meth:`ServerMetrics.observe` (the
+    :class:`BackgroundEngine` observer hook) before a finished request is forgotten; the gauges are
+    read from the engine's pools and queues when scraped.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Iterator, Sequence
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from radixflow_jax.engine.background import BackgroundEngine
+from radixflow_jax.engine.core import RoundRecord
+from radixflow_jax.engine.params import RequestOutput
+
+P = "radixflow:"
+_TTFT = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0)
+_ITL = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
+_E2E = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0)
+_ROUND = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+
+
+@dataclasses.dataclass
+class _Live:
+    """Per-request bookkeeping between events (engine thread only)."""
+
+    start: float | None = None  # first round it ran in
+    last_token: float | None = None
+    tokens: int = 0
+
+
+class _Gauges(Collector):
+    """Scrape-time gauges read from the engine (queue lengths and pool occupancy)."""
+
+    def __init__(self, engine: BackgroundEngine, model_name: str):
+        self.engine = engine
+        self.labels = {"model_name": model_name}
+
+    def _gauge(self, name: str, doc: str, value: float) -> GaugeMetricFamily:
+        g = GaugeMetricFamily(P + name, doc, labels=list(self.labels))
+        g.add_metric(list(self.labels.values()), value)
+        return g
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        memory = self.engine.core.scheduler.memory
+        pages, slots = memory.pages, memory.slots
+        yield self._gauge("num_requests_running", "Requests in the running set.", self.engine.num_running)
+        yield self._gauge("num_requests_waiting", "Requests accepted and not yet admitted.", self.engine.num_waiting)
+        yield self._gauge("kv_cache_usage_perc", "Share of KV pages in use (requests and cached prefixes).",
+                          pages.num_used / max(pages.capacity, 1))  # fmt: skip
+        yield self._gauge("kv_pages_total", "KV pages that can be handed out.", pages.capacity)
+        yield self._gauge("kv_pages_free", "KV pages on the free list.", pages.num_free)
+        total = slots.capacity if slots is not None else 0
+        free = slots.num_free if slots is not None else 0
+        yield self._gauge("state_slot_usage_perc", "Share of recurrent-state slots in use (requests and checkpoints).",
+                          (total - free) / total if total else 0.0)  # fmt: skip
+        yield self._gauge("state_slots_total", "Recurrent-state slots that can be handed out.", total)
+        yield self._gauge("state_slots_free", "Recurrent-state slots on the free list.", free)
+        yield self._gauge("engine_alive", "1 while the engine thread runs.", 1.0 if self.engine.is_running else 0.0)
+
+
+class ServerMetrics:
+    def __init__(self, model_name: str, *, hybrid: bool):
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.model_name = model_name
+        self.hybrid = hybrid
+        self._live: dict[int, _Live] = {}
+        labels = ["model_name"]
+        reg = self.registry
+
+        def counter(name: str, doc: str, extra: Sequence[str] = ()) -> Counter:
+            return Counter(P + name, doc, labels + list(extra), registry=reg)
+
+        def histogram(name: str, doc: str, buckets: Sequence[float]) -> Histogram:
+            return Histogram(P + name, doc, labels, buckets=buckets, registry=reg)
+
+        self.prompt_tokens = counter("prompt_tokens", "Prompt tokens of finished requests.")
+        self.generation_tokens = counter("generation_tokens", "Generated tokens.")
+        self.prefix_queries = counter("prefix_cache_queries", "Prompt tokens looked up in the prefix cache.")
+        self.prefix_hits = counter("prefix_cache_hits", "Prompt tokens served from the prefix cache.")
+        self.checkpoint_hits = counter("checkpoint_hits", "Requests that resumed from a recurrent checkpoint.")
+        self.kv_only_hits = counter("kv_only_hits", "Requests with a prefix-cache hit of KV pages only (no recurrent state).")
+        self.success = counter("request_success", "Finished requests by finish reason.", ["finished_reason"])
+        self.preemptions = counter("num_preemptions", "Preempted requests.")
+        self.rounds = counter("rounds", "Rounds (jitted steps) executed.")
+        self.round_tokens = counter("round_tokens", "Real tokens computed in rounds.")
+        self.padding = counter("padding_tokens", "Token slots of rounds that carried no real token.")
+        self.bubble_tokens = counter("bubble_tokens", "Padding while an admissible waiting request was not scheduled (tokens).")
+        self.bubble_rows = counter("bubble_rows", "Padding while an admissible waiting request was not scheduled (rows).")
+        self.consumers_waiting = counter("consumers_waiting", "Consumer decisions WAIT_LOCAL (scan continued).")
+        self.consumers_blocked = counter("consumers_blocked", "Consumer decisions STOP_ROUND (scan halted).")
+        self.ttft = histogram("time_to_first_token_seconds", "Time to first token.", _TTFT)
+        self.itl = histogram("inter_token_latency_seconds", "Time between consecutive output tokens.", _ITL)
+        self.e2e = histogram("e2e_request_latency_seconds", "End-to-end request latency.", _E2E)
+        self.queue = histogram("request_queue_time_seconds", "Time from arrival to the first round.", _E2E)
+        self.round_time = histogram("round_duration_seconds", "Plan + build + step time of one round.", _ROUND)
+        self.http_errors = counter("http_errors", "Error responses sent, by HTTP status.", ["status"])
+
+    def attach(self, engine: BackgroundEngine) -> None:
+        self.engine = engine
+        self.registry.register(_Gauges(engine, self.model_name))
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+    def error(self, status: int) -> None:
+        self.http_errors.labels(self.model_name, str(status)).inc()
+
+    # ------------------------------------------------------------------ engine thread
+    def observe(self, events: Sequence[RequestOutput], records: Sequence[RoundRecord]) -> None:
+        m = self.model_name
+        now = self.engine.core.clock() if hasattr(self, "engine") else time.perf_counter()
+        round_start = now
+        for rec in records:
+            dur = rec.plan_s + rec.build_s + rec.step_s
+            round_start = now - dur
+            self.rounds.labels(m).inc()
+            self.round_time.labels(m).observe(dur)
+            self.round_tokens.labels(m).inc(rec.num_tokens)
+            self.padding.labels(m).inc(rec.padding_tokens)
+            self.bubble_tokens.labels(m).inc(rec.bubble_tokens)
+            self.bubble_rows.labels(m).inc(rec.bubble_rows)
+            self.consumers_waiting.labels(m).inc(rec.consumers_waiting)
+            self.consumers_blocked.labels(m).inc(rec.consumers_blocked)
+            self.preemptions.labels(m).inc(rec.preempted)
+        if records and hasattr(self, "engine"):
+            for req in self.engine.core.scheduler.running:
+                live = self._live.setdefault(req.request_id, _Live())
+                if live.start is None:
+                    live.start = round_start
+                    self.queue.labels(m).observe(max(0.0, round_start - req.arrival_time))
+        for ev in events:
+            live = self._live.setdefault(ev.request_id, _Live())
+            if live.start is None and (ev.token_ids or ev.finish_reason != "abort"):
+                live.start = round_start
+                self.queue.labels(m).observe(max(0.0, round_start - ev.arrival_time))
+            new = len(ev.token_ids) - live.tokens
+            if new > 0:
+                self.generation_tokens.labels(m).inc(new)
+                if live.last_token is None:
+                    if ev.ttft is not None:
+                        self.ttft.labels(m).observe(ev.ttft)
+                else:
+                    self.itl.labels(m).observe(now - live.last_token)
+                live.last_token, live.tokens = now, len(ev.token_ids)
+            if ev.finished:
+                self._live.pop(ev.request_id, None)
+                self._finish(ev, now)
+
+    def _finish(self, ev: RequestOutput, now: float) -> None:
+        m = self.model_name
+        self.success.labels(m, ev.finish_reason or "unknown").inc()
+        self.prompt_tokens.labels(m).inc(ev.prompt_tokens)
+        self.e2e.labels(m).observe(max(0.0, (ev.finish_time or now) - ev.arrival_time))
+        if ev.finish_reason == "abort" and not ev.token_ids:
+            return  # never ran: it queried nothing
+        self.prefix_queries.labels(m).inc(ev.prompt_tokens)
+        self.prefix_hits.labels(m).inc(ev.cached_tokens)
+        if ev.cached_tokens > 0:
+            (self.checkpoint_hits if self.hybrid else self.kv_only_hits).labels(m).inc()

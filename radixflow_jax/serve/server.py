@@ -1,0 +1,153 @@
+"""``radixflow serve``: build the engine from command-line options and run the app on uvicorn.
+
+SIGTERM / SIGINT drain: the listening socket closes, new requests on open connections get 503,
+running requests finish (bounded by ``--drain-timeout``), then the engine shuts down and the
+process exits 0.
+
+``--memory-fraction F`` sizes the KV page pool and the state-slot pool from device memory (as
+vLLM's ``--gpu-memory-utilization``): ``F x device memory`` minus the parameters and an activation
+reserve, split so that the state pool gets the slots the fixed sizing would give, at most half.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+import os
+import sys
+from typing import Any
+
+from radixflow_jax.engine.core import EngineConfig
+
+DEFAULT_CACHE = os.path.join(os.environ.get("RADIXFLOW_CACHE", os.path.join(os.path.expanduser("~"), ".cache", "radixflow")), "xla")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default="tiny-qwen3.5", help="preset name or model directory")
+    p.add_argument("--host", default="127.0.0.1", help="bind address (default: loopback only)")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--served-model-name", default=None, help="the model id clients use (default: --model)")
+    p.add_argument("--api-key", default=os.environ.get("RADIXFLOW_API_KEY"), help="require 'Authorization: Bearer KEY'")
+    p.add_argument("--max-waiting", type=int, default=None, help="answer 429 while this many requests wait")
+    p.add_argument("--max-model-len", type=int, default=None)
+    p.add_argument("--memory-fraction", type=float, default=None, help="size KV and state pools from device memory")
+    p.add_argument("--max-body-bytes", type=int, default=4 << 20)
+    p.add_argument("--drain-timeout", type=float, default=30.0, help="seconds running requests get after SIGTERM")
+    p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
+    p.add_argument("--policy", default=EngineConfig.policy)
+    p.add_argument("--queue-order", default=EngineConfig.queue_order)
+    p.add_argument("--max-num-seqs", type=int, default=EngineConfig.max_num_seqs)
+    p.add_argument("--max-num-batched-tokens", type=int, default=EngineConfig.max_num_batched_tokens)
+    p.add_argument("--page-size", type=int, default=EngineConfig.page_size)
+    p.add_argument("--num-kv-pages", type=int, default=None)
+    p.add_argument("--num-state-slots", type=int, default=None)
+    p.add_argument("--no-prefix-cache", action="store_true")
+    p.add_argument("--kernels", default="auto", choices=("auto", "reference", "pallas"))
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--no-warmup", action="store_true", help="compile step variants lazily instead of at start-up")
+    p.add_argument("--compilation-cache-dir", default=DEFAULT_CACHE)
+    p.add_argument("--log-level", default="warning")
+
+
+def device_memory_bytes() -> int:
+    """Memory of the first JAX device (its allocator limit), or the host's RAM for a CPU device."""
+    import jax
+
+    stats = jax.devices()[0].memory_stats() or {}
+    if stats.get("bytes_limit"):
+        return int(stats["bytes_limit"])
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def size_pools(model: Any, ec: EngineConfig, fraction: float, total_bytes: int) -> tuple[int, int]:
+    """``(num_kv_pages, num_state_slots)`` (reserved ids included) filling ``fraction`` of memory."""
+    import jax
+    import numpy as np
+
+    from radixflow_jax.models.batch import state_bytes_per_slot
+
+    if not 0 < fraction <= 1:
+        raise ValueError(f"--memory-fraction must be in (0, 1], got {fraction}")
+    cfg = model.config
+    itemsize = np.dtype(model.dtype).itemsize
+    params = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(model.params))
+    reserve = ec.max_num_batched_tokens * (cfg.hidden_size * 64 + cfg.vocab_size) * 4  # activations and logits
+    budget = int(fraction * total_bytes) - params - reserve
+    att = cfg.attention
+    page_bytes = 2 * len(cfg.attention_layers) * ec.page_size * att.num_kv_heads * att.head_dim * itemsize if att else 0
+    slot_bytes = state_bytes_per_slot(cfg, model.dtype) if cfg.is_hybrid else 0
+    slots = 1
+    if slot_bytes:
+        wanted = ec.max_num_seqs + max(64, 8 * ec.max_num_seqs)
+        slots = 1 + max(0, min(wanted, (budget // 2) // slot_bytes))
+    left = budget - (slots - 1) * slot_bytes
+    pages = 1 + (left // page_bytes if page_bytes else 0)
+    if budget <= 0 or pages < 2 or (slot_bytes and slots < 2):
+        raise ValueError(
+            f"--memory-fraction {fraction} of {total_bytes / 2**30:.1f} GiB leaves no room for KV pages and state "
+            f"slots after {params / 2**30:.2f} GiB of parameters and {reserve / 2**30:.2f} GiB of activations"
+        )
+    return int(pages), int(slots)
+
+
+def build_state(args: argparse.Namespace) -> Any:
+    from radixflow_jax.engine.background import BackgroundEngine
+    from radixflow_jax.engine.llm import build_engine
+    from radixflow_jax.models.api import load
+    from radixflow_jax.serve.app import ServerConfig, ServerState
+    from radixflow_jax.serve.metrics import ServerMetrics
+
+    if args.max_waiting is not None and args.max_waiting < 1:
+        raise ValueError(f"--max-waiting must be >= 1, got {args.max_waiting}")
+    model = load(args.model, dtype=args.dtype)
+    ec = EngineConfig(
+        max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens, page_size=args.page_size,
+        num_kv_pages=args.num_kv_pages, num_state_slots=args.num_state_slots, max_model_len=args.max_model_len,
+        policy=args.policy, queue_order=args.queue_order, enable_prefix_cache=not args.no_prefix_cache,
+        kernels=args.kernels, seed=args.seed, warmup=not args.no_warmup,
+        compilation_cache_dir=args.compilation_cache_dir or None,
+    )  # fmt: skip
+    if args.memory_fraction is not None:
+        if args.num_kv_pages is not None or args.num_state_slots is not None:
+            raise ValueError("--memory-fraction sizes the pools: do not also give --num-kv-pages/--num-state-slots")
+        pages, slots = size_pools(model, ec, args.memory_fraction, device_memory_bytes())
+        ec = dataclasses.replace(ec, num_kv_pages=pages, num_state_slots=slots)
+    core = build_engine(model, ec)
+    name = args.served_model_name or args.model
+    metrics = ServerMetrics(name, hybrid=model.config.is_hybrid)
+    engine = BackgroundEngine(core, observer=metrics.observe, trim_records=True)
+    metrics.attach(engine)
+    config = ServerConfig(name, api_key=args.api_key or None, max_waiting=args.max_waiting, max_body_bytes=args.max_body_bytes)
+    return ServerState(engine, model.tokenizer, metrics, config, core.max_model_len, model.config.vocab_size)
+
+
+def serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from radixflow_jax.serve.app import create_app
+
+    state = build_state(args)
+    pools = state.engine.core.scheduler.memory
+    print(
+        f"radixflow serve: {state.config.model_name} on http://{args.host}:{args.port} "
+        f"(max_model_len {state.max_model_len}, {pools.pages.capacity} KV pages, "
+        f"{pools.slots.capacity if pools.slots else 0} state slots, policy {args.policy})",
+        file=sys.stderr, flush=True,
+    )  # fmt: skip
+
+    class DrainingServer(uvicorn.Server):
+        def handle_exit(self, sig: int, frame: Any) -> None:
+            state.draining = True  # new requests get 503 while running ones finish
+            super().handle_exit(sig, frame)
+            self._captured_signals.clear()  # a drained shutdown exits 0 instead of re-raising the signal
+
+    config = uvicorn.Config(
+        create_app(state), host=args.host, port=args.port, log_level=args.log_level,
+        timeout_graceful_shutdown=max(1, math.ceil(args.drain_timeout)), access_log=False,
+    )  # fmt: skip
+    try:
+        DrainingServer(config).run()
+    finally:
+        state.engine.shutdown()
+    return 0
