@@ -1,0 +1,78 @@
+"""The app in-process on the simulated executor (no model, no compile): engine death turns
+``/health`` and new requests into 503; ``--memory-fraction`` sizing; the streamed-text holdback."""
+
+from __future__ import annotations
+
+import types
+
+import numpy as np
+import pytest
+from fastapi.testclient import TestClient
+
+from radixflow_jax.bench.run import build_sim_engine
+from radixflow_jax.engine.background import BackgroundEngine
+from radixflow_jax.engine.core import EngineConfig
+from radixflow_jax.engine.specs import get_device_spec, get_model_spec
+from radixflow_jax.models.api import read_config, resolve_model_dir
+from radixflow_jax.models.batch import state_bytes_per_slot
+from radixflow_jax.serve.app import ServerConfig, ServerState, TextStream, create_app
+from radixflow_jax.serve.metrics import ServerMetrics
+from radixflow_jax.serve.server import size_pools
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")  # the engine thread re-raises
+def test_engine_death_gives_503():
+    ec = EngineConfig(max_num_seqs=4, max_num_batched_tokens=64, max_model_len=512)
+    core = build_sim_engine(get_model_spec("qwen3.5-4b"), get_device_spec("h200"), ec)
+    metrics = ServerMetrics("sim", hybrid=True)
+    engine = BackgroundEngine(core, observer=metrics.observe, trim_records=True)
+    metrics.attach(engine)
+    state = ServerState(engine, None, metrics, ServerConfig("sim"), 512, None)
+    try:
+        with TestClient(create_app(state)) as c:
+            ok = c.post("/v1/completions", json={"prompt": [1, 2, 3], "max_tokens": 3, "ignore_eos": True})
+            assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] == 3
+            assert c.post("/v1/completions", json={"prompt": "text"}).json()["error"]["message"].endswith("send token ids")
+
+            def boom() -> list:
+                raise RuntimeError("device lost")
+
+            core.step = boom  # type: ignore[method-assign]
+            dead = c.post("/v1/completions", json={"prompt": [1, 2, 3], "max_tokens": 3})
+            assert dead.status_code == 503 and "device lost" in dead.json()["error"]["message"]
+            health = c.get("/health")
+            assert health.status_code == 503 and "device lost" in health.json()["error"]["message"]
+            again = c.post("/v1/completions", json={"prompt": [1, 2], "max_tokens": 2})
+            assert again.status_code == 503 and again.json()["error"]["code"] == "engine_dead"
+            assert "radixflow:engine_alive" in c.get("/metrics").text
+    finally:
+        engine.shutdown()
+
+
+def test_memory_fraction_sizes_both_pools():
+    cfg = read_config(resolve_model_dir("tiny-qwen3.5"))
+    model = types.SimpleNamespace(config=cfg, dtype=np.float32, params={"w": np.zeros((1000, 100), np.float32)})
+    ec = EngineConfig(max_num_seqs=4, max_num_batched_tokens=64)
+    att = cfg.attention
+    page_bytes = 2 * len(cfg.attention_layers) * ec.page_size * att.num_kv_heads * att.head_dim * 4
+    slot_bytes = state_bytes_per_slot(cfg, np.float32)
+    total = 2**30
+    pages, slots = size_pools(model, ec, 0.5, total)
+    assert slots - 1 == 4 + 64  # the fixed sizing's slots fit in half the budget
+    used = (pages - 1) * page_bytes + (slots - 1) * slot_bytes
+    budget = 0.5 * total - 400_000 - 64 * (cfg.hidden_size * 64 + cfg.vocab_size) * 4
+    assert budget - page_bytes < used <= budget  # the rest went to KV pages
+    small_pages, _ = size_pools(model, ec, 0.25, total)
+    assert small_pages < pages
+    with pytest.raises(ValueError, match="leaves no room"):
+        size_pools(model, ec, 0.0001, total)
+    with pytest.raises(ValueError, match=r"\(0, 1\]"):
+        size_pools(model, ec, 1.5, total)
+
+
+def test_text_stream_holds_back_stop_prefix_and_partial_utf8():
+    s = TextStream(hold=2)
+    assert s.delta("abc", False) == "a"
+    assert s.delta("abcd\ufffd", False) == "bc"  # 'd' + U+FFFD held back
+    assert s.delta("abcdé", True) == "dé"
+    assert s.delta("abcdé", True) == ""
