@@ -44,6 +44,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--plot", default=None, help="PNG path: slot occupancy per round and latency CDFs")
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--no-compile-cache", action="store_true", help="do not keep compiled steps on disk")
+    p.add_argument("--url", default=None, help="send the workload to a running `radixflow serve` over HTTP instead")
+    p.add_argument("--api-key", default=None, help="--url: the server's API key")
+    p.add_argument("--served-model-name", default=None, help="--url: the model id to send")
+    p.add_argument("--concurrency", type=int, default=None, help="--url: at most this many requests in flight")
 
 
 def _requests(args: argparse.Namespace, executor: str, encode: Any) -> list[BenchRequest]:
@@ -98,6 +102,10 @@ def format_table(runs: list[RunResult]) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.url:  # over HTTP: the server owns the engine and the policy
+        from radixflow_jax.bench.http import run_url
+
+        return run_url(args, _requests(args, "model", None))
     policies = tuple(p.strip() for p in args.policies.split(",") if p.strip())
     from radixflow_jax.scheduler.admission import get_policy
 

@@ -13,7 +13,7 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.serve.server_proc import SMALL_ENGINE, ServerProcess
+from tests.serve.server_proc import SMALL_ENGINE, start_test_server
 
 KEY = "test-key-123"
 MODEL = "tiny-qwen3.5"
@@ -24,7 +24,7 @@ ARTICLE = [(37 * j + 11) % 400 + 30 for j in range(200)]  # a shared "article" p
 
 @pytest.fixture(scope="module")
 def server():
-    proc = ServerProcess([*SMALL_ENGINE, "--max-waiting", str(MAX_WAITING), "--max-body-bytes", str(MAX_BODY)], api_key=KEY)
+    proc = start_test_server([*SMALL_ENGINE, "--max-waiting", str(MAX_WAITING), "--max-body-bytes", str(MAX_BODY)], api_key=KEY)
     yield proc
     proc.stop()
 

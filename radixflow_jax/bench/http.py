@@ -1,0 +1,180 @@
+"""``radixflow bench --url``: a workload sent to a running server over HTTP with streaming.
+
+Each request is a streamed ``/v1/completions`` call with token-id prompts, ``ignore_eos`` and
+``stream_options.include_usage``, sent at its workload arrival time (optionally under a concurrency
+cap). Reported as ``vllm bench serve`` does: request and token throughput, and mean / median / p99
+of TTFT, TPOT ``(latency - ttft) / (output_tokens - 1)``, ITL (gaps between streamed chunks) and
+end-to-end latency; plus the prefix-cache hit rate from ``usage.prompt_tokens_details``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import json
+import time
+from typing import Any, Sequence
+
+import numpy as np
+
+from radixflow_jax.bench.workloads import BenchRequest
+
+
+@dataclasses.dataclass
+class HttpResult:
+    """One request as the client saw it. ``complete``: a well-formed stream that ended with a
+    finish reason, a usage chunk and ``[DONE]``; ``dropped``: the client hung up on purpose."""
+
+    status: int
+    ttft: float | None = None
+    latency: float | None = None
+    itl: list[float] = dataclasses.field(default_factory=list)
+    prompt_tokens: int = 0
+    output_tokens: int = 0
+    cached_tokens: int = 0
+    finish_reason: str | None = None
+    complete: bool = False
+    dropped: bool = False
+    error: str | None = None
+
+
+async def stream_completion(client: Any, body: dict[str, Any], *, drop_after: int | None = None) -> HttpResult:
+    """Sends one streamed completion; ``drop_after``: disconnect after that many data chunks."""
+    start = time.perf_counter()
+    last = start
+    async with client.stream("POST", "/v1/completions", json=body) as r:
+        if r.status_code != 200:
+            text = (await r.aread()).decode(errors="replace")
+            return HttpResult(r.status_code, error=text[:500])
+        res, chunks, done = HttpResult(200), 0, False
+        async for line in r.aiter_lines():
+            if not line:
+                continue
+            if not line.startswith("data: ") or done:
+                res.error = f"malformed stream line {line[:80]!r}"
+                return res
+            data = line[6:]
+            if data == "[DONE]":
+                done = True
+                continue
+            event = json.loads(data)
+            if "error" in event:
+                res.error = event["error"].get("message")
+                return res
+            now = time.perf_counter()
+            if event.get("choices"):
+                if res.ttft is None:
+                    res.ttft = now - start
+                else:
+                    res.itl.append(now - last)
+                last = now
+                res.finish_reason = event["choices"][0].get("finish_reason") or res.finish_reason
+            if event.get("usage"):
+                u = event["usage"]
+                res.prompt_tokens, res.output_tokens = u["prompt_tokens"], u["completion_tokens"]
+                res.cached_tokens = (u.get("prompt_tokens_details") or {}).get("cached_tokens", 0)
+            chunks += 1
+            if drop_after is not None and chunks >= drop_after:
+                res.dropped = True
+                return res
+        res.latency = time.perf_counter() - start
+        res.complete = done and res.finish_reason is not None and res.output_tokens > 0
+        return res
+
+
+def request_body(model: str | None, req: BenchRequest) -> dict[str, Any]:
+    body = {"prompt": list(req.prompt), "max_tokens": req.max_tokens, "temperature": 0, "ignore_eos": True,
+            "stream": True, "stream_options": {"include_usage": True}}  # fmt: skip
+    if model:
+        body["model"] = model
+    return body
+
+
+async def run_requests(
+    url: str, requests: Sequence[BenchRequest], *, model: str | None = None, api_key: str | None = None,
+    concurrency: int | None = None, drop_every: int = 0, drop_after: int = 2, timeout: float = 600.0,
+) -> tuple[list[HttpResult], float]:
+    """Sends every request at its arrival time; returns the results (in request order) and the wall
+    time. ``drop_every = k > 0``: every k-th client disconnects after ``drop_after`` chunks."""
+    import httpx
+
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    limits = httpx.Limits(max_connections=max(len(requests), 1), max_keepalive_connections=max(len(requests), 1))
+    sem = asyncio.Semaphore(concurrency) if concurrency else None
+    async with httpx.AsyncClient(base_url=url, headers=headers, timeout=timeout, limits=limits) as client:
+        start = time.perf_counter()
+
+        async def one(i: int, req: BenchRequest) -> HttpResult:
+            delay = req.arrival_s - (time.perf_counter() - start)
+            if delay > 0:
+                await asyncio.sleep(delay)
+            drop = drop_after if drop_every and i % drop_every == drop_every - 1 else None
+            try:
+                if sem is None:
+                    return await stream_completion(client, request_body(model, req), drop_after=drop)
+                async with sem:
+                    return await stream_completion(client, request_body(model, req), drop_after=drop)
+            except httpx.HTTPError as exc:
+                return HttpResult(0, error=f"{type(exc).__name__}: {exc}")
+
+        results = await asyncio.gather(*(one(i, r) for i, r in enumerate(requests)))
+        return list(results), time.perf_counter() - start
+
+
+def _stats(values: Sequence[float]) -> dict[str, float]:
+    if not values:
+        return {"mean": 0.0, "median": 0.0, "p99": 0.0}
+    a = np.asarray(values, float) * 1000.0
+    return {"mean": float(a.mean()), "median": float(np.median(a)), "p99": float(np.percentile(a, 99))}
+
+
+def summarize(results: Sequence[HttpResult], wall_s: float) -> dict[str, Any]:
+    """``vllm bench serve``'s report (times in ms) over completed requests, plus the cache hit rate."""
+    ok = [r for r in results if r.complete]
+    out_tokens = sum(r.output_tokens for r in ok)
+    prompt_tokens = sum(r.prompt_tokens for r in ok)
+    tpot = [(r.latency - r.ttft) / (r.output_tokens - 1) for r in ok if r.output_tokens > 1 and r.ttft is not None]
+    return {
+        "completed": len(ok), "failed": sum(1 for r in results if not r.complete and not r.dropped),
+        "dropped": sum(1 for r in results if r.dropped),
+        "status_5xx": sum(1 for r in results if r.status >= 500), "duration_s": wall_s,
+        "request_throughput": len(ok) / wall_s if wall_s else 0.0,
+        "output_throughput": out_tokens / wall_s if wall_s else 0.0,
+        "total_token_throughput": (out_tokens + prompt_tokens) / wall_s if wall_s else 0.0,
+        "ttft_ms": _stats([r.ttft for r in ok if r.ttft is not None]), "tpot_ms": _stats(tpot),
+        "itl_ms": _stats([g for r in ok for g in r.itl]), "e2el_ms": _stats([r.latency for r in ok if r.latency is not None]),
+        "cache_hit_rate": sum(r.cached_tokens for r in ok) / prompt_tokens if prompt_tokens else 0.0,
+        "prompt_tokens": prompt_tokens, "output_tokens": out_tokens,
+    }  # fmt: skip
+
+
+def format_report(s: dict[str, Any]) -> str:
+    lines = [
+        f"completed {s['completed']}  failed {s['failed']}  dropped {s['dropped']}  5xx {s['status_5xx']}  "
+        f"duration {s['duration_s']:.2f} s",
+        f"request throughput {s['request_throughput']:.2f} req/s   output {s['output_throughput']:.1f} tok/s   "
+        f"total {s['total_token_throughput']:.1f} tok/s   cache hit rate {s['cache_hit_rate']:.1%}",
+        f"{'ms':>6} {'mean':>10} {'median':>10} {'p99':>10}",
+    ]
+    for key, name in (("ttft_ms", "TTFT"), ("tpot_ms", "TPOT"), ("itl_ms", "ITL"), ("e2el_ms", "E2E")):
+        v = s[key]
+        lines.append(f"{name:>6} {v['mean']:10.1f} {v['median']:10.1f} {v['p99']:10.1f}")
+    return "\n".join(lines)
+
+
+def run_url(args: argparse.Namespace, requests: list[BenchRequest]) -> int:
+    """The ``radixflow bench --url`` entry point (requests already generated from the workload)."""
+    results, wall = asyncio.run(
+        run_requests(args.url.rstrip("/"), requests, model=args.served_model_name, api_key=args.api_key,
+                     concurrency=args.concurrency)  # fmt: skip
+    )
+    summary = summarize(results, wall)
+    print(format_report(summary))
+    errors = [r.error for r in results if r.error]
+    if errors:
+        print(f"first error: {errors[0]}")
+    if args.json_out:
+        with open(args.json_out, "w") as f:
+            json.dump({"url": args.url, "workload": args.workload, "num_requests": len(requests), **summary}, f, indent=2)
+    return 0 if summary["failed"] == 0 else 1
