@@ -118,6 +118,12 @@ class RequestHandle:
         self._engine.abort(self)
 
 
+def _snapshot(out: RequestOutput) -> RequestOutput:
+    """A copy the engine thread no longer mutates (token and logprob lists grow in place)."""
+    logprobs = list(out.logprobs) if out.logprobs is not None else None
+    return dataclasses.replace(out, token_ids=list(out.token_ids), logprobs=logprobs)
+
+
 def _wake(fut: asyncio.Future[None]) -> None:
     if not fut.done():
         fut.set_result(None)
@@ -237,7 +243,7 @@ class BackgroundEngine:
             if handle.request_id is not None and handle.request_id in self._handles:
                 out = self.core.abort(handle.request_id)
                 if out is not None:
-                    event = dataclasses.replace(out, token_ids=list(out.token_ids))
+                    event = _snapshot(out)
                     handle._push(event)
                     delivered.append(event)
                     self.core.forget(handle.request_id)  # delivered: keep no per-request state
@@ -257,7 +263,7 @@ class BackgroundEngine:
                     handle = self._handles.get(out.request_id)
                     if handle is None:
                         continue
-                    event = dataclasses.replace(out, token_ids=list(out.token_ids))
+                    event = _snapshot(out)
                     handle._push(event)
                     delivered.append(event)
                     if out.finished:
@@ -287,7 +293,7 @@ class BackgroundEngine:
         for rid, handle in list(self._handles.items()):
             out = self.core.abort(rid)
             if out is not None:
-                handle._push(dataclasses.replace(out, token_ids=list(out.token_ids)))
+                handle._push(_snapshot(out))
         self._handles.clear()
         with self._wake:
             inbox, self._inbox = self._inbox, []

@@ -95,6 +95,8 @@ class EngineCore:
         self._params: dict[int, SamplingParams] = {}
         self._sampling: dict[int, SamplingRow] = {}
         self._outputs: dict[int, RequestOutput] = {}
+        self.penalty_window = int(getattr(executor, "penalty_window", 0))  # 0: the executor cannot penalise
+        self.supports_logprobs = bool(getattr(executor, "supports_logprobs", False))
 
     # --------------------------------------------------------------------------------- requests
     def validate(self, prompt_ids: Sequence[int], params: SamplingParams) -> None:
@@ -106,6 +108,13 @@ class EngineCore:
                 f"prompt ({len(prompt_ids)} tokens) + max_tokens ({params.max_tokens}) exceeds "
                 f"max_model_len={self.max_model_len}"
             )
+        if params.has_penalty and len(prompt_ids) + params.max_tokens > self.penalty_window:
+            raise ValueError(
+                f"penalties need the whole context in the penalty window ({self.penalty_window} tokens); this request "
+                f"has {len(prompt_ids)} prompt tokens + max_tokens {params.max_tokens}"
+            )
+        if params.logprobs is not None and not self.supports_logprobs:
+            raise ValueError("logprobs are not available with this executor")
         if params.stop and self.tokenizer is None:
             raise ValueError("stop strings need a tokenizer; this model has none (use stop_token_ids)")
         if self.vocab_size is not None:
@@ -134,10 +143,15 @@ class EngineCore:
         self.scheduler.add(req)
         self._params[rid] = params
         seed = params.seed if params.seed is not None else hash((self.seed, rid)) & 0xFFFFFFFF
-        self._sampling[rid] = SamplingRow(params.temperature, params.top_k, params.top_p, params.min_p, seed)
+        self._sampling[rid] = SamplingRow(
+            params.temperature, params.top_k, params.top_p, params.min_p, seed, params.presence_penalty,
+            params.frequency_penalty, params.repetition_penalty, -1 if params.logprobs is None else params.logprobs,
+            req.prompt if params.has_penalty else (), req.output if params.has_penalty else (),
+        )  # fmt: skip
         self._outputs[rid] = RequestOutput(
-            rid, req.prompt, [], None, None, len(req.prompt), 0, req.arrival_time
-        )
+            rid, req.prompt, [], None, None, len(req.prompt), 0, req.arrival_time,
+            logprobs=[] if params.logprobs is not None else None,
+        )  # fmt: skip
         return rid
 
     def abort(self, request_id: int) -> RequestOutput | None:
@@ -161,6 +175,10 @@ class EngineCore:
         if plan.is_empty:
             return []
         result = self.executor.execute(plan, self._sampling)
+        for rid, lp in result.logprobs.items():
+            out = self._outputs.get(rid)
+            if out is not None and out.logprobs is not None and out.finish_reason is None:
+                out.logprobs.append(lp)
         finished = self.scheduler.commit(plan, result.sampled)
         self._record(plan, result, t1 - t0)
         now = self.clock()

@@ -21,7 +21,10 @@ from radixflow_jax.scheduler.plan import RoundPlan
 
 
 class ModelExecutor:
-    """Owns the device pools and the compiled step variants of one model."""
+    """Owns the device pools and the compiled step variants of one model. ``penalty_window``: the
+    longest context (prompt + output) a penalised request may have (the width of its arrays)."""
+
+    supports_logprobs = True
 
     def __init__(
         self,
@@ -33,6 +36,7 @@ class ModelExecutor:
         num_slots: int,
         kernels: str = "auto",
         warmup: bool = True,
+        penalty_window: int = 0,
     ):
         self.model = model
         self.shapes = shapes
@@ -40,7 +44,8 @@ class ModelExecutor:
         self.cache = init_cache(
             model.config, num_pages=num_pages, page_size=page_size, num_slots=num_slots, dtype=model.dtype
         )
-        self.step = CompiledStep(model.graphdef, model.params, self.cache, shapes, kernels)
+        self.penalty_window = penalty_window
+        self.step = CompiledStep(model.graphdef, model.params, self.cache, shapes, kernels, penalty_window)
         if warmup:
             self.step.warmup()
 
@@ -49,11 +54,18 @@ class ModelExecutor:
         all_decode = plan.num_decode == len(plan.rows)
         variant = self.shapes.select(plan.num_tokens, len(plan.rows), all_decode)
         arrays = build_arrays(
-            plan, variant, page_size=self.page_size, max_pages=self.shapes.max_pages_per_row, sampling=sampling
-        )
+            plan, variant, page_size=self.page_size, max_pages=self.shapes.max_pages_per_row, sampling=sampling,
+            penalty_window=self.penalty_window,
+        )  # fmt: skip
         t1 = time.perf_counter()
-        self.cache, tokens = self.step(variant, self.model.params, self.cache, arrays.as_dict())
+        self.cache, (tokens, *lp) = self.step(variant, self.model.params, self.cache, arrays.as_dict())
         tokens = np.asarray(jax.device_get(tokens))
+        want = [(i, row.request_id, sampling[row.request_id].logprobs) for i, row in enumerate(plan.rows)
+                if row.sample and row.request_id in sampling and sampling[row.request_id].logprobs >= 0]  # fmt: skip
+        logprobs = {}
+        if want:  # fetched only when a row asked for them
+            chosen, top_ids, top_lp = (np.asarray(x) for x in jax.device_get(lp))
+            logprobs = {rid: (float(chosen[i]), top_ids[i, :k].tolist(), top_lp[i, :k].tolist()) for i, rid, k in want}
         t2 = time.perf_counter() - self.step.last_compile_s  # compiling is not serving time
         sampled = {row.request_id: int(tokens[i]) for i, row in enumerate(plan.rows) if row.sample}
-        return StepResult(sampled, variant.num_tokens, variant.num_rows, t1 - t0, t2 - t1)
+        return StepResult(sampled, variant.num_tokens, variant.num_rows, t1 - t0, t2 - t1, logprobs)

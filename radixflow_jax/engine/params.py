@@ -12,8 +12,7 @@ from typing import Any, Sequence
 
 # Unsupported parameters and the values that mean "off" (accepted, since they ask for nothing).
 _UNSUPPORTED: dict[str, tuple[Any, ...]] = {
-    "n": (1,), "best_of": (1,), "logprobs": (0, False), "prompt_logprobs": (0, False),
-    "presence_penalty": (0,), "frequency_penalty": (0,), "repetition_penalty": (1,), "logit_bias": ({},),
+    "n": (1,), "best_of": (1,), "prompt_logprobs": (0, False), "logit_bias": ({},),
     "use_beam_search": (False,), "min_tokens": (0,),
 }  # fmt: skip
 
@@ -35,7 +34,11 @@ class SamplingParams:
     """``temperature == 0`` is greedy. ``top_k <= 0`` and ``top_p == 1`` and ``min_p == 0`` are off.
     ``seed``: per-request RNG stream (default: derived from the engine seed and the request id).
     ``stop``: strings that end generation (excluded from the text); ``stop_token_ids`` end it too;
-    the model's EOS ids end it unless ``ignore_eos``."""
+    the model's EOS ids end it unless ``ignore_eos``. ``presence_penalty`` / ``frequency_penalty``
+    (in [-2, 2]) act on generated tokens, ``repetition_penalty`` (> 0, 1 = off) on prompt and
+    generated tokens. ``logprobs``: return the log-probability of each sampled token and of the
+    ``logprobs`` most likely alternatives (0-20; None = off), from the penalised logits before
+    temperature and filtering."""
 
     max_tokens: int = 16
     temperature: float = 0.0
@@ -46,6 +49,14 @@ class SamplingParams:
     stop: tuple[str, ...] = ()
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logprobs: int | None = None
+
+    @property
+    def has_penalty(self) -> bool:
+        return self.presence_penalty != 0 or self.frequency_penalty != 0 or self.repetition_penalty != 1
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -56,7 +67,7 @@ class SamplingParams:
         if isinstance(self.stop_token_ids, (str, bytes)) or any(not _is_int(t) for t in self.stop_token_ids):
             raise ValueError(f"stop_token_ids must be a list of integers, got {self.stop_token_ids!r}")
         object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
-        for name in ("temperature", "top_p", "min_p"):
+        for name in ("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty"):
             if not _is_real(getattr(self, name)):
                 raise ValueError(f"{name} must be a number, got {getattr(self, name)!r}")
         if not _is_int(self.max_tokens) or self.max_tokens < 1:
@@ -76,6 +87,13 @@ class SamplingParams:
         object.__setattr__(self, "top_k", int(self.top_k))
         if any(not s for s in self.stop):
             raise ValueError("stop strings must be non-empty")
+        for name in ("presence_penalty", "frequency_penalty"):
+            if not -2 <= getattr(self, name) <= 2:
+                raise ValueError(f"{name} must be in [-2, 2], got {getattr(self, name)!r}")
+        if not 0 < self.repetition_penalty < float("inf"):
+            raise ValueError(f"repetition_penalty must be a finite number > 0, got {self.repetition_penalty!r}")
+        if self.logprobs is not None and (not _is_int(self.logprobs) or not 0 <= self.logprobs <= 20):
+            raise ValueError(f"logprobs must be an integer in [0, 20] or None, got {self.logprobs!r}")
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> SamplingParams:
@@ -111,6 +129,7 @@ class RequestOutput:
     finish_time: float | None = None
     first_token_round: int | None = None
     finish_round: int | None = None
+    logprobs: list[tuple[float, list[int], list[float]]] | None = None  # per token, when requested
 
     @property
     def finished(self) -> bool:

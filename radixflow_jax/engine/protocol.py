@@ -11,13 +11,15 @@ from radixflow_jax.scheduler.plan import RoundPlan
 
 @dataclasses.dataclass(frozen=True)
 class StepResult:
-    """Sampled token per sampling row, the slot counts of the variant used, and timings."""
+    """Sampled token per sampling row, the slot counts of the variant used, and timings.
+    ``logprobs``: for rows that asked for them, ``(logprob of the sampled token, top ids, top logprobs)``."""
 
     sampled: dict[int, int]
     token_slots: int
     row_slots: int
     build_s: float
     step_s: float
+    logprobs: dict[int, tuple[float, list[int], list[float]]] = dataclasses.field(default_factory=dict)
 
 
 class Executor(Protocol):

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-from typing import Mapping
+from typing import Mapping, Sequence
 
 import numpy as np
 
@@ -19,13 +19,25 @@ from radixflow_jax.scheduler.plan import RoundPlan
 
 @dataclasses.dataclass(frozen=True)
 class SamplingRow:
-    """Per-request sampling settings as the device needs them (``top_k`` 0 = off)."""
+    """Per-request sampling settings as the device needs them (``top_k`` 0 = off). With a penalty
+    set, ``prompt`` and ``output`` are the request's token ids (``output`` the live list the
+    scheduler appends to), written into the round's context window."""
 
     temperature: float = 0.0
     top_k: int = 0
     top_p: float = 1.0
     min_p: float = 0.0
     seed: int = 0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logprobs: int = -1  # top alternatives to return per sampled token; -1: no logprobs
+    prompt: tuple[int, ...] = dataclasses.field(default=(), compare=False, repr=False)
+    output: Sequence[int] = dataclasses.field(default=(), compare=False, repr=False)
+
+    @property
+    def has_penalty(self) -> bool:
+        return self.presence_penalty != 0 or self.frequency_penalty != 0 or self.repetition_penalty != 1
 
 
 GREEDY = SamplingRow()
@@ -52,14 +64,21 @@ class StepArrays:
     min_p: np.ndarray  # float32 [R]
     seed: np.ndarray  # uint32 [R]
     position: np.ndarray  # int32 [R]: position of the sampled token (per-request RNG stream)
+    presence: np.ndarray  # float32 [R]
+    frequency: np.ndarray  # float32 [R]
+    repetition: np.ndarray  # float32 [R]
+    ctx_ids: np.ndarray  # int32 [R, W]: penalised rows' prompt + output ids, -1 = empty
+    ctx_out: np.ndarray  # bool [R, W]: the entry is a generated token
 
     def as_dict(self) -> dict[str, np.ndarray]:
         return dataclasses.asdict(self)
 
 
 def build_arrays(
-    plan: RoundPlan, variant: Variant, *, page_size: int, max_pages: int, sampling: Mapping[int, SamplingRow]
+    plan: RoundPlan, variant: Variant, *, page_size: int, max_pages: int, sampling: Mapping[int, SamplingRow],
+    penalty_window: int = 0,
 ) -> StepArrays:
+    """``penalty_window``: width ``W`` of the penalty context arrays (0: penalties unavailable)."""
     t, r, m = variant.num_tokens, variant.num_rows, variant.max_emits
     # checked before filling: an oversized plan must raise this, not an index/broadcast error halfway
     num_tokens, num_emits = sum(len(row.tokens) for row in plan.rows), sum(len(row.emits) for row in plan.rows)
@@ -83,6 +102,11 @@ def build_arrays(
         min_p=np.zeros(r, np.float32),
         seed=np.zeros(r, np.uint32),
         position=np.zeros(r, np.int32),
+        presence=np.zeros(r, np.float32),
+        frequency=np.zeros(r, np.float32),
+        repetition=np.ones(r, np.float32),
+        ctx_ids=np.full((r, penalty_window), -1, np.int32),
+        ctx_out=np.zeros((r, penalty_window), np.bool_),
     )
     rows = plan.rows
     nr = len(rows)
@@ -122,4 +146,13 @@ def build_arrays(
     a.top_p[:nr] = [p.top_p for p in params]
     a.min_p[:nr] = [p.min_p for p in params]
     a.seed[:nr] = [p.seed & 0xFFFFFFFF for p in params]
+    for i, p in enumerate(params):
+        if p.has_penalty:
+            n_prompt, n_out = len(p.prompt), len(p.output)
+            if n_prompt + n_out > penalty_window:
+                raise ValueError(f"request {rows[i].request_id}: {n_prompt + n_out} context tokens exceed the penalty window {penalty_window}")
+            a.presence[i], a.frequency[i], a.repetition[i] = p.presence_penalty, p.frequency_penalty, p.repetition_penalty
+            a.ctx_ids[i, :n_prompt] = p.prompt
+            a.ctx_ids[i, n_prompt : n_prompt + n_out] = p.output
+            a.ctx_out[i, n_prompt : n_prompt + n_out] = True
     return a

@@ -1,8 +1,15 @@
-"""On-device sampling for a batch of rows: greedy, temperature, top-k, top-p, min-p, per-request seed.
+"""On-device sampling for a batch of rows: greedy, temperature, top-k, top-p, min-p, per-request seed;
+presence / frequency / repetition penalties; log-probabilities of the sampled and the top tokens.
 
 Row ``r`` draws from ``fold_in(key(seed[r]), position[r])``: the stream depends only on the
 request's seed and the token position, so outputs do not depend on batching or round boundaries.
 ``temperature == 0`` means greedy (argmax), exactly.
+
+Penalties (vLLM's / OpenAI's definitions) read a row's context from ``ctx_ids [R, W]`` (-1 = empty)
+with ``ctx_out [R, W]`` marking generated tokens: repetition divides positive logits and multiplies
+negative ones of every token seen in the prompt or the output; frequency subtracts
+``count_in_output * f``; presence subtracts ``p`` once for a token present in the output. Neutral
+values (1, 0, 0) leave a row's logits bit-identical.
 """
 
 from __future__ import annotations
@@ -46,3 +53,33 @@ def sample(
 
     drawn = jax.vmap(draw)(masked, seed, position)
     return jnp.where(temperature > 0, drawn, greedy)
+
+
+def apply_penalties(
+    logits: jax.Array,
+    ctx_ids: jax.Array,
+    ctx_out: jax.Array,
+    presence: jax.Array,
+    frequency: jax.Array,
+    repetition: jax.Array,
+) -> jax.Array:
+    """``logits [R, V]`` float32 with the penalties of each row applied (see the module docstring)."""
+    rows, vocab = logits.shape
+    valid = ctx_ids >= 0
+    ids = jnp.where(valid, ctx_ids, vocab)  # out of range: dropped by the scatters
+    row = jnp.broadcast_to(jnp.arange(rows)[:, None], ids.shape)
+    counts = jnp.zeros((rows, vocab), jnp.float32).at[row, ids].add(ctx_out.astype(jnp.float32), mode="drop")
+    seen = jnp.zeros((rows, vocab), jnp.bool_).at[row, ids].max(valid, mode="drop")
+    rep = repetition[:, None]
+    repeated = jnp.where(logits > 0, logits / rep, logits * rep)
+    out = jnp.where(seen & (rep != 1.0), repeated, logits)
+    out = out - frequency[:, None] * counts - presence[:, None] * (counts > 0)
+    return jnp.where((presence == 0) & (frequency == 0) & (repetition == 1.0), logits.T, out.T).T
+
+
+def token_logprobs(logits: jax.Array, tokens: jax.Array, k: int) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Log-softmax of ``logits [R, V]``: ``(logprob of tokens[r] [R], top-k ids [R, k], their logprobs [R, k])``."""
+    logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+    chosen = jnp.take_along_axis(logp, tokens[:, None].astype(jnp.int32), axis=-1)[:, 0]
+    top_lp, top_ids = jax.lax.top_k(logp, k)
+    return chosen, top_ids.astype(jnp.int32), top_lp

@@ -24,7 +24,9 @@ from flax import nnx
 from radixflow_jax.kernels import ops
 from radixflow_jax.models.batch import Batch, ModelCache
 from radixflow_jax.models.mixers.recurrent import Emits
-from radixflow_jax.runner.sampling import sample
+from radixflow_jax.runner.sampling import apply_penalties, sample, token_logprobs
+
+MAX_LOGPROBS = 20  # top alternatives computed per sampled token (the OpenAI API's maximum)
 from radixflow_jax.runner.shapes import ShapeConfig, Variant
 
 
@@ -52,15 +54,16 @@ def make_step(graphdef: nnx.GraphDef, num_decode: int) -> Callable:
         batch = Batch(a["cu_seqlens"], a["kv_lens"], a["page_table"], a["slot_mapping"], a["state_slots"])
         emits = Emits(a["emit_rows"], a["emit_offsets"], a["emit_slots"])
         hidden, cache = model(a["tokens"], batch, cache, num_decode=num_decode, emits=emits)
-        logits = model.logits(hidden[a["logits_index"]])
+        logits = model.logits(hidden[a["logits_index"]]).astype(jnp.float32)
+        logits = apply_penalties(logits, a["ctx_ids"], a["ctx_out"], a["presence"], a["frequency"], a["repetition"])
         tokens = sample(logits, a["temperature"], a["top_k"], a["top_p"], a["min_p"], a["seed"], a["position"])
-        return cache, tokens
+        return cache, (tokens, *token_logprobs(logits, tokens, min(MAX_LOGPROBS, logits.shape[-1])))
 
     return step
 
 
-def array_specs(variant: Variant, max_pages: int) -> dict[str, jax.ShapeDtypeStruct]:
-    t, r, m = variant.num_tokens, variant.num_rows, variant.max_emits
+def array_specs(variant: Variant, max_pages: int, penalty_window: int = 0) -> dict[str, jax.ShapeDtypeStruct]:
+    t, r, m, w = variant.num_tokens, variant.num_rows, variant.max_emits, penalty_window
     i32, f32 = jnp.int32, jnp.float32
     shapes = {
         "tokens": ((t,), i32), "cu_seqlens": ((r + 1,), i32), "kv_lens": ((r,), i32),
@@ -68,6 +71,8 @@ def array_specs(variant: Variant, max_pages: int) -> dict[str, jax.ShapeDtypeStr
         "copy_src": ((r,), i32), "emit_rows": ((m,), i32), "emit_offsets": ((m,), i32), "emit_slots": ((m,), i32),
         "logits_index": ((r,), i32), "temperature": ((r,), f32), "top_k": ((r,), i32), "top_p": ((r,), f32),
         "min_p": ((r,), f32), "seed": ((r,), jnp.uint32), "position": ((r,), i32),
+        "presence": ((r,), f32), "frequency": ((r,), f32), "repetition": ((r,), f32),
+        "ctx_ids": ((r, w), i32), "ctx_out": ((r, w), jnp.bool_),
     }  # fmt: skip
     return {k: jax.ShapeDtypeStruct(s, d) for k, (s, d) in shapes.items()}
 
@@ -75,8 +80,12 @@ def array_specs(variant: Variant, max_pages: int) -> dict[str, jax.ShapeDtypeStr
 class CompiledStep:
     """Compiled executables per variant, built with the kernel backend ``kernels``."""
 
-    def __init__(self, graphdef: nnx.GraphDef, params: nnx.State, cache: ModelCache, shapes: ShapeConfig, kernels: str):
+    def __init__(
+        self, graphdef: nnx.GraphDef, params: nnx.State, cache: ModelCache, shapes: ShapeConfig, kernels: str,
+        penalty_window: int = 0,
+    ):  # fmt: skip
         self.graphdef = graphdef
+        self.penalty_window = penalty_window
         self.shapes = shapes
         self.kernels = kernels
         self._params_spec = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), params)
@@ -93,7 +102,10 @@ class CompiledStep:
         start = time.perf_counter()
         fn = jax.jit(make_step(self.graphdef, variant.num_decode), donate_argnums=(1,))
         with ops.use_backend(self.kernels):
-            lowered = fn.lower(self._params_spec, self._cache_spec, array_specs(variant, self.shapes.max_pages_per_row))
+            lowered = fn.lower(
+                self._params_spec, self._cache_spec,
+                array_specs(variant, self.shapes.max_pages_per_row, self.penalty_window),
+            )  # fmt: skip
         compiled = lowered.compile()
         self.num_compiles += 1
         self.compile_seconds += time.perf_counter() - start

@@ -208,6 +208,37 @@ def create_app(state: ServerState) -> FastAPI:
         finally:
             gone.cancel()
 
+    def token_text(token_id: int) -> str:
+        tok = state.tokenizer
+        return tok.decode([token_id], skip_special_tokens=False) if tok is not None else str(token_id)
+
+    def completion_logprobs(out: RequestOutput, start: int, offset: int) -> R.CompletionLogprobs | None:
+        """Logprobs of tokens ``start..`` (``offset``: text offset of token ``start``)."""
+        if out.logprobs is None:
+            return None
+        res = R.CompletionLogprobs()
+        for tid, (lp, ids, lps) in zip(out.token_ids[start:], out.logprobs[start:]):
+            text = token_text(tid)
+            res.tokens.append(text)
+            res.token_logprobs.append(lp)
+            top: dict[str, float] = {}
+            for i, v in zip(ids, lps):  # best first: ids that decode to the same text keep the best value
+                top.setdefault(token_text(i), v)
+            res.top_logprobs.append(top or None)
+            res.text_offset.append(offset)
+            offset += len(text)
+        return res
+
+    def chat_logprobs(out: RequestOutput, start: int) -> R.ChatLogprobs | None:
+        if out.logprobs is None:
+            return None
+        content = []
+        for tid, (lp, ids, lps) in zip(out.token_ids[start:], out.logprobs[start:]):
+            text = token_text(tid)
+            tops = [R.TopLogprob(token=token_text(i), logprob=v, bytes=list(token_text(i).encode())) for i, v in zip(ids, lps)]
+            content.append(R.TokenLogprob(token=text, logprob=lp, bytes=list(text.encode()), top_logprobs=tops))
+        return R.ChatLogprobs(content=content)
+
     def usage(out: RequestOutput) -> R.Usage:
         return R.Usage.of(out.prompt_tokens, len(out.token_ids), out.cached_tokens)
 
@@ -216,14 +247,24 @@ def create_app(state: ServerState) -> FastAPI:
         text = TextStream(max((len(s) for s in req.params.stop), default=1) - 1)
         usage_field = {"usage": None} if req.include_usage else {}
         finished = False
+        lp_sent, offset = 0, 0
 
-        def chunk(delta: str | None, reason: str | None, first: bool = False) -> dict[str, Any]:
+        def chunk(delta: str | None, reason: str | None, first: bool = False, out: RequestOutput | None = None) -> dict[str, Any]:
+            nonlocal lp_sent, offset
+            lp = None
+            if out is not None and out.logprobs is not None and len(out.logprobs) > lp_sent:
+                if chat:
+                    lp = chat_logprobs(out, lp_sent).model_dump()
+                else:
+                    lp = completion_logprobs(out, lp_sent, offset).model_dump()
+                    offset += sum(len(t) for t in lp["tokens"])
+                lp_sent = len(out.logprobs)
             if chat:
                 d = {"role": "assistant", "content": delta or ""} if first else ({"content": delta} if delta else {})
-                choice = {"index": 0, "delta": d, "logprobs": None, "finish_reason": reason}
+                choice = {"index": 0, "delta": d, "logprobs": lp, "finish_reason": reason}
                 return {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model,
                         "choices": [choice], **usage_field}  # fmt: skip
-            choice = {"index": 0, "text": delta or "", "logprobs": None, "finish_reason": reason}
+            choice = {"index": 0, "text": delta or "", "logprobs": lp, "finish_reason": reason}
             return {"id": rid, "object": "text_completion", "created": created, "model": model,
                     "choices": [choice], **usage_field}  # fmt: skip
 
@@ -235,9 +276,9 @@ def create_app(state: ServerState) -> FastAPI:
                 delta = text.delta(out.text or "", out.finished)
                 if out.finished:
                     finished = True
-                    yield _sse(chunk(delta, out.finish_reason))
+                    yield _sse(chunk(delta, out.finish_reason, out=out))
                 elif delta:
-                    yield _sse(chunk(delta, None))
+                    yield _sse(chunk(delta, None, out=out))
             if req.include_usage and out is not None:
                 body = {"id": rid, "object": "chat.completion.chunk" if chat else "text_completion",
                         "created": created, "model": model, "choices": [], "usage": usage(out).model_dump()}  # fmt: skip
@@ -263,10 +304,12 @@ def create_app(state: ServerState) -> FastAPI:
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})  # fmt: skip
         out = await final_output(handle, request)
         if kind == protocol.CHAT:
-            choice = R.ChatChoice(message=R.AssistantMessage(content=out.text or ""), finish_reason=out.finish_reason)
+            choice = R.ChatChoice(message=R.AssistantMessage(content=out.text or ""), finish_reason=out.finish_reason,
+                                  logprobs=chat_logprobs(out, 0))  # fmt: skip
             resp = R.ChatCompletionResponse(id=rid, model=cfg.model_name, choices=[choice], usage=usage(out))
         else:
-            choice = R.CompletionChoice(text=out.text or "", finish_reason=out.finish_reason)
+            choice = R.CompletionChoice(text=out.text or "", finish_reason=out.finish_reason,
+                                        logprobs=completion_logprobs(out, 0, 0))  # fmt: skip
             resp = R.CompletionResponse(id=rid, model=cfg.model_name, choices=[choice], usage=usage(out))
         return JSONResponse(resp.model_dump())
 

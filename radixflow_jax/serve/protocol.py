@@ -11,6 +11,9 @@ Invariants:
   * Unknown fields are accepted and ignored (clients send vendor extras); known fields that ask
     for something the engine does not do (``n > 1``, ``echo``, ``suffix``, ``logit_bias``, tools,
     a JSON response format, several prompts in one request) raise, never silently ignored.
+  * Implemented: temperature, top_p, top_k, min_p, seed, stop, stop_token_ids, ignore_eos, the
+    presence / frequency / repetition penalties, logprobs (completions: ``logprobs`` = number of
+    alternatives; chat: ``logprobs`` + ``top_logprobs``).
   * Defaults follow the OpenAI API: ``temperature`` 1, ``top_p`` 1; completions ``max_tokens`` 16,
     chat ``max_tokens`` fills the context (``max_model_len - prompt``) when the limit is known.
 """
@@ -273,9 +276,6 @@ def to_engine_request(
         )
     values = _sampling_dict(body, max_tokens)
     if logprobs is not None:
-        if "logprobs" not in {f.name for f in dataclasses.fields(SamplingParams)}:
-            name = "logprobs" if kind == COMPLETIONS or not body.top_logprobs else "top_logprobs"
-            raise ProtocolError(f"{name} is not supported by this engine", param=name, code="unsupported_parameter")
         values["logprobs"] = logprobs
     try:
         params = SamplingParams.from_dict(values)

@@ -135,6 +135,43 @@ def test_seeded_sampling_is_reproducible(client):
     assert a.choices[0].text == b.choices[0].text and a.usage.completion_tokens == 8
 
 
+def test_completion_logprobs(client):
+    out = client.completions.create(model=MODEL, prompt="The passage says", max_tokens=5, temperature=0, logprobs=3,
+                                    extra_body={"ignore_eos": True})  # fmt: skip
+    lp = out.choices[0].logprobs
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == 5
+    if not any("\ufffd" in t for t in lp.tokens):  # a lone byte of a multi-byte character decodes to U+FFFD
+        assert "".join(lp.tokens) == out.choices[0].text
+    for chosen, top in zip(lp.token_logprobs, lp.top_logprobs):
+        assert 1 <= len(top) <= 3 and chosen <= 0  # (ids that decode to the same text share a key)
+        assert chosen == pytest.approx(max(top.values()), abs=1e-5)  # greedy picks the most likely token
+    assert lp.text_offset == [sum(len(t) for t in lp.tokens[:i]) for i in range(5)]
+
+
+def test_chat_stream_logprobs(client):
+    chunks = list(client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "Hello"}], max_tokens=6, temperature=0, logprobs=True,
+        top_logprobs=2, stream=True, stream_options={"include_usage": True}, extra_body={"ignore_eos": True}))  # fmt: skip
+    content = [c for ch in chunks if ch.choices and ch.choices[0].logprobs for c in ch.choices[0].logprobs.content]
+    assert len(content) == chunks[-1].usage.completion_tokens == 6
+    assert all(len(c.top_logprobs) == 2 and c.logprob <= c.top_logprobs[0].logprob + 1e-5 for c in content)
+
+
+def test_penalties_reduce_repetition(client):
+    def tokens(**extra) -> list[str]:
+        out = client.completions.create(model=MODEL, prompt=ARTICLE[:30], max_tokens=24, temperature=0, logprobs=0,
+                                        extra_body={"ignore_eos": True, **extra})  # fmt: skip
+        return out.choices[0].logprobs.tokens
+
+    def repeats(toks: list[str]) -> int:
+        return len(toks) - len(set(toks))
+
+    base = tokens()
+    assert repeats(base) > 0  # the tiny random model loops; penalties must break that
+    penalised = tokens(presence_penalty=2.0, frequency_penalty=2.0, repetition_penalty=3.0)
+    assert repeats(penalised) < repeats(base)
+
+
 def test_tokenize_detokenize(http):
     ids = http.post("/tokenize", json={"prompt": "hello world"}).json()
     assert ids["count"] == len(ids["tokens"]) > 0 and ids["max_model_len"] == 512
@@ -184,6 +221,9 @@ BAD = [
     ("POST", "/v1/completions", {"prompt": "a", "stop": [1]}, None, 400, "stop"),
     ("POST", "/v1/completions", {"prompt": "a", "seed": "x"}, None, 400, "seed"),
     ("POST", "/v1/completions", {"prompt": "a", "min_tokens": 3}, None, 400, "min_tokens"),
+    ("POST", "/v1/completions", {"prompt": "a", "logprobs": 21}, None, 400, "logprobs: must be between 0 and 20"),
+    ("POST", "/v1/completions", {"prompt": "a", "repetition_penalty": 0}, None, 400, "repetition_penalty must be"),
+    ("POST", "/v1/completions", {"prompt": "a", "frequency_penalty": -2.5}, None, 400, "frequency_penalty must be in [-2, 2]"),
     ("POST", "/v1/completions", {"prompt": "a", "stream_options": {"include_usage": True}}, None, 400, "stream is true"),
     ("POST", "/v1/completions", {"prompt": _long_prompt()}, None, 413, "exceeds the limit"),
     ("POST", "/v1/completions", {"prompt": "a"}, {"Authorization": "Bearer wrong"}, 401, "invalid API key"),
@@ -229,6 +269,9 @@ def test_bad_input_suite_then_still_serving(server, http, client):
     with pytest.raises(openai.BadRequestError) as info:  # the client sees the envelope too
         client.completions.create(model=MODEL, prompt="a", max_tokens=3, extra_body={"presence_penalty": "high"})
     assert info.value.body["param"] == "presence_penalty"
+    with pytest.raises(openai.BadRequestError) as info:
+        client.completions.create(model=MODEL, prompt="a", max_tokens=3, presence_penalty=3.0)
+    assert info.value.body["param"] == "presence_penalty" and "[-2, 2]" in info.value.body["message"]
 
 
 # ---------------------------------------------------------------------------------- load and disconnects
