@@ -40,6 +40,7 @@ class EngineConfig:
     seed: int = 0
     warmup: bool = True
     compilation_cache_dir: str | None = None  # persistent XLA cache: later engines reuse compiled variants
+    penalty_window: int | None = None  # longest context a penalised request may have; None: min(max_model_len, 4096)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -110,8 +111,8 @@ class EngineCore:
             )
         if params.has_penalty and len(prompt_ids) + params.max_tokens > self.penalty_window:
             raise ValueError(
-                f"penalties need the whole context in the penalty window ({self.penalty_window} tokens); this request "
-                f"has {len(prompt_ids)} prompt tokens + max_tokens {params.max_tokens}"
+                f"penalties need the whole context in the penalty window ({self.penalty_window} tokens, engine option "
+                f"penalty_window); this request has {len(prompt_ids)} prompt tokens + max_tokens {params.max_tokens}"
             )
         if params.logprobs is not None and not self.supports_logprobs:
             raise ValueError("logprobs are not available with this executor")

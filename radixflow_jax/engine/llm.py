@@ -73,7 +73,8 @@ def build_engine(model: LoadedModel, ec: EngineConfig) -> EngineCore:
     )
     executor = ModelExecutor(
         model, shapes, page_size=ec.page_size, num_pages=num_pages, num_slots=num_slots,
-        kernels=ec.kernels, warmup=ec.warmup, penalty_window=max_model_len,
+        kernels=ec.kernels, warmup=ec.warmup,
+        penalty_window=min(max_model_len, 4096) if ec.penalty_window is None else ec.penalty_window,
     )  # fmt: skip
     sched = SchedulerConfig(
         max_num_seqs=ec.max_num_seqs,

@@ -43,6 +43,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--num-kv-pages", type=int, default=None)
     p.add_argument("--num-state-slots", type=int, default=None)
     p.add_argument("--no-prefix-cache", action="store_true")
+    p.add_argument("--penalty-window", type=int, default=None,
+                   help="longest context (tokens) a request with penalties may have (default min(max-model-len, 4096))")
     p.add_argument("--kernels", default="auto", choices=("auto", "reference", "pallas"))
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-warmup", action="store_true", help="compile step variants lazily instead of at start-up")
@@ -106,7 +108,7 @@ def build_state(args: argparse.Namespace) -> Any:
         num_kv_pages=args.num_kv_pages, num_state_slots=args.num_state_slots, max_model_len=args.max_model_len,
         policy=args.policy, queue_order=args.queue_order, enable_prefix_cache=not args.no_prefix_cache,
         kernels=args.kernels, seed=args.seed, warmup=not args.no_warmup,
-        compilation_cache_dir=args.compilation_cache_dir or None,
+        compilation_cache_dir=args.compilation_cache_dir or None, penalty_window=args.penalty_window,
     )  # fmt: skip
     if args.memory_fraction is not None:
         if args.num_kv_pages is not None or args.num_state_slots is not None:

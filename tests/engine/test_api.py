@@ -102,9 +102,7 @@ def test_bad_prompt_types(llm: LLM) -> None:
 
 
 # --------------------------------------------------------------------------------- parameters
-@pytest.mark.parametrize("name,value", [("n", 2), ("best_of", 3), ("logprobs", 5), ("prompt_logprobs", 1),
-                                        ("presence_penalty", 0.5), ("frequency_penalty", -0.2),
-                                        ("repetition_penalty", 1.2), ("logit_bias", {"5": 1.0}),
+@pytest.mark.parametrize("name,value", [("n", 2), ("best_of", 3), ("prompt_logprobs", 1), ("logit_bias", {"5": 1.0}),
                                         ("use_beam_search", True), ("min_tokens", 3)])  # fmt: skip
 def test_unsupported_parameters_are_rejected(name: str, value) -> None:
     with pytest.raises(UnsupportedParameterError, match=name):
@@ -116,6 +114,25 @@ def test_unsupported_parameters_are_rejected(name: str, value) -> None:
                                         ("use_beam_search", False), ("min_tokens", 0)])  # fmt: skip
 def test_neutral_values_of_unsupported_parameters_are_accepted(name: str, value) -> None:
     assert SamplingParams.from_dict({name: value, "max_tokens": 3}) == SamplingParams(max_tokens=3)
+
+
+@pytest.mark.parametrize("name,value,bad", [("presence_penalty", 0.5, 2.5), ("frequency_penalty", -0.2, -3),
+                                            ("repetition_penalty", 1.2, 0.0), ("logprobs", 5, 21)])  # fmt: skip
+def test_penalties_and_logprobs_are_parameters(name: str, value, bad) -> None:
+    assert getattr(SamplingParams.from_dict({name: value}), name) == value
+    with pytest.raises(ValueError, match=name):
+        SamplingParams.from_dict({name: bad})
+
+
+def test_logprobs_and_penalties_through_the_engine(llm: LLM) -> None:
+    plain, scored, penalised = llm.generate(
+        [PROMPT] * 3, [_greedy(6), _greedy(6, logprobs=3), _greedy(6, frequency_penalty=2.0, presence_penalty=2.0)]
+    )
+    assert plain.logprobs is None and scored.token_ids == plain.token_ids
+    assert len(scored.logprobs) == 6
+    for token, (chosen, ids, lps) in zip(scored.token_ids, scored.logprobs):
+        assert ids[0] == token and chosen == pytest.approx(lps[0]) and len(ids) == 3 and lps == sorted(lps, reverse=True)
+    assert penalised.token_ids[0] == plain.token_ids[0]  # nothing generated yet: presence/frequency act on output only
 
 
 def test_unknown_parameter_is_rejected() -> None:
