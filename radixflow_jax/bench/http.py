@@ -37,6 +37,7 @@ class HttpResult:
     complete: bool = False
     dropped: bool = False
     error: str | None = None
+    text: str = ""
 
 
 async def stream_completion(client: Any, body: dict[str, Any], *, drop_after: int | None = None) -> HttpResult:
@@ -70,6 +71,7 @@ async def stream_completion(client: Any, body: dict[str, Any], *, drop_after: in
                     res.itl.append(now - last)
                 last = now
                 res.finish_reason = event["choices"][0].get("finish_reason") or res.finish_reason
+                res.text += event["choices"][0].get("text") or ""
             if event.get("usage"):
                 u = event["usage"]
                 res.prompt_tokens, res.output_tokens = u["prompt_tokens"], u["completion_tokens"]
@@ -83,8 +85,8 @@ async def stream_completion(client: Any, body: dict[str, Any], *, drop_after: in
         return res
 
 
-def request_body(model: str | None, req: BenchRequest) -> dict[str, Any]:
-    body = {"prompt": list(req.prompt), "max_tokens": req.max_tokens, "temperature": 0, "ignore_eos": True,
+def request_body(model: str | None, req: BenchRequest, history: Sequence[int] = ()) -> dict[str, Any]:
+    body = {"prompt": list(history) + list(req.prompt), "max_tokens": req.max_tokens, "temperature": 0, "ignore_eos": True,
             "stream": True, "stream_options": {"include_usage": True}}  # fmt: skip
     if model:
         body["model"] = model
@@ -96,7 +98,9 @@ async def run_requests(
     concurrency: int | None = None, drop_every: int = 0, drop_after: int = 2, timeout: float = 600.0,
 ) -> tuple[list[HttpResult], float]:
     """Sends every request at its arrival time; returns the results (in request order) and the wall
-    time. ``drop_every = k > 0``: every k-th client disconnects after ``drop_after`` chunks."""
+    time. ``drop_every = k > 0``: every k-th client disconnects after ``drop_after`` chunks.
+    Multi-turn conversations (``turn > 0``) go after the previous turn finished, with the previous
+    prompt and the answer (re-tokenised by the server's ``/tokenize``) in front of their text."""
     import httpx
 
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
@@ -105,21 +109,39 @@ async def run_requests(
     async with httpx.AsyncClient(base_url=url, headers=headers, timeout=timeout, limits=limits) as client:
         start = time.perf_counter()
 
-        async def one(i: int, req: BenchRequest) -> HttpResult:
-            delay = req.arrival_s - (time.perf_counter() - start)
-            if delay > 0:
-                await asyncio.sleep(delay)
+        async def send(i: int, req: BenchRequest, history: Sequence[int]) -> HttpResult:
             drop = drop_after if drop_every and i % drop_every == drop_every - 1 else None
             try:
                 if sem is None:
-                    return await stream_completion(client, request_body(model, req), drop_after=drop)
+                    return await stream_completion(client, request_body(model, req, history), drop_after=drop)
                 async with sem:
-                    return await stream_completion(client, request_body(model, req), drop_after=drop)
+                    return await stream_completion(client, request_body(model, req, history), drop_after=drop)
             except httpx.HTTPError as exc:
                 return HttpResult(0, error=f"{type(exc).__name__}: {exc}")
 
-        results = await asyncio.gather(*(one(i, r) for i, r in enumerate(requests)))
-        return list(results), time.perf_counter() - start
+        follow: dict[int, list[tuple[int, BenchRequest]]] = {}
+        for i, r in enumerate(requests):
+            if r.turn > 0:
+                follow.setdefault(r.group, []).append((i, r))
+        results: list[HttpResult | None] = [None] * len(requests)
+
+        async def conversation(i: int, req: BenchRequest) -> None:
+            delay = req.arrival_s - (time.perf_counter() - start)
+            if delay > 0:
+                await asyncio.sleep(delay)
+            results[i] = res = await send(i, req, ())
+            history = list(req.prompt)
+            for j, nxt in sorted(follow.get(req.group, []) if req.turn == 0 else [], key=lambda x: x[1].turn):
+                if not res.complete:  # the conversation stops with a failed or dropped turn
+                    break
+                answer = (await client.post("/tokenize", json={"prompt": res.text})).json()["tokens"] if res.text else []
+                history += answer
+                results[j] = res = await send(j, nxt, history)
+                history += list(nxt.prompt)
+
+        await asyncio.gather(*(conversation(i, r) for i, r in enumerate(requests) if r.turn == 0))
+        done = [r if r is not None else HttpResult(0, error="not sent: an earlier turn failed") for r in results]
+        return done, time.perf_counter() - start
 
 
 def _stats(values: Sequence[float]) -> dict[str, float]:

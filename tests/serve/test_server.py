@@ -323,6 +323,15 @@ def test_concurrent_streams_with_disconnects(server, http):
     assert_pools_full(http)
 
 
+def test_non_streaming_disconnect_aborts(server, http):
+    before = metrics(http).get("radixflow:request_success_total{finished_reason=abort}", 0)
+    body = {"model": MODEL, "prompt": ARTICLE[:20], "max_tokens": 400, "temperature": 0, "ignore_eos": True}
+    with pytest.raises(httpx.ReadTimeout):  # the client gives up and closes the connection
+        httpx.post(server.url + "/v1/completions", json=body, headers=server.headers, timeout=1.5)
+    after = wait_idle(http, timeout=60)  # long before 400 tokens could have been generated
+    assert after["radixflow:request_success_total{finished_reason=abort}"] == before + 1
+
+
 def test_small_max_waiting_answers_429_while_admitted_complete(server, http):
     async def one(c: httpx.AsyncClient, i: int) -> httpx.Response:
         body = {"model": MODEL, "prompt": [40 + i, 41, 42, 43], "max_tokens": 2, "temperature": 0, "ignore_eos": True}
@@ -341,6 +350,22 @@ def test_small_max_waiting_answers_429_while_admitted_complete(server, http):
         else:
             assert r.json()["usage"]["completion_tokens"] == 2
     wait_idle(http)
+
+
+def test_bench_url_reports_serving_metrics(server, tmp_path, capsys):
+    from radixflow_jax.cli import main
+
+    out = tmp_path / "bench.json"
+    rc = main(["bench", "--url", server.url, "--api-key", KEY, "--served-model-name", MODEL, "--workload", "multiturn",
+               "--num-requests", "8", "--max-tokens", "3", "--arrival", "all", "--json", str(out)])  # fmt: skip
+    assert rc == 0
+    report = json.loads(out.read_text())
+    assert report["completed"] == 8 and report["failed"] == 0 and report["status_5xx"] == 0
+    assert report["output_tokens"] == 24 and report["request_throughput"] > 0
+    assert 0 < report["ttft_ms"]["mean"] <= report["e2el_ms"]["mean"] and report["e2el_ms"]["p99"] >= report["e2el_ms"]["median"]
+    assert report["cache_hit_rate"] > 0  # later turns extend earlier ones (300-token first turns)
+    printed = capsys.readouterr().out
+    assert "TTFT" in printed and "TPOT" in printed and "cache hit rate" in printed
 
 
 # ---------------------------------------------------------------------------------- drain (last)
