@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import dataclasses
+import logging
 import numbers
 import queue
 import threading
@@ -248,8 +249,16 @@ class BackgroundEngine:
                     delivered.append(event)
                     self.core.forget(handle.request_id)  # delivered: keep no per-request state
                 self._handles.pop(handle.request_id, None)
-        if delivered and self._observer is not None:
-            self._observer(delivered, ())
+        if delivered:
+            self._observe(delivered, ())
+
+    def _observe(self, events: Sequence[RequestOutput], records: Sequence[RoundRecord]) -> None:
+        if self._observer is None:
+            return
+        try:
+            self._observer(events, records)
+        except Exception:  # a metrics bug must not stop serving; it is logged, not hidden
+            logging.getLogger(__name__).exception("engine observer failed")
 
     def _run(self) -> None:
         try:
@@ -269,8 +278,7 @@ class BackgroundEngine:
                     if out.finished:
                         self._handles.pop(out.request_id, None)
                         self.core.forget(out.request_id)  # delivered: keep no per-request state
-                if self._observer is not None:
-                    self._observer(delivered, self.core.records[seen:])
+                self._observe(delivered, self.core.records[seen:])
                 if self._trim:
                     self.core.records.clear()
             self._close()

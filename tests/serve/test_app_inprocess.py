@@ -76,3 +76,30 @@ def test_text_stream_holds_back_stop_prefix_and_partial_utf8():
     assert s.delta("abcd\ufffd", False) == "bc"  # 'd' + U+FFFD held back
     assert s.delta("abcdé", True) == "dé"
     assert s.delta("abcdé", True) == ""
+
+
+def test_background_observer_and_call():
+    from radixflow_jax.engine.params import SamplingParams
+
+    ec = EngineConfig(max_num_seqs=4, max_num_batched_tokens=64, max_model_len=512)
+    core = build_sim_engine(get_model_spec("qwen3.5-4b"), get_device_spec("h200"), ec)
+    seen: list = []
+
+    def observer(events, records):
+        seen.append((list(events), list(records)))
+        if len(seen) == 2:
+            raise RuntimeError("observer bug")  # logged; the engine keeps serving
+
+    engine = BackgroundEngine(core, observer=observer, trim_records=True)
+    try:
+        outs = [engine.submit([1, 2, 3, 4], SamplingParams(max_tokens=3, ignore_eos=True)).result(30) for _ in range(2)]
+        assert [len(o.token_ids) for o in outs] == [3, 3] and engine.is_running
+        finals = [e for events, _ in seen for e in events if e.finished]
+        assert len(finals) == 2 and sum(len(r) for _, r in seen) == core.num_rounds > 0
+        assert core.records == []  # trimmed after each round
+        assert engine.call(lambda c: c.scheduler.memory.pages.num_free).result(30) == core.scheduler.memory.pages.num_free
+        with pytest.raises(ZeroDivisionError):
+            engine.call(lambda c: 1 / 0).result(30)
+        assert engine.is_running
+    finally:
+        engine.shutdown()
