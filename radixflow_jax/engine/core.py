@@ -13,6 +13,7 @@ import math
 import time
 from typing import Callable, Sequence
 
+from radixflow_jax.engine.detok import IncrementalText
 from radixflow_jax.engine.protocol import Executor, StepResult
 from radixflow_jax.engine.params import RequestOutput, SamplingParams
 from radixflow_jax.runner.inputs import SamplingRow
@@ -96,6 +97,7 @@ class EngineCore:
         self._params: dict[int, SamplingParams] = {}
         self._sampling: dict[int, SamplingRow] = {}
         self._outputs: dict[int, RequestOutput] = {}
+        self._detok: dict[int, IncrementalText] = {}  # incremental text of running requests
         self.penalty_window = int(getattr(executor, "penalty_window", 0))  # 0: the executor cannot penalise
         self.supports_logprobs = bool(getattr(executor, "supports_logprobs", False))
 
@@ -129,7 +131,7 @@ class EngineCore:
         if req is not None and not req.is_finished:
             raise ValueError(f"request {request_id} is still running")
         self.scheduler.requests.pop(request_id, None)
-        for table in (self._params, self._sampling, self._outputs):
+        for table in (self._params, self._sampling, self._outputs, self._detok):
             table.pop(request_id, None)
 
     def add_request(
@@ -162,6 +164,7 @@ class EngineCore:
         out = self._outputs[request_id]
         out.finish_reason, out.finish_time = "abort", self.clock()
         self._sampling.pop(request_id, None)
+        self._detok.pop(request_id, None)
         return out
 
     def has_unfinished(self) -> bool:
@@ -202,8 +205,11 @@ class EngineCore:
             out.first_token_time, out.first_token_round = now, self.num_rounds
         params = self._params[rid]
         if self.tokenizer is not None:
-            out.text = self.tokenizer.decode(out.token_ids)
-            hit = min((out.text.find(s) for s in params.stop if s in out.text), default=-1)
+            detok = self._detok.setdefault(rid, IncrementalText(self.tokenizer))
+            seen = len(detok.text)  # no stop string was complete in this much text
+            out.text = detok.finish(out.token_ids) if req.is_finished else detok.update(out.token_ids)
+            starts = [0 if req.is_finished else max(0, seen - len(s) + 1) for s in params.stop]
+            hit = min((h for h in (out.text.find(s, a) for s, a in zip(params.stop, starts)) if h >= 0), default=-1)
             if hit >= 0:
                 out.text = out.text[:hit]
                 if req.is_finished:
@@ -220,6 +226,7 @@ class EngineCore:
         out.finish_reason = req.finish_reason
         out.finish_time, out.finish_round = now, self.num_rounds
         self._sampling.pop(req.request_id, None)
+        self._detok.pop(req.request_id, None)
 
     def _record(self, plan, result: StepResult, plan_s: float) -> None:
         # Bubble: budget left idle while requests behind a consumer stop were admissible; the
