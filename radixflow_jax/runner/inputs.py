@@ -150,8 +150,12 @@ def build_arrays(
         if p.has_penalty:
             n_prompt, n_out = len(p.prompt), len(p.output)
             if n_prompt + n_out > penalty_window:
-                raise ValueError(f"request {rows[i].request_id}: {n_prompt + n_out} context tokens exceed the penalty window {penalty_window}")
-            a.presence[i], a.frequency[i], a.repetition[i] = p.presence_penalty, p.frequency_penalty, p.repetition_penalty
+                raise ValueError(
+                    f"request {rows[i].request_id}: {n_prompt + n_out} context tokens exceed the penalty window "
+                    f"{penalty_window}"
+                )
+            a.presence[i], a.frequency[i] = p.presence_penalty, p.frequency_penalty
+            a.repetition[i] = p.repetition_penalty
             a.ctx_ids[i, :n_prompt] = p.prompt
             a.ctx_ids[i, n_prompt : n_prompt + n_out] = p.output
             a.ctx_out[i, n_prompt : n_prompt + n_out] = True

@@ -205,6 +205,8 @@ def create_app(state: ServerState) -> FastAPI:
             return await result
         except EngineDeadError as exc:
             raise ApiError(503, str(exc), code="engine_dead") from None
+        except ValueError as exc:  # refused when the engine thread queued it
+            raise ApiError(400, str(exc)) from None
         finally:
             gone.cancel()
 
@@ -213,31 +215,10 @@ def create_app(state: ServerState) -> FastAPI:
         return tok.decode([token_id], skip_special_tokens=False) if tok is not None else str(token_id)
 
     def completion_logprobs(out: RequestOutput, start: int, offset: int) -> R.CompletionLogprobs | None:
-        """Logprobs of tokens ``start..`` (``offset``: text offset of token ``start``)."""
-        if out.logprobs is None:
-            return None
-        res = R.CompletionLogprobs()
-        for tid, (lp, ids, lps) in zip(out.token_ids[start:], out.logprobs[start:]):
-            text = token_text(tid)
-            res.tokens.append(text)
-            res.token_logprobs.append(lp)
-            top: dict[str, float] = {}
-            for i, v in zip(ids, lps):  # best first: ids that decode to the same text keep the best value
-                top.setdefault(token_text(i), v)
-            res.top_logprobs.append(top or None)
-            res.text_offset.append(offset)
-            offset += len(text)
-        return res
+        return R.completion_logprobs(out.token_ids, out.logprobs, start, offset, token_text)
 
     def chat_logprobs(out: RequestOutput, start: int) -> R.ChatLogprobs | None:
-        if out.logprobs is None:
-            return None
-        content = []
-        for tid, (lp, ids, lps) in zip(out.token_ids[start:], out.logprobs[start:]):
-            text = token_text(tid)
-            tops = [R.TopLogprob(token=token_text(i), logprob=v, bytes=list(token_text(i).encode())) for i, v in zip(ids, lps)]
-            content.append(R.TokenLogprob(token=text, logprob=lp, bytes=list(text.encode()), top_logprobs=tops))
-        return R.ChatLogprobs(content=content)
+        return R.chat_logprobs(out.token_ids, out.logprobs, start, token_text)
 
     def usage(out: RequestOutput) -> R.Usage:
         return R.Usage.of(out.prompt_tokens, len(out.token_ids), out.cached_tokens)
@@ -286,6 +267,9 @@ def create_app(state: ServerState) -> FastAPI:
         except EngineDeadError as exc:
             finished = True
             yield _sse(R.error_body(503, str(exc), code="engine_dead"))
+        except ValueError as exc:  # refused when the engine thread queued it
+            finished = True
+            yield _sse(R.error_body(400, str(exc)))
         finally:
             if not finished:
                 handle.abort()  # client gone (or cancelled): free the request's pages and slots

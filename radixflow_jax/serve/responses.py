@@ -7,7 +7,7 @@ from the prefix cache (KV pages and a recurrent checkpoint) instead of computing
 from __future__ import annotations
 
 import time
-from typing import Any, Literal
+from typing import Any, Callable, Literal, Sequence
 
 from pydantic import BaseModel, Field
 
@@ -145,3 +145,40 @@ class ModelCard(BaseModel):
 class ModelList(BaseModel):
     object: Literal["list"] = "list"
     data: list[ModelCard]
+
+
+Logprobs = Sequence[tuple[float, Sequence[int], Sequence[float]]]
+
+
+def completion_logprobs(
+    token_ids: Sequence[int], logprobs: Logprobs | None, start: int, offset: int, text: Callable[[int], str]
+) -> CompletionLogprobs | None:
+    """Completions-format logprobs of tokens ``start..`` (``offset``: text offset of token ``start``).
+    Alternatives that decode to the same text share a key: the best value is kept."""
+    if logprobs is None:
+        return None
+    res = CompletionLogprobs()
+    for tid, (lp, ids, lps) in zip(token_ids[start:], logprobs[start:]):
+        t = text(tid)
+        res.tokens.append(t)
+        res.token_logprobs.append(lp)
+        top: dict[str, float] = {}
+        for i, v in zip(ids, lps):  # best first
+            top.setdefault(text(i), v)
+        res.top_logprobs.append(top or None)
+        res.text_offset.append(offset)
+        offset += len(t)
+    return res
+
+
+def chat_logprobs(
+    token_ids: Sequence[int], logprobs: Logprobs | None, start: int, text: Callable[[int], str]
+) -> ChatLogprobs | None:
+    if logprobs is None:
+        return None
+    content = []
+    for tid, (lp, ids, lps) in zip(token_ids[start:], logprobs[start:]):
+        t = text(tid)
+        tops = [TopLogprob(token=text(i), logprob=v, bytes=list(text(i).encode())) for i, v in zip(ids, lps)]
+        content.append(TokenLogprob(token=t, logprob=lp, bytes=list(t.encode()), top_logprobs=tops))
+    return ChatLogprobs(content=content)
