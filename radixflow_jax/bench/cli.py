@@ -43,7 +43,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sweep-rates", default=None, help="R1,R2,...: run every policy at each rate (latency vs load)")
     p.add_argument("--repeats", type=int, default=None, help="interleaved runs per policy (default: 3 model, 1 sim)")
     p.add_argument("--buckets", default="pow2", choices=BUCKET_SETS, help="sim: step shapes rounds are padded to")
-    p.add_argument("--round-overhead-ms", type=float, default=None, help="sim: fixed cost per round (default: device spec)")
+    p.add_argument(
+        "--round-overhead-ms", type=float, default=None, help="sim: fixed cost per round (default: the device spec's)"
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--max-num-seqs", type=int, default=None)
     p.add_argument("--max-num-batched-tokens", type=int, default=None)
@@ -114,7 +116,8 @@ def format_spreads(reps: list[Repeated]) -> str:
         n = len(rep.runs)
         lat, rounds = rep.spread["mean_latency_s"], rep.spread["rounds"]
         lines.append(
-            f"{rep.median.policy}: {n} repeats, mean latency {lat[0]:.3f}-{lat[1]:.3f} s, rounds {rounds[0]:.0f}-{rounds[1]:.0f}"
+            f"{rep.median.policy}: {n} repeats, mean latency {lat[0]:.3f}-{lat[1]:.3f} s, "
+            f"rounds {rounds[0]:.0f}-{rounds[1]:.0f}"
         )
     return "\n".join(lines)
 

@@ -133,7 +133,9 @@ class CalibratedCost:
 
     @classmethod
     def fit(cls, samples: Sequence[tuple[int, int, float]]) -> CalibratedCost:
-        """From ``(token_slots, row_slots, seconds)`` measurements (e.g. ``EngineCore.records``)."""
+        """From ``(token_slots, row_slots, seconds)`` measurements (e.g. ``EngineCore.records``). The
+        line has non-negative terms (a term that fits negative is dropped and the rest refitted),
+        so a variant never measured is never predicted cheaper than free."""
         import numpy as np
 
         if not samples:
@@ -143,11 +145,20 @@ class CalibratedCost:
             groups.setdefault((t, r), []).append(s)
         # the mean (not the median): totals over a run are what the simulator has to predict
         table = {k: float(np.mean(v)) for k, v in groups.items()}
-        x = np.array([[1.0, t, r] for t, r in table]) if len(table) >= 3 else None
-        if x is None:
-            mean = float(np.mean(list(table.values())))
-            return cls(table, mean, 0.0, 0.0)
-        coef, *_ = np.linalg.lstsq(x, np.array(list(table.values())), rcond=None)
+        y = np.array(list(table.values()))
+        if len(table) < 3:
+            return cls(table, float(np.mean(y)), 0.0, 0.0)
+        x = np.array([[1.0, t, r] for t, r in table])
+        keep = [0, 1, 2]
+        coef = np.zeros(3)
+        while keep:
+            sol, *_ = np.linalg.lstsq(x[:, keep], y, rcond=None)
+            if (sol >= 0).all():
+                coef[keep] = sol
+                break
+            keep = [k for k, c in zip(keep, sol) if c >= 0] if (sol >= 0).any() else []
+        if not keep:
+            return cls(table, float(np.mean(y)), 0.0, 0.0)
         return cls(table, float(coef[0]), float(coef[1]), float(coef[2]))
 
 

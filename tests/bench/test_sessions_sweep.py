@@ -118,3 +118,13 @@ def test_cli_repeats_utilization_and_sweep(tmp_path, capsys) -> None:
 def test_cli_bad_new_arguments(args, message, capsys) -> None:
     assert cli.main(["bench", "--model", "qwen3.5-4b", "--no-progress", *args]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_calibrated_line_has_no_negative_terms() -> None:
+    from radixflow_jax.engine.sim import CalibratedCost
+
+    # measured: time grows with tokens and shrinks with rows -> the row term is dropped, refitted
+    cost = CalibratedCost.fit([(64, 1, 0.010), (128, 8, 0.012), (256, 1, 0.030), (512, 8, 0.045)])
+    assert cost.per_row == 0.0 and cost.per_token > 0 and cost.intercept >= 0
+    assert cost.round_time(_plan([(0, 1)]), 16, 16) > 0  # an unseen variant is never free
+    assert cost.round_time(_plan([(0, 1)]), 64, 1) == 0.010  # a measured one is its mean
