@@ -144,6 +144,8 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--session-window must be >= 0, got {args.session_window}")
     if args.round_overhead_ms is not None and args.round_overhead_ms < 0:
         raise ValueError(f"--round-overhead-ms must be >= 0, got {args.round_overhead_ms}")
+    if executor == "model" and (args.buckets != "pow2" or args.round_overhead_ms is not None):
+        raise ValueError("--buckets and --round-overhead-ms apply to the simulated executor only")
     rates = parse_rates(args.sweep_rates) if args.sweep_rates else None
     if rates and args.workload.endswith(".jsonl"):
         raise ValueError("--sweep-rates needs a generated workload (a JSONL file carries its own arrival times)")

@@ -120,6 +120,11 @@ def test_cli_bad_new_arguments(args, message, capsys) -> None:
     assert message in capsys.readouterr().err
 
 
+def test_cli_sim_only_options_refused_on_the_model_executor(capsys) -> None:
+    assert cli.main(["bench", "--model", "tiny-qwen3.5", "--buckets", "fixed", "--no-progress"]) == 2
+    assert "simulated executor only" in capsys.readouterr().err
+
+
 def test_calibrated_line_has_no_negative_terms() -> None:
     from radixflow_jax.engine.sim import CalibratedCost
 
