@@ -119,7 +119,8 @@ class Scheduler:
         g = self.config.grid
         for req in self.waiting:
             if req.num_tokens > g:
-                self._siblings.setdefault(req.tokens[:g], []).append(req)
+                head = req.prompt[:g] if len(req.prompt) >= g else req.tokens[:g]  # no copy of the prompt
+                self._siblings.setdefault(head, []).append(req)
 
     def _placements(self, req: Request, start: int, end: int, branch_len: int | None) -> list[placement.Placement]:
         """Where ``req``'s span ``[start, end)`` plants checkpoints (rules in ``cache/placement.py``)."""
@@ -136,7 +137,7 @@ class Scheduler:
         if end - start > 1:  # a prefill span: look ahead at waiting siblings
             tokens = req.tokens
             siblings = (
-                sib.tokens for sib in self._siblings.get(tokens[: cfg.grid], ())
+                sib.tokens if sib.output else sib.prompt for sib in self._siblings.get(tokens[: cfg.grid], ())
                 if sib is not req and sib.status is RequestStatus.WAITING
             )  # fmt: skip
             ahead = placement.lookahead_lengths(tokens, siblings, limit=prompt_len)
