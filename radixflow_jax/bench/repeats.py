@@ -31,7 +31,9 @@ class Repeated:
 def summarize_repeats(runs: Sequence[RunResult]) -> Repeated:
     if not runs:
         raise ValueError("no runs to summarise")
-    values: dict[str, float | int | str | tuple[float, ...]] = {"policy": runs[0].policy, "latencies": runs[0].latencies}
+    values: dict[str, float | int | str | tuple[float, ...]] = {
+        "policy": runs[0].policy, "latencies": runs[0].latencies
+    }
     spread = {}
     for f in dataclasses.fields(RunResult):
         if f.name in _SKIP:

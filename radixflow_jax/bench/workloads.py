@@ -118,7 +118,8 @@ def _arrivals(spec: WorkloadSpec, reqs: list[BenchRequest], rng: np.random.Gener
         starts = np.cumsum(gaps) - gaps[0]
         spread = rng.uniform(0.0, spec.session_window, len(reqs)) if spec.session_window else np.zeros(len(reqs))
         return [
-            dataclasses.replace(r, arrival_s=float(starts[r.group] + (0.0 if r.turn else d))) for r, d in zip(reqs, spread)
+            dataclasses.replace(r, arrival_s=float(starts[r.group] + (0.0 if r.turn else d)))
+            for r, d in zip(reqs, spread)
         ]
     order = rng.permutation(len(reqs)) if spec.name != "multiturn" else np.arange(len(reqs))
     gaps = rng.exponential(1.0 / spec.rate, len(reqs))
