@@ -167,14 +167,10 @@ class VariantRecorder:
 def planned_variants(llm: LLM, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[Variant]:
     """The variants the workload will select: the same scheduler config and pools, a recording
     executor. With EOS ignored the plan does not depend on the sampled ids."""
-    from radixflow_jax.engine.core import EngineCore
-    from radixflow_jax.engine.llm import pool_sizes
+    from radixflow_jax.engine.wiring import wire_engine
 
-    engine = llm.engine
-    pages, slots = pool_sizes(llm.model.config, llm.config, engine.max_model_len)
-    recorder = VariantRecorder(engine.executor.shapes)
-    dry = EngineCore(recorder, engine.scheduler.config, num_pages=pages, num_slots=slots,
-                     max_model_len=engine.max_model_len)  # fmt: skip
+    recorder = VariantRecorder(llm.engine.executor.shapes)
+    dry = wire_engine(llm.engine.wiring, lambda shapes: recorder)
     for ids in prompts:
         dry.add_request(ids, params)
     dry.run_until_done()

@@ -1,7 +1,8 @@
 """``radixflow bench``: one workload, several policies side by side, one table (and JSON / plots).
 
 With no arguments: the ``tiny-qwen3.5`` preset on the model executor, the ``race`` workload in
-per-article bursts, ``native`` vs ``radixflow``.
+per-article bursts, ``native`` vs ``radixflow``, three interleaved repeats (medians; the simulated
+executor is deterministic and runs once unless ``--repeats`` says otherwise).
 """
 
 from __future__ import annotations
@@ -13,7 +14,10 @@ import sys
 from typing import Any
 
 from radixflow_jax.bench.driver import RunResult
-from radixflow_jax.bench.run import BenchConfig, relative_change, run_model, run_sim
+from radixflow_jax.bench.repeats import Repeated
+from radixflow_jax.bench.run import BenchConfig, model_runner, relative_change, run_policies, sim_runner
+from radixflow_jax.bench.sweep import format_sweep, parse_rates, plot_sweep, sweep, sweep_json
+from radixflow_jax.engine.sim import BUCKET_SETS
 from radixflow_jax.bench.workloads import ARRIVALS, WORKLOADS, BenchRequest, WorkloadSpec, generate
 from radixflow_jax.engine.core import EngineConfig
 from radixflow_jax.engine.specs import DEVICE_SPECS, MODEL_SPECS, get_device_spec, get_model_spec
@@ -22,7 +26,7 @@ COLUMNS = (
     ("rounds", "rounds", "{:d}"), ("mean_latency_s", "mean lat s", "{:.3f}"), ("p50_latency_s", "p50 s", "{:.3f}"),
     ("p99_latency_s", "p99 s", "{:.3f}"), ("mean_ttft_s", "TTFT s", "{:.3f}"), ("padding_tokens", "padding", "{:d}"),
     ("bubble_tokens", "bubbles", "{:d}"), ("reuse", "reuse", "{:.1%}"), ("throughput_tok_s", "tok/s", "{:.1f}"),
-    ("completed", "done", "{:d}"),
+    ("utilization", "util", "{:.2f}"), ("completed", "done", "{:d}"),
 )  # fmt: skip
 
 
@@ -34,7 +38,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--policies", default="native,radixflow")
     p.add_argument("--num-requests", type=int, default=None)
     p.add_argument("--arrival", default="burst", choices=ARRIVALS)
-    p.add_argument("--rate", type=float, default=None, help="burst: articles/s; poisson: requests/s")
+    p.add_argument("--rate", type=float, default=None, help="burst, sessions: articles/s; poisson: requests/s")
+    p.add_argument("--session-window", type=float, default=0.0, help="sessions: spread an article's questions (s)")
+    p.add_argument("--sweep-rates", default=None, help="R1,R2,...: run every policy at each rate (latency vs load)")
+    p.add_argument("--repeats", type=int, default=None, help="interleaved runs per policy (default: 3 model, 1 sim)")
+    p.add_argument("--buckets", default="pow2", choices=BUCKET_SETS, help="sim: step shapes rounds are padded to")
+    p.add_argument(
+        "--round-overhead-ms", type=float, default=None, help="sim: fixed cost per round (default: the device spec's)"
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--max-num-seqs", type=int, default=None)
     p.add_argument("--max-num-batched-tokens", type=int, default=None)
@@ -50,16 +61,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--concurrency", type=int, default=None, help="--url: at most this many requests in flight")
 
 
-def _requests(args: argparse.Namespace, executor: str, encode: Any) -> list[BenchRequest]:
+def _requests(args: argparse.Namespace, executor: str, encode: Any, rate: float | None = None) -> list[BenchRequest]:
     if args.workload.endswith(".jsonl"):
         from radixflow_jax.bench.jsonl import read_jsonl
 
         return read_jsonl(args.workload, encode)
     default_n = 40 if executor == "model" else 2000
-    rate = args.rate if args.rate is not None else (50.0 if executor == "model" else 400.0)
+    if rate is None:
+        rate = args.rate if args.rate is not None else (50.0 if executor == "model" else 400.0)
     spec = WorkloadSpec(
         args.workload, num_requests=args.num_requests or default_n, seed=args.seed, arrival=args.arrival,
-        rate=rate, max_tokens=args.max_tokens,
+        rate=rate, max_tokens=args.max_tokens, session_window=args.session_window,
     )  # fmt: skip
     return generate(spec)
 
@@ -101,6 +113,19 @@ def format_table(runs: list[RunResult]) -> str:
     return "\n".join(lines)
 
 
+def format_spreads(reps: list[Repeated]) -> str:
+    """One line per policy: the min-max range of the headline metrics over the repeats."""
+    lines = []
+    for rep in reps:
+        n = len(rep.runs)
+        lat, rounds = rep.spread["mean_latency_s"], rep.spread["rounds"]
+        lines.append(
+            f"{rep.median.policy}: {n} repeats, mean latency {lat[0]:.3f}-{lat[1]:.3f} s, "
+            f"rounds {rounds[0]:.0f}-{rounds[1]:.0f}"
+        )
+    return "\n".join(lines)
+
+
 def run(args: argparse.Namespace) -> int:
     if args.url:  # over HTTP: the server owns the engine and the policy
         from radixflow_jax.bench.http import run_url
@@ -121,6 +146,20 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--rate must be > 0, got {args.rate}")
     if args.num_requests is not None and args.num_requests < 1:
         raise ValueError(f"--num-requests must be >= 1, got {args.num_requests}")
+    if args.repeats is not None and args.repeats < 1:
+        raise ValueError(f"--repeats must be >= 1, got {args.repeats}")
+    if args.session_window < 0:
+        raise ValueError(f"--session-window must be >= 0, got {args.session_window}")
+    if args.round_overhead_ms is not None and args.round_overhead_ms < 0:
+        raise ValueError(f"--round-overhead-ms must be >= 0, got {args.round_overhead_ms}")
+    if executor == "model" and (args.buckets != "pow2" or args.round_overhead_ms is not None):
+        raise ValueError("--buckets and --round-overhead-ms apply to the simulated executor only")
+    rates = parse_rates(args.sweep_rates) if args.sweep_rates else None
+    if rates and args.workload.endswith(".jsonl"):
+        raise ValueError("--sweep-rates needs a generated workload (a JSONL file carries its own arrival times)")
+    if args.plot and not os.path.splitext(args.plot)[1]:
+        raise ValueError("--plot needs a file name such as out.png")
+    repeats = args.repeats or (3 if executor == "model" else 1)
     seqs = args.max_num_seqs or (8 if executor == "model" else 64)
     tokens = args.max_num_batched_tokens or (512 if executor == "model" else 8192)
     cache_dir = None if args.no_compile_cache else os.path.join(
@@ -129,31 +168,56 @@ def run(args: argparse.Namespace) -> int:
     engine = EngineConfig(
         max_num_seqs=seqs, max_num_batched_tokens=tokens, seed=args.seed, compilation_cache_dir=cache_dir
     )
-    cfg = BenchConfig(policies=policies, engine=engine)
+    overhead = args.round_overhead_ms / 1e3 if args.round_overhead_ms is not None else None
+    cfg = BenchConfig(policies=policies, engine=engine, buckets=args.buckets, overhead_s=overhead)
     progress = _progress(not args.no_progress)
-    if executor == "sim":
-        requests = _requests(args, executor, None)
-        runs, records = run_sim(
-            get_model_spec(args.model), get_device_spec(args.device), requests, cfg, progress, with_records=True
-        )
-    else:
-        if args.plot and not os.path.splitext(args.plot)[1]:
-            raise ValueError("--plot needs a file name such as out.png")
+    model = None
+    if executor == "model":
         from radixflow_jax.models.api import load
 
         model = load(args.model, dtype=args.dtype)
-        requests = _requests(args, executor, model.encode if model.tokenizer else None)
-        runs, records = run_model(model, requests, cfg, progress=progress, with_records=True)
-    print(format_table(runs))
+    encode = model.encode if model is not None and model.tokenizer else None
+
+    def run_at(rate: float | None) -> tuple[list[BenchRequest], list[Repeated], dict]:
+        requests = _requests(args, executor, encode, rate)
+        if executor == "sim":
+            runner = sim_runner(get_model_spec(args.model), get_device_spec(args.device), requests, cfg, progress)
+        else:
+            runner = model_runner(model, requests, cfg, progress=progress)
+        reps, records = run_policies(runner, cfg, repeats)
+        return requests, reps, records
+
     config = {"model": args.model, "executor": executor, "device": args.device if executor == "sim" else "cpu",
-              "workload": args.workload, "num_requests": len(requests), "arrival": args.arrival, "seed": args.seed,
-              "max_num_seqs": seqs, "max_num_batched_tokens": tokens, "policies": list(policies)}  # fmt: skip
+              "workload": args.workload, "arrival": args.arrival, "session_window": args.session_window,
+              "seed": args.seed, "max_num_seqs": seqs, "max_num_batched_tokens": tokens, "policies": list(policies),
+              "repeats": repeats}  # fmt: skip
+    if executor == "sim":
+        dev = get_device_spec(args.device)
+        config.update(buckets=args.buckets, round_overhead_s=overhead if overhead is not None else dev.round_overhead_s,
+                      overhead_source=dev.overhead_source if overhead is None else "--round-overhead-ms",
+                      mfu=dev.mfu, mbu=dev.mbu)  # fmt: skip
+    if rates:
+        points = sweep(rates, lambda rate: run_at(rate)[1])
+        print(format_sweep(points))
+        if args.json_out:
+            with open(args.json_out, "w") as f:
+                json.dump({"config": config, "sweep": sweep_json(points)}, f, indent=2)
+        if args.plot:
+            plot_sweep(args.plot, points)
+        return 0
+    requests, reps, records = run_at(None)
+    runs = [r.median for r in reps]
+    print(format_table(runs))
+    if repeats > 1:
+        print(format_spreads(reps))
+    config["num_requests"] = len(requests)
     if args.json_out:
         import dataclasses
 
         payload = {
             "config": config,
-            "runs": [r.as_dict() for r in runs],
+            "runs": [dict(r.median.as_dict(), spread=r.spread) for r in reps],
+            "repeats": {r.median.policy: [x.as_dict() for x in r.runs] for r in reps},
             "round_records": {p: [dataclasses.asdict(r) for r in recs] for p, recs in records.items()},
         }
         with open(args.json_out, "w") as f:

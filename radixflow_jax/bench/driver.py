@@ -37,6 +37,10 @@ class RunResult:
     mean_tpot_s: float
     consumers_blocked: int
     consumers_waiting: int
+    utilization: float = 0.0  # fraction of the makespan in which a round was running
+    checkpoints_planted: int = 0
+    checkpoints_skipped: int = 0
+    checkpoints_evicted_unused: int = 0
     latencies: tuple[float, ...] = dataclasses.field(default=(), repr=False)
 
     def as_dict(self) -> dict[str, float | int | str]:
@@ -125,5 +129,9 @@ def summarize(policy: str, engine: EngineCore, outputs: list[RequestOutput], num
         mean_tpot_s=float(np.mean(tpot)) if tpot else float("nan"),
         consumers_blocked=sum(r.consumers_blocked for r in recs),
         consumers_waiting=sum(r.consumers_waiting for r in recs),
+        utilization=min(sum(r.step_s for r in recs) / makespan, 1.0),
+        checkpoints_planted=sum(r.checkpoints_planted for r in recs),
+        checkpoints_skipped=sum(r.checkpoints_skipped for r in recs),
+        checkpoints_evicted_unused=sum(r.checkpoints_evicted_unused for r in recs),
         latencies=tuple(float(x) for x in lat),
     )

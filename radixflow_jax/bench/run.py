@@ -8,46 +8,85 @@ on a :class:`DeviceSpec` with pools sized from the device memory.
 from __future__ import annotations
 
 import dataclasses
-import math
 import time
 from typing import Any, Callable
 
 from radixflow_jax.bench.driver import RunResult, drive, summarize
+from radixflow_jax.bench.repeats import Repeated, run_repeated
 from radixflow_jax.bench.workloads import BenchRequest
-from radixflow_jax.engine.core import EngineConfig, EngineCore, RoundRecord, model_grid
-from radixflow_jax.engine.sim import RooflineCost, SimExecutor, VirtualClock
+from radixflow_jax.engine.core import EngineConfig, EngineCore, RoundRecord
+from radixflow_jax.engine.sim import BucketSet, RooflineCost, SimExecutor, VirtualClock
 from radixflow_jax.engine.specs import DeviceSpec, ModelSpec
-from radixflow_jax.runner.shapes import ShapeConfig
-from radixflow_jax.scheduler.scheduler import SchedulerConfig
+from radixflow_jax.engine.wiring import Wiring, wire_engine
 
 
 @dataclasses.dataclass(frozen=True)
 class BenchConfig:
+    """``buckets`` / ``overhead_s``: the simulated executor's step shapes and per-round cost
+    (``None``: the device spec's)."""
+
     policies: tuple[str, ...] = ("native", "radixflow")
     engine: EngineConfig = EngineConfig()
+    buckets: str = "pow2"
+    overhead_s: float | None = None
 
 
 Records = dict[str, list[RoundRecord]]
+
+
+Runner = Callable[[str], tuple[RunResult, list[RoundRecord]]]
+
+
+def model_runner(
+    model: Any, requests: list[BenchRequest], cfg: BenchConfig, dtype: str = "float32",
+    progress: Callable[[str, int, int], None] | None = None,
+) -> Runner:  # fmt: skip
+    """One policy on a fresh engine over one loaded model (a ``LoadedModel`` or a name)."""
+    from radixflow_jax.engine.llm import build_engine
+    from radixflow_jax.models.api import load
+
+    loaded = load(model, dtype=dtype) if isinstance(model, str) else model
+
+    def run(policy: str) -> tuple[RunResult, list[RoundRecord]]:
+        engine = build_engine(loaded, dataclasses.replace(cfg.engine, policy=policy))
+        cb = (lambda done, total: progress(policy, done, total)) if progress else None
+        outputs = drive(engine, requests, progress=cb)
+        return summarize(policy, engine, outputs, len(requests)), engine.records
+
+    return run
+
+
+def sim_runner(
+    spec: ModelSpec, device: DeviceSpec, requests: list[BenchRequest], cfg: BenchConfig,
+    progress: Callable[[str, int, int], None] | None = None,
+) -> Runner:  # fmt: skip
+    """One policy on a fresh simulated engine (virtual clock: idle gaps are skipped)."""
+
+    def run(policy: str) -> tuple[RunResult, list[RoundRecord]]:
+        ec = dataclasses.replace(cfg.engine, policy=policy)
+        engine = build_sim_engine(spec, device, ec, buckets=cfg.buckets, overhead_s=cfg.overhead_s)
+        clock = engine.clock
+        assert isinstance(clock, VirtualClock)
+        cb = (lambda done, total: progress(policy, done, total)) if progress else None
+        outputs = drive(engine, requests, wait=clock.advance, progress=cb)
+        return summarize(policy, engine, outputs, len(requests)), engine.records
+
+    return run
+
+
+def run_policies(runner: Runner, cfg: BenchConfig, repeats: int = 1) -> tuple[list[Repeated], Records]:
+    """Every policy of ``cfg`` ``repeats`` times, interleaved (see ``bench/repeats.py``)."""
+    return run_repeated(cfg.policies, repeats, runner)
 
 
 def run_model(
     model: Any, requests: list[BenchRequest], cfg: BenchConfig, dtype: str = "float32",
     progress: Callable[[str, int, int], None] | None = None, with_records: bool = False,
 ) -> Any:  # fmt: skip
-    """Each policy on a fresh engine over the same loaded model (a ``LoadedModel`` or a name).
-    Returns the results, and with ``with_records`` also the per-round records per policy."""
-    from radixflow_jax.engine.llm import build_engine
-    from radixflow_jax.models.api import load
-
-    if isinstance(model, str):
-        model = load(model, dtype=dtype)
-    results, records = [], {}
-    for policy in cfg.policies:
-        engine = build_engine(model, dataclasses.replace(cfg.engine, policy=policy))
-        cb = (lambda done, total, p=policy: progress(p, done, total)) if progress else None
-        outputs = drive(engine, requests, progress=cb)
-        results.append(summarize(policy, engine, outputs, len(requests)))
-        records[policy] = engine.records
+    """Each policy once on a fresh engine over the same loaded model. Returns the results, and with
+    ``with_records`` also the per-round records per policy."""
+    reps, records = run_policies(model_runner(model, requests, cfg, dtype, progress), cfg)
+    results = [r.median for r in reps]
     return (results, records) if with_records else results
 
 
@@ -62,41 +101,30 @@ def sim_pools(spec: ModelSpec, device: DeviceSpec, page_size: int, state_fractio
     return pages, max(slots, 1)
 
 
-def build_sim_engine(spec: ModelSpec, device: DeviceSpec, ec: EngineConfig) -> EngineCore:
-    chunk = [64] if spec.gdn else ([128] if spec.mamba else [])
-    grid = model_grid(chunk, ec.page_size)
+def build_sim_engine(
+    spec: ModelSpec, device: DeviceSpec, ec: EngineConfig, *, buckets: str = "pow2", overhead_s: float | None = None
+) -> EngineCore:
+    """A simulated engine for ``spec`` on ``device``: pools from the device memory (unless ``ec``
+    sets them), rounds padded to the ``buckets`` set, round time from :class:`RooflineCost`
+    (``overhead_s`` overrides the device spec's per-round cost)."""
     pages, slots = sim_pools(spec, device, ec.page_size)
     if ec.num_kv_pages is not None:
         pages = ec.num_kv_pages
     if ec.num_state_slots is not None:
         slots = ec.num_state_slots
-    max_model_len = ec.max_model_len or 32768
-    shapes = ShapeConfig(ec.max_num_batched_tokens, ec.max_num_seqs, math.ceil(max_model_len / ec.page_size), grid)
+    wiring = Wiring(ec, spec.is_hybrid, spec.chunk_sizes, pages, slots, ec.max_model_len or 32768)
     clock = VirtualClock()
-    executor = SimExecutor(RooflineCost(spec, device), clock, shapes)
-    sched = SchedulerConfig(
-        max_num_seqs=ec.max_num_seqs, max_num_batched_tokens=ec.max_num_batched_tokens, page_size=ec.page_size,
-        grid=grid, hybrid=spec.is_hybrid, policy=ec.policy, queue_order=ec.queue_order,
-        enable_prefix_cache=ec.enable_prefix_cache, max_consumer_wait=ec.max_consumer_wait,
-        checkpoint_interval=ec.checkpoint_interval,
-        max_checkpoints=ec.max_checkpoints,
-    )  # fmt: skip
-    return EngineCore(executor, sched, num_pages=pages, num_slots=slots, max_model_len=max_model_len, clock=clock)
+    cost = RooflineCost(spec, device, overhead_s=overhead_s)
+    bucket_set = BucketSet(buckets, ec.max_num_batched_tokens, ec.max_num_seqs)
+    return wire_engine(wiring, lambda shapes: SimExecutor(cost, clock, bucket_set), clock=clock)
 
 
 def run_sim(
     spec: ModelSpec, device: DeviceSpec, requests: list[BenchRequest], cfg: BenchConfig,
     progress: Callable[[str, int, int], None] | None = None, with_records: bool = False,
 ) -> Any:  # fmt: skip
-    results, records = [], {}
-    for policy in cfg.policies:
-        engine = build_sim_engine(spec, device, dataclasses.replace(cfg.engine, policy=policy))
-        clock = engine.clock
-        assert isinstance(clock, VirtualClock)
-        cb = (lambda done, total, p=policy: progress(p, done, total)) if progress else None
-        outputs = drive(engine, requests, wait=clock.advance, progress=cb)
-        results.append(summarize(policy, engine, outputs, len(requests)))
-        records[policy] = engine.records
+    reps, records = run_policies(sim_runner(spec, device, requests, cfg, progress), cfg)
+    results = [r.median for r in reps]
     return (results, records) if with_records else results
 
 
@@ -123,14 +151,9 @@ def calibrate(engine: EngineCore) -> "CalibratedCost":
 
 
 def mirror_sim_engine(engine: EngineCore, cost: Any) -> EngineCore:
-    """A simulated engine making the same decisions as ``engine`` (same scheduler config, pools
-    and step shapes), with ``cost`` as its round time."""
-    sched = engine.scheduler
+    """A simulated engine wired like ``engine`` (same configuration, pools and step shapes, so the
+    same decisions), with ``cost`` as its round time."""
+    if not isinstance(engine.wiring, Wiring):
+        raise ValueError("mirror_sim_engine needs an engine built by engine/wiring.py")
     clock = VirtualClock()
-    shapes = getattr(engine.executor, "shapes", None)
-    executor = SimExecutor(cost, clock, shapes)
-    slots = sched.memory.slots.size if sched.memory.slots is not None else 1
-    return EngineCore(
-        executor, sched.config, num_pages=sched.memory.pages.size, num_slots=slots,
-        max_model_len=engine.max_model_len, clock=clock,
-    )  # fmt: skip
+    return wire_engine(engine.wiring, lambda shapes: SimExecutor(cost, clock, shapes), clock=clock)

@@ -6,8 +6,11 @@ Statistics follow REFERENCES.md section 4:
   * ``quality``: articles of ~6.5-7k tokens, up to 20 questions each (~17.7 on average), 60-80 tokens;
   * ``gsp``: SGLang's generated-shared-prefix shape (groups x prompts, system prompt, question, output);
   * ``multiturn``: conversations whose next turn extends the previous turn (prompt + answer + new text).
-Arrivals: ``burst`` (each article's questions together, articles spaced), ``all`` (everything at t=0),
-``poisson`` (shuffled, exponential gaps at ``rate``).
+Arrivals: ``burst`` (each article's questions together, articles spaced by ``1 / rate``), ``all``
+(everything at t=0), ``poisson`` (requests shuffled, exponential gaps at ``rate`` requests/s),
+``sessions`` (articles or conversations arrive as a Poisson process at ``rate`` per second; an
+article's questions arrive together, or spread uniformly over ``session_window`` seconds after it;
+a conversation's later turns follow its answers as always).
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from typing import Sequence
 import numpy as np
 
 WORKLOADS = ("race", "quality", "gsp", "multiturn")
-ARRIVALS = ("burst", "all", "poisson")
+ARRIVALS = ("burst", "all", "poisson", "sessions")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,7 +39,8 @@ class WorkloadSpec:
     num_requests: int = 64
     seed: int = 0
     arrival: str = "burst"
-    rate: float = 8.0  # requests/s for poisson; articles/s for burst
+    rate: float = 8.0  # requests/s for poisson; articles (conversations) per second for burst and sessions
+    session_window: float = 0.0  # sessions: an article's questions arrive within this many seconds
     vocab: int = 500  # ids drawn from [3, vocab)
     article_len: int | None = None
     question_len: int | None = None
@@ -51,6 +55,8 @@ class WorkloadSpec:
             raise ValueError(f"num_requests must be >= 1, got {self.num_requests}")
         if not self.rate > 0:
             raise ValueError(f"rate must be > 0, got {self.rate}")
+        if not self.session_window >= 0:
+            raise ValueError(f"session_window must be >= 0, got {self.session_window}")
 
 
 def _ids(rng: np.random.Generator, n: int, vocab: int) -> tuple[int, ...]:
@@ -106,6 +112,15 @@ def _arrivals(spec: WorkloadSpec, reqs: list[BenchRequest], rng: np.random.Gener
         return reqs
     if spec.arrival == "burst":
         return [dataclasses.replace(r, arrival_s=r.group / spec.rate) for r in reqs]
+    if spec.arrival == "sessions":
+        groups = max(r.group for r in reqs) + 1
+        gaps = rng.exponential(1.0 / spec.rate, groups)
+        starts = np.cumsum(gaps) - gaps[0]
+        spread = rng.uniform(0.0, spec.session_window, len(reqs)) if spec.session_window else np.zeros(len(reqs))
+        return [
+            dataclasses.replace(r, arrival_s=float(starts[r.group] + (0.0 if r.turn else d)))
+            for r, d in zip(reqs, spread)
+        ]
     order = rng.permutation(len(reqs)) if spec.name != "multiturn" else np.arange(len(reqs))
     gaps = rng.exponential(1.0 / spec.rate, len(reqs))
     times = np.cumsum(gaps) - gaps[0]

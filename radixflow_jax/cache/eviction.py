@@ -37,10 +37,26 @@ class EvictionPolicy(Protocol):
 
 @dataclass(frozen=True)
 class LRUPolicy:
-    """Least recently used first (``node.last_access`` is the cache's logical clock)."""
+    """Least recently used first (``node.last_access`` is the cache's logical clock).
+
+    ``keep_branches`` (checkpoints only): a checkpoint known to be shared goes after every
+    speculative one: one at a *branch* (a node where two or more cached paths part), or one planted
+    for waiting requests (``wanted``) that none has read yet. Grid and request-end checkpoints on a
+    plain chain are guesses about future requests, so under slot pressure they are dropped first.
+    """
+
+    keep_branches: bool = True
 
     def score(self, node: Node, now: int, target: EvictTarget) -> float:
+        if target == "state" and self.keep_branches and is_shared_checkpoint(node):
+            return float(node.last_access + now)
         return float(node.last_access)
+
+
+def is_shared_checkpoint(node: Node) -> bool:
+    """A branch node's checkpoint, or a look-ahead checkpoint no waiting sibling has read yet."""
+    ckpt = node.checkpoint
+    return ckpt is not None and (len(node.children) >= 2 or (ckpt.wanted and not ckpt.reads))
 
 
 @dataclass(frozen=True)

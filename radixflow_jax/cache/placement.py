@@ -1,16 +1,41 @@
-"""Where checkpoints are planted (DESIGN.md section 5).
+"""Where checkpoints are planted (DESIGN.md section 5): the one home of the placement rules.
 
-Checkpoints go (a) on the grid ``G`` as a prefill advances, (b) at *branch points*: when a request's
-path leaves an existing or pending path at token depth ``d``, at ``floor(d / G) * G``, and (c) at a
-request's end (prompt end and final generated token), rounded down to a page (see ``config.py``).
-A coarse grid alone gives no hits on short shared prefixes; (b) and (c) are what make them reusable.
+Checkpoints go (a) on the grid ``G`` as a prefill advances, spaced by :func:`spacing`; (b) at
+*branch points*: when a request's path leaves an existing or pending path at token depth ``d``,
+at ``floor(d / G) * G``, and, looking ahead, where a producer's prompt diverges from requests
+already waiting with the same prefix (so the first sibling already finds the checkpoint); and
+(c) at a request's end: the prompt end and the final generated token (multi-turn reuse).
 
-All positions are depths from the sequence start (number of tokens the state has consumed).
+All positions are depths from the sequence start (number of tokens the state has consumed). The
+helpers :func:`grid_positions`, :func:`branch_point` and :func:`end_position` are the rules;
+:func:`place` is what the scheduler calls. In the scheduler every depth is a multiple of ``G``
+(ends are rounded down to the grid, not to a page): a checkpoint becomes the start of a later
+request's span, and spans start on the grid so that every grid position inside a span is a chunk
+boundary of the scan (where a round can emit a state without splitting the span).
+
+Priority (what survives when the state pool is short, see ``scheduler/memory.py``): look-ahead
+branch points first (waiting siblings need them), then every other position deepest first (a
+deeper checkpoint saves more recomputation for every request that reaches it).
 """
 
 from __future__ import annotations
 
-__all__ = ["grid_positions", "branch_point", "end_position", "checkpoint_positions"]
+import dataclasses
+from typing import Iterable, Sequence
+
+__all__ = [
+    "Placement",
+    "branch_point",
+    "checkpoint_positions",
+    "common_prefix",
+    "end_position",
+    "grid_positions",
+    "lookahead_lengths",
+    "place",
+    "spacing",
+]
+
+KINDS = ("lookahead", "branch", "prompt-end", "final", "grid")
 
 
 def grid_positions(start: int, end: int, grid: int) -> list[int]:
@@ -29,8 +54,94 @@ def branch_point(shared_len: int, grid: int) -> int:
 
 
 def end_position(length: int, page_size: int) -> int:
-    """A request-end checkpoint depth: ``length`` rounded down to a page (0 means none)."""
+    """A request-end checkpoint depth: ``length`` rounded down to ``page_size`` (0 means none). The
+    scheduler passes the grid here (see the module docstring); the cache accepts any page multiple."""
     return (max(length, 0) // page_size) * page_size
+
+
+def spacing(prompt_len: int, grid: int, *, interval: int = 0, max_checkpoints: int = 8) -> int:
+    """Grid-checkpoint spacing: ``interval`` when set (a multiple of ``grid``), else the grid multiple
+    that spreads about ``max_checkpoints`` over the prompt (dense grids exhaust the state pool on
+    long prompts)."""
+    if interval:
+        if interval % grid:
+            raise ValueError(f"checkpoint interval {interval} must be a multiple of the grid {grid}")
+        return interval
+    per = -(-prompt_len // max(max_checkpoints, 1))
+    return max(grid, -(-per // grid) * grid)
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """Length of the longest common prefix of two token tuples (slice comparisons, O(n log n) in C)."""
+    n = min(len(a), len(b))
+    if a[:n] == b[:n]:
+        return n
+    lo, hi = 0, n  # a[:lo] == b[:lo] and a[:hi] != b[:hi]
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if a[:mid] == b[:mid]:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+def lookahead_lengths(tokens: Sequence[int], siblings: Iterable[Sequence[int]], limit: int) -> set[int]:
+    """Divergence depths of ``tokens`` from each waiting sibling, each capped at ``limit`` and at the
+    sibling's own ``len - 1`` (a request never matches its last token: it must compute one)."""
+    out = set()
+    for sib in siblings:
+        d = min(common_prefix(tokens, sib), limit, len(sib) - 1)
+        if d > 0:
+            out.add(d)
+    return out
+
+
+@dataclasses.dataclass(frozen=True)
+class Placement:
+    depth: int
+    kind: str  # one of KINDS
+
+
+def place(
+    start: int,
+    end: int,
+    *,
+    grid: int,
+    every: int,
+    prompt_len: int,
+    final_len: int | None = None,
+    branch_lens: Iterable[int] = (),
+    lookahead_lens: Iterable[int] = (),
+) -> list[Placement]:
+    """The checkpoints a span computing tokens ``[start, end)`` should emit, in priority order.
+
+    ``every``: the grid spacing (:func:`spacing`); ``prompt_len``: the prompt end; ``final_len``: the
+    depth of the last token the request can feed (prompt + max_tokens - 1), planted only beyond the
+    prompt-end checkpoint; ``branch_lens``: divergence depths from existing or pending paths;
+    ``lookahead_lens``: divergence depths from waiting siblings. Every depth is a positive multiple
+    of ``grid`` in ``(start, end]``; one placement per depth (the most important kind wins).
+    """
+    if every % grid:
+        raise ValueError(f"spacing {every} must be a multiple of the grid {grid}")
+    chosen: dict[int, str] = {}
+
+    def add(depth: int, kind: str) -> None:
+        if start < depth <= end and depth > 0 and depth not in chosen:
+            chosen[depth] = kind
+
+    for d in sorted({branch_point(x, grid) for x in lookahead_lens}, reverse=True):
+        add(d, "lookahead")
+    for d in sorted({branch_point(x, grid) for x in branch_lens}, reverse=True):
+        add(d, "branch")
+    prompt_end = end_position(prompt_len, grid)
+    add(prompt_end, "prompt-end")
+    if final_len is not None and end_position(final_len, grid) > prompt_end:
+        add(end_position(final_len, grid), "final")
+    for d in grid_positions(start, end, every):
+        add(d, "grid")
+    rank = {"lookahead": 0}
+    return [Placement(d, k) for d, k in sorted(chosen.items(), key=lambda dk: (rank.get(dk[1], 1), -dk[0]))]
 
 
 def checkpoint_positions(
@@ -42,12 +153,9 @@ def checkpoint_positions(
     branch_len: int | None = None,
     final_len: int | None = None,
 ) -> list[int]:
-    """The checkpoint depths a round that computes tokens ``[start, end)`` should emit, ascending.
-
-    The union of ``grid_positions(start, end, grid)``, ``branch_point(branch_len, grid)`` and
-    ``end_position(final_len, page_size)``, each kept only when it lies in ``(start, end]``. All
-    returned depths are positive multiples of ``page_size`` (``grid`` must be a multiple of it).
-    """
+    """Cache-level helper (tests drive the tree with it): the union of ``grid_positions(start, end,
+    grid)``, ``branch_point(branch_len, grid)`` and ``end_position(final_len, page_size)``, each kept
+    only when it lies in ``(start, end]``, ascending. All are positive multiples of ``page_size``."""
     if grid % page_size:
         raise ValueError(f"grid {grid} must be a multiple of page_size {page_size}")
     positions = set(grid_positions(start, end, grid))

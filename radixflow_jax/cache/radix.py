@@ -146,7 +146,8 @@ class RadixCache(TreeStore):
     # ------------------------------------------------------------------ checkpoint lifecycle
 
     def plant_pending(
-        self, tokens: Sequence[int], depth: int, slot: int | None, producer_id: int, pages: Sequence[int]
+        self, tokens: Sequence[int], depth: int, slot: int | None, producer_id: int, pages: Sequence[int],
+        *, wanted: bool = False,
     ) -> Node | None:
         """Mark a PENDING checkpoint of ``producer_id`` in ``slot`` at exactly ``depth`` tokens.
 
@@ -157,7 +158,8 @@ class RadixCache(TreeStore):
         nothing) when that depth already holds a checkpoint or the path runs through another
         producer's pending KV; the caller then neither emits this checkpoint nor keeps the slot.
         ``ValueError`` on a depth that is not a positive page multiple ``<= len(tokens)``, on short
-        pages, or on a slot the caller does not own.
+        pages, or on a slot the caller does not own. ``wanted``: waiting requests will read this
+        checkpoint (a look-ahead branch point); eviction keeps it longer (``LRUPolicy``).
         """
         p = self._config.page_size
         toks = tuple(tokens)
@@ -173,6 +175,7 @@ class RadixCache(TreeStore):
         if slot is not None:
             self._slots.incref(slot)
             node.checkpoint = Checkpoint(slot, producer_id)
+            node.checkpoint.wanted = wanted
             self._pending.setdefault(producer_id, set()).add(node)
         return node
 
@@ -222,6 +225,15 @@ class RadixCache(TreeStore):
                 self._remove_leaf(node)
         return dropped
 
+    def read_checkpoint(self, node: Node) -> int:
+        """The slot of ``node``'s committed checkpoint, counted as a read (a request copies it now);
+        ``PendingCheckpointError`` while pending, ``ValueError`` without a checkpoint."""
+        if node.checkpoint is None:
+            raise ValueError(f"no checkpoint at {node!r}")
+        slot = node.checkpoint.slot
+        node.checkpoint.reads += 1
+        return slot
+
     def pending_producers(self) -> tuple[int, ...]:
         """Producers with pending KV or checkpoints, ascending."""
         return tuple(sorted(self._pending))
@@ -265,8 +277,12 @@ class RadixCache(TreeStore):
     def _entry(
         self, node: Node, target: EvictTarget, policy: EvictionPolicy | None, seq: int
     ) -> tuple[float, int, int, Node]:
+        """Heap key: the policy's score, then (ties, e.g. a path matched at once) KV leaves deepest
+        first but checkpoints *shallowest* first: under slot pressure the deep, most reusable
+        checkpoint of a path is the one kept."""
         pol = policy if policy is not None else self._policy
-        return (pol.score(node, self._clock, target), -node.depth, seq, node)
+        tie = -node.depth if target == "kv" else node.depth
+        return (pol.score(node, self._clock, target), tie, seq, node)
 
     def _heap(
         self, nodes: Iterable[Node], target: EvictTarget, policy: EvictionPolicy | None

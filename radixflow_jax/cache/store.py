@@ -39,6 +39,7 @@ class TreeStore:
         self._root = Node((), [], None)
         self._pending: dict[int, set[Node]] = {}  # producer -> nodes with its pending KV/checkpoint
         self._clock = 0
+        self._evicted_unused = 0
 
     @property
     def config(self) -> CacheConfig:
@@ -210,9 +211,16 @@ class TreeStore:
             if not nodes:
                 del self._pending[producer_id]
 
+    @property
+    def evicted_unused(self) -> int:
+        """Committed checkpoints dropped (evicted or flushed) before any request read them."""
+        return self._evicted_unused
+
     def _drop_checkpoint(self, node: Node) -> None:
         ckpt = node.checkpoint
         if ckpt is not None:
+            if ckpt.committed and not ckpt.reads:
+                self._evicted_unused += 1
             node.checkpoint = None
             self._slots.decref(ckpt._slot)
 

@@ -38,12 +38,14 @@ class Checkpoint:
     raises ``PendingCheckpointError``. ``producer_id`` names the request whose round writes it.
     """
 
-    __slots__ = ("_slot", "status", "producer_id")
+    __slots__ = ("_slot", "status", "producer_id", "reads", "wanted")
 
     def __init__(self, slot: int, producer_id: int) -> None:
         self._slot = slot
         self.status = CheckpointStatus.PENDING
         self.producer_id = producer_id
+        self.reads = 0  # requests that copied this state (RadixCache.read_checkpoint)
+        self.wanted = False  # planted because waiting requests will need it (look-ahead)
 
     @property
     def pending(self) -> bool:

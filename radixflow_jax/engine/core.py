@@ -37,6 +37,7 @@ class EngineConfig:
     max_consumer_wait: int = 16
     checkpoint_interval: int = 0  # 0: adaptive (about max_checkpoints per prompt, on the grid)
     max_checkpoints: int = 8
+    branch_checkpoints: bool = True  # branch points (look-ahead too) and final-token checkpoints
     kernels: str = "auto"
     seed: int = 0
     warmup: bool = True
@@ -58,6 +59,9 @@ class RoundRecord:
     consumers_blocked: int
     consumers_waiting: int
     preempted: int
+    checkpoints_planted: int
+    checkpoints_skipped: int
+    checkpoints_evicted_unused: int
     plan_s: float
     build_s: float
     step_s: float
@@ -82,7 +86,9 @@ class EngineCore:
         seed: int = 0,
         clock: Callable[[], float] = time.perf_counter,
         vocab_size: int | None = None,
+        wiring: object | None = None,
     ):
+        self.wiring = wiring  # what engine/wiring.py built this engine from (None when built by hand)
         self.vocab_size = vocab_size
         self.clock = clock
         self.executor = executor
@@ -247,6 +253,9 @@ class EngineCore:
                 consumers_blocked=st.consumers_blocked,
                 consumers_waiting=st.consumers_waiting,
                 preempted=st.preempted,
+                checkpoints_planted=st.checkpoints_planted,
+                checkpoints_skipped=st.checkpoints_skipped,
+                checkpoints_evicted_unused=st.checkpoints_evicted_unused,
                 plan_s=plan_s,
                 build_s=result.build_s,
                 step_s=result.step_s,

@@ -10,14 +10,14 @@ import math
 import os
 from typing import Sequence
 
-from radixflow_jax.engine.core import EngineConfig, EngineCore, model_grid
+from radixflow_jax.engine.core import EngineConfig, EngineCore
 from radixflow_jax.engine.executor import ModelExecutor
 from radixflow_jax.engine.params import RequestOutput, SamplingParams
 from radixflow_jax.models.api import LoadedModel, load
 from radixflow_jax.models.batch import state_bytes_per_slot
 from radixflow_jax.models.config import ModelConfig
 from radixflow_jax.runner.shapes import ShapeConfig
-from radixflow_jax.scheduler.scheduler import SchedulerConfig
+from radixflow_jax.engine.wiring import Wiring, wire_engine
 
 
 def recurrent_chunks(cfg: ModelConfig) -> list[int]:
@@ -63,37 +63,18 @@ def build_engine(model: LoadedModel, ec: EngineConfig) -> EngineCore:
     if ec.compilation_cache_dir:
         enable_compilation_cache(ec.compilation_cache_dir)
     max_model_len = ec.max_model_len or min(cfg.max_position_embeddings, 8192)
-    grid = model_grid(recurrent_chunks(cfg), ec.page_size)
     num_pages, num_slots = pool_sizes(cfg, ec, max_model_len)
-    shapes = ShapeConfig(
-        max_tokens=ec.max_num_batched_tokens,
-        max_rows=ec.max_num_seqs,
-        max_pages_per_row=math.ceil(max_model_len / ec.page_size),
-        grid=grid,
-    )
-    executor = ModelExecutor(
-        model, shapes, page_size=ec.page_size, num_pages=num_pages, num_slots=num_slots,
-        kernels=ec.kernels, warmup=ec.warmup,
-        penalty_window=min(max_model_len, 4096) if ec.penalty_window is None else ec.penalty_window,
-    )  # fmt: skip
-    sched = SchedulerConfig(
-        max_num_seqs=ec.max_num_seqs,
-        max_num_batched_tokens=ec.max_num_batched_tokens,
-        page_size=ec.page_size,
-        grid=grid,
-        hybrid=cfg.is_hybrid,
-        policy=ec.policy,
-        queue_order=ec.queue_order,
-        enable_prefix_cache=ec.enable_prefix_cache,
-        max_consumer_wait=ec.max_consumer_wait,
-        checkpoint_interval=ec.checkpoint_interval,
-        max_checkpoints=ec.max_checkpoints,
-    )
+    wiring = Wiring(ec, cfg.is_hybrid, tuple(recurrent_chunks(cfg)), num_pages, num_slots, max_model_len)
+
+    def executor(shapes: ShapeConfig) -> ModelExecutor:
+        return ModelExecutor(
+            model, shapes, page_size=ec.page_size, num_pages=num_pages, num_slots=num_slots,
+            kernels=ec.kernels, warmup=ec.warmup,
+            penalty_window=min(max_model_len, 4096) if ec.penalty_window is None else ec.penalty_window,
+        )  # fmt: skip
+
     eos = tuple(cfg.eos_token_ids) + (model.tokenizer.eos_token_ids if model.tokenizer else ())
-    return EngineCore(
-        executor, sched, num_pages=num_pages, num_slots=num_slots, max_model_len=max_model_len,
-        eos_token_ids=eos, tokenizer=model.tokenizer, seed=ec.seed, vocab_size=cfg.vocab_size,
-    )  # fmt: skip
+    return wire_engine(wiring, executor, eos_token_ids=eos, tokenizer=model.tokenizer, vocab_size=cfg.vocab_size)
 
 
 class LLM:

@@ -3,8 +3,11 @@ cost model of round time, on a virtual clock.
 
 Cost models:
   * :class:`RooflineCost`: ``overhead + max(FLOPs / (peak * mfu), bytes / (bandwidth * mbu))`` for a
-    :class:`ModelSpec` on a :class:`DeviceSpec` (weights read once per round, KV read per row
-    context, recurrent states read and written per row, checkpoints copied and emitted);
+    :class:`ModelSpec` on a :class:`DeviceSpec`, costed the way the fixed-shape step runs a round
+    (DESIGN.md section 8): the dense work (projections, MLPs, chunked scans, the LM head) over every
+    *token slot* of the variant, so padding costs as much as a real token and a filled bubble is
+    free; attention, KV reads and state traffic (read, write, copy-in, checkpoint emits) over the
+    real rows only; weights read once per round; the fixed per-round cost from the device spec;
   * :class:`CalibratedCost`: measured step times of the model executor per step variant, with a
     least-squares line over token and row slots for variants never measured.
 Sampled tokens are a fixed id, so simulated requests end by ``max_tokens`` (run with ``ignore_eos``).
@@ -18,7 +21,7 @@ from typing import Mapping, Protocol, Sequence
 from radixflow_jax.engine.protocol import StepResult
 from radixflow_jax.engine.specs import DeviceSpec, ModelSpec
 from radixflow_jax.runner.inputs import SamplingRow
-from radixflow_jax.runner.shapes import ShapeConfig
+from radixflow_jax.runner.shapes import ShapeConfig, powers_of_two
 from radixflow_jax.scheduler.plan import RoundPlan
 
 
@@ -39,16 +42,18 @@ class CostModel(Protocol):
 
 @dataclasses.dataclass(frozen=True)
 class RooflineCost:
+    """See the module docstring. ``overhead_s`` / ``mfu`` / ``mbu`` default to the device spec's."""
+
     model: ModelSpec
     device: DeviceSpec
-    mfu: float = 0.5
-    mbu: float = 0.7
-    overhead_s: float = 0.003
+    overhead_s: float | None = None
+    mfu: float | None = None
+    mbu: float | None = None
 
     def round_time(self, plan: RoundPlan, token_slots: int, row_slots: int) -> float:
-        m = self.model
-        tokens = plan.num_tokens
-        flops = 2.0 * m.active_params * tokens + m.recurrent_flops_per_token * tokens
+        m, dev = self.model, self.device
+        slots = max(token_slots, plan.num_tokens)
+        flops = 2.0 * m.active_params * slots + m.recurrent_flops_per_token * slots
         kv_read = 0.0
         state_io = 0
         for row in plan.rows:
@@ -57,12 +62,57 @@ class RooflineCost:
             kv_read += ctx * m.kv_bytes_per_token
             state_io += 2 + (2 if row.copy_from is not None else 0) + len(row.emits)
         expert_params = m.moe_layers * 3 * m.hidden * m.expert_inter * m.total_experts
-        touched = min(1.0, tokens * m.experts_active / m.total_experts) if m.total_experts else 0.0
+        touched = min(1.0, slots * m.experts_active / m.total_experts) if m.total_experts else 0.0
         weights = (m.total_params - expert_params + touched * expert_params) * m.dtype_bytes
         bytes_moved = weights + kv_read + state_io * m.state_bytes
-        compute = flops / (self.device.peak_flops * self.mfu)
-        memory = bytes_moved / (self.device.hbm_bandwidth * self.mbu)
-        return self.overhead_s + max(compute, memory)
+        compute = flops / (dev.peak_flops * (self.mfu if self.mfu is not None else dev.mfu))
+        memory = bytes_moved / (dev.hbm_bandwidth * (self.mbu if self.mbu is not None else dev.mbu))
+        overhead = self.overhead_s if self.overhead_s is not None else dev.round_overhead_s
+        return overhead + max(compute, memory)
+
+
+BUCKET_SETS = ("pow2", "finer", "fixed")
+
+
+@dataclasses.dataclass(frozen=True)
+class BucketSet:
+    """The step shapes a simulated round is padded to, from configuration (not from the runner's
+    current set): ``pow2`` (token and row buckets are powers of two, as ``runner/shapes.py``),
+    ``finer`` (powers of two and the midpoints 1.5 * 2^k for tokens), ``fixed`` (one shape,
+    ``max_tokens`` x ``max_rows``, for every round). Decode-only rounds use ``(n, n)`` for a row
+    bucket ``n`` except in ``fixed`` mode."""
+
+    kind: str
+    max_tokens: int
+    max_rows: int
+    min_tokens: int = 16
+
+    def __post_init__(self) -> None:
+        if self.kind not in BUCKET_SETS:
+            raise ValueError(f"unknown bucket set {self.kind!r}; choose one of {', '.join(BUCKET_SETS)}")
+
+    @property
+    def token_buckets(self) -> tuple[int, ...]:
+        pow2 = powers_of_two(min(self.min_tokens, self.max_tokens), self.max_tokens)
+        if self.kind == "fixed":
+            return (self.max_tokens,)
+        if self.kind == "finer":
+            mids = tuple(3 * b // 2 for b in pow2 if b >= 16 and 3 * b // 2 < self.max_tokens)
+            return tuple(sorted(set(pow2 + mids)))
+        return pow2
+
+    @property
+    def row_buckets(self) -> tuple[int, ...]:
+        return (self.max_rows,) if self.kind == "fixed" else powers_of_two(1, self.max_rows)
+
+    def select(self, num_tokens: int, num_rows: int, all_decode: bool) -> tuple[int, int]:
+        """``(token_slots, row_slots)`` of the smallest shape holding the round."""
+        if num_rows > self.max_rows or num_tokens > self.max_tokens:
+            raise ValueError(f"round of {num_tokens} tokens / {num_rows} rows exceeds the budgets")
+        rows = next(r for r in self.row_buckets if r >= num_rows)
+        if all_decode and self.kind != "fixed":
+            return rows, rows
+        return next(t for t in self.token_buckets if t >= max(num_tokens, rows)), rows
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,7 +133,9 @@ class CalibratedCost:
 
     @classmethod
     def fit(cls, samples: Sequence[tuple[int, int, float]]) -> CalibratedCost:
-        """From ``(token_slots, row_slots, seconds)`` measurements (e.g. ``EngineCore.records``)."""
+        """From ``(token_slots, row_slots, seconds)`` measurements (e.g. ``EngineCore.records``). The
+        line has non-negative terms (a term that fits negative is dropped and the rest refitted),
+        so a variant never measured is never predicted cheaper than free."""
         import numpy as np
 
         if not samples:
@@ -93,26 +145,41 @@ class CalibratedCost:
             groups.setdefault((t, r), []).append(s)
         # the mean (not the median): totals over a run are what the simulator has to predict
         table = {k: float(np.mean(v)) for k, v in groups.items()}
-        x = np.array([[1.0, t, r] for t, r in table]) if len(table) >= 3 else None
-        if x is None:
-            mean = float(np.mean(list(table.values())))
-            return cls(table, mean, 0.0, 0.0)
-        coef, *_ = np.linalg.lstsq(x, np.array(list(table.values())), rcond=None)
+        y = np.array(list(table.values()))
+        if len(table) < 3:
+            return cls(table, float(np.mean(y)), 0.0, 0.0)
+        x = np.array([[1.0, t, r] for t, r in table])
+        keep = [0, 1, 2]
+        coef = np.zeros(3)
+        while keep:
+            sol, *_ = np.linalg.lstsq(x[:, keep], y, rcond=None)
+            if (sol >= 0).all():
+                coef[keep] = sol
+                break
+            keep = [k for k, c in zip(keep, sol) if c >= 0] if (sol >= 0).any() else []
+        if not keep:
+            return cls(table, float(np.mean(y)), 0.0, 0.0)
         return cls(table, float(coef[0]), float(coef[1]), float(coef[2]))
 
 
 class SimExecutor:
-    """Advances ``clock`` by the cost model's round time; pads like the model executor would."""
+    """Advances ``clock`` by the cost model's round time; pads like the model executor would: to
+    ``buckets`` (a :class:`BucketSet`), or to the runner's ``ShapeConfig`` variants, or not at all."""
 
-    def __init__(self, cost: CostModel, clock: VirtualClock, shapes: ShapeConfig | None = None, token: int = 1):
+    def __init__(
+        self, cost: CostModel, clock: VirtualClock, shapes: ShapeConfig | BucketSet | None = None, token: int = 1
+    ):
         self.cost = cost
         self.clock = clock
         self.shapes = shapes
         self.token = token
 
     def execute(self, plan: RoundPlan, sampling: Mapping[int, SamplingRow]) -> StepResult:
-        if self.shapes is not None:
-            variant = self.shapes.select(plan.num_tokens, len(plan.rows), plan.num_decode == len(plan.rows))
+        all_decode = plan.num_decode == len(plan.rows)
+        if isinstance(self.shapes, BucketSet):
+            token_slots, row_slots = self.shapes.select(plan.num_tokens, len(plan.rows), all_decode)
+        elif self.shapes is not None:
+            variant = self.shapes.select(plan.num_tokens, len(plan.rows), all_decode)
             token_slots, row_slots = variant.num_tokens, variant.num_rows
         else:
             token_slots, row_slots = plan.num_tokens, len(plan.rows)

@@ -40,6 +40,13 @@ class ModelSpec:
     total_experts: int = 0
     conv_kernel: int = 4
     dtype_bytes: int = 2
+    gdn_chunk: int = 64  # chunked gated-delta kernel chunk (Qwen3-Next / Qwen3.5 use 64)
+    mamba_chunk: int = 128  # chunked SSD kernel chunk (Nemotron-H config: chunk_size 128)
+
+    @property
+    def chunk_sizes(self) -> tuple[int, ...]:
+        """The recurrent kernels' chunks (they set the checkpoint grid with the page size)."""
+        return ((self.gdn_chunk,) if self.gdn else ()) + ((self.mamba_chunk,) if self.mamba else ())
 
     def _attn_params(self) -> int:
         return self.hidden * self.head_dim * (2 * self.q_heads + 2 * self.kv_heads)  # q (+gate) k v o
@@ -122,12 +129,38 @@ MODEL_SPECS: dict[str, ModelSpec] = {
 }
 
 
+# Where the cost constants come from (no GPU of this project has measured them yet):
+#  * ROUND_OVERHEAD_GRAPH_S: the fixed cost of a round whose device work is one compiled program.
+#    Llama-3.1-8B decode step on one H100 SXM5: 5.1 ms captured as a CUDA graph, 8.4 ms eager
+#    (https://cloudai.pt/tag/cuda-graphs/). Its weights (16.06 GB) take 4.79 ms at the 3.35 TB/s
+#    peak, so the graph-captured step spends about 0.3 ms beyond the weight read; add this
+#    project's own host work per round, plan + build 0.66 ms median at 64 running / 256 waiting
+#    (docs/performance.md, `benchmarks/host_overhead.py`): about 1.0 ms.
+#  * ROUND_OVERHEAD_EAGER_S: the same figure's eager - graph difference, 3.3 ms: the launch cost of
+#    a step that is not one compiled program (the second value docs/results.md reports).
+#  * MBU 0.7: the low end of the 70-85 % memory-bandwidth utilisation that tuned CUDA serving stacks
+#    reach in decode (https://www.open-source-ai.tech/glossary/model-bandwidth-utilization; a rule of
+#    thumb, not a measurement). MFU 0.5: an assumption (no public per-round prefill figure found);
+#    the results state it, and it only matters for rounds that are compute-bound.
+ROUND_OVERHEAD_GRAPH_S = 1.0e-3
+ROUND_OVERHEAD_EAGER_S = 3.3e-3
+OVERHEAD_SOURCE = "0.3 ms graph-captured step beyond the weight read (cloudai.pt, H100) + 0.66 ms host plan/build"
+
+
 @dataclasses.dataclass(frozen=True)
 class DeviceSpec:
+    """``round_overhead_s``: the fixed cost of one round (launch, sync, host planning), with
+    ``overhead_source`` saying where it comes from; ``mfu`` / ``mbu``: achieved fractions of peak
+    FLOP/s and HBM bandwidth (see the notes above ``ROUND_OVERHEAD_GRAPH_S``)."""
+
     name: str
     peak_flops: float  # dense bf16 FLOP/s
     hbm_bandwidth: float  # bytes/s
     memory_bytes: float
+    round_overhead_s: float = ROUND_OVERHEAD_GRAPH_S
+    overhead_source: str = OVERHEAD_SOURCE
+    mfu: float = 0.5
+    mbu: float = 0.7
 
 
 DEVICE_SPECS: dict[str, DeviceSpec] = {

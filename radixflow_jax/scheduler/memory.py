@@ -16,6 +16,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from radixflow_jax.cache import CacheConfig, PagePool, RadixCache, SlotPool
+from radixflow_jax.cache.placement import Placement
 from radixflow_jax.scheduler.request import Request
 
 
@@ -58,22 +59,28 @@ class Memory:
         req.own_pages.extend(ids)
         return True
 
-    def plant(self, req: Request, depths: Sequence[int]) -> list[tuple[int, int]]:
-        """Plants pending checkpoints of ``req`` at ``depths``; returns ``(depth, slot)`` of those the
-        round must emit (a refused plant or an exhausted slot pool just skips that depth)."""
+    def plant(self, req: Request, placements: Sequence[Placement]) -> tuple[list[tuple[int, int]], int]:
+        """Plants pending checkpoints of ``req`` in the given priority order (``cache/placement.py``);
+        returns ``(depth, slot)`` of those the round must emit, ascending, and how many were skipped
+        for lack of a slot. A missing slot first evicts unlocked *committed* checkpoints (shallowest
+        of the least recently used first; never a pending or locked one); when none is left the rest
+        of the list (the least important positions) is skipped. A refused plant (a checkpoint is
+        already there, or another producer's pending KV is on the way) is neither."""
         if self.cache is None or self.slots is None:
-            return []
+            return [], 0
         planted = []
         tokens = req.tokens
-        for depth in depths:
+        for i, placement in enumerate(placements):
             slot = self.alloc_slot()
             if slot is None:
-                break
-            node = self.cache.plant_pending(tokens, depth, slot, req.request_id, req.pages)
+                return sorted(planted), len(placements) - i
+            node = self.cache.plant_pending(
+                tokens, placement.depth, slot, req.request_id, req.pages, wanted=placement.kind == "lookahead"
+            )
             self.slots.decref(slot)  # the tree holds the only reference now (or none: refused)
             if node is not None:
-                planted.append((depth, slot))
-        return planted
+                planted.append((placement.depth, slot))
+        return sorted(planted), 0
 
     def release(self, req: Request, *, keep_prefix: bool) -> None:
         """Drops everything ``req`` holds. ``keep_prefix``: first insert its computed full pages into

@@ -49,6 +49,9 @@ class RoundStats:
     preempted: int = 0
     evicted_pages: int = 0
     evicted_slots: int = 0
+    checkpoints_planted: int = 0  # pending checkpoints this round will emit
+    checkpoints_skipped: int = 0  # placements dropped for lack of a state slot
+    checkpoints_evicted_unused: int = 0  # committed checkpoints dropped this round before any read
 
 
 @dataclasses.dataclass(frozen=True)

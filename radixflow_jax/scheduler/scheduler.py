@@ -21,7 +21,7 @@ import collections
 import dataclasses
 from typing import Iterable
 
-from radixflow_jax.cache import CacheConfig, PagePool, RadixCache, SlotPool
+from radixflow_jax.cache import CacheConfig, PagePool, RadixCache, SlotPool, placement
 from radixflow_jax.scheduler.admission import QUEUE_ORDERS, Decision, get_policy
 from radixflow_jax.scheduler.memory import Memory
 from radixflow_jax.scheduler.plan import RoundPlan, RoundStats, RowPlan
@@ -41,6 +41,7 @@ class SchedulerConfig:
     max_consumer_wait: int = 16
     checkpoint_interval: int = 0  # 0: adaptive, see max_checkpoints
     max_checkpoints: int = 8  # adaptive spacing: about this many grid checkpoints over a prompt
+    branch_checkpoints: bool = True  # branch points (existing paths and waiting siblings), final tokens
 
     def __post_init__(self) -> None:
         get_policy(self.policy)
@@ -53,8 +54,7 @@ class SchedulerConfig:
                 f"max_num_batched_tokens={self.max_num_batched_tokens} must be >= the checkpoint grid {self.grid} "
                 f"and >= max_num_seqs={self.max_num_seqs}"
             )
-        if self.checkpoint_interval % self.grid:
-            raise ValueError(f"checkpoint_interval {self.checkpoint_interval} must be a multiple of the grid {self.grid}")
+        placement.spacing(self.grid, self.grid, interval=self.checkpoint_interval)  # validates the interval
 
 
 class Scheduler:
@@ -71,6 +71,7 @@ class Scheduler:
         self.running: list[Request] = []
         self.requests: dict[int, Request] = {}
         self.round_index = 0
+        self._siblings: dict[tuple[int, ...], list[Request]] = {}  # this round's waiting, by first grid
 
     # ----------------------------------------------------------------- queue management
     def max_request_tokens(self) -> int:
@@ -109,30 +110,50 @@ class Scheduler:
         g = self.config.grid
         return max(0, (start + budget) // g * g - start)
 
-    def _interval(self, req: Request) -> int:
-        """Checkpoint spacing: fixed, or the grid multiple that spreads about ``max_checkpoints``
-        over the prompt (dense grids exhaust the state pool on long prompts)."""
+    def _index_waiting(self) -> None:
+        """Groups the waiting requests by their first ``G`` tokens (only those can share a branch
+        point > 0 with a producer): the look-ahead of :meth:`_placements`. Rebuilt every round."""
+        self._siblings = {}
+        if not (self.config.hybrid and self.config.branch_checkpoints and self.memory.cache is not None):
+            return
         g = self.config.grid
-        if self.config.checkpoint_interval:
-            return self.config.checkpoint_interval
-        per = -(-len(req.prompt) // max(self.config.max_checkpoints, 1))
-        return max(g, -(-per // g) * g)
+        for req in self.waiting:
+            if req.num_tokens > g:
+                head = req.prompt[:g] if len(req.prompt) >= g else req.tokens[:g]  # no copy of the prompt
+                self._siblings.setdefault(head, []).append(req)
 
-    def _emit_depths(self, req: Request, start: int, end: int) -> list[int]:
-        if not self.config.hybrid:
+    def _placements(self, req: Request, start: int, end: int, branch_len: int | None) -> list[placement.Placement]:
+        """Where ``req``'s span ``[start, end)`` plants checkpoints (rules in ``cache/placement.py``)."""
+        cfg = self.config
+        if not cfg.hybrid:
             return []
-        step = self._interval(req)
-        first = (start // step + 1) * step
-        depths = set(range(first, end + 1, step))
-        g = self.config.grid
-        prompt_end = len(req.prompt) // g * g
-        if start < prompt_end <= end:
-            depths.add(prompt_end)
-        return sorted(depths)
+        prompt_len = len(req.prompt)
+        every = placement.spacing(
+            prompt_len, cfg.grid, interval=cfg.checkpoint_interval, max_checkpoints=cfg.max_checkpoints
+        )
+        if not cfg.branch_checkpoints:
+            return placement.place(start, end, grid=cfg.grid, every=every, prompt_len=prompt_len)
+        ahead: set[int] = set()
+        if end - start > 1:  # a prefill span: look ahead at waiting siblings
+            tokens = req.tokens
+            siblings = (
+                sib.tokens if sib.output else sib.prompt for sib in self._siblings.get(tokens[: cfg.grid], ())
+                if sib is not req and sib.status is RequestStatus.WAITING
+            )  # fmt: skip
+            ahead = placement.lookahead_lengths(tokens, siblings, limit=prompt_len)
+        return placement.place(
+            start, end, grid=cfg.grid, every=every, prompt_len=prompt_len,
+            final_len=prompt_len + req.max_tokens - 1,
+            branch_lens=(branch_len,) if branch_len else (), lookahead_lens=ahead,
+        )  # fmt: skip
 
-    def _row(self, req: Request, span: int, copy_from: int | None) -> RowPlan:
+    def _row(
+        self, req: Request, span: int, copy_from: int | None, stats: RoundStats, branch_len: int | None = None
+    ) -> RowPlan:
         start = req.num_computed
-        planted = self.memory.plant(req, self._emit_depths(req, start, start + span))
+        planted, skipped = self.memory.plant(req, self._placements(req, start, start + span, branch_len))
+        stats.checkpoints_planted += len(planted)
+        stats.checkpoints_skipped += skipped
         return RowPlan(
             request_id=req.request_id,
             tokens=req.tokens[start : start + span],
@@ -174,7 +195,7 @@ class Scheduler:
                     break
                 stats.preempted += 1
             else:
-                rows.append(self._row(req, span, None))
+                rows.append(self._row(req, span, None, stats))
                 scheduled.add(req.request_id)
                 budget[0] -= span
                 budget[1] -= 1
@@ -217,8 +238,14 @@ class Scheduler:
             return Decision.STOP_UNTIL_FREE
         req.slot = slot
         req.num_computed = req.cached_tokens = hit
-        copy_from = match.committed_slot if (match is not None and hit > 0 and self.config.hybrid) else None
-        rows.append(self._row(req, span, copy_from))
+        copy_from = None
+        branch_len = None
+        if match is not None and self.config.hybrid:
+            if hit > 0:
+                copy_from = cache.read_checkpoint(match.hit_node)
+            if self.config.branch_checkpoints:  # where this path leaves an existing or pending one
+                branch_len = cache.match(req.tokens, touch=False, shared=True).shared_len
+        rows.append(self._row(req, span, copy_from, stats, branch_len))
         budget[0] -= span
         budget[1] -= 1
         return Decision.ADMIT
@@ -249,6 +276,8 @@ class Scheduler:
         rows: list[RowPlan] = []
         budget = [cfg.max_num_batched_tokens, cfg.max_num_seqs]
         evicted = (self.memory.evicted_pages, self.memory.evicted_slots)
+        unused = self.memory.cache.evicted_unused if self.memory.cache is not None else 0
+        self._index_waiting()
         self._schedule_running(rows, budget, stats)
         queue = self._order()
         for i, req in enumerate(queue):
@@ -271,6 +300,9 @@ class Scheduler:
                 break
         stats.evicted_pages = self.memory.evicted_pages - evicted[0]
         stats.evicted_slots = self.memory.evicted_slots - evicted[1]
+        if self.memory.cache is not None:
+            stats.checkpoints_evicted_unused = self.memory.cache.evicted_unused - unused
+        self._siblings = {}
         rows.sort(key=lambda r: not r.is_decode)  # one-token rows first (stable)
         num_decode = sum(1 for r in rows if r.is_decode)
         return RoundPlan(rows=tuple(rows), num_decode=num_decode, stats=stats)

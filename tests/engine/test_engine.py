@@ -85,3 +85,22 @@ def test_preemption_recomputes_to_the_same_outputs() -> None:
     tight = tight_llm.generate(prompts, params)
     assert sum(r.preempted for r in tight_llm.engine.records) > 0
     assert [o.token_ids for o in tight] == [o.token_ids for o in roomy]
+
+
+def test_final_token_checkpoint_is_the_cold_state() -> None:
+    """A final-token checkpoint (written by a decode row, in a mixed round and in a decode-only
+    round) is the state a cold run computes at its depth: the next turn reads it and its greedy
+    output equals the cache-off run."""
+    warm = LLM("tiny-qwen3.5", **SMALL)  # grid 64: prompt end 64, final-token checkpoint at 128
+    cold = LLM("tiny-qwen3.5", enable_prefix_cache=False, **SMALL)
+    params = SamplingParams(max_tokens=12, ignore_eos=True)
+    first, alone = list(range(20, 140)), list(range(220, 340))
+    long_prefill = [3 + (7 * i) % 500 for i in range(900)]  # still prefilling (64-token spans) while `first` decodes
+    outs = warm.generate([first, long_prefill], params)
+    out_alone = warm.generate([alone], params)[0]
+    for turn1, out in ((first, outs[0]), (alone, out_alone)):
+        nxt = turn1 + out.token_ids + [7, 8, 9, 10, 11]
+        got = warm.generate([nxt], SamplingParams(max_tokens=4, ignore_eos=True))[0]
+        ref = cold.generate([nxt], SamplingParams(max_tokens=4, ignore_eos=True))[0]
+        assert got.cached_tokens == 128  # the final-token checkpoint, beyond the prompt-end one
+        assert got.token_ids == ref.token_ids

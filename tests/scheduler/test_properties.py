@@ -1,6 +1,8 @@
-"""Property tests of the scheduler without a model: random arrivals, shared prefixes, aborts and
-tiny pools, under both policies. Every accepted request finishes, no page or slot leaks, and
-RadixFlow's reuse is never lower than native's by more than one request's prefix."""
+"""Property tests of the scheduler without a model: random arrivals, shared prefixes, aborts (also
+between ``schedule()`` and ``commit()``, while the round runs) and tiny pools, under both policies.
+The tree and pool invariants hold after every plan and every commit, every accepted request
+finishes, no page or slot leaks, and RadixFlow's reuse is never lower than native's by more than
+one request's prefix."""
 
 from __future__ import annotations
 
@@ -22,10 +24,19 @@ def workloads(draw):
         suffix = tuple(draw(st.lists(st.integers(5, 60), min_size=1, max_size=12)))
         arrival = draw(st.integers(0, 6))  # the round it arrives in
         abort_at = draw(st.one_of(st.none(), st.integers(0, 8)))
-        reqs.append((i, prefix + suffix, draw(st.integers(1, 5)), arrival, abort_at))
+        mid_round = draw(st.booleans())  # abort between schedule() and commit() of that round
+        reqs.append((i, prefix + suffix, draw(st.integers(1, 5)), arrival, (abort_at, mid_round)))
     pages = draw(st.integers(24, 60))
     slots = draw(st.integers(3, 12))
     return reqs, pages, slots
+
+
+def _check(s: Scheduler) -> None:
+    s.memory.pages.check_invariants()
+    if s.memory.slots is not None:
+        s.memory.slots.check_invariants()
+    if s.memory.cache is not None:
+        s.memory.cache.check_invariants()
 
 
 def _run(policy: str, reqs, pages: int, slots: int) -> tuple[Scheduler, set[int]]:
@@ -40,18 +51,21 @@ def _run(policy: str, reqs, pages: int, slots: int) -> tuple[Scheduler, set[int]
                     accepted.add(rid)
                 except ValueError:
                     pass
-        for rid, _, _, _, abort_at in reqs:
-            if abort_at == round_index and rid in accepted:
+        for rid, _, _, _, (abort_at, mid) in reqs:
+            if abort_at == round_index and not mid and rid in accepted:
                 s.abort(rid)
         if not s.has_work() and round_index > 6:
             break
         plan = s.schedule()
+        _check(s)
         for row in plan.rows:  # a source checkpoint is one the tree holds (committed), never a free slot
             assert row.copy_from is None or s.memory.slots.refcount(row.copy_from) > 0
+        for rid, _, _, _, (abort_at, mid) in reqs:
+            if abort_at == round_index and mid and rid in accepted:
+                s.abort(rid)  # the round is running: its result for rid must be dropped at commit
+                _check(s)
         s.commit(plan, {r.request_id: 7 for r in plan.rows if r.sample})
-        s.memory.pages.check_invariants()
-        if s.memory.slots is not None:
-            s.memory.slots.check_invariants()
+        _check(s)
     assert not s.has_work(), "livelock: work left after 400 rounds"
     return s, accepted
 
@@ -72,7 +86,7 @@ def test_both_policies_finish_everything_without_leaks(data) -> None:
         assert s.memory.pages.num_used == 0
         assert s.memory.slots.num_used == 0
         reuse[policy] = sum(s.requests[r].cached_tokens for r in accepted)
-    no_abort = all(a is None for *_, a in reqs)
+    no_abort = all(a is None for *_, (a, _) in reqs)
     if no_abort:
         longest = max(len(p) for _, p, *_ in reqs)
         assert reuse["radixflow"] >= reuse["native"] - longest
