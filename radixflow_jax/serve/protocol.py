@@ -1,0 +1,289 @@
+"""OpenAI request bodies (completions, chat completions) and their translation into engine input.
+
+Importing this module needs only pydantic: the batch-jobs reader and the HTTP server share it.
+
+``parse_body(kind, raw)`` validates a decoded JSON body into :class:`CompletionRequest` or
+:class:`ChatCompletionRequest`; ``to_engine_request(body, tokenizer, ...)`` turns a validated body
+into an :class:`EngineRequest` (prompt token ids + :class:`SamplingParams`). Both raise
+:class:`ProtocolError` naming the offending field (``param``); a server answers it with a 400.
+
+Invariants:
+  * Unknown fields are accepted and ignored (clients send vendor extras); known fields that ask
+    for something the engine does not do (``n > 1``, ``echo``, ``suffix``, ``logit_bias``, tools,
+    a JSON response format, several prompts in one request) raise, never silently ignored.
+  * Defaults follow the OpenAI API: ``temperature`` 1, ``top_p`` 1; completions ``max_tokens`` 16,
+    chat ``max_tokens`` fills the context (``max_model_len - prompt``) when the limit is known.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Literal, Protocol, Sequence, Union
+
+import pydantic
+from pydantic import BaseModel, ConfigDict, Field
+
+from radixflow_jax.engine.params import SamplingParams, UnsupportedParameterError
+
+COMPLETIONS = "completions"
+CHAT = "chat"
+_DEFAULT_COMPLETION_TOKENS = 16
+
+
+class ProtocolError(ValueError):
+    """A request body the server must refuse. ``param`` names the field (dotted path) or is None;
+    ``status`` is the HTTP status it maps to; ``code`` a short machine-readable reason."""
+
+    def __init__(self, message: str, *, param: str | None = None, status: int = 400, code: str | None = None):
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        self.status = status
+        self.code = code
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+
+class StreamOptions(_Body):
+    include_usage: bool = False
+
+
+class _SamplingFields(_Body):
+    """Fields shared by both endpoints (OpenAI's plus vLLM's extras)."""
+
+    model: str | None = None
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    n: int | None = None
+    best_of: int | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    stop: Union[str, list[str], None] = None
+    stop_token_ids: list[int] | None = None
+    seed: int | None = None
+    ignore_eos: bool = False
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    repetition_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None
+    min_tokens: int | None = None
+    user: str | None = None
+
+
+class CompletionRequest(_SamplingFields):
+    prompt: Union[str, list[int], list[str], list[list[int]]]
+    logprobs: int | None = None
+    echo: bool = False
+    suffix: str | None = None
+
+
+class TextPart(_Body):
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(_Body):
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: Union[str, list[TextPart], None] = None
+    name: str | None = None
+
+
+class ResponseFormat(_Body):
+    type: str = "text"
+
+
+class ChatCompletionRequest(_SamplingFields):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = None
+    logprobs: bool = False
+    top_logprobs: int | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: Any = None
+    response_format: ResponseFormat | None = None
+
+
+class TextTokenizer(Protocol):
+    """What translation needs from a tokenizer (``radixflow_jax.models.tokenizer.Tokenizer`` has it)."""
+
+    def encode(self, text: str) -> list[int]: ...
+
+    def apply_chat_template(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> str: ...
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineRequest:
+    """What the engine takes for one body: the prompt ids and the sampling settings, plus the
+    response options the server needs (``logprobs``: top alternatives per token, None = off)."""
+
+    kind: str
+    prompt_ids: list[int]
+    params: SamplingParams
+    stream: bool = False
+    include_usage: bool = False
+    logprobs: int | None = None
+    model: str | None = None
+
+
+def _loc(loc: Sequence[Any]) -> str:
+    # pydantic adds union-branch tags such as "str" or "list[int]" to the location: drop them
+    parts = [str(p) for p in loc if isinstance(p, int) or not any(c in str(p) for c in "[]") and str(p) not in _TAGS]
+    return ".".join(parts) if parts else "body"
+
+
+_TAGS = {"str", "int", "float", "bool", "list", "dict", "none", "TextPart", "literal"}
+
+
+def parse_body(kind: str, raw: Any) -> CompletionRequest | ChatCompletionRequest:
+    """Validates a decoded JSON body; the first validation error becomes a :class:`ProtocolError`."""
+    cls = {COMPLETIONS: CompletionRequest, CHAT: ChatCompletionRequest}.get(kind)
+    if cls is None:
+        raise ValueError(f"unknown request kind {kind!r}")
+    if not isinstance(raw, dict):
+        raise ProtocolError(f"the request body must be a JSON object, got {type(raw).__name__}", code="invalid_body")
+    try:
+        return cls.model_validate(raw)
+    except pydantic.ValidationError as exc:
+        err = exc.errors(include_url=False)[0]
+        where = _loc(err["loc"])
+        raise ProtocolError(f"{where}: {err['msg']}", param=where, code="invalid_value") from None
+
+
+def _reject_if(condition: bool, param: str, message: str) -> None:
+    if condition:
+        raise ProtocolError(message, param=param, code="unsupported_parameter")
+
+
+def _chat_messages(body: ChatCompletionRequest) -> list[dict[str, str]]:
+    messages = []
+    for i, msg in enumerate(body.messages):
+        if isinstance(msg.content, list):
+            content = "".join(part.text for part in msg.content)
+        elif msg.content is None:
+            raise ProtocolError(f"messages.{i}.content: a message needs content", param=f"messages.{i}.content")
+        else:
+            content = msg.content
+        messages.append({"role": "system" if msg.role == "developer" else msg.role, "content": content})
+    return messages
+
+
+def _prompt_ids(body: CompletionRequest, tokenizer: TextTokenizer | None) -> list[int]:
+    prompt = body.prompt
+    if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
+        _reject_if(len(prompt) != 1, "prompt", "several prompts in one request are not supported; send one request per prompt")
+        prompt = prompt[0]
+    if isinstance(prompt, str):
+        if not prompt:
+            raise ProtocolError("prompt: the prompt is empty", param="prompt")
+        if tokenizer is None:
+            raise ProtocolError("prompt: this model has no tokenizer; send token ids", param="prompt")
+        return tokenizer.encode(prompt)
+    if not prompt:
+        raise ProtocolError("prompt: the prompt is empty", param="prompt")
+    return [int(t) for t in prompt]
+
+
+def _sampling_dict(body: CompletionRequest | ChatCompletionRequest, max_tokens: int) -> dict[str, Any]:
+    stop = body.stop if body.stop is not None else ()
+    return {
+        "max_tokens": max_tokens,
+        "temperature": 1.0 if body.temperature is None else body.temperature,
+        "top_p": 1.0 if body.top_p is None else body.top_p,
+        "top_k": body.top_k, "min_p": body.min_p, "seed": body.seed,
+        "stop": (stop,) if isinstance(stop, str) else tuple(stop),
+        "stop_token_ids": tuple(body.stop_token_ids or ()), "ignore_eos": body.ignore_eos,
+        "presence_penalty": body.presence_penalty, "frequency_penalty": body.frequency_penalty,
+        "repetition_penalty": body.repetition_penalty, "min_tokens": body.min_tokens,
+    }  # fmt: skip
+
+
+def _field_of(message: str, names: Sequence[str]) -> str | None:
+    for name in names:
+        if message.startswith(name + " ") or f"'{name}'" in message:
+            return name
+    return None
+
+
+def to_engine_request(
+    body: CompletionRequest | ChatCompletionRequest,
+    tokenizer: TextTokenizer | None,
+    *,
+    max_model_len: int | None = None,
+    vocab_size: int | None = None,
+) -> EngineRequest:
+    """Turns a validated body into engine input. Chat messages are rendered with the model's chat
+    template; text is tokenized without special tokens (the template carries them)."""
+    _reject_if((body.n or 1) != 1, "n", "n > 1 is not supported; send n separate requests")
+    _reject_if((body.best_of or 1) != 1, "best_of", "best_of > 1 is not supported")
+    _reject_if(bool(body.logit_bias), "logit_bias", "logit_bias is not supported")
+    if body.stream_options is not None and not body.stream:
+        raise ProtocolError("stream_options: only allowed when stream is true", param="stream_options")
+    if isinstance(body, CompletionRequest):
+        _reject_if(body.echo, "echo", "echo is not supported")
+        _reject_if(body.suffix is not None, "suffix", "suffix is not supported")
+        if body.logprobs is not None and not 0 <= body.logprobs <= 20:
+            raise ProtocolError("logprobs: must be between 0 and 20", param="logprobs")
+        ids = _prompt_ids(body, tokenizer)
+        logprobs = body.logprobs
+        requested = body.max_tokens
+        default = _DEFAULT_COMPLETION_TOKENS
+        kind = COMPLETIONS
+    else:
+        _reject_if(bool(body.tools), "tools", "tools (function calling) are not supported")
+        _reject_if(body.tool_choice not in (None, "none"), "tool_choice", "tool_choice is not supported")
+        fmt = body.response_format
+        _reject_if(fmt is not None and fmt.type != "text", "response_format", "only response_format type 'text' is supported")
+        if body.top_logprobs is not None:
+            if not 0 <= body.top_logprobs <= 20:
+                raise ProtocolError("top_logprobs: must be between 0 and 20", param="top_logprobs")
+            if not body.logprobs:
+                raise ProtocolError("top_logprobs: needs logprobs to be true", param="top_logprobs")
+        if tokenizer is None:
+            raise ProtocolError("messages: this model has no tokenizer or chat template", param="messages")
+        messages = _chat_messages(body)
+        try:
+            text = tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+        except ValueError as exc:  # TokenizerError: no template, or the template rejected the messages
+            raise ProtocolError(f"messages: {exc}", param="messages") from None
+        ids = tokenizer.encode(text)
+        logprobs = (body.top_logprobs or 0) if body.logprobs else None
+        requested = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
+        default = max(1, max_model_len - len(ids)) if max_model_len else _DEFAULT_COMPLETION_TOKENS
+        kind = CHAT
+    if not ids:
+        raise ProtocolError("the prompt encodes to no tokens", param="prompt" if kind == COMPLETIONS else "messages")
+    if vocab_size is not None:
+        bad = next((t for t in ids if not 0 <= t < vocab_size), None)
+        if bad is not None:
+            raise ProtocolError(f"prompt: token id {bad} is outside the vocabulary [0, {vocab_size})", param="prompt")
+    max_tokens = default if requested is None else requested
+    max_field = "max_completion_tokens" if kind == CHAT and body.max_completion_tokens is not None else "max_tokens"
+    if max_tokens < 1:
+        raise ProtocolError(f"{max_field}: must be at least 1, got {max_tokens}", param=max_field)
+    if max_model_len is not None and len(ids) + max_tokens > max_model_len:
+        raise ProtocolError(
+            f"this model's maximum context length is {max_model_len} tokens; the request has {len(ids)} prompt "
+            f"tokens and asks for {max_tokens} more ({max_field})",
+            param=max_field if len(ids) < max_model_len else ("prompt" if kind == COMPLETIONS else "messages"),
+            code="context_length_exceeded",
+        )
+    values = _sampling_dict(body, max_tokens)
+    if logprobs is not None:
+        if "logprobs" not in {f.name for f in dataclasses.fields(SamplingParams)}:
+            name = "logprobs" if kind == COMPLETIONS or not body.top_logprobs else "top_logprobs"
+            raise ProtocolError(f"{name} is not supported by this engine", param=name, code="unsupported_parameter")
+        values["logprobs"] = logprobs
+    try:
+        params = SamplingParams.from_dict(values)
+    except UnsupportedParameterError as exc:
+        param = _field_of(str(exc), list(values))
+        raise ProtocolError(str(exc), param=param, code="unsupported_parameter") from None
+    except (ValueError, TypeError) as exc:
+        param = _field_of(str(exc), list(values))
+        raise ProtocolError(str(exc), param=param, code="invalid_value") from None
+    include_usage = bool(body.stream_options and body.stream_options.include_usage)
+    return EngineRequest(kind, ids, params, body.stream, include_usage, logprobs, body.model)

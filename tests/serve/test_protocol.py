@@ -1,0 +1,88 @@
+"""``serve.protocol``: body validation and translation to engine input, without a server or a model
+(a stand-in tokenizer). The HTTP tests cover the same paths end to end."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from radixflow_jax.serve import protocol as p
+
+
+class FakeTokenizer:
+    def encode(self, text: str) -> list[int]:
+        return [ord(c) % 200 + 1 for c in text]
+
+    def apply_chat_template(self, messages, add_generation_prompt=True) -> str:
+        return "".join(f"<{m['role']}>{m['content']}" for m in messages) + ("<assistant>" if add_generation_prompt else "")
+
+
+def convert(raw, kind=None, **kw):
+    kind = kind or (p.COMPLETIONS if "prompt" in raw else p.CHAT)
+    return p.to_engine_request(p.parse_body(kind, raw), FakeTokenizer(), max_model_len=kw.get("max_model_len", 256), vocab_size=300)
+
+
+def test_import_needs_no_server_or_jax():
+    code = "import sys, radixflow_jax.serve.protocol; print(sorted(m for m in ('jax', 'fastapi', 'uvicorn') if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
+def test_completion_text_and_ids():
+    req = convert({"prompt": "abc", "max_tokens": 5, "temperature": 0, "stop": "x", "seed": 3, "unknown_extra": 1})
+    assert req.prompt_ids == FakeTokenizer().encode("abc")
+    assert (req.params.max_tokens, req.params.temperature, req.params.stop, req.params.seed) == (5, 0.0, ("x",), 3)
+    req = convert({"prompt": [5, 6, 7], "stream": True, "stream_options": {"include_usage": True}, "ignore_eos": True})
+    assert req.prompt_ids == [5, 6, 7] and req.stream and req.include_usage and req.params.ignore_eos
+    assert req.params.max_tokens == 16 and req.params.temperature == 1.0  # OpenAI defaults
+    assert convert({"prompt": [[1, 2]]}).prompt_ids == [1, 2]
+
+
+def test_chat_renders_template_and_fills_context():
+    req = convert({"messages": [{"role": "system", "content": "s"}, {"role": "user", "content": [{"type": "text", "text": "hi"}]}]})
+    text = "<system>s<user>hi<assistant>"
+    assert req.prompt_ids == FakeTokenizer().encode(text)
+    assert req.params.max_tokens == 256 - len(text)
+    assert convert({"messages": [{"role": "user", "content": "q"}], "max_completion_tokens": 4}).params.max_tokens == 4
+
+
+@pytest.mark.parametrize(
+    "raw, param, fragment",
+    [
+        ({"prompt": "a", "n": 2}, "n", "n > 1"),
+        ({"prompt": "a", "echo": True}, "echo", "echo"),
+        ({"prompt": "a", "suffix": "z"}, "suffix", "suffix"),
+        ({"prompt": "a", "logit_bias": {"1": 2.0}}, "logit_bias", "logit_bias"),
+        ({"prompt": ["a", "b"]}, "prompt", "several prompts"),
+        ({"prompt": ""}, "prompt", "empty"),
+        ({"prompt": []}, "prompt", "empty"),
+        ({"prompt": [1, 999]}, "prompt", "outside the vocabulary"),
+        ({"prompt": "a", "max_tokens": 0}, "max_tokens", "at least 1"),
+        ({"prompt": "a", "max_tokens": 1000}, "max_tokens", "maximum context length"),
+        ({"prompt": "a", "temperature": -1}, "temperature", "temperature"),
+        ({"prompt": "a", "top_p": 0}, "top_p", "top_p"),
+        ({"prompt": "a", "stream_options": {"include_usage": True}}, "stream_options", "stream is true"),
+        ({"prompt": "a", "temperature": "hot"}, "temperature", "valid number"),
+        ({"prompt": 5}, "prompt", "prompt"),
+        ({}, "prompt", "Field required"),
+        ({"messages": []}, "messages", "at least 1"),
+        ({"messages": [{"role": "robot", "content": "x"}]}, "messages.0.role", "role"),
+        ({"messages": [{"role": "user"}]}, "messages.0.content", "needs content"),
+        ({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]}, "tools", "tools"),
+        ({"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_object"}}, "response_format", "text"),
+        ({"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2}, "top_logprobs", "logprobs"),
+    ],
+)
+def test_bad_bodies_name_the_field(raw, param, fragment):
+    kind = p.CHAT if "messages" in raw else p.COMPLETIONS
+    with pytest.raises(p.ProtocolError) as info:
+        convert(raw, kind)
+    assert info.value.param == param and info.value.status == 400
+    assert fragment in info.value.message
+
+
+def test_non_object_body():
+    with pytest.raises(p.ProtocolError, match="JSON object"):
+        p.parse_body(p.COMPLETIONS, [1, 2])
