@@ -1,4 +1,4 @@
-"""The ``radixflow`` command line: ``bench``, ``generate`` and ``convert`` (``serve`` comes later).
+"""The ``radixflow`` command line: ``bench``, ``generate``, ``batch`` and ``convert``.
 
 Every subcommand turns a bad argument into one clear line on stderr and exit status 2.
 """
@@ -27,6 +27,11 @@ def _parser() -> argparse.ArgumentParser:
     from radixflow_jax.bench.cli import add_arguments
 
     add_arguments(bench)
+
+    batch = sub.add_parser("batch", help="run a JSONL file of requests, in input order, resumable after a kill")
+    from radixflow_jax.batch.cli import add_arguments as add_batch_arguments
+
+    add_batch_arguments(batch)
 
     conv = sub.add_parser("convert", help="convert a HF directory (or preset) to an orbax directory")
     conv.add_argument("src", help="HF model directory or preset name")
@@ -58,6 +63,12 @@ def _generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _batch(args: argparse.Namespace) -> int:
+    from radixflow_jax.batch.cli import run
+
+    return run(args)
+
+
 def _convert(args: argparse.Namespace) -> int:
     from radixflow_jax.models import api
 
@@ -74,7 +85,7 @@ def _bench(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    handlers = {"generate": _generate, "convert": _convert, "bench": _bench}
+    handlers = {"generate": _generate, "convert": _convert, "bench": _bench, "batch": _batch}
     try:
         return handlers[args.command](args)
     except (ValueError, FileNotFoundError, KeyError) as exc:
