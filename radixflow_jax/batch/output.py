@@ -23,7 +23,7 @@ from radixflow_jax.engine.params import RequestOutput
 
 STATE_SUFFIX = ".state.json"
 STATE_VERSION = 1
-CrashHook = Callable[[str, int], None]  # (point, output line about to be / being written)
+CrashHook = Callable[[str, int], None]  # (point, last output line (0-based) of the append, or requests done)
 
 
 class ResumeError(ValueError):
@@ -111,12 +111,13 @@ class OutputWriter:
     def append(self, records: Sequence[dict[str, Any]], first_line: int) -> None:
         data = b"".join(json.dumps(r, ensure_ascii=False).encode() + b"\n" for r in records)
         if self._hook is not None:
-            self._hook("before_write", first_line)
+            last = first_line + len(records) - 1
+            self._hook("before_write", last)
             half = len(data) // 2
             self._write(data[:half])
-            self._hook("mid_write", first_line)
+            self._hook("mid_write", last)
             self._write(data[half:])
-            self._hook("after_write", first_line)
+            self._hook("after_write", last)
         else:
             self._write(data)
         self.lines += len(records)
