@@ -125,7 +125,8 @@ def parse_line(index: int, line: int, raw: bytes, tokenizer: TextTokenizer | Non
         obj = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         msg = exc.msg if isinstance(exc, json.JSONDecodeError) else str(exc)
-        return BatchItem(index, line, PLAIN, None, error=LineError(line, f"line {line}: not valid JSON ({msg})", "invalid_json"))
+        error = LineError(line, f"line {line}: not valid JSON ({msg})", "invalid_json")
+        return BatchItem(index, line, PLAIN, None, error=error)
     if not isinstance(obj, dict):
         return BatchItem(index, line, PLAIN, None, error=LineError(line, f"line {line}: expected a JSON object"))
     if "custom_id" in obj or "body" in obj or "url" in obj:
@@ -140,7 +141,9 @@ def _with_seed(params: SamplingParams, line: int, limits: RequestLimits) -> Samp
     return dataclasses.replace(params, seed=seed)
 
 
-def _parse_openai(index: int, line: int, obj: dict[str, Any], tok: TextTokenizer | None, limits: RequestLimits) -> BatchItem:
+def _parse_openai(
+    index: int, line: int, obj: dict[str, Any], tok: TextTokenizer | None, limits: RequestLimits
+) -> BatchItem:
     from radixflow_jax.serve import protocol
 
     key = obj.get("custom_id")
@@ -167,7 +170,9 @@ def _parse_openai(index: int, line: int, obj: dict[str, Any], tok: TextTokenizer
     return BatchItem(index, line, OPENAI, key, kind, tuple(req.prompt_ids), params, req.model)
 
 
-def _parse_plain(index: int, line: int, obj: dict[str, Any], tok: TextTokenizer | None, limits: RequestLimits) -> BatchItem:
+def _parse_plain(
+    index: int, line: int, obj: dict[str, Any], tok: TextTokenizer | None, limits: RequestLimits
+) -> BatchItem:
     key = obj.get("id")
 
     def fail(message: str, code: str = "invalid_request") -> BatchItem:
@@ -202,7 +207,8 @@ def _parse_plain(index: int, line: int, obj: dict[str, Any], tok: TextTokenizer 
 
 def _plain_prompt(field: str, value: Any, tok: TextTokenizer | None) -> list[int]:
     if field == "prompt_token_ids":
-        if not isinstance(value, list) or not value or not all(isinstance(t, int) and not isinstance(t, bool) for t in value):
+        ints = isinstance(value, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in value)
+        if not ints or not value:
             raise ValueError("must be a non-empty list of integers")
         return list(value)
     if tok is None:

@@ -188,7 +188,8 @@ class BatchJob:
         if stop_at is not None:
             keeper.flush()
             assert self._stop_error is not None
-            raise JobStopped(f"{self._stop_error.message} (--on-error fail: {next_write} records written, the job stopped here)")
+            written = f"{next_write} records written, the job stopped here"
+            raise JobStopped(f"{self._stop_error.message} (--on-error fail: {written})")
 
     def _submit(self, block: list[BatchItem], records: dict[int, dict[str, Any]], running: dict[int, BatchItem],
                 seen: set[Any]) -> int | None:  # fmt: skip

@@ -21,7 +21,16 @@ from radixflow_jax.models.config import (
     Naming,
     RopeConfig,
 )
-from radixflow_jax.models.hf_fields import check_act, dt_limit, eos_ids, number, numbers, positive, read_mamba, read_rope
+from radixflow_jax.models.hf_fields import (
+    check_act,
+    dt_limit,
+    eos_ids,
+    number,
+    numbers,
+    positive,
+    read_mamba,
+    read_rope,
+)
 
 _MAMBA_KEYS = dict(
     heads="mamba_n_heads", head_dim="mamba_d_head", state="mamba_d_state", groups="mamba_n_groups",

@@ -10,7 +10,16 @@ import math
 from typing import Any
 
 from radixflow_jax.models.config import AttentionConfig, ConfigError, ModelConfig, Naming
-from radixflow_jax.models.hf_fields import check_act, dt_limit, eos_ids, float_value, positive, read_attention, read_mamba, required
+from radixflow_jax.models.hf_fields import (
+    check_act,
+    dt_limit,
+    eos_ids,
+    float_value,
+    positive,
+    read_attention,
+    read_mamba,
+    required,
+)
 
 
 def parse_bamba(cfg: dict[str, Any]) -> ModelConfig:
