@@ -1,4 +1,4 @@
-"""The ``radixflow`` command line: ``serve``, ``bench``, ``generate`` and ``convert``.
+"""The ``radixflow`` command line: ``serve``, ``bench``, ``generate``, ``batch`` and ``convert``.
 
 Every subcommand turns a bad argument into one clear line on stderr and exit status 2.
 """
@@ -33,6 +33,11 @@ def _parser() -> argparse.ArgumentParser:
 
     add_serve_arguments(srv)
 
+    batch = sub.add_parser("batch", help="run a JSONL file of requests, in input order, resumable after a kill")
+    from radixflow_jax.batch.cli import add_arguments as add_batch_arguments
+
+    add_batch_arguments(batch)
+
     conv = sub.add_parser("convert", help="convert a HF directory (or preset) to an orbax directory")
     conv.add_argument("src", help="HF model directory or preset name")
     conv.add_argument("out_dir")
@@ -63,6 +68,12 @@ def _generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _batch(args: argparse.Namespace) -> int:
+    from radixflow_jax.batch.cli import run
+
+    return run(args)
+
+
 def _convert(args: argparse.Namespace) -> int:
     from radixflow_jax.models import api
 
@@ -85,7 +96,7 @@ def _serve(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    handlers = {"generate": _generate, "convert": _convert, "bench": _bench, "serve": _serve}
+    handlers = {"generate": _generate, "convert": _convert, "bench": _bench, "serve": _serve, "batch": _batch}
     try:
         return handlers[args.command](args)
     except (ValueError, FileNotFoundError, KeyError) as exc:

@@ -26,7 +26,8 @@ from radixflow_jax.models.hf_config import parse_hf_config
 from radixflow_jax.models.hybrid import HybridLM
 from radixflow_jax.models.safetensors_io import WeightsError
 from radixflow_jax.models.tokenizer import Tokenizer
-from radixflow_jax.models.weights import has_orbax, load_orbax_state, load_safetensors_state
+from radixflow_jax.models.gguf import is_gguf
+from radixflow_jax.models.weights import has_orbax, load_orbax_state, load_safetensors_state, load_tensors_state
 
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 _PAGE_SIZE = 16
@@ -40,13 +41,16 @@ def resolve_dtype(dtype: str | jnp.dtype) -> jnp.dtype:
     return jnp.dtype(dtype)
 
 
-def resolve_model_dir(path_or_preset: str) -> str:
-    """A directory holding ``config.json``: a preset name is materialised in the preset cache."""
+def resolve_model_path(path_or_preset: str) -> str:
+    """A directory holding ``config.json`` or a ``.gguf`` file. A tiny preset is materialised in the
+    preset cache; a packaged preset (``smollm2-135m``) resolves to the file its package installed."""
     if presets.is_preset(path_or_preset):
         return presets.materialize(path_or_preset)
+    if is_gguf(path_or_preset):
+        return path_or_preset
     if not os.path.isdir(path_or_preset):
         raise FileNotFoundError(
-            f"model {path_or_preset!r} is neither a directory nor a preset ({', '.join(presets.names())})"
+            f"model {path_or_preset!r} is neither a directory nor a preset nor a .gguf file ({', '.join(presets.names())})"
         )
     if not os.path.exists(os.path.join(path_or_preset, "config.json")):
         raise FileNotFoundError(f"{path_or_preset}: no config.json")
@@ -74,13 +78,23 @@ class SequenceState:
 class LoadedModel:
     """A model with its parameters on the device and, when the directory has one, its tokenizer."""
 
-    def __init__(self, model_dir: str, cfg: ModelConfig, graphdef: nnx.GraphDef, state: nnx.State, dtype: jnp.dtype):
-        self.model_dir = model_dir
+    def __init__(
+        self,
+        model_dir: str,
+        cfg: ModelConfig,
+        graphdef: nnx.GraphDef,
+        state: nnx.State,
+        dtype: jnp.dtype,
+        tokenizer: Tokenizer | None = None,
+    ):
+        self.model_dir = model_dir  # a directory, or the .gguf file the model came from
         self.config = cfg
         self.dtype = dtype
         self.graphdef = graphdef
         self.params = state
-        self.tokenizer = Tokenizer(model_dir) if Tokenizer.exists(model_dir) else None
+        if tokenizer is None and os.path.isdir(model_dir) and Tokenizer.exists(model_dir):
+            tokenizer = Tokenizer.from_directory(model_dir)
+        self.tokenizer = tokenizer
         self._forward = jax.jit(self._forward_impl, static_argnames=("num_decode",), donate_argnames=("cache",))
 
     @property
@@ -153,18 +167,32 @@ class LoadedModel:
 
 
 def load(path_or_preset: str, dtype: str | jnp.dtype = "float32") -> LoadedModel:
-    """Loads a preset, a HF directory (safetensors) or a ``radixflow convert`` output (orbax)."""
+    """Loads a preset, a HF directory (safetensors), a ``radixflow convert`` output (orbax) or a
+    llama.cpp ``.gguf`` file (dequantised; config and tokenizer from its metadata)."""
     jdtype = resolve_dtype(dtype)
-    model_dir = resolve_model_dir(path_or_preset)
-    cfg = read_config(model_dir)
-    if has_orbax(model_dir):
-        graphdef, state = load_orbax_state(model_dir, cfg, jdtype)
+    path = resolve_model_path(path_or_preset)
+    if is_gguf(path):
+        return _load_gguf(path, jdtype)
+    cfg = read_config(path)
+    if has_orbax(path):
+        graphdef, state = load_orbax_state(path, cfg, jdtype)
     else:
-        graphdef, state = load_safetensors_state(model_dir, cfg, jdtype)
-    return LoadedModel(model_dir, cfg, graphdef, state, jdtype)
+        graphdef, state = load_safetensors_state(path, cfg, jdtype)
+    return LoadedModel(path, cfg, graphdef, state, jdtype)
 
 
-__all__ = ["load", "LoadedModel", "SequenceState", "ConfigError", "WeightsError", "read_config"]
+def _load_gguf(path: str, dtype: jnp.dtype) -> LoadedModel:
+    from radixflow_jax.models import gguf
+
+    f = gguf.GgufFile(path)
+    cfg = parse_hf_config(gguf.hf_config_dict(f))
+    assert cfg.attention is not None  # every supported GGUF architecture is full attention
+    tensors = gguf.GgufTensors(f, cfg.attention.num_heads, cfg.attention.num_kv_heads)
+    graphdef, state = load_tensors_state(tensors, cfg, dtype)
+    return LoadedModel(path, cfg, graphdef, state, dtype, tokenizer=gguf.build_tokenizer(f))
+
+
+__all__ = ["load", "LoadedModel", "SequenceState", "ConfigError", "WeightsError", "read_config", "resolve_model_path"]
 
 
 def greedy_generate(model: LoadedModel, prompt_ids: Sequence[int], max_tokens: int) -> tuple[list[int], str]:
@@ -197,10 +225,19 @@ def convert(src: str, out_dir: str, dtype: str = "float32") -> str:
 
     model = load(src, dtype=dtype)
     os.makedirs(out_dir, exist_ok=True)
-    for name in ("config.json", "tokenizer.json", "tokenizer_config.json", "generation_config.json"):
-        path = os.path.join(model.model_dir, name)
-        if os.path.exists(path):
-            shutil.copy(path, os.path.join(out_dir, name))
+    if is_gguf(model.model_dir):  # config and tokenizer come from the GGUF metadata
+        from radixflow_jax.models import gguf
+
+        with open(os.path.join(out_dir, "config.json"), "w") as f:
+            json.dump(gguf.hf_config_dict(gguf.GgufFile(model.model_dir)), f, indent=2)
+        if model.tokenizer is not None:
+            model.tokenizer.save(out_dir)
+    else:
+        names = ("config.json", "tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "generation_config.json")
+        for name in names:
+            path = os.path.join(model.model_dir, name)
+            if os.path.exists(path):
+                shutil.copy(path, os.path.join(out_dir, name))
     save_orbax(model.module, out_dir)
     write_marker(out_dir, {"format": "orbax", "dtype": str(jnp.dtype(model.dtype)), "source": os.path.abspath(model.model_dir)})
     return out_dir

@@ -1,4 +1,8 @@
-"""Parse a HF ``config.json`` dict into a :class:`ModelConfig`.
+"""Parse a HF ``config.json`` dict into a :class:`ModelConfig`: the entry point for every family.
+
+The GDN hybrids and the dense controls are parsed here; the Mamba2 families live in
+``hf_config_ssm`` / ``hf_config_mup``; all of them read fields through ``hf_fields``. GGUF metadata
+reaches this parser as the equivalent ``config.json`` dict (``models/gguf.py``).
 
 Every value the model math depends on is read explicitly; a missing required field, a value out of
 range, or a feature we do not implement raises :class:`ConfigError` naming the field. Nothing is
@@ -9,14 +13,9 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from radixflow_jax.models.config import (
-    AttentionConfig,
-    ConfigError,
-    GdnConfig,
-    ModelConfig,
-    MoeConfig,
-    RopeConfig,
-)
+from radixflow_jax.models import hf_config_mup, hf_config_ssm
+from radixflow_jax.models.config import ConfigError, GdnConfig, ModelConfig, MoeConfig
+from radixflow_jax.models.hf_fields import check_act, eos_ids, positive, read_attention
 
 _GDN_TYPES = ("qwen3_next", "qwen3_5_text", "qwen3_5_moe_text")
 _DENSE_TYPES = ("qwen3", "llama")
@@ -25,68 +24,6 @@ _DENSE_TYPES = ("qwen3", "llama")
 def supported_model_types() -> tuple[str, ...]:
     ssm = ("bamba", "nemotron_h", "granitemoehybrid", "falcon_h1")
     return _GDN_TYPES + ("qwen3_5", "qwen3_5_moe") + ssm + _DENSE_TYPES
-
-
-def _req(cfg: dict[str, Any], key: str, kind: type | tuple[type, ...] = int) -> Any:
-    if key not in cfg or cfg[key] is None:
-        raise ConfigError(f"config.json: required field '{key}' is missing")
-    value = cfg[key]
-    if isinstance(value, bool) or not isinstance(value, kind):
-        raise ConfigError(f"config.json: field '{key}' must be {kind}, got {value!r}")
-    return value
-
-
-def _positive(cfg: dict[str, Any], key: str, default: int | None = None) -> int:
-    if default is not None and cfg.get(key) is None:
-        return default
-    value = _req(cfg, key, int)
-    if value <= 0:
-        raise ConfigError(f"config.json: field '{key}' must be positive, got {value}")
-    return value
-
-
-def _act(cfg: dict[str, Any], key: str = "hidden_act") -> None:
-    act = cfg.get(key, "silu")
-    if act not in ("silu", "swish"):
-        raise ConfigError(f"config.json: {key}={act!r} is not supported (only 'silu')")
-
-
-def _eos(cfg: dict[str, Any]) -> tuple[int, ...]:
-    eos = cfg.get("eos_token_id")
-    if eos is None:
-        return ()
-    return tuple(eos) if isinstance(eos, list) else (int(eos),)
-
-
-def _rope(cfg: dict[str, Any], head_dim: int) -> RopeConfig:
-    params = dict(cfg.get("rope_parameters") or {})
-    legacy = cfg.get("rope_scaling") or {}
-    theta = params.get("rope_theta", cfg.get("rope_theta", 10000.0))
-    factor = params.get("partial_rotary_factor", cfg.get("partial_rotary_factor", 1.0))
-    kind = params.get("rope_type", legacy.get("rope_type", legacy.get("type", "default")))
-    src = params if "rope_type" in params else legacy
-    if not isinstance(theta, (int, float)) or theta <= 0:
-        raise ConfigError(f"config.json: rope_theta must be a positive number, got {theta!r}")
-    if not 0 < float(factor) <= 1:
-        raise ConfigError(f"config.json: partial_rotary_factor must be in (0, 1], got {factor!r}")
-    rotary_dim = int(head_dim * float(factor))
-    if rotary_dim % 2:
-        raise ConfigError(f"config.json: rotary dim {rotary_dim} (head_dim * partial_rotary_factor) must be even")
-    if kind == "default":
-        return RopeConfig(theta=float(theta), rotary_dim=rotary_dim)
-    if kind == "linear":
-        return RopeConfig(theta=float(theta), rotary_dim=rotary_dim, kind="linear", factor=float(src["factor"]))
-    if kind == "llama3":
-        return RopeConfig(
-            theta=float(theta),
-            rotary_dim=rotary_dim,
-            kind="llama3",
-            factor=float(src["factor"]),
-            low_freq_factor=float(src["low_freq_factor"]),
-            high_freq_factor=float(src["high_freq_factor"]),
-            original_max_position=int(src["original_max_position_embeddings"]),
-        )
-    raise ConfigError(f"config.json: rope_type={kind!r} is not supported (default, linear, llama3)")
 
 
 def _layer_types(cfg: dict[str, Any], n: int) -> tuple[str, ...]:
@@ -104,50 +41,33 @@ def _layer_types(cfg: dict[str, Any], n: int) -> tuple[str, ...]:
 
 
 def _moe(cfg: dict[str, Any], shared_default: int = 0) -> MoeConfig:
-    num = _positive(cfg, "num_experts")
-    top_k = _positive(cfg, "num_experts_per_tok")
+    num = positive(cfg, "num_experts")
+    top_k = positive(cfg, "num_experts_per_tok")
     if top_k > num:
         raise ConfigError(f"config.json: num_experts_per_tok={top_k} exceeds num_experts={num}")
     shared = cfg.get("shared_expert_intermediate_size", shared_default) or 0
     return MoeConfig(
         num_experts=num,
         top_k=top_k,
-        intermediate_size=_positive(cfg, "moe_intermediate_size"),
+        intermediate_size=positive(cfg, "moe_intermediate_size"),
         norm_topk=bool(cfg.get("norm_topk_prob", True)),
         shared_intermediate_size=int(shared),
     )
 
 
 def _common(cfg: dict[str, Any]) -> dict[str, Any]:
-    _act(cfg)
+    check_act(cfg)
     return dict(
         model_type=cfg["model_type"],
-        vocab_size=_positive(cfg, "vocab_size"),
-        hidden_size=_positive(cfg, "hidden_size"),
-        num_layers=_positive(cfg, "num_hidden_layers"),
-        intermediate_size=_positive(cfg, "intermediate_size"),
+        vocab_size=positive(cfg, "vocab_size"),
+        hidden_size=positive(cfg, "hidden_size"),
+        num_layers=positive(cfg, "num_hidden_layers"),
+        intermediate_size=positive(cfg, "intermediate_size"),
         rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
         tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-        max_position_embeddings=_positive(cfg, "max_position_embeddings", 8192),
-        eos_token_ids=_eos(cfg),
+        max_position_embeddings=positive(cfg, "max_position_embeddings", 8192),
+        eos_token_ids=eos_ids(cfg),
         bos_token_id=cfg.get("bos_token_id"),
-    )
-
-
-def _attention(cfg: dict[str, Any], qk_norm: str, output_gate: bool) -> AttentionConfig:
-    heads = _positive(cfg, "num_attention_heads")
-    head_dim = cfg.get("head_dim") or _positive(cfg, "hidden_size") // heads
-    window = cfg.get("sliding_window") if cfg.get("use_sliding_window") else None
-    if window is not None:
-        raise ConfigError("config.json: use_sliding_window=true is not supported yet")
-    return AttentionConfig(
-        num_heads=heads,
-        num_kv_heads=_positive(cfg, "num_key_value_heads", heads),
-        head_dim=int(head_dim),
-        qk_norm=qk_norm,  # type: ignore[arg-type]
-        output_gate=output_gate,
-        bias=bool(cfg.get("attention_bias", False)),
-        rope=_rope(cfg, int(head_dim)),
     )
 
 
@@ -172,11 +92,11 @@ def _parse_gdn_family(cfg: dict[str, Any]) -> ModelConfig:
         mlps = ("dense",) * n
         moe = None
     gdn = GdnConfig(
-        num_k_heads=_positive(cfg, "linear_num_key_heads"),
-        num_v_heads=_positive(cfg, "linear_num_value_heads"),
-        head_k_dim=_positive(cfg, "linear_key_head_dim"),
-        head_v_dim=_positive(cfg, "linear_value_head_dim"),
-        conv_kernel=_positive(cfg, "linear_conv_kernel_dim", 4),
+        num_k_heads=positive(cfg, "linear_num_key_heads"),
+        num_v_heads=positive(cfg, "linear_num_value_heads"),
+        head_k_dim=positive(cfg, "linear_key_head_dim"),
+        head_v_dim=positive(cfg, "linear_value_head_dim"),
+        conv_kernel=positive(cfg, "linear_conv_kernel_dim", 4),
         packed=mtype == "qwen3_next",
     )
     if "attention" not in mixers:
@@ -186,7 +106,7 @@ def _parse_gdn_family(cfg: dict[str, Any]) -> ModelConfig:
         mixers=mixers,
         mlps=mlps,  # type: ignore[arg-type]
         norm_style="zero_centered",
-        attention=_attention(cfg, "rms_zc", output_gate=True),
+        attention=read_attention(cfg, "rms_zc", output_gate=True),
         gdn=gdn if "gdn" in mixers else None,
         moe=moe,
     )
@@ -205,7 +125,7 @@ def _parse_dense(cfg: dict[str, Any]) -> ModelConfig:
         mixers=("attention",) * n,
         mlps=("dense",) * n,
         norm_style="llama",
-        attention=_attention(cfg, "rms" if cfg["model_type"] == "qwen3" else "none", output_gate=False),
+        attention=read_attention(cfg, "rms" if cfg["model_type"] == "qwen3" else "none", output_gate=False),
         gdn=None,
         moe=None,
     )
@@ -237,8 +157,6 @@ _PARSERS: dict[str, Callable[[dict[str, Any]], ModelConfig]] = {
 
 def parse_hf_config(cfg: dict[str, Any]) -> ModelConfig:
     """Builds a :class:`ModelConfig` from a parsed ``config.json``; raises :class:`ConfigError`."""
-    from radixflow_jax.models import hf_config_mup, hf_config_ssm
-
     mtype = cfg.get("model_type")
     if mtype is None:
         raise ConfigError("config.json: required field 'model_type' is missing")

@@ -21,8 +21,16 @@ from radixflow_jax.models.config import (
     Naming,
     RopeConfig,
 )
-from radixflow_jax.models.hf_config import _act, _eos, _positive, _rope
-from radixflow_jax.models.hf_config_ssm import _dt_limit, _float, _mamba
+from radixflow_jax.models.hf_fields import (
+    check_act,
+    dt_limit,
+    eos_ids,
+    number,
+    numbers,
+    positive,
+    read_mamba,
+    read_rope,
+)
 
 _MAMBA_KEYS = dict(
     heads="mamba_n_heads", head_dim="mamba_d_head", state="mamba_d_state", groups="mamba_n_groups",
@@ -36,40 +44,17 @@ _GRANITE_TYPES = {
 }
 
 
-def _number(cfg: dict[str, Any], key: str, default: float = 1.0, *, nonzero: bool = False) -> float:
-    """A finite scalar multiplier (``default`` when the key is absent)."""
-    if key not in cfg:
-        return default
-    value = cfg[key]
-    if value is None or isinstance(value, bool):
-        raise ConfigError(f"config.json: field '{key}' must be a number, got {value!r}")
-    out = _float(value, key)
-    if not math.isfinite(out) or (nonzero and out == 0.0):
-        what = "finite non-zero" if nonzero else "finite"
-        raise ConfigError(f"config.json: field '{key}' must be a {what} number, got {value!r}")
-    return out
-
-
-def _numbers(cfg: dict[str, Any], key: str, count: int) -> tuple[float, ...]:
-    raw = cfg.get(key)
-    if raw is None:
-        return (1.0,) * count
-    if not isinstance(raw, (list, tuple)) or len(raw) != count:
-        raise ConfigError(f"config.json: field '{key}' must be a list of {count} numbers, got {raw!r}")
-    return tuple(_number({key: v}, key) for v in raw)
-
-
 def _mamba_dims(cfg: dict[str, Any], inner: int) -> dict[str, Any]:
     """``cfg`` with ``mamba_d_head='auto'`` resolved as transformers does (``inner // heads``)."""
     if cfg.get("mamba_d_head", "auto") == "auto":
-        return {**cfg, "mamba_d_head": inner // _positive(cfg, "mamba_n_heads")}
+        return {**cfg, "mamba_d_head": inner // positive(cfg, "mamba_n_heads")}
     return cfg
 
 
 def _checked_mamba(cfg: dict[str, Any], inner: int, inner_field: str, eps: float) -> MambaConfig:
     cfg = _mamba_dims(cfg, inner)
-    limit = _dt_limit(cfg.get("time_step_limit", [0.0, math.inf]), "time_step_limit")
-    mamba = _mamba(cfg, _MAMBA_KEYS, limit, eps)
+    limit = dt_limit(cfg.get("time_step_limit", [0.0, math.inf]), "time_step_limit")
+    mamba = read_mamba(cfg, _MAMBA_KEYS, limit, eps)
     if mamba.inner_dim != inner:
         raise ConfigError(
             f"config.json: mamba_n_heads * mamba_d_head = {mamba.inner_dim} but {inner_field} = {inner}"
@@ -83,18 +68,18 @@ def _plain_rope(cfg: dict[str, Any], head_dim: int) -> RopeConfig:
     factor = params.get("partial_rotary_factor", cfg.get("partial_rotary_factor", 1.0))
     if factor not in (None, 1, 1.0):
         raise ConfigError(f"config.json: partial_rotary_factor={factor!r} is not supported for {cfg['model_type']}")
-    return _rope({k: v for k, v in cfg.items() if k != "partial_rotary_factor"}, head_dim)
+    return read_rope({k: v for k, v in cfg.items() if k != "partial_rotary_factor"}, head_dim)
 
 
 def _attention(cfg: dict[str, Any], kv_default: int | None, *, rope: bool, scale: float | None) -> AttentionConfig:
-    heads = _positive(cfg, "num_attention_heads")
-    head_dim = cfg.get("head_dim") or _positive(cfg, "hidden_size") // heads
+    heads = positive(cfg, "num_attention_heads")
+    head_dim = cfg.get("head_dim") or positive(cfg, "hidden_size") // heads
     if not isinstance(head_dim, int) or isinstance(head_dim, bool) or head_dim <= 0:
         raise ConfigError(f"config.json: field 'head_dim' must be a positive int, got {head_dim!r}")
     kv = cfg.get("num_key_value_heads", kv_default)
     return AttentionConfig(
         num_heads=heads,
-        num_kv_heads=_positive({"num_key_value_heads": heads if kv is None else kv}, "num_key_value_heads"),
+        num_kv_heads=positive({"num_key_value_heads": heads if kv is None else kv}, "num_key_value_heads"),
         head_dim=head_dim,
         qk_norm="none",
         output_gate=False,
@@ -107,15 +92,15 @@ def _attention(cfg: dict[str, Any], kv_default: int | None, *, rope: bool, scale
 def _common(cfg: dict[str, Any], n: int, hidden: int, eps: float) -> dict[str, Any]:
     return dict(
         model_type=cfg["model_type"],
-        vocab_size=_positive(cfg, "vocab_size"),
+        vocab_size=positive(cfg, "vocab_size"),
         hidden_size=hidden,
         num_layers=n,
         rms_norm_eps=eps,
         norm_style="llama",
         tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-        max_position_embeddings=_positive(cfg, "max_position_embeddings", 8192),
+        max_position_embeddings=positive(cfg, "max_position_embeddings", 8192),
         gdn=None,
-        eos_token_ids=_eos(cfg),
+        eos_token_ids=eos_ids(cfg),
         bos_token_id=cfg.get("bos_token_id"),
     )
 
@@ -135,9 +120,9 @@ def _granite_layers(cfg: dict[str, Any], n: int) -> tuple[str, ...]:
 
 def parse_granite(cfg: dict[str, Any]) -> ModelConfig:
     """``granitemoehybrid`` (Granite-4.0-H): Mamba2/attention layers, shared GLU (+ routed experts)."""
-    _act(cfg)
-    n = _positive(cfg, "num_hidden_layers")
-    hidden = _positive(cfg, "hidden_size")
+    check_act(cfg)
+    n = positive(cfg, "num_hidden_layers")
+    hidden = positive(cfg, "hidden_size")
     mixers = _granite_layers(cfg, n)
     eps = float(cfg.get("rms_norm_eps", 1e-6))
     position = cfg.get("position_embedding_type")
@@ -148,34 +133,34 @@ def parse_granite(cfg: dict[str, Any]) -> ModelConfig:
         raise ConfigError(f"config.json: field 'num_local_experts' must be an int >= 0, got {experts!r}")
     moe = None
     if experts:
-        top_k = _positive(cfg, "num_experts_per_tok", 2)
+        top_k = positive(cfg, "num_experts_per_tok", 2)
         if top_k > experts:
             raise ConfigError(f"config.json: num_experts_per_tok={top_k} exceeds num_local_experts={experts}")
         moe = MoeConfig(
             num_experts=experts,
             top_k=top_k,
-            intermediate_size=_positive(cfg, "intermediate_size"),
+            intermediate_size=positive(cfg, "intermediate_size"),
             norm_topk=True,
             shared_intermediate_size=0,
         )
     attention = None
     if "attention" in mixers:
-        scale = _number(cfg, "attention_multiplier", nonzero=True)
+        scale = number(cfg, "attention_multiplier", nonzero=True)
         attention = _attention(cfg, None, rope=position == "rope", scale=scale)
     mamba = None
     if "mamba" in mixers:
-        inner = int(_number(cfg, "mamba_expand", 2.0) * hidden)
+        inner = int(number(cfg, "mamba_expand", 2.0) * hidden)
         mamba = _checked_mamba(cfg, inner, "mamba_expand * hidden_size", eps)
     mult = Multipliers(
-        embedding=_number(cfg, "embedding_multiplier"),
-        residual=_number(cfg, "residual_multiplier"),
-        logits_scaling=_number(cfg, "logits_scaling", nonzero=True),
+        embedding=number(cfg, "embedding_multiplier"),
+        residual=number(cfg, "residual_multiplier"),
+        logits_scaling=number(cfg, "logits_scaling", nonzero=True),
     )
     return ModelConfig(
         **_common(cfg, n, hidden, eps),
         mixers=mixers,  # type: ignore[arg-type]
         mlps=("glu_moe" if moe else "glu",) * n,  # type: ignore[arg-type]
-        intermediate_size=_positive(cfg, "shared_intermediate_size", 1024),
+        intermediate_size=positive(cfg, "shared_intermediate_size", 1024),
         attention=attention,
         moe=moe,
         mamba=mamba,
@@ -186,34 +171,34 @@ def parse_granite(cfg: dict[str, Any]) -> ModelConfig:
 
 def parse_falcon_h1(cfg: dict[str, Any]) -> ModelConfig:
     """``falcon_h1``: attention and Mamba2 in parallel in every layer, muP multipliers."""
-    _act(cfg)
+    check_act(cfg)
     if cfg.get("mlp_bias"):
         raise ConfigError("config.json: mlp_bias=true is not supported")
-    n = _positive(cfg, "num_hidden_layers")
-    hidden = _positive(cfg, "hidden_size")
+    n = positive(cfg, "num_hidden_layers")
+    hidden = positive(cfg, "hidden_size")
     eps = float(cfg.get("rms_norm_eps", 1e-5))
     if "mamba_d_ssm" not in cfg:  # transformers' default
         inner, field = 1024, "mamba_d_ssm (default)"
     elif cfg["mamba_d_ssm"] is None:
-        inner, field = int(_number(cfg, "mamba_expand", 2.0) * hidden), "mamba_expand * hidden_size"
+        inner, field = int(number(cfg, "mamba_expand", 2.0) * hidden), "mamba_expand * hidden_size"
     else:
-        inner, field = _positive(cfg, "mamba_d_ssm"), "mamba_d_ssm"
+        inner, field = positive(cfg, "mamba_d_ssm"), "mamba_d_ssm"
     mamba = _checked_mamba(cfg, inner, field, eps)
     if cfg.get("mamba_rms_norm", False):
         norm = "norm_first" if cfg.get("mamba_norm_before_gate", True) else "gate_first"
     else:
         norm = "none"
     mamba = dataclasses.replace(mamba, gated_norm=norm, out_proj_bias=bool(cfg.get("projectors_bias", False)))
-    mlp_gate, mlp_down = _numbers(cfg, "mlp_multipliers", 2)
+    mlp_gate, mlp_down = numbers(cfg, "mlp_multipliers", 2)
     mult = Multipliers(
-        embedding=_number(cfg, "embedding_multiplier"),
-        lm_head=_number(cfg, "lm_head_multiplier"),
-        attention_in=_number(cfg, "attention_in_multiplier"),
-        attention_out=_number(cfg, "attention_out_multiplier"),
-        key=_number(cfg, "key_multiplier"),
-        ssm_in=_number(cfg, "ssm_in_multiplier"),
-        ssm_out=_number(cfg, "ssm_out_multiplier"),
-        ssm=_numbers(cfg, "ssm_multipliers", 5),  # type: ignore[arg-type]
+        embedding=number(cfg, "embedding_multiplier"),
+        lm_head=number(cfg, "lm_head_multiplier"),
+        attention_in=number(cfg, "attention_in_multiplier"),
+        attention_out=number(cfg, "attention_out_multiplier"),
+        key=number(cfg, "key_multiplier"),
+        ssm_in=number(cfg, "ssm_in_multiplier"),
+        ssm_out=number(cfg, "ssm_out_multiplier"),
+        ssm=numbers(cfg, "ssm_multipliers", 5),  # type: ignore[arg-type]
         mlp_gate=mlp_gate,
         mlp_down=mlp_down,
     )
@@ -221,7 +206,7 @@ def parse_falcon_h1(cfg: dict[str, Any]) -> ModelConfig:
         **_common(cfg, n, hidden, eps),
         mixers=("parallel",) * n,
         mlps=("dense",) * n,
-        intermediate_size=_positive(cfg, "intermediate_size"),
+        intermediate_size=positive(cfg, "intermediate_size"),
         attention=_attention(cfg, 8, rope=True, scale=None),
         moe=None,
         mamba=mamba,

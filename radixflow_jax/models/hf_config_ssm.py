@@ -9,66 +9,34 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from radixflow_jax.models.config import AttentionConfig, ConfigError, MambaConfig, ModelConfig, Naming
-from radixflow_jax.models.hf_config import _act, _attention, _eos, _positive, _req
-
-
-def _float(value: Any, field: str) -> float:
-    """JSON floats, including transformers' ``{"__float__": "Infinity"}`` encoding."""
-    if isinstance(value, dict) and "__float__" in value:
-        value = value["__float__"]
-    try:
-        return float(value)
-    except (TypeError, ValueError) as exc:
-        raise ConfigError(f"config.json: {field} has a non-numeric entry {value!r}") from exc
-
-
-def _dt_limit(raw: Any, field: str) -> tuple[float, float]:
-    if not isinstance(raw, (list, tuple)) or len(raw) != 2:
-        raise ConfigError(f"config.json: {field} must be a pair [min, max], got {raw!r}")
-    lo, hi = _float(raw[0], field), _float(raw[1], field)
-    if not 0 <= lo < hi:
-        raise ConfigError(f"config.json: {field}={raw!r} must satisfy 0 <= min < max")
-    return lo, hi
-
-
-def _mamba(cfg: dict[str, Any], keys: dict[str, str], dt_limit: tuple[float, float], eps: float) -> MambaConfig:
-    act = cfg.get(keys.get("act", ""), "silu") if "act" in keys else "silu"
-    if act not in ("silu", "swish"):
-        raise ConfigError(f"config.json: {keys['act']}={act!r} is not supported (only 'silu')")
-    m = MambaConfig(
-        num_heads=_positive(cfg, keys["heads"]),
-        head_dim=_positive(cfg, keys["head_dim"]),
-        state_size=_positive(cfg, keys["state"]),
-        n_groups=_positive(cfg, keys["groups"]),
-        conv_kernel=_positive(cfg, keys["conv"], 4),
-        conv_bias=bool(cfg.get(keys["conv_bias"], True)),
-        proj_bias=bool(cfg.get(keys["proj_bias"], False)),
-        chunk_size=_positive(cfg, keys["chunk"], 256),
-        dt_limit=dt_limit,
-        norm_eps=eps,
-        out_proj_bias=bool(cfg.get(keys["proj_bias"], False)),
-    )
-    if m.num_heads % m.n_groups:
-        raise ConfigError(f"config.json: {keys['heads']}={m.num_heads} is not a multiple of {keys['groups']}={m.n_groups}")
-    return m
+from radixflow_jax.models.config import AttentionConfig, ConfigError, ModelConfig, Naming
+from radixflow_jax.models.hf_fields import (
+    check_act,
+    dt_limit,
+    eos_ids,
+    float_value,
+    positive,
+    read_attention,
+    read_mamba,
+    required,
+)
 
 
 def parse_bamba(cfg: dict[str, Any]) -> ModelConfig:
-    _act(cfg)
-    n = _positive(cfg, "num_hidden_layers")
-    hidden = _positive(cfg, "hidden_size")
+    check_act(cfg)
+    n = positive(cfg, "num_hidden_layers")
+    hidden = positive(cfg, "hidden_size")
     attn = set(cfg.get("attn_layer_indices") or [])
     if any(not 0 <= i < n for i in attn):
         raise ConfigError(f"config.json: attn_layer_indices {sorted(attn)} out of range for {n} layers")
     if (cfg.get("num_experts") or 1) != 1:
         raise ConfigError("config.json: num_experts != 1 is not supported for bamba")
     eps = float(cfg.get("rms_norm_eps", 1e-5))
-    mamba = _mamba(
+    mamba = read_mamba(
         cfg,
         dict(heads="mamba_n_heads", head_dim="mamba_d_head", state="mamba_d_state", groups="mamba_n_groups",
              conv="mamba_d_conv", conv_bias="mamba_conv_bias", proj_bias="mamba_proj_bias", chunk="mamba_chunk_size"),
-        _dt_limit(cfg.get("time_step_limit", [0.0, math.inf]), "time_step_limit"),
+        dt_limit(cfg.get("time_step_limit", [0.0, math.inf]), "time_step_limit"),
         eps,
     )
     expand = cfg.get("mamba_expand", 2)
@@ -80,22 +48,22 @@ def parse_bamba(cfg: dict[str, Any]) -> ModelConfig:
     mixers = tuple("attention" if i in attn else "mamba" for i in range(n))
     return ModelConfig(
         model_type="bamba",
-        vocab_size=_positive(cfg, "vocab_size"),
+        vocab_size=positive(cfg, "vocab_size"),
         hidden_size=hidden,
         num_layers=n,
         mixers=mixers,  # type: ignore[arg-type]
         mlps=("dense",) * n,
-        intermediate_size=_positive(cfg, "intermediate_size"),
+        intermediate_size=positive(cfg, "intermediate_size"),
         rms_norm_eps=eps,
         norm_style="llama",
         tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-        max_position_embeddings=_positive(cfg, "max_position_embeddings", 8192),
-        attention=_attention(cfg, "none", output_gate=False) if attn else None,
+        max_position_embeddings=positive(cfg, "max_position_embeddings", 8192),
+        attention=read_attention(cfg, "none", output_gate=False) if attn else None,
         gdn=None,
         moe=None,
         mamba=mamba if "mamba" in mixers else None,
         naming=Naming(mlp="feed_forward", pre_mlp_norm="pre_ff_layernorm", final_norm="final_layernorm"),
-        eos_token_ids=_eos(cfg),
+        eos_token_ids=eos_ids(cfg),
         bos_token_id=cfg.get("bos_token_id"),
     )
 
@@ -106,7 +74,7 @@ _PATTERN = {"M": "linear_attention", "*": "full_attention", "-": "mlp", "E": "mo
 def _nemotron_layers(cfg: dict[str, Any]) -> list[str]:
     types = cfg.get("layers_block_type") or cfg.get("layer_types")
     if types is None:
-        pattern = _req(cfg, "hybrid_override_pattern", str)
+        pattern = required(cfg, "hybrid_override_pattern", str)
         bad = [c for c in pattern if c not in _PATTERN]
         if bad:
             raise ConfigError(f"config.json: hybrid_override_pattern has unknown symbol {bad[0]!r} (M, *, -, E)")
@@ -130,8 +98,8 @@ def parse_nemotron_h(cfg: dict[str, Any]) -> ModelConfig:
         raise ConfigError("config.json: residual_in_fp32=true is not supported")
     eps = float(cfg.get("layer_norm_epsilon", 1e-5))
     # The reference mixer clamps dt below at time_step_min (time_step_limit is not used by it).
-    dt_min = _float(cfg.get("time_step_min", 0.001), "time_step_min")
-    mamba = _mamba(
+    dt_min = float_value(cfg.get("time_step_min", 0.001), "time_step_min")
+    mamba = read_mamba(
         cfg,
         dict(heads="mamba_num_heads", head_dim="mamba_head_dim", state="ssm_state_size", groups="n_groups",
              conv="conv_kernel", conv_bias="use_conv_bias", proj_bias="use_bias", chunk="chunk_size",
@@ -144,9 +112,9 @@ def parse_nemotron_h(cfg: dict[str, Any]) -> ModelConfig:
     attention: AttentionConfig | None = None
     if has_attn:
         attention = AttentionConfig(
-            num_heads=_positive(cfg, "num_attention_heads"),
-            num_kv_heads=_positive(cfg, "num_key_value_heads", cfg.get("num_attention_heads")),
-            head_dim=_positive(cfg, "head_dim", _positive(cfg, "hidden_size") // _positive(cfg, "num_attention_heads")),
+            num_heads=positive(cfg, "num_attention_heads"),
+            num_kv_heads=positive(cfg, "num_key_value_heads", cfg.get("num_attention_heads")),
+            head_dim=positive(cfg, "head_dim", positive(cfg, "hidden_size") // positive(cfg, "num_attention_heads")),
             qk_norm="none",
             output_gate=False,
             bias=bool(cfg.get("attention_bias", False)),
@@ -154,22 +122,22 @@ def parse_nemotron_h(cfg: dict[str, Any]) -> ModelConfig:
         )
     return ModelConfig(
         model_type="nemotron_h",
-        vocab_size=_positive(cfg, "vocab_size"),
-        hidden_size=_positive(cfg, "hidden_size"),
+        vocab_size=positive(cfg, "vocab_size"),
+        hidden_size=positive(cfg, "hidden_size"),
         num_layers=n,
         mixers=mixers,  # type: ignore[arg-type]
         mlps=tuple("relu2" if t == "mlp" else "none" for t in types),  # type: ignore[arg-type]
-        intermediate_size=_positive(cfg, "intermediate_size"),
+        intermediate_size=positive(cfg, "intermediate_size"),
         rms_norm_eps=eps,
         norm_style="float32_weight",
         tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-        max_position_embeddings=_positive(cfg, "max_position_embeddings", 8192),
+        max_position_embeddings=positive(cfg, "max_position_embeddings", 8192),
         attention=attention,
         gdn=None,
         moe=None,
         mamba=mamba if "mamba" in mixers else None,
         naming=Naming(embed="embeddings", final_norm="norm_f", block=True),
-        eos_token_ids=_eos(cfg),
+        eos_token_ids=eos_ids(cfg),
         bos_token_id=cfg.get("bos_token_id"),
         weight_prefix="backbone.",
     )

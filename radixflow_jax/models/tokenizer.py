@@ -1,5 +1,10 @@
-"""Text <-> token ids from a HF ``tokenizer.json`` (the ``tokenizers`` package) plus the chat template
-in ``tokenizer_config.json`` (rendered with jinja2). No ``transformers`` import at serving time."""
+"""Text <-> token ids (the ``tokenizers`` package) plus a chat template rendered with jinja2.
+
+Sources: a HF directory (``tokenizer.json``; the template from ``chat_template.jinja``, which
+transformers 5 writes, else from ``tokenizer_config.json``'s ``chat_template``; special tokens from
+``tokenizer_config.json``) or a GGUF file's metadata (``models/gguf.py``). No ``transformers`` import
+at serving time.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +14,7 @@ from typing import Any, Sequence
 
 TOKENIZER_FILE = "tokenizer.json"
 TOKENIZER_CONFIG = "tokenizer_config.json"
+CHAT_TEMPLATE_FILE = "chat_template.jinja"
 
 
 class TokenizerError(ValueError):
@@ -18,24 +24,57 @@ class TokenizerError(ValueError):
 class Tokenizer:
     """A loaded tokenizer; ``eos_token_ids`` are the ids that end generation besides the model's."""
 
-    def __init__(self, directory: str):
-        from tokenizers import Tokenizer as HfTokenizer
-
-        self._tok = HfTokenizer.from_file(os.path.join(directory, TOKENIZER_FILE))
-        cfg_path = os.path.join(directory, TOKENIZER_CONFIG)
-        cfg: dict[str, Any] = {}
-        if os.path.exists(cfg_path):
-            with open(cfg_path) as f:
-                cfg = json.load(f)
-        self.chat_template: str | None = cfg.get("chat_template")
-        self.bos_token: str | None = _token_text(cfg.get("bos_token"))
-        self.eos_token: str | None = _token_text(cfg.get("eos_token"))
+    def __init__(
+        self,
+        backend: Any,
+        *,
+        chat_template: str | None = None,
+        bos_token: str | None = None,
+        eos_token: str | None = None,
+    ):
+        self._tok = backend
+        self.chat_template = chat_template
+        self.bos_token = bos_token
+        self.eos_token = eos_token
         eos_id = self._tok.token_to_id(self.eos_token) if self.eos_token else None
         self.eos_token_ids: tuple[int, ...] = (eos_id,) if eos_id is not None else ()
+
+    @classmethod
+    def from_directory(cls, directory: str) -> Tokenizer:
+        from tokenizers import Tokenizer as HfTokenizer
+
+        backend = HfTokenizer.from_file(os.path.join(directory, TOKENIZER_FILE))
+        cfg: dict[str, Any] = {}
+        cfg_path = os.path.join(directory, TOKENIZER_CONFIG)
+        if os.path.exists(cfg_path):
+            with open(cfg_path) as f:
+                try:
+                    cfg = json.load(f)
+                except json.JSONDecodeError as exc:
+                    raise TokenizerError(f"{cfg_path} is not valid JSON ({exc})") from exc
+        template = _template_from_config(cfg.get("chat_template"))
+        jinja_path = os.path.join(directory, CHAT_TEMPLATE_FILE)
+        if os.path.exists(jinja_path):  # transformers 5 saves the template here (it wins, as there)
+            with open(jinja_path) as f:
+                template = f.read()
+        return cls(
+            backend,
+            chat_template=template,
+            bos_token=_token_text(cfg.get("bos_token")),
+            eos_token=_token_text(cfg.get("eos_token")),
+        )
 
     @staticmethod
     def exists(directory: str) -> bool:
         return os.path.exists(os.path.join(directory, TOKENIZER_FILE))
+
+    def save(self, directory: str) -> None:
+        """Writes ``tokenizer.json`` and ``tokenizer_config.json`` (with the chat template)."""
+        self._tok.save(os.path.join(directory, TOKENIZER_FILE))
+        cfg = {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": self.bos_token,
+               "eos_token": self.eos_token, "chat_template": self.chat_template}  # fmt: skip
+        with open(os.path.join(directory, TOKENIZER_CONFIG), "w") as f:
+            json.dump({k: v for k, v in cfg.items() if v is not None}, f, indent=2)
 
     @property
     def vocab_size(self) -> int:
@@ -49,19 +88,37 @@ class Tokenizer:
 
     def apply_chat_template(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
         if not self.chat_template:
-            raise TokenizerError("this model's tokenizer_config.json has no chat_template")
+            raise TokenizerError(
+                f"this model has no chat template (neither {CHAT_TEMPLATE_FILE} nor a chat_template in {TOKENIZER_CONFIG})"
+            )
         import jinja2
 
         env = jinja2.Environment(trim_blocks=True, lstrip_blocks=True, undefined=jinja2.StrictUndefined)
+
+        def raise_exception(message: str) -> None:
+            raise TokenizerError(f"chat template: {message}")
+
         try:
             return env.from_string(self.chat_template).render(
                 messages=messages,
                 add_generation_prompt=add_generation_prompt,
                 bos_token=self.bos_token or "",
                 eos_token=self.eos_token or "",
+                raise_exception=raise_exception,
             )
         except jinja2.TemplateError as exc:
             raise TokenizerError(f"chat template failed: {exc}") from exc
+
+
+def _template_from_config(value: Any) -> str | None:
+    """``chat_template`` is a string, or a list of ``{"name", "template"}`` (the ``default`` one is used)."""
+    if value is None or isinstance(value, str):
+        return value
+    if isinstance(value, list):
+        named = {t.get("name"): t.get("template") for t in value if isinstance(t, dict)}
+        if "default" in named:
+            return named["default"]
+    raise TokenizerError(f"{TOKENIZER_CONFIG}: chat_template must be a string or a list with a 'default' entry")
 
 
 def _token_text(value: Any) -> str | None:

@@ -14,7 +14,7 @@ import json
 import os
 import re
 import shutil
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import jax
 import jax.numpy as jnp
@@ -45,7 +45,7 @@ def _key_of(path: tuple[Any, ...], cfg: ModelConfig) -> str:
 
 
 def _expert_source(
-    tensors: SafetensorsDir, base: str, name: str, num_experts: int, used: set[str]
+    tensors: Mapping[str, np.ndarray], base: str, name: str, num_experts: int, used: set[str]
 ) -> np.ndarray:
     """Stacked ``[E, in, out]`` expert weight from per-expert or fused checkpoint tensors."""
     per_expert = [f"{base}.{e}.{name}.weight" for e in range(num_experts)]
@@ -65,7 +65,7 @@ def _expert_source(
     raise WeightsError(f"missing tensor '{missing}' (nor a fused '{base}.gate_up_proj'/'{base}.down_proj')")
 
 
-def _read_param(tensors: SafetensorsDir, cfg: ModelConfig, path: tuple[Any, ...], used: set[str]) -> np.ndarray:
+def _read_param(tensors: Mapping[str, np.ndarray], cfg: ModelConfig, path: tuple[Any, ...], used: set[str]) -> np.ndarray:
     key = _key_of(path, cfg)
     match = _EXPERT.match(key)
     if match and cfg.moe is not None:
@@ -78,8 +78,15 @@ def _read_param(tensors: SafetensorsDir, cfg: ModelConfig, path: tuple[Any, ...]
 
 def load_safetensors_state(model_dir: str, cfg: ModelConfig, dtype: jnp.dtype) -> tuple[nnx.GraphDef, nnx.State]:
     """Reads every parameter from the safetensors files of ``model_dir``."""
+    return load_tensors_state(SafetensorsDir(model_dir), cfg, dtype)
+
+
+def load_tensors_state(
+    tensors: Mapping[str, np.ndarray], cfg: ModelConfig, dtype: jnp.dtype
+) -> tuple[nnx.GraphDef, nnx.State]:
+    """Reads every parameter from ``tensors`` (HF checkpoint keys, ``[out, in]`` layout): a
+    safetensors directory or a GGUF file's dequantised tensors. Each tensor is read once."""
     graphdef, state = abstract_model(cfg, dtype)
-    tensors = SafetensorsDir(model_dir)
     used: set[str] = set()
     pure = nnx.to_pure_dict(state)
 

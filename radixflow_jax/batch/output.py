@@ -1,0 +1,189 @@
+"""Batch output: records in input order, an append-only JSONL file, and an atomically written state file.
+
+Invariants (what makes ``--resume`` exact after a kill at any moment):
+  * Output line ``k`` answers request ``k`` (the ``k``-th non-blank input line); lines are appended
+    with raw ``os.write`` calls (no user-space buffer), so after a kill the file is a byte prefix of
+    the uninterrupted output: complete lines, then at most one torn line without its newline.
+  * :func:`recover_output` drops that torn tail; the number of complete lines is the resume position.
+  * The state file (input sha256, model fingerprint, requests written) is replaced atomically
+    (temporary file, fsync, ``os.replace``): a reader sees the old or the new version, never a mix.
+    It is written before the first output line and after every append (at most once a second).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import time
+from typing import Any, Callable, Sequence
+
+from radixflow_jax.batch.inputs import OPENAI, BatchItem, LineError
+from radixflow_jax.engine.params import RequestOutput
+
+STATE_SUFFIX = ".state.json"
+STATE_VERSION = 1
+CrashHook = Callable[[str, int], None]  # (point, last output line (0-based) of the append, or requests done)
+
+
+class ResumeError(ValueError):
+    """The job cannot be (re)started as asked; the message says why and what to do."""
+
+
+def state_path(output: str) -> str:
+    return output + STATE_SUFFIX
+
+
+@dataclasses.dataclass(frozen=True)
+class JobState:
+    input: str
+    input_sha256: str
+    model: str
+    total: int
+    done: int
+    complete: bool = False
+    version: int = STATE_VERSION
+
+
+def write_state(path: str, state: JobState) -> None:
+    """Atomic replace: write a temporary file in the same directory, fsync it, rename over ``path``."""
+    tmp = f"{path}.tmp.{os.getpid()}"
+    with open(tmp, "w") as f:
+        json.dump(dataclasses.asdict(state), f, indent=1)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    dir_fd = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+def read_state(path: str) -> JobState:
+    try:
+        with open(path) as f:
+            raw = json.load(f)
+        state = JobState(**raw)
+    except FileNotFoundError:
+        raise ResumeError(f"cannot resume: no state file {path} (start the job without --resume)") from None
+    except (json.JSONDecodeError, TypeError) as exc:
+        raise ResumeError(f"cannot resume: the state file {path} is unreadable ({exc})") from None
+    if state.version != STATE_VERSION:
+        raise ResumeError(f"cannot resume: state file version {state.version}, this radixflow writes {STATE_VERSION}")
+    return state
+
+
+def recover_output(path: str) -> tuple[int, dict[str, Any] | None]:
+    """Truncates a torn last line; returns ``(complete lines, last complete record or None)``."""
+    if not os.path.exists(path):
+        return 0, None
+    with open(path, "rb") as f:
+        data = f.read()
+    end = data.rfind(b"\n") + 1  # 0 when there is no complete line
+    if end < len(data):
+        os.truncate(path, end)
+    if end == 0:
+        return 0, None
+    lines = data[:end].count(b"\n")
+    last_start = data.rfind(b"\n", 0, end - 1) + 1
+    try:
+        last = json.loads(data[last_start:end])
+    except json.JSONDecodeError as exc:
+        raise ResumeError(f"cannot resume: line {lines} of {path} is not a complete record ({exc.msg})") from None
+    return lines, last
+
+
+def record_key(record: dict[str, Any]) -> Any:
+    """The input id a record answers (``custom_id`` for the OpenAI format)."""
+    return record["custom_id"] if "custom_id" in record else record.get("id")
+
+
+class OutputWriter:
+    """Appends whole records; ``crash_hook`` (tests) is called at the points a kill can land."""
+
+    def __init__(self, path: str, crash_hook: CrashHook | None = None):
+        self.path = path
+        self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        self._hook = crash_hook
+        self.lines = 0
+
+    def append(self, records: Sequence[dict[str, Any]], first_line: int) -> None:
+        data = b"".join(json.dumps(r, ensure_ascii=False).encode() + b"\n" for r in records)
+        if self._hook is not None:
+            last = first_line + len(records) - 1
+            self._hook("before_write", last)
+            half = len(data) // 2
+            self._write(data[:half])
+            self._hook("mid_write", last)
+            self._write(data[half:])
+            self._hook("after_write", last)
+        else:
+            self._write(data)
+        self.lines += len(records)
+
+    def _write(self, data: bytes) -> None:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(self._fd, view) :]
+
+    def close(self) -> None:
+        os.close(self._fd)
+
+
+class StateKeeper:
+    """Rewrites the state file after appends, at most every ``interval_s`` (and always on ``flush``)."""
+
+    def __init__(self, path: str, state: JobState, interval_s: float = 1.0, crash_hook: CrashHook | None = None):
+        self.path = path
+        self.state = state
+        self._interval = interval_s
+        self._last = 0.0
+        self._hook = crash_hook
+        self.flush()
+
+    def update(self, done: int) -> None:
+        self.state = dataclasses.replace(self.state, done=done)
+        if time.monotonic() - self._last >= self._interval:
+            self.flush()
+
+    def flush(self, complete: bool = False) -> None:
+        self.state = dataclasses.replace(self.state, complete=complete)
+        write_state(self.path, self.state)
+        self._last = time.monotonic()
+        if self._hook is not None:
+            self._hook("after_state", self.state.done)
+
+
+def _usage(out: RequestOutput) -> dict[str, Any]:
+    return {
+        "prompt_tokens": out.prompt_tokens,
+        "completion_tokens": len(out.token_ids),
+        "total_tokens": out.prompt_tokens + len(out.token_ids),
+        "prompt_tokens_details": {"cached_tokens": out.cached_tokens},
+    }
+
+
+def result_record(item: BatchItem, out: RequestOutput, model_name: str) -> dict[str, Any]:
+    """The output line of a finished request: plain shape, or the OpenAI batch response shape."""
+    if item.fmt != OPENAI:
+        return {"id": item.key, "text": out.text, "token_ids": list(out.token_ids), "finish_reason": out.finish_reason,
+                "cached_tokens": out.cached_tokens, "error": None}  # fmt: skip
+    if item.kind == "chat":
+        choice = {"index": 0, "message": {"role": "assistant", "content": out.text}, "logprobs": None,
+                  "finish_reason": out.finish_reason}  # fmt: skip
+        obj, prefix = "chat.completion", "chatcmpl"
+    else:
+        choice = {"index": 0, "text": out.text, "logprobs": None, "finish_reason": out.finish_reason}
+        obj, prefix = "text_completion", "cmpl"
+    body = {"id": f"{prefix}-{item.line}", "object": obj, "created": int(time.time()),
+            "model": item.model or model_name, "choices": [choice], "usage": _usage(out)}  # fmt: skip
+    return {"id": f"batch_req_{item.line}", "custom_id": item.key,
+            "response": {"status_code": 200, "request_id": f"req_{item.line}", "body": body}, "error": None}  # fmt: skip
+
+
+def error_record(item: BatchItem, error: LineError) -> dict[str, Any]:
+    err = {"code": error.code, "message": error.message, "line": error.line}
+    if item.fmt == OPENAI:
+        return {"id": f"batch_req_{item.line}", "custom_id": item.key, "response": None, "error": err}
+    return {"id": item.key, "text": None, "token_ids": [], "finish_reason": None, "cached_tokens": 0, "error": err}
