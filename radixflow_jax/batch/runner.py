@@ -141,7 +141,7 @@ class BatchJob:
         self._t0 = time.perf_counter()
 
     def run(self) -> JobStats:
-        t0 = time.perf_counter()
+        t0 = self._t0 = time.perf_counter()
         index = LineIndex(self.cfg.input)
         fingerprint = model_fingerprint(self.model)
         start = _prepare(self.cfg, index, fingerprint, self.limits, self.model.tokenizer)
