@@ -29,7 +29,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from radixflow_jax.batch.runner import BatchJob, JobConfig, JobStopped
+    from radixflow_jax.batch.runner import BatchJob, JobConfig, JobStopped, check_start
     from radixflow_jax.engine.llm import LLM
 
     cfg = JobConfig(
@@ -38,6 +38,7 @@ def run(args: argparse.Namespace) -> int:
     )  # fmt: skip
     if not os.path.isfile(args.input):
         raise FileNotFoundError(f"--input {args.input}: no such file")
+    check_start(cfg)  # before the model loads: a refused start costs nothing
     cache_dir = None if args.no_compile_cache else args.compile_cache or os.path.join(
         os.environ.get("RADIXFLOW_CACHE", os.path.join(os.path.expanduser("~"), ".cache", "radixflow")), "xla"
     )

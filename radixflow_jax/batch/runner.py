@@ -88,14 +88,21 @@ def model_fingerprint(model: LoadedModel) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
-def _prepare(cfg: JobConfig, index: LineIndex, fingerprint: str, limits: RequestLimits, tokenizer: Any) -> int:
-    """Checks a fresh start or a resume; returns the first request index to run."""
+def check_start(cfg: JobConfig) -> JobState | None:
+    """The checks that need no model: a fresh start finds no output, a resume finds a state file."""
     spath = state_path(cfg.output)
     if not cfg.resume:
         if (os.path.exists(cfg.output) and os.path.getsize(cfg.output)) or os.path.exists(spath):
             raise ResumeError(f"{cfg.output} (or its state file) exists: pass --resume to continue it, or remove both")
+        return None
+    return read_state(spath)
+
+
+def _prepare(cfg: JobConfig, index: LineIndex, fingerprint: str, limits: RequestLimits, tokenizer: Any) -> int:
+    """Checks a fresh start or a resume; returns the first request index to run."""
+    state = check_start(cfg)
+    if state is None:
         return 0
-    state = read_state(spath)
     if state.input_sha256 != index.sha256:
         raise ResumeError(
             f"resume refused: {cfg.input} is not the input this job started with (sha256 {index.sha256[:12]} != "
@@ -134,7 +141,7 @@ class BatchJob:
         self._t0 = time.perf_counter()
 
     def run(self) -> JobStats:
-        t0 = time.perf_counter()
+        t0 = self._t0 = time.perf_counter()
         index = LineIndex(self.cfg.input)
         fingerprint = model_fingerprint(self.model)
         start = _prepare(self.cfg, index, fingerprint, self.limits, self.model.tokenizer)

@@ -231,3 +231,18 @@ def test_resume_refuses_a_different_input_or_model(llm, reference, tmp_path) -> 
     os.remove(state_path(out))
     with pytest.raises(ResumeError, match="no state file"):
         BatchJob(llm.engine, llm.model, _cfg(src, out, resume=True)).run()
+
+
+def test_cli_refuses_a_bad_start_before_loading_the_model(tmp_path, capsys) -> None:
+    from radixflow_jax import cli
+
+    src = _write(str(tmp_path / "in.jsonl"), _lines()[:2])
+    out = str(tmp_path / "out.jsonl")
+    base = ["batch", "--model", "no-such-model", "--input", src, "--output", out]
+    assert cli.main(base + ["--resume"]) == 2
+    assert "cannot resume: no state file" in capsys.readouterr().err
+    _write(out, [{"id": "r0"}])
+    assert cli.main(base) == 2
+    assert "exists: pass --resume" in capsys.readouterr().err
+    assert cli.main(base[:-4] + ["--input", str(tmp_path / "missing.jsonl"), "--output", out]) == 2
+    assert "no such file" in capsys.readouterr().err
