@@ -59,6 +59,15 @@ class RoundRecord:
     plan_s: float
     build_s: float
     step_s: float
+    num_decode: int = 0  # one-token rows of the plan
+    decode_slots: int = 0  # the variant's decode region (rows taking the one-step updates)
+
+    @property
+    def kind(self) -> str:
+        """``decode`` (only one-token rows), ``prefill`` (none) or ``mixed``."""
+        if self.num_decode == self.num_rows:
+            return "decode"
+        return "mixed" if self.num_decode else "prefill"
 
 
 def model_grid(chunk_sizes: Sequence[int], page_size: int) -> int:
@@ -222,6 +231,8 @@ class EngineCore:
                 plan_s=plan_s,
                 build_s=result.build_s,
                 step_s=result.step_s,
+                num_decode=plan.num_decode,
+                decode_slots=result.decode_slots,
             )
         )
 

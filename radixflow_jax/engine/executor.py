@@ -46,8 +46,7 @@ class ModelExecutor:
 
     def execute(self, plan: RoundPlan, sampling: Mapping[int, SamplingRow]) -> StepResult:
         t0 = time.perf_counter()
-        all_decode = plan.num_decode == len(plan.rows)
-        variant = self.shapes.select(plan.num_tokens, len(plan.rows), all_decode)
+        variant = self.shapes.select(plan.num_tokens, len(plan.rows), num_decode=plan.num_decode)
         arrays = build_arrays(
             plan, variant, page_size=self.page_size, max_pages=self.shapes.max_pages_per_row, sampling=sampling
         )
@@ -55,5 +54,5 @@ class ModelExecutor:
         self.cache, tokens = self.step(variant, self.model.params, self.cache, arrays.as_dict())
         tokens = np.asarray(jax.device_get(tokens))
         t2 = time.perf_counter() - self.step.last_compile_s  # compiling is not serving time
-        sampled = {row.request_id: int(tokens[i]) for i, row in enumerate(plan.rows) if row.sample}
-        return StepResult(sampled, variant.num_tokens, variant.num_rows, t1 - t0, t2 - t1)
+        sampled = {row.request_id: int(tokens[i]) for i, row in zip(arrays.plan_rows, plan.rows) if row.sample}
+        return StepResult(sampled, variant.num_tokens, variant.num_rows, t1 - t0, t2 - t1, variant.num_decode)

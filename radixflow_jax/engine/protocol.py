@@ -11,13 +11,15 @@ from radixflow_jax.scheduler.plan import RoundPlan
 
 @dataclasses.dataclass(frozen=True)
 class StepResult:
-    """Sampled token per sampling row, the slot counts of the variant used, and timings."""
+    """Sampled token per sampling row, the slot counts of the variant used (``decode_slots``: its
+    decode region), and timings."""
 
     sampled: dict[int, int]
     token_slots: int
     row_slots: int
     build_s: float
     step_s: float
+    decode_slots: int = 0
 
 
 class Executor(Protocol):
