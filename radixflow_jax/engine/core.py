@@ -38,8 +38,20 @@ class EngineConfig:
     max_checkpoints: int = 8
     kernels: str = "auto"
     seed: int = 0
-    warmup: bool = True
+    # False / "lazy": a step variant compiles (and is primed) the first time a round needs it;
+    # True / "all": every variant of the bucket set compiles and runs once at start-up
+    warmup: bool | str = False
+    warmup_progress: bool = True  # report warm-up and first-use compiles on stderr
+    bucket_mode: str = "fine"  # "fine" | "pow2" | "fixed" (one shape): runner/shapes.py
     compilation_cache_dir: str | None = None  # persistent XLA cache: later engines reuse compiled variants
+
+    def __post_init__(self) -> None:
+        if self.warmup not in (True, False, "all", "lazy"):
+            raise ValueError(f"warmup={self.warmup!r}: expected True/'all' or False/'lazy'")
+
+    @property
+    def warmup_all(self) -> bool:
+        return self.warmup in (True, "all")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,7 +103,8 @@ class EngineCore:
         vocab_size: int | None = None,
     ):
         self.vocab_size = vocab_size
-        self.clock = clock
+        self.wall_clock = clock
+        self.compile_pause_s = 0.0  # compiling variants on first use: kept off the engine's clock
         self.executor = executor
         self.scheduler = Scheduler(sched_config, num_pages=num_pages, num_slots=num_slots)
         self.max_model_len = max_model_len
@@ -103,6 +116,11 @@ class EngineCore:
         self._params: dict[int, SamplingParams] = {}
         self._sampling: dict[int, SamplingRow] = {}
         self._outputs: dict[int, RequestOutput] = {}
+
+    def clock(self) -> float:
+        """The engine's time: ``wall_clock`` minus the time spent compiling variants on first use,
+        so latencies and arrival schedules measure serving, not compiling."""
+        return self.wall_clock() - self.compile_pause_s
 
     # --------------------------------------------------------------------------------- requests
     def validate(self, prompt_ids: Sequence[int], params: SamplingParams) -> None:
@@ -169,6 +187,7 @@ class EngineCore:
         if plan.is_empty:
             return []
         result = self.executor.execute(plan, self._sampling)
+        self.compile_pause_s += result.compile_s
         finished = self.scheduler.commit(plan, result.sampled)
         self._record(plan, result, t1 - t0)
         now = self.clock()

@@ -12,7 +12,8 @@ from radixflow_jax.scheduler.plan import RoundPlan
 @dataclasses.dataclass(frozen=True)
 class StepResult:
     """Sampled token per sampling row, the slot counts of the variant used (``decode_slots``: its
-    decode region), and timings."""
+    decode region), and timings (``compile_s``: compiling a variant on first use, which is not part
+    of ``step_s`` and not on the engine's clock)."""
 
     sampled: dict[int, int]
     token_slots: int
@@ -20,6 +21,7 @@ class StepResult:
     build_s: float
     step_s: float
     decode_slots: int = 0
+    compile_s: float = 0.0
 
 
 class Executor(Protocol):

@@ -20,7 +20,7 @@ from typing import Mapping
 import numpy as np
 
 from radixflow_jax.runner.shapes import Variant
-from radixflow_jax.scheduler.plan import RoundPlan, RowPlan
+from radixflow_jax.scheduler.plan import RoundPlan, RoundStats, RowPlan
 
 
 @dataclasses.dataclass(frozen=True)
@@ -145,3 +145,9 @@ def build_arrays(
     a.seed[:nr] = [p.seed & 0xFFFFFFFF for p in params]
     a.plan_rows = np.concatenate([np.arange(d), np.arange(variant.num_decode, variant.num_decode + len(prefill))])
     return a
+
+
+def padding_arrays(variant: Variant, max_pages: int) -> StepArrays:
+    """The arrays of a round with no real row (warm-up executions): every row and token is padding."""
+    empty = RoundPlan(rows=(), num_decode=0, stats=RoundStats())
+    return build_arrays(empty, variant, page_size=1, max_pages=max_pages, sampling={})

@@ -13,8 +13,8 @@ Buckets per region (``mode``):
     (16, 32, 64, 96, 128, 192, ...: in the large buckets, where padding costs most, at most a third
     of a bucket is padding instead of a half), prefill rows on powers of two; decode-only rounds on
     powers of two with 1.5x steps from 16 (16, 24, 32, 48, 64); rounds with prefill rows take a
-    coarse decode region (4, 16, 64, ... and ``max_rows``) because a padded decode row costs one
-    token slot.
+    coarse decode region (16, 64, ... below ``max_rows``, and ``max_rows``) because a padded decode
+    row costs one token slot.
   * ``"pow2"``: powers of two everywhere (the earlier scheme, plus decode regions in mixed rounds).
   * ``"fixed"``: exactly one variant (``max_rows`` decode rows + ``max_rows`` prefill rows over
     ``max_tokens`` prefill tokens), as TPU deployments often run: every round has the same shape
@@ -129,12 +129,13 @@ class ShapeConfig:
 
     @property
     def mixed_decode_buckets(self) -> tuple[int, ...]:
-        """Decode-region sizes of rounds that carry prefill rows: powers of four from 4, and
-        ``max_rows``. A prefill-only round still has the smallest one, as padding rows: a padded
-        decode row costs one token slot, and leaving out a ``0`` halves the mixed variants."""
+        """Decode-region sizes of rounds that carry prefill rows: powers of four from 16 below
+        ``max_rows``, and ``max_rows``. A prefill-only round still has the smallest one, as padding
+        rows: a padded decode row costs one token slot, and leaving out a ``0`` (and small sizes)
+        keeps the mixed variants to one or two sets."""
         if self.mode == "fixed":
             return (self.max_rows,)
-        out, v = [], 4
+        out, v = [], 16
         while v < self.max_rows:
             out.append(v)
             v *= 4

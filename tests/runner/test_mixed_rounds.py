@@ -26,7 +26,7 @@ def test_select_puts_decode_rows_in_the_decode_region() -> None:
     assert shapes.select(40, 40, num_decode=40) == shapes.select(40, 40, all_decode=True)
     assert shapes.select(40, 40, all_decode=True).num_tokens == 48  # 1.5x step: 48, not 64
     prefill = shapes.select(700, 3, num_decode=0)
-    assert (prefill.num_decode, prefill.prefill_tokens, prefill.kind) == (4, 768, "mixed")  # padded decode region
+    assert (prefill.num_decode, prefill.prefill_tokens, prefill.kind) == (16, 768, "mixed")  # padded decode region
     for mode in MODES:
         s = ShapeConfig(max_tokens=128, max_rows=8, max_pages_per_row=8, grid=16, mode=mode)
         every = set(s.variants())
