@@ -35,14 +35,19 @@ def sample(
     seed: jax.Array,
     position: jax.Array,
 ) -> jax.Array:
-    """``logits [R, V]`` float32 -> int32 tokens ``[R]``."""
+    """``logits [R, V]`` float32 -> int32 tokens ``[R]``. A round whose rows are all greedy skips
+    the filters and draws (a sort of every row, the slowest part on a CPU) at run time."""
     greedy = jnp.argmax(logits, axis=-1).astype(jnp.int32)
-    scaled = logits / jnp.maximum(temperature, 1e-6)[:, None]
-    masked = jax.vmap(_filter)(scaled, top_k, top_p, min_p)
 
-    def draw(row_logits: jax.Array, s: jax.Array, pos: jax.Array) -> jax.Array:
-        key = jax.random.fold_in(jax.random.key(s), pos)
-        return jax.random.categorical(key, row_logits).astype(jnp.int32)
+    def sampled() -> jax.Array:
+        scaled = logits / jnp.maximum(temperature, 1e-6)[:, None]
+        masked = jax.vmap(_filter)(scaled, top_k, top_p, min_p)
 
-    drawn = jax.vmap(draw)(masked, seed, position)
-    return jnp.where(temperature > 0, drawn, greedy)
+        def draw(row_logits: jax.Array, s: jax.Array, pos: jax.Array) -> jax.Array:
+            key = jax.random.fold_in(jax.random.key(s), pos)
+            return jax.random.categorical(key, row_logits).astype(jnp.int32)
+
+        drawn = jax.vmap(draw)(masked, seed, position)
+        return jnp.where(temperature > 0, drawn, greedy)
+
+    return jax.lax.cond(jnp.any(temperature > 0), sampled, lambda: greedy)

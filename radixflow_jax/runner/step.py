@@ -1,7 +1,8 @@
 """The jitted step and its compiled variants.
 
 ``step(params, cache, arrays) -> (cache, tokens)`` with the pools donated:
-  1. copy source checkpoints into the rows' state slots (``copy_src -> state_slots``);
+  1. copy source checkpoints into the rows' state slots (``copy_src -> state_slots``): each
+     recurrent layer reads a row's initial state from ``copy_src`` and writes to ``state_slots``;
   2. run the model over the packed ragged batch (KV and states written in place, checkpoints
      emitted at the requested offsets inside the spans);
   3. project the last token of every row to logits and sample on device.
@@ -35,24 +36,14 @@ class CompileAfterWarmupError(RuntimeError):
     """A step variant was compiled after warm-up while the compile guard was on."""
 
 
-def copy_checkpoints(cache: ModelCache, src: jax.Array, dst: jax.Array, fresh: jax.Array) -> ModelCache:
-    """``pool[dst[r]] = pool[src[r]]`` for every recurrent pool (all reads happen before writes);
-    rows that start a sequence (``fresh``: no context before their span) get a zero state instead,
-    whatever an earlier owner left in their slot."""
-
-    def move(pool: jax.Array) -> jax.Array:
-        mask = fresh.reshape((-1,) + (1,) * (pool.ndim - 1))
-        return pool.at[dst].set(jnp.where(mask, jnp.zeros((), pool.dtype), pool[src]))
-
-    return ModelCache(kv=cache.kv, conv=tuple(map(move, cache.conv)), ssm=tuple(map(move, cache.ssm)))
-
-
 def make_step(graphdef: nnx.GraphDef, num_decode: int) -> Callable:
     def step(params: nnx.State, cache: ModelCache, a: dict[str, jax.Array]) -> tuple[ModelCache, jax.Array]:
         model = nnx.merge(graphdef, params)
         span = a["cu_seqlens"][1:] - a["cu_seqlens"][:-1]
-        cache = copy_checkpoints(cache, a["copy_src"], a["state_slots"], a["kv_lens"] == span)
-        batch = Batch(a["cu_seqlens"], a["kv_lens"], a["page_table"], a["slot_mapping"], a["state_slots"])
+        # copy-on-write of source checkpoints: each recurrent layer reads a row's initial state from
+        # copy_src (zero for rows that start a sequence) and writes its result to state_slots
+        batch = Batch(a["cu_seqlens"], a["kv_lens"], a["page_table"], a["slot_mapping"], a["state_slots"],
+                      source_slots=a["copy_src"], fresh=a["kv_lens"] == span)  # fmt: skip
         emits = Emits(a["emit_rows"], a["emit_offsets"], a["emit_slots"])
         hidden, cache = model(a["tokens"], batch, cache, num_decode=num_decode, emits=emits)
         logits = model.logits(hidden[a["logits_index"]])

@@ -111,6 +111,17 @@ def write_emits(
     return conv_pool.at[emits.slots].set(conv.astype(conv_pool.dtype)), ssm_pool.at[emits.slots].set(ssm)
 
 
+def initial_states(conv_pool: jax.Array, ssm_pool: jax.Array, batch: Batch) -> tuple[jax.Array, jax.Array]:
+    """Every row's ``(conv, ssm)`` state before its span: read from ``source_slots`` (or
+    ``state_slots``), zero for ``fresh`` rows. All reads of a layer happen before its writes."""
+    src = batch.state_slots if batch.source_slots is None else batch.source_slots
+    conv0, ssm0 = conv_pool[src], ssm_pool[src]
+    if batch.fresh is not None:
+        conv0 = jnp.where(batch.fresh[:, None, None], jnp.zeros((), conv0.dtype), conv0)
+        ssm0 = jnp.where(batch.fresh.reshape((-1,) + (1,) * (ssm0.ndim - 1)), 0.0, ssm0)
+    return conv0, ssm0
+
+
 Inputs = tuple[jax.Array, ...]
 DecodeFn = Callable[[Inputs, jax.Array], tuple[jax.Array, jax.Array]]
 ChunkedFn = Callable[[Inputs, jax.Array, jax.Array], tuple[jax.Array, jax.Array, jax.Array]]
@@ -137,10 +148,11 @@ def recurrent_mix(
     chunk_states)`` the chunked scan of the prefill rows. Returns ``(core_out [T, ...] (the kernels' dtype),
     conv_out [T, C], conv_pool, ssm_pool)``: every row's state after its span is written to
     ``state_slots[r]`` (padding rows write the sink slot 0), then every emit's state to its slot.
-    Padding tokens of the prefill region get a zero output."""
+    Padding tokens of the prefill region get a zero output. Rows start from
+    :func:`initial_states` (copy-on-write of checkpoints happens here, as a read of the source)."""
     num_tokens, num_rows, d = conv_in.shape[0], batch.state_slots.shape[0], num_decode
     slots = batch.state_slots
-    conv0, ssm = conv_pool[slots], ssm_pool[slots]
+    conv0, ssm = initial_states(conv_pool, ssm_pool, batch)
     conv_out, conv_new = run_conv(conv, conv_in, batch, conv0, d)
     inputs = prepare(conv_out)
     outs, states = [], []
