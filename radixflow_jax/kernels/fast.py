@@ -6,7 +6,8 @@ and is tested against it (``tests/kernels/test_fast.py``); ``kernels/ops.py`` pi
 
 * :func:`gated_delta_chunked`: the UT transform's unit lower triangular system is solved without
   a triangular-solve op (which XLA:CPU runs as a slow batched loop): the diagonal ``16 x 16`` blocks
-  are inverted by an unrolled forward substitution over whole rows, and the blocks are combined by
+  are inverted by a forward substitution over whole rows (15 loop steps, each one batched
+  matrix-vector product over every block of every chunk and head), and the blocks are combined by
   block forward substitution, so everything is batched matmuls.
 * :func:`paged_attention`: queries are grouped in blocks of consecutive tokens of one row
   (``block_q``, the chunk layout of ``kernels/layout``), and each loop step reads
@@ -39,10 +40,15 @@ def unit_lower_solve(system: jnp.ndarray, rhs: jnp.ndarray, block: int = 16) -> 
     strict = jnp.where(jnp.tril(jnp.ones((c, c), bool), -1), system, 0.0)
     diag = jnp.stack([strict[..., i * b : (i + 1) * b, i * b : (i + 1) * b] for i in range(nb)], axis=-3)
     eye = jnp.eye(b, dtype=system.dtype)
-    inv = jnp.broadcast_to(eye, diag.shape)
-    for r in range(1, b):  # row r of (I + L)^-1 = e_r - L[r, :r] @ rows[:r] (rows >= r are still e_j)
-        row = eye[r] - jnp.einsum("...j,...jk->...k", diag[..., r, :], inv, precision=_HI)
-        inv = inv.at[..., r, :].set(row)
+
+    def fill_row(r: jnp.ndarray, inv: jnp.ndarray) -> jnp.ndarray:
+        # row r of (I + L)^-1 = e_r - L[r, :r] @ rows[:r] (rows >= r are still e_j, and L[r, j>=r] = 0)
+        lrow = jax.lax.dynamic_index_in_dim(diag, r, axis=-2, keepdims=False)
+        row = jax.lax.dynamic_index_in_dim(eye, r, axis=0, keepdims=False)
+        row = row - jnp.einsum("...j,...jk->...k", lrow, inv, precision=_HI)
+        return jax.lax.dynamic_update_index_in_dim(inv, row, r, axis=-2)
+
+    inv = jax.lax.fori_loop(1, b, fill_row, jnp.broadcast_to(eye, diag.shape))
     parts: list[jnp.ndarray] = []
     for i in range(nb):
         acc = rhs[..., i * b : (i + 1) * b, :]
