@@ -136,8 +136,7 @@ def add_requests(bench: Bench, s: Setup, max_tokens: int) -> None:
 
 # ------------------------------------------------------------------------------------- rounds
 def build(bench: Bench, plan: RoundPlan) -> StepArrays:
-    all_decode = plan.num_decode == len(plan.rows)
-    variant = bench.shapes.select(plan.num_tokens, len(plan.rows), all_decode)
+    variant = bench.shapes.select(plan.num_tokens, len(plan.rows), num_decode=plan.num_decode)
     return build_arrays(plan, variant, page_size=PAGE_SIZE, max_pages=bench.shapes.max_pages_per_row,
                         sampling=bench.sampling)  # fmt: skip
 

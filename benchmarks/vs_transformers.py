@@ -11,8 +11,9 @@ What is measured
   * Ours: output tokens / wall time of one ``LLM.generate`` call over all prompts. Compilation is
     done before the clock starts: ``--warmup planned`` (default) replays the workload through the
     same scheduler with a recording executor and compiles exactly the step variants it selects;
-    ``--warmup all`` compiles every variant (``LLM(..., warmup=True)``). Compiles that still happen
-    inside the timed call are counted and printed.
+    ``--warmup all`` compiles every variant (``LLM(..., warmup=True)``). Either way each variant
+    also runs once on a padding batch before the clock starts. Compiles that still happen inside the
+    timed call are counted and printed.
   * transformers: output tokens / wall time of batched ``generate`` (left padding, attention mask,
     ``do_sample=False``, ``max_new_tokens``) in batches of ``--hf-batch``, under
     ``torch.inference_mode`` with ``torch.set_num_threads(--threads)``, after a one-batch warm-up.
@@ -159,7 +160,7 @@ class VariantRecorder:
     def execute(self, plan: RoundPlan, sampling: Mapping[int, SamplingRow]) -> StepResult:
         from radixflow_jax.engine.protocol import StepResult
 
-        v = self.shapes.select(plan.num_tokens, len(plan.rows), plan.num_decode == len(plan.rows))
+        v = self.shapes.select(plan.num_tokens, len(plan.rows), num_decode=plan.num_decode)
         self.variants.add(v)
         return StepResult({r.request_id: 1 for r in plan.rows if r.sample}, v.num_tokens, v.num_rows, 0.0, 0.0)
 
@@ -185,11 +186,26 @@ def build_llm(
     llm = LLM(
         model_dir, dtype="float32", max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_batched_tokens,
         max_model_len=w.prefix_len + w.suffix_len + w.output_len, enable_prefix_cache=not args.no_prefix_cache,
-        warmup=args.warmup == "all",
+        warmup=args.warmup == "all", bucket_mode=args.buckets,
     )  # fmt: skip
     if args.warmup == "planned":
-        llm.engine.executor.step.warmup(planned_variants(llm, prompts, params))
+        llm.engine.executor.warmup(planned_variants(llm, prompts, params))
     return llm
+
+
+def step_by_kind(records: Sequence[RoundRecord]) -> dict[str, dict[str, float]]:
+    """Per round kind (decode-only, mixed, prefill-only): rounds, real tokens, decode rows, step
+    seconds and milliseconds per real token."""
+    out: dict[str, dict[str, float]] = {}
+    for r in records:
+        e = out.setdefault(r.kind, {"rounds": 0, "tokens": 0, "decode_rows": 0, "step_s": 0.0})
+        e["rounds"] += 1
+        e["tokens"] += r.num_tokens
+        e["decode_rows"] += r.num_decode
+        e["step_s"] += r.step_s
+    for e in out.values():
+        e["ms_per_token"] = 1e3 * e["step_s"] / max(e["tokens"], 1)
+    return out
 
 
 def step_by_variant(records: Sequence[RoundRecord]) -> dict[str, dict[str, float]]:
@@ -227,6 +243,8 @@ def run_ours(model_dir: str, args: argparse.Namespace, w: Workload, prompts: lis
         "build_s": sum(r.build_s for r in records),
         "step_s": sum(r.step_s for r in records),
         "step_s_by_variant": step_by_variant(records),
+        "step_by_kind": step_by_kind(records),
+        "padding_fraction": 1 - sum(r.num_tokens for r in records) / max(sum(r.token_slots for r in records), 1),
     }
     token_ids = [list(o.token_ids) for o in outs]
     return EngineRun("radixflow_jax", seconds, sum(map(len, token_ids)), token_ids, details)
@@ -313,6 +331,9 @@ def print_table(ours: EngineRun, hf: EngineRun, same: int, prefix_frac: float, t
           f"{d['compiles_in_timed_run']} compiles inside the timed run")  # fmt: skip
     print("ours, step time per bucket: " + ", ".join(
         f"{k} {v['rounds']}x {v['step_s']:.2f}s" for k, v in d["step_s_by_variant"].items()))  # fmt: skip
+    print("ours, step time per round kind: " + ", ".join(
+        f"{k} {v['rounds']}x {v['tokens']} tok {v['step_s']:.2f}s ({v['ms_per_token']:.2f} ms/tok)"
+        for k, v in d["step_by_kind"].items()) + f"; padding {100 * d['padding_fraction']:.0f}% of token slots")  # fmt: skip
 
 
 def fmt_load(load: Sequence[float]) -> str:
@@ -350,6 +371,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--max-batched-tokens", type=int, default=1024, help="our token budget per round")
     p.add_argument("--no-prefix-cache", action="store_true", help="run our engine without the prefix cache")
     p.add_argument("--warmup", choices=("planned", "all"), default="planned")
+    p.add_argument("--buckets", choices=("fine", "pow2", "fixed"), default="fine", help="our bucket mode")
+    p.add_argument("--repeats", type=int, default=3, help="interleaved runs of each engine; the median is reported")
     p.add_argument("--jax-cache", default=os.path.join(cache_root(), "xla-cache-bench"))
     p.add_argument("--json", default=None, help="write the results to this path")
     return p.parse_args(argv)
@@ -367,15 +390,25 @@ def resolve(args: argparse.Namespace) -> tuple[Workload, ModelShape]:
     return w, shape
 
 
+def _median_run(runs: list[EngineRun]) -> EngineRun:
+    return sorted(runs, key=lambda r: r.tokens_per_s)[len(runs) // 2]
+
+
 def run(args: argparse.Namespace, model_dir: str, w: Workload, shape: ModelShape) -> dict[str, Any]:
     prompts = make_prompts(w, vocab_of(model_dir))
     load_before = os.getloadavg()
     print(f"workload: {w}\nmodel: {shape} in {model_dir}", flush=True)
-    ours = run_ours(model_dir, args, w, prompts)
-    print(f"radixflow_jax: {ours.tokens_per_s:.1f} tok/s", flush=True)
-    hf = run_transformers(model_dir, args, w, prompts)
+    ours_runs, hf_runs = [], []
+    for i in range(max(args.repeats, 1)):  # interleaved: ours, transformers, ours, transformers, ...
+        ours_runs.append(run_ours(model_dir, args, w, prompts))
+        hf_runs.append(run_transformers(model_dir, args, w, prompts))
+        print(f"run {i + 1}: radixflow_jax {ours_runs[-1].tokens_per_s:.1f} tok/s, transformers "
+              f"{hf_runs[-1].tokens_per_s:.1f} tok/s, load {fmt_load(os.getloadavg())}", flush=True)  # fmt: skip
+    ours, hf = _median_run(ours_runs), _median_run(hf_runs)
     same, prefix_frac = agreement(ours, hf)
     print_table(ours, hf, same, prefix_frac, w.requests)
+    ratios = [a.tokens_per_s / b.tokens_per_s for a, b in zip(ours_runs, hf_runs)]
+    print(f"median of {len(ours_runs)} interleaved runs; per-run ratios " + ", ".join(f"{r:.2f}x" for r in ratios))
     print(f"load average (1/5/15 min) before {fmt_load(load_before)}, after {fmt_load(os.getloadavg())}")
     return {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
@@ -383,12 +416,16 @@ def run(args: argparse.Namespace, model_dir: str, w: Workload, shape: ModelShape
         "workload": dataclasses.asdict(w),
         "model": dataclasses.asdict(shape),
         "engine": {"max_num_seqs": args.max_num_seqs, "max_num_batched_tokens": args.max_batched_tokens,
-                   "prefix_cache": not args.no_prefix_cache, "warmup": args.warmup},  # fmt: skip
+                   "prefix_cache": not args.no_prefix_cache, "warmup": args.warmup,
+                   "buckets": args.buckets},  # fmt: skip
         "radixflow_jax": {"tokens_per_s": ours.tokens_per_s, "seconds": ours.seconds,
-                          "output_tokens": ours.output_tokens, **ours.details},  # fmt: skip
+                          "output_tokens": ours.output_tokens, **ours.details,
+                          "tokens_per_s_runs": [r.tokens_per_s for r in ours_runs]},  # fmt: skip
         "transformers": {"tokens_per_s": hf.tokens_per_s, "seconds": hf.seconds,
-                         "output_tokens": hf.output_tokens, **hf.details},  # fmt: skip
+                         "output_tokens": hf.output_tokens, **hf.details,
+                         "tokens_per_s_runs": [r.tokens_per_s for r in hf_runs]},  # fmt: skip
         "ratio": ours.tokens_per_s / hf.tokens_per_s,
+        "ratio_runs": ratios,
         "loadavg_1_5_15": {"before": load_before, "after": os.getloadavg()},
         "agreement": {"identical": same, "requests": w.requests, "mean_matching_fraction": prefix_frac},
     }

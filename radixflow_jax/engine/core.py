@@ -40,9 +40,21 @@ class EngineConfig:
     branch_checkpoints: bool = True  # branch points (look-ahead too) and final-token checkpoints
     kernels: str = "auto"
     seed: int = 0
-    warmup: bool = True
+    # False / "lazy": a step variant compiles (and is primed) the first time a round needs it;
+    # True / "all": every variant of the bucket set compiles and runs once at start-up
+    warmup: bool | str = False
+    warmup_progress: bool = True  # report warm-up and first-use compiles on stderr
+    bucket_mode: str = "fine"  # "fine" | "pow2" | "fixed" (one shape): runner/shapes.py
     compilation_cache_dir: str | None = None  # persistent XLA cache: later engines reuse compiled variants
     penalty_window: int | None = None  # longest context a penalised request may have; None: min(max_model_len, 4096)
+
+    def __post_init__(self) -> None:
+        if self.warmup not in (True, False, "all", "lazy"):
+            raise ValueError(f"warmup={self.warmup!r}: expected True/'all' or False/'lazy'")
+
+    @property
+    def warmup_all(self) -> bool:
+        return self.warmup in (True, "all")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,6 +77,15 @@ class RoundRecord:
     plan_s: float
     build_s: float
     step_s: float
+    num_decode: int = 0  # one-token rows of the plan
+    decode_slots: int = 0  # the variant's decode region (rows taking the one-step updates)
+
+    @property
+    def kind(self) -> str:
+        """``decode`` (only one-token rows), ``prefill`` (none) or ``mixed``."""
+        if self.num_decode == self.num_rows:
+            return "decode"
+        return "mixed" if self.num_decode else "prefill"
 
 
 def model_grid(chunk_sizes: Sequence[int], page_size: int) -> int:
@@ -90,7 +111,8 @@ class EngineCore:
     ):
         self.wiring = wiring  # what engine/wiring.py built this engine from (None when built by hand)
         self.vocab_size = vocab_size
-        self.clock = clock
+        self.wall_clock = clock
+        self.compile_pause_s = 0.0  # compiling variants on first use: kept off the engine's clock
         self.executor = executor
         self.scheduler = Scheduler(sched_config, num_pages=num_pages, num_slots=num_slots)
         self.max_model_len = max_model_len
@@ -106,6 +128,11 @@ class EngineCore:
         self._detok: dict[int, IncrementalText] = {}  # incremental text of running requests
         self.penalty_window = int(getattr(executor, "penalty_window", 0))  # 0: the executor cannot penalise
         self.supports_logprobs = bool(getattr(executor, "supports_logprobs", False))
+
+    def clock(self) -> float:
+        """The engine's time: ``wall_clock`` minus the time spent compiling variants on first use,
+        so latencies and arrival schedules measure serving, not compiling."""
+        return self.wall_clock() - self.compile_pause_s
 
     # --------------------------------------------------------------------------------- requests
     def validate(self, prompt_ids: Sequence[int], params: SamplingParams) -> None:
@@ -189,6 +216,7 @@ class EngineCore:
             out = self._outputs.get(rid)
             if out is not None and out.logprobs is not None and out.finish_reason is None:
                 out.logprobs.append(lp)
+        self.compile_pause_s += result.compile_s
         finished = self.scheduler.commit(plan, result.sampled)
         self._record(plan, result, t1 - t0)
         now = self.clock()
@@ -259,6 +287,8 @@ class EngineCore:
                 plan_s=plan_s,
                 build_s=result.build_s,
                 step_s=result.step_s,
+                num_decode=plan.num_decode,
+                decode_slots=result.decode_slots,
             )
         )
 

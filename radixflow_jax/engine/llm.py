@@ -1,7 +1,10 @@
 """The offline API: ``LLM(model, ...).generate(prompts, sampling_params) -> list[RequestOutput]``.
 
-Builds the model, sizes the pools, compiles every step variant, and runs the engine loop until all
-given prompts finished. Outputs come back in prompt order.
+Builds the model, sizes the pools, and runs the engine loop until all given prompts finished;
+outputs come back in prompt order. Step variants compile lazily by default (the first round that
+needs one compiles and primes it, through the persistent XLA cache when ``compilation_cache_dir``
+is set), so start-up costs only the variants a workload uses; ``warmup=True`` compiles and runs
+every variant of the bucket set up front, with progress on stderr.
 """
 
 from __future__ import annotations
@@ -11,7 +14,7 @@ import os
 from typing import Sequence
 
 from radixflow_jax.engine.core import EngineConfig, EngineCore
-from radixflow_jax.engine.executor import ModelExecutor
+from radixflow_jax.engine.executor import ModelExecutor, stderr_progress
 from radixflow_jax.engine.params import RequestOutput, SamplingParams
 from radixflow_jax.models.api import LoadedModel, load
 from radixflow_jax.models.batch import state_bytes_per_slot
@@ -69,7 +72,7 @@ def build_engine(model: LoadedModel, ec: EngineConfig) -> EngineCore:
     def executor(shapes: ShapeConfig) -> ModelExecutor:
         return ModelExecutor(
             model, shapes, page_size=ec.page_size, num_pages=num_pages, num_slots=num_slots,
-            kernels=ec.kernels, warmup=ec.warmup,
+            kernels=ec.kernels, warmup=ec.warmup_all, progress=stderr_progress if ec.warmup_progress else None,
             penalty_window=min(max_model_len, 4096) if ec.penalty_window is None else ec.penalty_window,
         )  # fmt: skip
 

@@ -11,8 +11,10 @@ from radixflow_jax.scheduler.plan import RoundPlan
 
 @dataclasses.dataclass(frozen=True)
 class StepResult:
-    """Sampled token per sampling row, the slot counts of the variant used, and timings.
-    ``logprobs``: for rows that asked for them, ``(logprob of the sampled token, top ids, top logprobs)``."""
+    """Sampled token per sampling row, the slot counts of the variant used (``decode_slots``: its
+    decode region), and timings (``compile_s``: compiling a variant on first use, which is not part
+    of ``step_s`` and not on the engine's clock). ``logprobs``: for rows that asked for them,
+    ``(logprob of the sampled token, top ids, top logprobs)``."""
 
     sampled: dict[int, int]
     token_slots: int
@@ -20,6 +22,8 @@ class StepResult:
     build_s: float
     step_s: float
     logprobs: dict[int, tuple[float, list[int], list[float]]] = dataclasses.field(default_factory=dict)
+    decode_slots: int = 0
+    compile_s: float = 0.0
 
 
 class Executor(Protocol):

@@ -40,7 +40,7 @@ class Wiring:
         ec = self.config
         return ShapeConfig(
             max_tokens=ec.max_num_batched_tokens, max_rows=ec.max_num_seqs,
-            max_pages_per_row=math.ceil(self.max_model_len / ec.page_size), grid=self.grid,
+            max_pages_per_row=math.ceil(self.max_model_len / ec.page_size), grid=self.grid, mode=ec.bucket_mode,
         )  # fmt: skip
 
     def scheduler(self) -> SchedulerConfig:

@@ -29,7 +29,7 @@ Padding slots inside a chunk are gathered as zeros (``k = v = beta = g = 0``) an
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -95,10 +95,25 @@ def _delta_step(
     return out, state
 
 
+def _triangular_solve(system: jnp.ndarray, rhs: jnp.ndarray) -> jnp.ndarray:
+    """``system^-1 rhs`` for a unit lower triangular ``system`` (the reference: a triangular solve)."""
+    return solve_triangular(system, rhs, lower=True, unit_diagonal=True)
+
+
+UnitLowerSolve = Callable[[jnp.ndarray, jnp.ndarray], jnp.ndarray]
+
+
 def _chunk_terms(
-    q: jnp.ndarray, k: jnp.ndarray, v: jnp.ndarray, g: jnp.ndarray, beta: jnp.ndarray, scale: float
+    q: jnp.ndarray,
+    k: jnp.ndarray,
+    v: jnp.ndarray,
+    g: jnp.ndarray,
+    beta: jnp.ndarray,
+    scale: float,
+    solve: UnitLowerSolve = _triangular_solve,
 ) -> _ChunkTerms:
-    """Intra-chunk UT transform for all chunks at once; inputs ``[N, Hv, C, ...]`` float32."""
+    """Intra-chunk UT transform for all chunks at once; inputs ``[N, Hv, C, ...]`` float32;
+    ``solve(system, rhs)`` solves the unit lower triangular system."""
     chunk = g.shape[-1]
     cum = jnp.cumsum(g, axis=-1)  # G_i, [N, H, C]
     causal = jnp.tril(jnp.ones((chunk, chunk), dtype=bool))
@@ -109,7 +124,7 @@ def _chunk_terms(
     system = jnp.where(strict, beta[..., :, None] * kk * decay, 0.0) + jnp.eye(chunk, dtype=jnp.float32)
     exp_cum = jnp.exp(cum)[..., None]
     rhs = jnp.concatenate([beta[..., None] * v, beta[..., None] * exp_cum * k], axis=-1)
-    solved = solve_triangular(system, rhs, lower=True, unit_diagonal=True)
+    solved = solve(system, rhs)
     w_v, w_k = solved[..., : v.shape[-1]], solved[..., v.shape[-1] :]
     qs = q * scale
     attn = _mm("nhid,nhjd->nhij", qs, k) * decay
@@ -173,12 +188,29 @@ def gated_delta_chunked(
     Returns ``(out [T, Hv, dv] in v.dtype, final_state [R, Hv, dk, dv] f32,
     chunk_states [num_chunks, Hv, dk, dv] f32)``; see the module docstring for the contract.
     """
+    return chunked_with_solver(q, k, v, g, beta, cu_seqlens, initial_state, chunk_size, scale, _triangular_solve)
+
+
+def chunked_with_solver(
+    q: jnp.ndarray,
+    k: jnp.ndarray,
+    v: jnp.ndarray,
+    g: jnp.ndarray,
+    beta: jnp.ndarray,
+    cu_seqlens: jnp.ndarray,
+    initial_state: jnp.ndarray,
+    chunk_size: int,
+    scale: float | None,
+    solve: UnitLowerSolve,
+) -> tuple[jnp.ndarray, jnp.ndarray, jnp.ndarray]:
+    """:func:`gated_delta_chunked` with the UT transform's triangular system solved by ``solve``
+    (the faster formulations in ``kernels/fast.py`` swap it)."""
     num_tokens = v.shape[0]
     scale = _resolve_scale(scale, q.shape[-1])
     layout = chunk_layout(cu_seqlens, num_tokens, chunk_size)
     qf, kf, vf, gf, bf = _prepare(q, k, v, g, beta)
     chunks = [_to_chunks(x, layout, chunk_size) for x in (qf, kf, vf, gf, bf)]
-    terms = _chunk_terms(*chunks, scale=scale)
+    terms = _chunk_terms(*chunks, scale=scale, solve=solve)
     init = initial_state.astype(jnp.float32)
     starts, ends = _scan_chunks(terms, layout, init)
     out = terms.out_bias + _mm("nhck,nhkv->nhcv", terms.out_read, starts)

@@ -1,9 +1,11 @@
 """One dispatch point for every hot op: models call ``ops.NAME``, never a kernel module directly.
 
-The backend is chosen per call site at trace time: ``RADIXFLOW_KERNELS=reference|pallas`` (or
-:func:`use_backend` from an engine option) forces one; the default picks Pallas where a kernel
-exists for the current platform and the pure-jnp reference otherwise. A forced backend that cannot
-serve an op raises :class:`KernelUnavailableError`; nothing falls back silently.
+The backend is chosen per call site at trace time: ``RADIXFLOW_KERNELS=reference|xla|pallas`` (or
+:func:`use_backend` from an engine option) forces one; the default (``auto``) picks Pallas where a
+kernel exists for the current platform, else the faster XLA formulation (``kernels/fast.py``, each
+tested against its reference) where one exists, else the pure-jnp reference. ``reference`` runs the
+oracles only. A forced backend that cannot serve an op raises :class:`KernelUnavailableError`;
+nothing falls back silently.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import jax
 
 from radixflow_jax.kernels import attention as _attention
 from radixflow_jax.kernels import conv as _conv
+from radixflow_jax.kernels import fast as _fast
 from radixflow_jax.kernels import gated_delta as _gated_delta
 from radixflow_jax.kernels import ssd as _ssd
 from radixflow_jax.kernels.pallas import common as _pallas_common
@@ -25,7 +28,7 @@ from radixflow_jax.kernels.pallas import gated_delta as _pallas_gated_delta
 from radixflow_jax.kernels.pallas import paged_attention as _pallas_attention
 from radixflow_jax.kernels.pallas import ssd as _pallas_ssd
 
-BACKENDS = ("auto", "reference", "pallas")
+BACKENDS = ("auto", "reference", "xla", "pallas")
 
 _forced: contextvars.ContextVar[str | None] = contextvars.ContextVar("radixflow_kernels", default=None)
 
@@ -64,6 +67,12 @@ _REFERENCE: dict[str, Callable[..., Any]] = {
     "conv_states_at": _conv.conv_states_at,
     "paged_attention": _attention.paged_attention,
     "write_kv": _attention.write_kv,
+}
+
+
+_FAST: dict[str, Callable[..., Any]] = {
+    "gated_delta_chunked": _fast.gated_delta_chunked,
+    "paged_attention": _fast.paged_attention,
 }
 
 
@@ -112,12 +121,14 @@ def resolve(op: str) -> Callable[..., Any]:
     backend = selected_backend()
     if backend == "reference" or op in JNP_ONLY:
         return _REFERENCE[op]
+    if backend == "xla":
+        return _FAST.get(op, _REFERENCE[op])  # ops without a faster formulation: the reference is the XLA one
     impl = _pallas_impl(op)
     if impl is not None:
         return impl
     if backend == "pallas":
         raise KernelUnavailableError(f"RADIXFLOW_KERNELS=pallas but no Pallas kernel for '{op}' on this platform")
-    return _REFERENCE[op]
+    return _FAST.get(op, _REFERENCE[op])
 
 
 def gated_delta_chunked(*args: Any, **kwargs: Any) -> Any:

@@ -25,11 +25,17 @@ from radixflow_jax.models.config import ModelConfig
 
 
 class Batch(NamedTuple):
+    """``source_slots``/``fresh`` (optional): row r's recurrent layers start from the state in
+    ``source_slots[r]`` (a checkpoint copied on write: the result goes to ``state_slots[r]``), or
+    from a zero state where ``fresh[r]``; without them a row starts from ``state_slots[r]``."""
+
     cu_seqlens: jax.Array  # int32 [R + 1]
     kv_lens: jax.Array  # int32 [R]
     page_table: jax.Array  # int32 [R, max_pages]
     slot_mapping: jax.Array  # int32 [T]
     state_slots: jax.Array  # int32 [R]
+    source_slots: jax.Array | None = None  # int32 [R]
+    fresh: jax.Array | None = None  # bool [R]
 
 
 class ModelCache(NamedTuple):

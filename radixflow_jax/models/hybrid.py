@@ -131,7 +131,7 @@ class DecoderLayer(nnx.Module):
     ) -> tuple[jax.Array, KvPages | None, RecState | None]:
         h = self.norm(x)
         if self.has_kv:
-            h, kv = self.mixer(h, positions, batch, kv)
+            h, kv = self.mixer(h, positions, batch, kv, num_decode)
         elif self.has_state:
             assert rec is not None
             h, conv, ssm = self.mixer(h, batch, rec[0], rec[1], num_decode, emits)
@@ -163,7 +163,7 @@ class DecoderLayer(nnx.Module):
             rec = (conv, ssm)
             mixed = _scaled(out, mult.ssm_out)
         if self.attention_name is not None:
-            out, kv = getattr(self, self.attention_name)(_scaled(h, mult.attention_in), positions, batch, kv)
+            out, kv = getattr(self, self.attention_name)(_scaled(h, mult.attention_in), positions, batch, kv, num_decode)
             out = _scaled(out, mult.attention_out)
             mixed = out if mixed is None else mixed + out
         assert mixed is not None

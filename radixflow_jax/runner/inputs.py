@@ -1,5 +1,11 @@
 """Turn a round plan into the fixed-shape numpy arrays of one step (host side, no JAX).
 
+Layout (``runner/shapes.py``): the plan's leading one-token rows (up to the variant's
+``num_decode``) fill the decode region, rows ``[:num_decode]`` owning token slots ``[:num_decode]``;
+decode slots they leave free hold *padding decode rows* (one token, id 0, at position 0 of page 0,
+state slot 0). The other rows pack their spans into the prefill region from token slot
+``num_decode`` on; prefill rows left free are empty spans at the end.
+
 Padding rules (DESIGN.md section 4): padding tokens write their KV into the reserved page 0,
 padding rows run in the reserved state slot 0 and copy slot 0 onto itself, padding emits write
 slot 0. A padded token never changes a real page or slot.
@@ -14,7 +20,7 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from radixflow_jax.runner.shapes import Variant
-from radixflow_jax.scheduler.plan import RoundPlan
+from radixflow_jax.scheduler.plan import RoundPlan, RoundStats, RowPlan
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,9 +75,16 @@ class StepArrays:
     repetition: np.ndarray  # float32 [R]
     ctx_ids: np.ndarray  # int32 [R, W]: penalised rows' prompt + output ids, -1 = empty
     ctx_out: np.ndarray  # bool [R, W]: the entry is a generated token
+    want_logprobs: np.ndarray  # bool [R]: the row asked for logprobs (the step skips them when none did)
+    plan_rows: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0, np.int64))
+    """host only: the array row of each plan row (``sampled[plan_rows[i]]`` belongs to ``plan.rows[i]``)"""
 
     def as_dict(self) -> dict[str, np.ndarray]:
-        return dataclasses.asdict(self)
+        """The step's inputs (``plan_rows`` stays on the host)."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "plan_rows"}
+
+
+_PAD_DECODE = RowPlan(-1, (0,), 0, (0,), 0, None, (), False)  # one token at position 0 of page 0, slot 0
 
 
 def build_arrays(
@@ -80,10 +93,19 @@ def build_arrays(
 ) -> StepArrays:
     """``penalty_window``: width ``W`` of the penalty context arrays (0: penalties unavailable)."""
     t, r, m = variant.num_tokens, variant.num_rows, variant.max_emits
+    # the decode region takes the plan's leading one-token rows (at most num_decode of them)
+    d = 0
+    while d < min(plan.num_decode, variant.num_decode) and plan.rows[d].is_decode:
+        d += 1
+    prefill = plan.rows[d:]
     # checked before filling: an oversized plan must raise this, not an index/broadcast error halfway
-    num_tokens, num_emits = sum(len(row.tokens) for row in plan.rows), sum(len(row.emits) for row in plan.rows)
-    if num_tokens > t or len(plan.rows) > r or num_emits > m:
-        raise ValueError(f"plan ({num_tokens} tokens, {len(plan.rows)} rows, {num_emits} emits) exceeds variant {variant}")
+    prefill_tokens = sum(len(row.tokens) for row in prefill)
+    num_emits = sum(len(row.emits) for row in plan.rows)
+    if prefill_tokens > variant.prefill_tokens or len(prefill) > variant.prefill_rows or num_emits > m:
+        raise ValueError(
+            f"plan ({d} decode rows; {prefill_tokens} tokens in {len(prefill)} other rows; {num_emits} emits) "
+            f"exceeds variant {variant}"
+        )
     a = StepArrays(
         tokens=np.zeros(t, np.int32),
         cu_seqlens=np.zeros(r + 1, np.int32),
@@ -107,8 +129,9 @@ def build_arrays(
         repetition=np.ones(r, np.float32),
         ctx_ids=np.full((r, penalty_window), -1, np.int32),
         ctx_out=np.zeros((r, penalty_window), np.bool_),
+        want_logprobs=np.zeros(r, np.bool_),
     )
-    rows = plan.rows
+    rows = plan.rows[:d] + (_PAD_DECODE,) * (variant.num_decode - d) + prefill
     nr = len(rows)
     lens = [len(row.tokens) for row in rows]
     starts = [row.start for row in rows]
@@ -146,6 +169,7 @@ def build_arrays(
     a.top_p[:nr] = [p.top_p for p in params]
     a.min_p[:nr] = [p.min_p for p in params]
     a.seed[:nr] = [p.seed & 0xFFFFFFFF for p in params]
+    a.want_logprobs[:nr] = [p.logprobs >= 0 for p in params]
     for i, p in enumerate(params):
         if p.has_penalty:
             n_prompt, n_out = len(p.prompt), len(p.output)
@@ -159,4 +183,11 @@ def build_arrays(
             a.ctx_ids[i, :n_prompt] = p.prompt
             a.ctx_ids[i, n_prompt : n_prompt + n_out] = p.output
             a.ctx_out[i, n_prompt : n_prompt + n_out] = True
+    a.plan_rows = np.concatenate([np.arange(d), np.arange(variant.num_decode, variant.num_decode + len(prefill))])
     return a
+
+
+def padding_arrays(variant: Variant, max_pages: int, penalty_window: int = 0) -> StepArrays:
+    """The arrays of a round with no real row (warm-up executions): every row and token is padding."""
+    empty = RoundPlan(rows=(), num_decode=0, stats=RoundStats())
+    return build_arrays(empty, variant, page_size=1, max_pages=max_pages, sampling={}, penalty_window=penalty_window)

@@ -42,17 +42,22 @@ def sample(
     seed: jax.Array,
     position: jax.Array,
 ) -> jax.Array:
-    """``logits [R, V]`` float32 -> int32 tokens ``[R]``."""
+    """``logits [R, V]`` float32 -> int32 tokens ``[R]``. A round whose rows are all greedy skips
+    the filters and draws (a sort of every row, the slowest part on a CPU) at run time."""
     greedy = jnp.argmax(logits, axis=-1).astype(jnp.int32)
-    scaled = logits / jnp.maximum(temperature, 1e-6)[:, None]
-    masked = jax.vmap(_filter)(scaled, top_k, top_p, min_p)
 
-    def draw(row_logits: jax.Array, s: jax.Array, pos: jax.Array) -> jax.Array:
-        key = jax.random.fold_in(jax.random.key(s), pos)
-        return jax.random.categorical(key, row_logits).astype(jnp.int32)
+    def sampled() -> jax.Array:
+        scaled = logits / jnp.maximum(temperature, 1e-6)[:, None]
+        masked = jax.vmap(_filter)(scaled, top_k, top_p, min_p)
 
-    drawn = jax.vmap(draw)(masked, seed, position)
-    return jnp.where(temperature > 0, drawn, greedy)
+        def draw(row_logits: jax.Array, s: jax.Array, pos: jax.Array) -> jax.Array:
+            key = jax.random.fold_in(jax.random.key(s), pos)
+            return jax.random.categorical(key, row_logits).astype(jnp.int32)
+
+        drawn = jax.vmap(draw)(masked, seed, position)
+        return jnp.where(temperature > 0, drawn, greedy)
+
+    return jax.lax.cond(jnp.any(temperature > 0), sampled, lambda: greedy)
 
 
 def apply_penalties(
@@ -64,6 +69,19 @@ def apply_penalties(
     repetition: jax.Array,
 ) -> jax.Array:
     """``logits [R, V]`` float32 with the penalties of each row applied (see the module docstring)."""
+    penalised = (presence != 0) | (frequency != 0) | (repetition != 1.0)
+    return jax.lax.cond(
+        jnp.any(penalised),
+        lambda: _penalise(logits, ctx_ids, ctx_out, presence, frequency, repetition, penalised),
+        lambda: logits,
+    )
+
+
+def _penalise(
+    logits: jax.Array, ctx_ids: jax.Array, ctx_out: jax.Array, presence: jax.Array, frequency: jax.Array,
+    repetition: jax.Array, penalised: jax.Array,
+) -> jax.Array:
+    """The penalties themselves; run only in rounds where some row is penalised."""
     rows, vocab = logits.shape
     valid = ctx_ids >= 0
     ids = jnp.where(valid, ctx_ids, vocab)  # out of range: dropped by the scatters
@@ -74,7 +92,7 @@ def apply_penalties(
     repeated = jnp.where(logits > 0, logits / rep, logits * rep)
     out = jnp.where(seen & (rep != 1.0), repeated, logits)
     out = out - frequency[:, None] * counts - presence[:, None] * (counts > 0)
-    return jnp.where((presence == 0) & (frequency == 0) & (repetition == 1.0), logits.T, out.T).T
+    return jnp.where(penalised[:, None], out, logits)
 
 
 def token_logprobs(logits: jax.Array, tokens: jax.Array, k: int) -> tuple[jax.Array, jax.Array, jax.Array]:
@@ -83,3 +101,4 @@ def token_logprobs(logits: jax.Array, tokens: jax.Array, k: int) -> tuple[jax.Ar
     chosen = jnp.take_along_axis(logp, tokens[:, None].astype(jnp.int32), axis=-1)[:, 0]
     top_lp, top_ids = jax.lax.top_k(logp, k)
     return chosen, top_ids.astype(jnp.int32), top_lp
+

@@ -1,16 +1,36 @@
-"""Fixed step shapes: token and row buckets (powers of two) and the variants compiled at start-up.
+"""Fixed step shapes: the buckets a round is padded to, and the variants they make.
 
-A round runs in one *variant* ``(num_tokens, num_rows, num_decode)``:
-  * decode-only rounds (every row has a one-token span) use ``(n, n, n)`` for a row bucket ``n``,
-    so every row takes the one-step recurrent updates;
-  * every other round uses ``(T, R, 0)``: all rows go through the chunked scan.
-``max_emits`` (checkpoint writes per round) is derived from the variant so the emit arrays have a
-fixed shape too: each row emits at most ``span / grid + 1`` checkpoints.
+A round runs in one *variant* ``(num_tokens, num_rows, num_decode)``. Its slots are split in two
+regions (the layout ``build_arrays`` writes and the model reads):
+  * the **decode region**: rows ``[:num_decode]`` own token slots ``[:num_decode]``, one each, and
+    take the one-step recurrent updates and single-query attention, so a decode row costs one token
+    whatever else the round carries. Decode rows the round does not fill are padding rows;
+  * the **prefill region**: the remaining ``num_rows - num_decode`` rows pack their spans into the
+    remaining ``num_tokens - num_decode`` token slots and go through the chunked scan.
+
+Buckets per region (``mode``):
+  * ``"fine"`` (default): prefill tokens on powers of two with a 1.5x step between them from 64 up
+    (16, 32, 64, 96, 128, 192, ...: in the large buckets, where padding costs most, at most a third
+    of a bucket is padding instead of a half), prefill rows on powers of two; decode-only rounds on
+    powers of two with 1.5x steps from 16 (16, 24, 32, 48, 64); rounds with prefill rows take a
+    coarse decode region (16, 64, ... below ``max_rows``, and ``max_rows``) because a padded decode
+    row costs one token slot.
+  * ``"pow2"``: powers of two everywhere (the earlier scheme, plus decode regions in mixed rounds).
+  * ``"fixed"``: exactly one variant (``max_rows`` decode rows + ``max_rows`` prefill rows over
+    ``max_tokens`` prefill tokens), as TPU deployments often run: every round has the same shape
+    and a filled bubble is free compute.
+
+Variants compile lazily on first use (persistent XLA cache) or all at warm-up; ``variants()``
+lists the whole set. ``max_emits`` (checkpoint writes per round) follows the variant: each row
+emits at most ``span / grid + 1`` checkpoints.
 """
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
+
+MODES = ("fine", "pow2", "fixed")
 
 
 def powers_of_two(lo: int, hi: int) -> tuple[int, ...]:
@@ -23,6 +43,21 @@ def powers_of_two(lo: int, hi: int) -> tuple[int, ...]:
         v *= 2
 
 
+def fine_ladder(lo: int, hi: int, start: int) -> tuple[int, ...]:
+    """Powers of two from ``lo`` with a ``1.5x`` step after each power ``p >= start``
+    (``start=64``: ``..., 32, 64, 96, 128, 192, ...``), capped at ``hi`` (always the last value)."""
+    out = []
+    for p in powers_of_two(lo, hi):
+        out.append(p)
+        if p >= start and p % 2 == 0:
+            out.append(p // 2 * 3)
+    return tuple(sorted({v for v in out if v < hi} | {hi}))
+
+
+def _first_at_least(buckets: tuple[int, ...], n: int) -> int:
+    return buckets[bisect.bisect_left(buckets, n)]
+
+
 @dataclasses.dataclass(frozen=True)
 class Variant:
     num_tokens: int
@@ -30,42 +65,111 @@ class Variant:
     num_decode: int
     max_emits: int
 
+    @property
+    def prefill_tokens(self) -> int:
+        return self.num_tokens - self.num_decode
+
+    @property
+    def prefill_rows(self) -> int:
+        return self.num_rows - self.num_decode
+
+    @property
+    def kind(self) -> str:
+        """``decode`` (decode region only), ``prefill`` (prefill region only) or ``mixed``."""
+        if self.prefill_rows == 0:
+            return "decode"
+        return "mixed" if self.num_decode else "prefill"
+
 
 @dataclasses.dataclass(frozen=True)
 class ShapeConfig:
-    """``max_tokens``/``max_rows``: the round budgets; ``min_tokens``: the smallest token bucket;
-    ``max_pages_per_row``: the page-table width (the model context in pages)."""
+    """``max_tokens``/``max_rows``: the round budgets; ``min_tokens``: the smallest prefill token
+    bucket; ``max_pages_per_row``: the page-table width (the model context in pages); ``mode``: the
+    bucket scheme (see the module docstring)."""
 
     max_tokens: int
     max_rows: int
     max_pages_per_row: int
     grid: int
     min_tokens: int = 16
+    mode: str = "fine"
 
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise ValueError(f"bucket mode {self.mode!r}: expected one of {', '.join(MODES)}")
+        if self.max_tokens < 1 or self.max_rows < 1:
+            raise ValueError(f"max_tokens={self.max_tokens} and max_rows={self.max_rows} must be >= 1")
+
+    # ------------------------------------------------------------------------------- buckets
     @property
     def token_buckets(self) -> tuple[int, ...]:
-        return powers_of_two(min(self.min_tokens, self.max_tokens), self.max_tokens)
+        """Prefill-region token buckets."""
+        if self.mode == "fixed":
+            return (self.max_tokens,)
+        lo = min(self.min_tokens, self.max_tokens)
+        if self.mode == "pow2":
+            return powers_of_two(lo, self.max_tokens)
+        return fine_ladder(lo, self.max_tokens, 64)
 
     @property
     def row_buckets(self) -> tuple[int, ...]:
+        """Prefill-region row buckets."""
+        if self.mode == "fixed":
+            return (self.max_rows,)
         return powers_of_two(1, self.max_rows)
 
-    def _variant(self, tokens: int, rows: int, decode: int) -> Variant:
+    @property
+    def decode_buckets(self) -> tuple[int, ...]:
+        """Decode-region sizes of decode-only rounds."""
+        if self.mode == "fixed":
+            return ()
+        if self.mode == "pow2":
+            return powers_of_two(1, self.max_rows)
+        return fine_ladder(1, self.max_rows, 16)
+
+    @property
+    def mixed_decode_buckets(self) -> tuple[int, ...]:
+        """Decode-region sizes of rounds that carry prefill rows: powers of four from 16 below
+        ``max_rows``, and ``max_rows``. A prefill-only round still has the smallest one, as padding
+        rows: a padded decode row costs one token slot, and leaving out a ``0`` (and small sizes)
+        keeps the mixed variants to one or two sets."""
+        if self.mode == "fixed":
+            return (self.max_rows,)
+        out, v = [], 16
+        while v < self.max_rows:
+            out.append(v)
+            v *= 4
+        return tuple(out) + (self.max_rows,)
+
+    # ------------------------------------------------------------------------------ variants
+    def _variant(self, decode: int, prefill_tokens: int, prefill_rows: int) -> Variant:
+        tokens, rows = decode + prefill_tokens, decode + prefill_rows
         return Variant(tokens, rows, decode, max_emits=rows + tokens // self.grid)
 
     def variants(self) -> list[Variant]:
-        """Every variant a round can need (compiled at start-up)."""
-        out = [self._variant(n, n, n) for n in self.row_buckets]
-        for t in self.token_buckets:
-            out.extend(self._variant(t, r, 0) for r in self.row_buckets if r <= t)
+        """Every variant a round can need (what ``warmup="all"`` compiles)."""
+        out = [self._variant(n, 0, 0) for n in self.decode_buckets]
+        rows, tokens = self.row_buckets, self.token_buckets
+        for d in self.mixed_decode_buckets:
+            for i, r in enumerate(rows):
+                fewest = rows[i - 1] + 1 if i else 1  # the fewest prefill rows (and tokens) r holds
+                out.extend(self._variant(d, t, r) for t in tokens if t >= _first_at_least(tokens, fewest))
         return out
 
-    def select(self, num_tokens: int, num_rows: int, all_decode: bool) -> Variant:
-        """The smallest variant holding a round of ``num_tokens`` tokens in ``num_rows`` rows."""
+    def select(
+        self, num_tokens: int, num_rows: int, all_decode: bool = False, *, num_decode: int | None = None
+    ) -> Variant:
+        """The smallest variant holding a round of ``num_tokens`` tokens in ``num_rows`` rows, of
+        which the first ``num_decode`` are one-token rows (``all_decode``: every row is; without
+        either, the round is treated as prefill only)."""
         if num_rows > self.max_rows or num_tokens > self.max_tokens:
             raise ValueError(f"round of {num_tokens} tokens / {num_rows} rows exceeds the budgets")
-        rows = next(r for r in self.row_buckets if r >= num_rows)
-        if all_decode:
-            return self._variant(rows, rows, rows)
-        tokens = next(t for t in self.token_buckets if t >= max(num_tokens, rows))
-        return self._variant(tokens, rows, 0)
+        d = num_rows if all_decode and num_decode is None else (num_decode or 0)
+        if not 0 <= d <= num_rows or num_tokens - d < num_rows - d:
+            raise ValueError(f"{d} decode rows do not fit a round of {num_tokens} tokens / {num_rows} rows")
+        p, tp = num_rows - d, num_tokens - d
+        if p == 0 and self.mode != "fixed":
+            return self._variant(_first_at_least(self.decode_buckets, d), 0, 0)
+        rows = _first_at_least(self.row_buckets, p)
+        tokens = _first_at_least(self.token_buckets, tp)
+        return self._variant(_first_at_least(self.mixed_decode_buckets, d), tokens, rows)

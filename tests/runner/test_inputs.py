@@ -42,13 +42,13 @@ def test_shapes_depend_only_on_the_variant(arrays) -> None:
         "tokens": (16,), "cu_seqlens": (5,), "kv_lens": (4,), "page_table": (4, MAX_PAGES), "slot_mapping": (16,),
         "state_slots": (4,), "copy_src": (4,), "emit_rows": (6,), "emit_offsets": (6,), "emit_slots": (6,),
         "logits_index": (4,), "temperature": (4,), "top_k": (4,), "top_p": (4,), "min_p": (4,), "seed": (4,),
-        "position": (4,), "presence": (4,), "frequency": (4,), "repetition": (4,), "ctx_ids": (4, 0), "ctx_out": (4, 0),
+        "position": (4,), "presence": (4,), "frequency": (4,), "repetition": (4,), "ctx_ids": (4, 0), "ctx_out": (4, 0), "want_logprobs": (4,),
     }  # fmt: skip
     assert {k: v.shape for k, v in d.items()} == expected
     assert d["seed"].dtype == np.uint32
     assert d["temperature"].dtype == np.float32
     floats = ("temperature", "top_p", "min_p", "presence", "frequency", "repetition")
-    assert all(d[k].dtype == np.int32 for k in expected if k not in ("seed", "ctx_out", *floats))
+    assert all(d[k].dtype == np.int32 for k in expected if k not in ("seed", "ctx_out", "want_logprobs", *floats))
     empty = build_arrays(_plan(), VARIANT, page_size=PAGE, max_pages=MAX_PAGES, sampling={})
     assert {k: v.shape for k, v in empty.as_dict().items()} == expected
 

@@ -5,7 +5,9 @@ centred q/k norm, partial RoPE), Qwen3 (q/k RMSNorm, full RoPE), Llama (no q/k n
 (explicit softmax scale, optional RoPE) and Falcon-H1 (``key_multiplier`` on k before RoPE, so the
 cached keys are the scaled ones, as in the reference cache).
 The new K/V of every token is written into its page slot *before* attending, so a prefill row sees
-its own span and its cached prefix through the same page table.
+its own span and its cached prefix through the same page table. The decode rows ``[:num_decode]``
+(one query each) and the prefill rows attend in two calls, so each part's cost follows its own
+context lengths, not the other's.
 """
 
 from __future__ import annotations
@@ -48,7 +50,9 @@ class Attention(nnx.Module):
             self.q_norm = RMSNorm(cfg.head_dim, eps, style=style, dtype=dtype)
             self.k_norm = RMSNorm(cfg.head_dim, eps, style=style, dtype=dtype)
 
-    def __call__(self, x: jax.Array, positions: jax.Array, batch: Batch, kv: KvPages) -> tuple[jax.Array, KvPages]:
+    def __call__(
+        self, x: jax.Array, positions: jax.Array, batch: Batch, kv: KvPages, num_decode: int = 0
+    ) -> tuple[jax.Array, KvPages]:
         cfg = self.cfg
         num_tokens = x.shape[0]
         q = self.q_proj(x)
@@ -69,17 +73,30 @@ class Attention(nnx.Module):
             q = apply_rope(q, positions, inv_freq)
             k = apply_rope(k, positions, inv_freq)
         k_pages, v_pages = ops.write_kv(kv[0], kv[1], k, v, batch.slot_mapping)
-        out = ops.paged_attention(
-            q,
-            k_pages,
-            v_pages,
-            batch.page_table,
-            batch.cu_seqlens,
-            batch.kv_lens,
-            scale=cfg.softmax_scale,
-            sliding_window=cfg.sliding_window,
-        )
+        out = attend(q, k_pages, v_pages, batch, num_decode, scale=cfg.softmax_scale, window=cfg.sliding_window)
         out = out.reshape(num_tokens, -1)
         if gate is not None:
             out = out * jax.nn.sigmoid(gate)
         return self.o_proj(out), (k_pages, v_pages)
+
+
+def attend(
+    q: jax.Array, k_pages: jax.Array, v_pages: jax.Array, batch: Batch, num_decode: int, *, scale: float,
+    window: int | None,
+) -> jax.Array:  # fmt: skip
+    """Paged attention of ``q [T, H, D]``: the decode region (rows and tokens ``[:num_decode]``) and
+    the prefill region in separate calls, each over its own rows' page tables and context lengths."""
+    d, num_rows = num_decode, batch.page_table.shape[0]
+
+    def part(qs: jax.Array, rows: slice, cu: jax.Array) -> jax.Array:
+        return ops.paged_attention(
+            qs, k_pages, v_pages, batch.page_table[rows], cu, batch.kv_lens[rows], scale=scale, sliding_window=window
+        )
+
+    if d == 0:
+        return part(q, slice(None), batch.cu_seqlens)
+    decode = part(q[:d], slice(0, d), batch.cu_seqlens[: d + 1])
+    if num_rows == d:
+        return jnp.concatenate([decode, jnp.zeros_like(q[d:])], axis=0) if q.shape[0] > d else decode
+    prefill = part(q[d:], slice(d, None), batch.cu_seqlens[d:] - d)
+    return jnp.concatenate([decode, prefill], axis=0)

@@ -5,9 +5,10 @@ row's carried conv state; L2-normalise q and k per head; ``beta = sigmoid(b)``,
 ``g = -exp(A_log) * softplus(a + dt_bias)``; gated delta rule with the row's carried recurrent
 state; gated RMSNorm with ``z``; ``out_proj``.
 
-Rows ``[:num_decode]`` take the one-step updates; the remaining rows go through the chunked scan.
-Each real row reads its state from ``state_slots[r]`` and writes the state after its span back to
-the same slot (copy-on-write of checkpoints happens before the model runs).
+Rows ``[:num_decode]`` take the one-step updates; the remaining rows go through the chunked scan
+(the split, the slot write-back and checkpoint emission are :func:`recurrent.recurrent_mix`). Each
+real row reads its state from ``state_slots[r]`` and writes the state after its span back to the
+same slot (copy-on-write of checkpoints happens before the model runs).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from radixflow_jax.kernels import ops
 from radixflow_jax.models.batch import Batch
 from radixflow_jax.models.config import GdnConfig
 from radixflow_jax.models.layers import GatedRMSNorm, Linear
-from radixflow_jax.models.mixers.recurrent import DepthwiseConv1d, Emits, emitted_states, run_conv, write_emits
+from radixflow_jax.models.mixers.recurrent import DepthwiseConv1d, Emits, recurrent_mix
 
 
 def l2norm(x: jax.Array, eps: float = 1e-6) -> jax.Array:
@@ -78,43 +79,23 @@ class GatedDeltaNet(nnx.Module):
         emits: Emits | None = None,
     ) -> tuple[jax.Array, jax.Array, jax.Array]:
         cfg = self.cfg
-        num_tokens, num_rows = x.shape[0], batch.state_slots.shape[0]
-        slots = batch.state_slots
+        num_tokens = x.shape[0]
         qkv_in, z, b, a = self._project(x)
-        conv0 = conv_pool[slots]
-        qkv, conv_new = run_conv(self.conv1d, qkv_in, batch, conv0, num_decode)
-        q = l2norm(qkv[:, : cfg.key_dim].reshape(num_tokens, cfg.num_k_heads, cfg.head_k_dim))
-        k = l2norm(qkv[:, cfg.key_dim : 2 * cfg.key_dim].reshape(num_tokens, cfg.num_k_heads, cfg.head_k_dim))
-        v = qkv[:, 2 * cfg.key_dim :].reshape(num_tokens, cfg.num_v_heads, cfg.head_v_dim)
         beta = jax.nn.sigmoid(b.astype(jnp.float32))
         g = -jnp.exp(self.A_log[...].astype(jnp.float32)) * jax.nn.softplus(
             a.astype(jnp.float32) + self.dt_bias[...].astype(jnp.float32)
         )
-        ssm = ssm_pool[slots]
-        outs, states = [], []
-        d = num_decode
-        decode_src = prefill_src = None
-        if d:
-            o, s = ops.gated_delta_decode(q[:d], k[:d], v[:d], g[:d], beta[:d], ssm[:d])
-            outs.append(o)
-            states.append(s)
-            decode_src = (conv_new[:d], s)
-        if num_rows > d:
-            cu = batch.cu_seqlens[d:] - d
-            o, s, chunk_states = ops.gated_delta_chunked(
-                q[d:], k[d:], v[d:], g[d:], beta[d:], cu, ssm[d:], chunk_size=cfg.chunk_size
-            )
-            outs.append(o)
-            states.append(s)
-            prefill_src = (qkv_in[d:], cu, conv0[d:], ssm[d:], chunk_states)
-        elif num_tokens > num_decode:
-            outs.append(jnp.zeros((num_tokens - num_decode,) + v.shape[1:], v.dtype))
-        core = jnp.concatenate(outs, axis=0)
-        ssm_new = jnp.concatenate(states, axis=0)
+
+        def prepare(qkv: jax.Array) -> tuple[jax.Array, ...]:
+            q = l2norm(qkv[:, : cfg.key_dim].reshape(num_tokens, cfg.num_k_heads, cfg.head_k_dim))
+            k = l2norm(qkv[:, cfg.key_dim : 2 * cfg.key_dim].reshape(num_tokens, cfg.num_k_heads, cfg.head_k_dim))
+            v = qkv[:, 2 * cfg.key_dim :].reshape(num_tokens, cfg.num_v_heads, cfg.head_v_dim)
+            return q, k, v, g, beta
+
+        core, _, conv_pool, ssm_pool = recurrent_mix(
+            self.conv1d, qkv_in, batch, conv_pool, ssm_pool, num_decode, emits, cfg.chunk_size, prepare,
+            decode=lambda xs, s: ops.gated_delta_decode(*xs, s),
+            chunked=lambda xs, cu, s: ops.gated_delta_chunked(*xs, cu, s, chunk_size=cfg.chunk_size),
+        )  # fmt: skip
         out = self.norm(core, z).reshape(num_tokens, cfg.value_dim)
-        conv_pool = conv_pool.at[slots].set(conv_new.astype(conv_pool.dtype))
-        ssm_pool = ssm_pool.at[slots].set(ssm_new)
-        if emits is not None:
-            emitted = emitted_states(emits, d, cfg.chunk_size, decode_src, prefill_src)
-            conv_pool, ssm_pool = write_emits(conv_pool, ssm_pool, emits, emitted)
         return self.out_proj(out), conv_pool, ssm_pool

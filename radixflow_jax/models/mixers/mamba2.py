@@ -23,7 +23,7 @@ from radixflow_jax.kernels import ops
 from radixflow_jax.models.batch import Batch
 from radixflow_jax.models.config import MambaConfig
 from radixflow_jax.models.layers import Linear
-from radixflow_jax.models.mixers.recurrent import DepthwiseConv1d, Emits, emitted_states, run_conv, write_emits
+from radixflow_jax.models.mixers.recurrent import DepthwiseConv1d, Emits, recurrent_mix
 
 
 class GroupGatedRMSNorm(nnx.Module):
@@ -104,44 +104,27 @@ class Mamba2(nnx.Module):
         emits: Emits | None = None,
     ) -> tuple[jax.Array, jax.Array, jax.Array]:
         cfg = self.cfg
-        num_tokens, num_rows = x.shape[0], batch.state_slots.shape[0]
+        num_tokens = x.shape[0]
         inner, groups_dim = cfg.inner_dim, cfg.n_groups * cfg.state_size
-        slots = batch.state_slots
         proj = self._project(x)
         z = proj[:, :inner]
-        xbc_in, conv0 = proj[:, inner : inner + cfg.conv_dim], conv_pool[slots]
-        xbc, conv_new = run_conv(self.conv1d, xbc_in, batch, conv0, num_decode)
-        dt_raw = proj[:, inner + cfg.conv_dim :]
-        xs = xbc[:, :inner].reshape(num_tokens, cfg.num_heads, cfg.head_dim)
-        b = xbc[:, inner : inner + groups_dim].reshape(num_tokens, cfg.n_groups, cfg.state_size)
-        c = xbc[:, inner + groups_dim :].reshape(num_tokens, cfg.n_groups, cfg.state_size)
-        dt = jax.nn.softplus(dt_raw.astype(jnp.float32) + self.dt_bias[...].astype(jnp.float32))
+        xbc_in = proj[:, inner : inner + cfg.conv_dim]
+        dt = jax.nn.softplus(proj[:, inner + cfg.conv_dim :].astype(jnp.float32) + self.dt_bias[...].astype(jnp.float32))
         dt = jnp.clip(dt, cfg.dt_limit[0], cfg.dt_limit[1])
         a = -jnp.exp(self.A_log[...].astype(jnp.float32))
-        ssm = ssm_pool[slots]
-        outs, states = [], []
-        d = num_decode
-        decode_src = prefill_src = None
-        if d:
-            y, s = ops.ssd_decode(xs[:d], dt[:d], a, b[:d], c[:d], ssm[:d])
-            outs.append(y.astype(jnp.float32))
-            states.append(s)
-            decode_src = (conv_new[:d], s)
-        if num_rows > d:
-            cu = batch.cu_seqlens[d:] - d
-            y, s, chunk_states = ops.ssd_chunked(
-                xs[d:], dt[d:], a, b[d:], c[d:], cu, ssm[d:], chunk_size=cfg.chunk_size
-            )
-            outs.append(y.astype(jnp.float32))
-            states.append(s)
-            prefill_src = (xbc_in[d:], cu, conv0[d:], ssm[d:], chunk_states)
-        elif num_tokens > d:
-            outs.append(jnp.zeros((num_tokens - d,) + xs.shape[1:], jnp.float32))
-        y = jnp.concatenate(outs, axis=0) + self.D[...].astype(jnp.float32)[:, None] * xs.astype(jnp.float32)
+
+        def prepare(xbc: jax.Array) -> tuple[jax.Array, ...]:
+            xs = xbc[:, :inner].reshape(num_tokens, cfg.num_heads, cfg.head_dim)
+            b = xbc[:, inner : inner + groups_dim].reshape(num_tokens, cfg.n_groups, cfg.state_size)
+            c = xbc[:, inner + groups_dim :].reshape(num_tokens, cfg.n_groups, cfg.state_size)
+            return xs, dt, b, c
+
+        core, xbc, conv_pool, ssm_pool = recurrent_mix(
+            self.conv1d, xbc_in, batch, conv_pool, ssm_pool, num_decode, emits, cfg.chunk_size, prepare,
+            decode=lambda xs, s: ops.ssd_decode(xs[0], xs[1], a, xs[2], xs[3], s),
+            chunked=lambda xs, cu, s: ops.ssd_chunked(xs[0], xs[1], a, xs[2], xs[3], cu, s, chunk_size=cfg.chunk_size),
+        )  # fmt: skip
+        xs = xbc[:, :inner].reshape(num_tokens, cfg.num_heads, cfg.head_dim)
+        y = core.astype(jnp.float32) + self.D[...].astype(jnp.float32)[:, None] * xs.astype(jnp.float32)
         out = self._gate(y.reshape(num_tokens, inner), z).astype(x.dtype)
-        conv_pool = conv_pool.at[slots].set(conv_new.astype(conv_pool.dtype))
-        ssm_pool = ssm_pool.at[slots].set(jnp.concatenate(states, axis=0))
-        if emits is not None:
-            emitted = emitted_states(emits, d, cfg.chunk_size, decode_src, prefill_src)
-            conv_pool, ssm_pool = write_emits(conv_pool, ssm_pool, emits, emitted)
         return self.out_proj(out), conv_pool, ssm_pool

@@ -1,5 +1,8 @@
-"""Pieces shared by the recurrent mixers (Gated DeltaNet, Mamba2): the depthwise causal conv and
-its split into decode rows (one-step update) and prefill rows (packed scan).
+"""What the recurrent mixers (Gated DeltaNet, Mamba2) share: the depthwise causal conv, and
+:func:`recurrent_mix`, the one routine that splits a call into decode rows (one-step updates) and
+prefill rows (packed chunked scan), writes every row's state back to its slot and emits the
+requested checkpoints. The mixers only say how conv outputs become kernel inputs and which kernels
+run, so checkpoint correctness lives here, once.
 
 Rows ``[:num_decode]`` own the first ``num_decode`` token slots, one token each; the rest of the
 rows form a packed ragged batch over the remaining slots (see ``models/batch.py``).
@@ -7,7 +10,7 @@ rows form a packed ragged batch over the remaining slots (see ``models/batch.py`
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -65,19 +68,22 @@ def emitted_states(
     emits: Emits,
     num_decode: int,
     chunk_size: int,
-    decode: tuple[jax.Array, jax.Array] | None,
+    decode: tuple[jax.Array, jax.Array, jax.Array, jax.Array] | None,
     prefill: tuple[jax.Array, jax.Array, jax.Array, jax.Array, jax.Array] | None,
 ) -> tuple[jax.Array, jax.Array]:
     """``(conv [M, K-1, C], ssm [M, ...])`` of every emit.
 
-    ``decode``: the decode rows' new ``(conv, ssm)``; ``prefill``: ``(conv inputs [Tp, C],
+    ``decode``: the decode rows' new and initial ``(conv, ssm, conv0, ssm0)``; ``prefill``: ``(conv inputs [Tp, C],
     cu_seqlens [Rp+1], initial conv [Rp, ...], initial ssm [Rp, ...], chunk_states [Nc, ...])`` of the
     prefill rows (row ``r`` of the batch is prefill row ``r - num_decode``)."""
     convs, ssms, use_decode = [], [], emits.rows < num_decode
     if decode is not None:
+        # a one-token row's state after 1 token is its new state; after 0 tokens its initial one
         idx = jnp.clip(emits.rows, 0, num_decode - 1)
-        convs.append(decode[0][idx])
-        ssms.append(decode[1][idx])
+        conv_new, ssm_new, conv_init, ssm_init = decode
+        first = emits.offsets == 0
+        convs.append(jnp.where(first.reshape((-1, 1, 1)), conv_init[idx], conv_new[idx]))
+        ssms.append(jnp.where(first.reshape((-1,) + (1,) * (ssm_new.ndim - 1)), ssm_init[idx], ssm_new[idx]))
     if prefill is not None:
         x, cu, conv0, ssm0, chunk_states = prefill
         rows = jnp.clip(emits.rows - num_decode, 0, conv0.shape[0] - 1)
@@ -103,3 +109,70 @@ def write_emits(
         return conv_pool, ssm_pool
     conv, ssm = states
     return conv_pool.at[emits.slots].set(conv.astype(conv_pool.dtype)), ssm_pool.at[emits.slots].set(ssm)
+
+
+def initial_states(conv_pool: jax.Array, ssm_pool: jax.Array, batch: Batch) -> tuple[jax.Array, jax.Array]:
+    """Every row's ``(conv, ssm)`` state before its span: read from ``source_slots`` (or
+    ``state_slots``), zero for ``fresh`` rows. All reads of a layer happen before its writes."""
+    src = batch.state_slots if batch.source_slots is None else batch.source_slots
+    conv0, ssm0 = conv_pool[src], ssm_pool[src]
+    if batch.fresh is not None:
+        conv0 = jnp.where(batch.fresh[:, None, None], jnp.zeros((), conv0.dtype), conv0)
+        ssm0 = jnp.where(batch.fresh.reshape((-1,) + (1,) * (ssm0.ndim - 1)), 0.0, ssm0)
+    return conv0, ssm0
+
+
+Inputs = tuple[jax.Array, ...]
+DecodeFn = Callable[[Inputs, jax.Array], tuple[jax.Array, jax.Array]]
+ChunkedFn = Callable[[Inputs, jax.Array, jax.Array], tuple[jax.Array, jax.Array, jax.Array]]
+
+
+def recurrent_mix(
+    conv: DepthwiseConv1d,
+    conv_in: jax.Array,
+    batch: Batch,
+    conv_pool: jax.Array,
+    ssm_pool: jax.Array,
+    num_decode: int,
+    emits: Emits | None,
+    chunk_size: int,
+    prepare: Callable[[jax.Array], Inputs],
+    decode: DecodeFn,
+    chunked: ChunkedFn,
+) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
+    """One recurrent layer's state traffic around its kernels.
+
+    ``conv_in [T, C]``: the conv inputs; ``prepare(conv_out [T, C])`` -> per-token kernel inputs
+    (every array ``[T, ...]``); ``decode(inputs[:d], ssm[:d]) -> (out, new_ssm)`` is the one-step
+    update of the decode rows; ``chunked(inputs[d:], cu_seqlens, ssm[d:]) -> (out, final_ssm,
+    chunk_states)`` the chunked scan of the prefill rows. Returns ``(core_out [T, ...] (the kernels' dtype),
+    conv_out [T, C], conv_pool, ssm_pool)``: every row's state after its span is written to
+    ``state_slots[r]`` (padding rows write the sink slot 0), then every emit's state to its slot.
+    Padding tokens of the prefill region get a zero output. Rows start from
+    :func:`initial_states` (copy-on-write of checkpoints happens here, as a read of the source)."""
+    num_tokens, num_rows, d = conv_in.shape[0], batch.state_slots.shape[0], num_decode
+    slots = batch.state_slots
+    conv0, ssm = initial_states(conv_pool, ssm_pool, batch)
+    conv_out, conv_new = run_conv(conv, conv_in, batch, conv0, d)
+    inputs = prepare(conv_out)
+    outs, states = [], []
+    decode_src = prefill_src = None
+    if d:
+        o, s = decode(tuple(x[:d] for x in inputs), ssm[:d])
+        outs.append(o)
+        states.append(s)
+        decode_src = (conv_new[:d], s, conv0[:d], ssm[:d])
+    if num_rows > d:
+        cu = batch.cu_seqlens[d:] - d
+        o, s, chunk_states = chunked(tuple(x[d:] for x in inputs), cu, ssm[d:])
+        outs.append(o)
+        states.append(s)
+        prefill_src = (conv_in[d:], cu, conv0[d:], ssm[d:], chunk_states)
+    elif num_tokens > d:
+        outs.append(jnp.zeros((num_tokens - d,) + outs[0].shape[1:], outs[0].dtype))
+    conv_pool = conv_pool.at[slots].set(conv_new.astype(conv_pool.dtype))
+    ssm_pool = ssm_pool.at[slots].set(jnp.concatenate(states, axis=0))
+    if emits is not None:
+        emitted = emitted_states(emits, d, chunk_size, decode_src, prefill_src)
+        conv_pool, ssm_pool = write_emits(conv_pool, ssm_pool, emits, emitted)
+    return jnp.concatenate(outs, axis=0), conv_out, conv_pool, ssm_pool

@@ -1,0 +1,155 @@
+"""Faster XLA formulations of the hot ops for the CPU (DESIGN.md section 7).
+
+Each function has the exact signature and contract of its reference in ``kernels/`` (the oracle)
+and is tested against it (``tests/kernels/test_fast.py``); ``kernels/ops.py`` picks them under the
+``auto`` and ``xla`` backends where no Pallas kernel runs. What changes is only how XLA is asked:
+
+* :func:`gated_delta_chunked`: the UT transform's unit lower triangular system is solved without
+  a triangular-solve op (which XLA:CPU runs as a slow batched loop): the diagonal ``16 x 16`` blocks
+  are inverted by a forward substitution over whole rows (15 loop steps, each one batched
+  matrix-vector product over every block of every chunk and head), and the blocks are combined by
+  block forward substitution, so everything is batched matmuls.
+* :func:`paged_attention`: queries are grouped in blocks of consecutive tokens of one row
+  (``block_q``, the chunk layout of ``kernels/layout``), and each loop step reads
+  ``pages_per_step`` pages *per block* instead of one page per token: a prefill row's pages are read
+  once per block, not once per token, and the loop runs half the steps. One-token rows
+  (a decode region: as many tokens as rows) use blocks of one token.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from radixflow_jax.kernels import gated_delta as _gd
+from radixflow_jax.kernels.attention import _NEG, _column_range, _soft_cap, positions_from_batch
+from radixflow_jax.kernels.layout import chunk_layout, gather_chunks, scatter_chunks
+
+_HI = jax.lax.Precision.HIGHEST
+_F32 = jnp.float32
+
+
+# ------------------------------------------------------------------------------- gated delta
+def unit_lower_solve(system: jnp.ndarray, rhs: jnp.ndarray, block: int = 16) -> jnp.ndarray:
+    """``system^-1 rhs`` for unit lower triangular ``system [..., C, C]`` and ``rhs [..., C, n]``,
+    using only matmuls: diagonal blocks inverted by forward substitution (one whole row per
+    unrolled step), then block forward substitution. Entries above the diagonal are ignored."""
+    c = system.shape[-1]
+    b = block if c % block == 0 else c
+    nb = c // b
+    strict = jnp.where(jnp.tril(jnp.ones((c, c), bool), -1), system, 0.0)
+    diag = jnp.stack([strict[..., i * b : (i + 1) * b, i * b : (i + 1) * b] for i in range(nb)], axis=-3)
+    eye = jnp.eye(b, dtype=system.dtype)
+
+    def fill_row(r: jnp.ndarray, inv: jnp.ndarray) -> jnp.ndarray:
+        # row r of (I + L)^-1 = e_r - L[r, :r] @ rows[:r] (rows >= r are still e_j, and L[r, j>=r] = 0)
+        lrow = jax.lax.dynamic_index_in_dim(diag, r, axis=-2, keepdims=False)
+        row = jax.lax.dynamic_index_in_dim(eye, r, axis=0, keepdims=False)
+        row = row - jnp.einsum("...j,...jk->...k", lrow, inv, precision=_HI)
+        return jax.lax.dynamic_update_index_in_dim(inv, row, r, axis=-2)
+
+    inv = jax.lax.fori_loop(1, b, fill_row, jnp.broadcast_to(eye, diag.shape))
+    parts: list[jnp.ndarray] = []
+    for i in range(nb):
+        acc = rhs[..., i * b : (i + 1) * b, :]
+        if i:
+            done = jnp.concatenate(parts, axis=-2)
+            acc = acc - jnp.einsum("...ij,...jn->...in", strict[..., i * b : (i + 1) * b, : i * b], done, precision=_HI)
+        parts.append(jnp.einsum("...ij,...jn->...in", inv[..., i, :, :], acc, precision=_HI))
+    return jnp.concatenate(parts, axis=-2)
+
+
+def gated_delta_chunked(
+    q: jnp.ndarray,
+    k: jnp.ndarray,
+    v: jnp.ndarray,
+    g: jnp.ndarray,
+    beta: jnp.ndarray,
+    cu_seqlens: jnp.ndarray,
+    initial_state: jnp.ndarray,
+    *,
+    chunk_size: int = 64,
+    scale: float | None = None,
+) -> tuple[jnp.ndarray, jnp.ndarray, jnp.ndarray]:
+    """:func:`radixflow_jax.kernels.gated_delta.gated_delta_chunked` without a triangular solve."""
+    return _gd.chunked_with_solver(q, k, v, g, beta, cu_seqlens, initial_state, chunk_size, scale, unit_lower_solve)
+
+
+# --------------------------------------------------------------------------------- attention
+def paged_attention(
+    q: jnp.ndarray,
+    k_pages: jnp.ndarray,
+    v_pages: jnp.ndarray,
+    page_table: jnp.ndarray,
+    cu_seqlens: jnp.ndarray,
+    kv_lens: jnp.ndarray,
+    *,
+    scale: float,
+    sliding_window: int | None = None,
+    logit_soft_cap: float | None = None,
+    block_q: int | None = None,
+    pages_per_step: int = 2,
+) -> jnp.ndarray:
+    """:func:`radixflow_jax.kernels.attention.paged_attention` over query blocks (see the module
+    docstring). ``block_q`` defaults to 1 when every row has one token (``T == R``), else 32."""
+    k_pages, v_pages, page_table = jnp.asarray(k_pages), jnp.asarray(v_pages), jnp.asarray(page_table, jnp.int32)
+    num_tokens, q_heads, dim = q.shape
+    page_size, kv_heads = k_pages.shape[1], k_pages.shape[2]
+    if q_heads % kv_heads:
+        raise ValueError(f"query heads {q_heads} not divisible by kv heads {kv_heads}")
+    rep = q_heads // kv_heads
+    num_rows, max_pages = page_table.shape
+    if block_q is None:
+        block_q = 1 if num_tokens == num_rows else 32
+    cu = jnp.asarray(cu_seqlens, jnp.int32)
+    lens = jnp.asarray(kv_lens, jnp.int32)
+    qf = jnp.asarray(q, _F32) * scale
+    if block_q == 1:  # one block per token (no chunk layout: it would add a block per row)
+        tok_row, tok_pos, tok_valid = positions_from_batch(cu, lens, num_tokens)
+        row, valid, pos = jnp.minimum(tok_row, num_rows - 1), tok_valid[:, None], tok_pos[:, None]
+        qb = qf[:, None]
+        unblock = lambda o: jnp.where(tok_valid[:, None, None], o[:, 0], 0.0)  # noqa: E731
+    else:
+        layout = chunk_layout(cu, num_tokens, block_q)
+        row = jnp.minimum(layout.row, num_rows - 1)  # [N]
+        first_pos = lens[row] - (cu[row + 1] - cu[row]) + (layout.start - cu[row])  # position of slot 0
+        slot = jnp.arange(block_q, dtype=jnp.int32)
+        valid = slot[None, :] < layout.length[:, None]  # [N, Bq]
+        pos = jnp.where(valid, first_pos[:, None] + slot[None, :], 0)
+        qb = gather_chunks(qf, layout, block_q)  # [N, Bq, Hq, D]
+        unblock = lambda o: scatter_chunks(o, layout, num_tokens)  # noqa: E731
+    qb = qb.reshape(qb.shape[0], block_q, kv_heads, rep, dim)
+    blk_pages = page_table[row]  # [N, max_pages]
+    offsets = jnp.arange(pages_per_step * page_size, dtype=jnp.int32)
+
+    def body(step: jnp.ndarray, carry: tuple) -> tuple:
+        m, l, acc = carry  # [N, Bq, Hkv, rep], same, [N, Bq, Hkv, rep, D]
+        col0 = lo + step * pages_per_step
+        cols = col0 + jnp.arange(pages_per_step, dtype=jnp.int32)
+        ids = jnp.clip(blk_pages[:, jnp.minimum(cols, max_pages - 1)], 0, k_pages.shape[0] - 1)  # [N, pps]
+        kv_pos = col0 * page_size + offsets  # [S]
+        mask = valid[:, :, None] & (kv_pos[None, None, :] <= pos[:, :, None])
+        mask = mask & (kv_pos < max_pages * page_size)[None, None, :]
+        if sliding_window is not None:
+            mask = mask & (kv_pos[None, None, :] > pos[:, :, None] - sliding_window)
+        n = ids.shape[0]
+        k = k_pages[ids].astype(_F32).reshape(n, -1, kv_heads, dim)  # [N, S, Hkv, D]
+        v = v_pages[ids].astype(_F32).reshape(n, -1, kv_heads, dim)
+        any_key = jnp.any(mask, axis=1)  # [N, S]: a poisoned (never attended) slot must not reach acc
+        v = jnp.where(any_key[:, :, None, None], v, 0.0)
+        s = _soft_cap(jnp.einsum("nbkrd,nskd->nbkrs", qb, k, precision=_HI), logit_soft_cap)
+        mk = mask[:, :, None, None, :]
+        s = jnp.where(mk, s, _NEG)
+        m_new = jnp.maximum(m, jnp.max(s, axis=-1))
+        p = jnp.where(mk, jnp.exp(s - m_new[..., None]), 0.0)
+        corr = jnp.exp(m - m_new)
+        acc = corr[..., None] * acc + jnp.einsum("nbkrs,nskd->nbkrd", p, v, precision=_HI)
+        return m_new, corr * l + jnp.sum(p, axis=-1), acc
+
+    stats = (qb.shape[0], block_q, kv_heads, rep)
+    init = (jnp.full(stats, _NEG, _F32), jnp.zeros(stats, _F32), jnp.zeros(stats + (dim,), _F32))
+    lo, hi = _column_range(pos.reshape(-1), valid.reshape(-1), page_size, max_pages, sliding_window)
+    steps = (hi - lo + pages_per_step - 1) // pages_per_step
+    _, l, acc = jax.lax.fori_loop(0, steps, body, init)
+    out = jnp.where(l[..., None] > 0, acc / jnp.where(l > 0, l, 1.0)[..., None], 0.0)
+    return unblock(out.reshape(out.shape[0], block_q, q_heads, dim)).astype(q.dtype)

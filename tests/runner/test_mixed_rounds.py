@@ -1,0 +1,83 @@
+"""Mixed rounds: decode rows next to prefill rows take the decode region (one-step updates,
+single-query attention); buckets and the fixed-shape mode; outputs equal a run that never mixes."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from radixflow_jax import LLM, SamplingParams
+from radixflow_jax.runner.inputs import build_arrays
+from radixflow_jax.runner.shapes import MODES, ShapeConfig, Variant, fine_ladder
+from radixflow_jax.scheduler.plan import RoundPlan, RoundStats, RowPlan
+from tests.engine.workloads import shared_prefix_prompts
+
+PAGE = 4
+
+
+def _row(rid, tokens, start, pages, slot, emits=(), sample=True) -> RowPlan:
+    return RowPlan(rid, tuple(tokens), start, tuple(pages), slot, None, tuple(emits), sample)
+
+
+def test_select_puts_decode_rows_in_the_decode_region() -> None:
+    shapes = ShapeConfig(max_tokens=1024, max_rows=64, max_pages_per_row=32, grid=64)
+    v = shapes.select(54 + 300, 58, num_decode=54)  # 54 decode rows + 4 prefill rows of 300 tokens
+    assert (v.num_decode, v.prefill_rows, v.prefill_tokens, v.kind) == (64, 4, 384, "mixed")
+    assert shapes.select(40, 40, num_decode=40) == shapes.select(40, 40, all_decode=True)
+    assert shapes.select(40, 40, all_decode=True).num_tokens == 48  # 1.5x step: 48, not 64
+    prefill = shapes.select(700, 3, num_decode=0)
+    assert (prefill.num_decode, prefill.prefill_tokens, prefill.kind) == (16, 768, "mixed")  # padded decode region
+    for mode in MODES:
+        s = ShapeConfig(max_tokens=128, max_rows=8, max_pages_per_row=8, grid=16, mode=mode)
+        every = set(s.variants())
+        for tokens, rows, decode in [(1, 1, 1), (8, 8, 8), (128, 8, 0), (100, 8, 7), (9, 3, 1), (17, 2, 0)]:
+            assert s.select(tokens, rows, num_decode=decode) in every, (mode, tokens, rows, decode)
+    assert len(ShapeConfig(128, 8, 8, 16, mode="fixed").variants()) == 1
+    with pytest.raises(ValueError, match="bucket mode"):
+        ShapeConfig(128, 8, 8, 16, mode="powers")
+    assert fine_ladder(16, 1024, 64) == (16, 32, 64, 96, 128, 192, 256, 384, 512, 768, 1024)
+
+
+def test_mixed_layout_pads_the_decode_region() -> None:
+    decode = _row(10, [7], 5, [3, 5], slot=2)
+    prefill = _row(12, [21, 22, 23], 0, [4], slot=1, emits=[(3, 9)])
+    plan = RoundPlan(rows=(decode, prefill), num_decode=1, stats=RoundStats())
+    variant = Variant(num_tokens=3 + 8, num_rows=3 + 2, num_decode=3, max_emits=6)
+    a = build_arrays(plan, variant, page_size=PAGE, max_pages=2, sampling={})
+    np.testing.assert_array_equal(a.tokens, [7, 0, 0, 21, 22, 23, 0, 0, 0, 0, 0])
+    np.testing.assert_array_equal(a.cu_seqlens, [0, 1, 2, 3, 6, 6])  # padding decode rows own one slot each
+    np.testing.assert_array_equal(a.kv_lens, [6, 1, 1, 3, 0])
+    np.testing.assert_array_equal(a.slot_mapping[:6], [5 * PAGE + 1, 0, 0, 16, 17, 18])
+    np.testing.assert_array_equal(a.state_slots, [2, 0, 0, 1, 0])
+    np.testing.assert_array_equal(a.emit_rows[:1], [3])
+    np.testing.assert_array_equal(a.plan_rows, [0, 3])
+    np.testing.assert_array_equal(a.logits_index[[0, 3]], [0, 5])
+    assert "plan_rows" not in a.as_dict()
+
+
+SMALL = dict(max_num_seqs=4, max_num_batched_tokens=128, page_size=16, max_model_len=1024, warmup=False)
+
+
+@pytest.mark.parametrize("model", ["tiny-qwen3.5", "tiny-bamba"])
+def test_mixed_rounds_equal_unmixed_runs(model: str) -> None:
+    """Requests arriving while others decode make mixed rounds; each request's greedy output equals
+    the one it gets alone (no other request in its rounds: never mixed). Same shapes as
+    ``tests/engine/test_engine.py``, so the compiled variants are shared through the XLA cache."""
+    prompts = shared_prefix_prompts(num_prefixes=2, per_prefix=3, prefix_len=70, suffix_len=9, vocab=500)
+    params = SamplingParams(max_tokens=6, ignore_eos=True)
+    llm = LLM(model, **SMALL)
+    core = llm.engine
+    rids = []
+    for i, p in enumerate(prompts):
+        rids.append(core.add_request(p, params))
+        core.step()
+        if i % 2:
+            core.step()
+    core.run_until_done()
+    got = [core.output(r).token_ids for r in rids]
+    mixed = [r for r in core.records if r.kind == "mixed"]
+    assert mixed and all(r.decode_slots >= r.num_decode > 0 for r in mixed)
+    alone = LLM(llm.model, **{**SMALL, "enable_prefix_cache": False})
+    want = [alone.generate([p], params)[0].token_ids for p in prompts]
+    assert all(r.kind != "mixed" for r in alone.engine.records)
+    assert got == want
