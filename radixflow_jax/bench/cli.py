@@ -1,8 +1,10 @@
 """``radixflow bench``: one workload, several policies side by side, one table (and JSON / plots).
 
 With no arguments: the ``tiny-qwen3.5`` preset on the model executor, the ``race`` workload in
-per-article bursts, ``native`` vs ``radixflow``, three interleaved repeats (medians; the simulated
-executor is deterministic and runs once unless ``--repeats`` says otherwise).
+per-article bursts, ``native`` vs ``radixflow``, one run each. ``--repeats N`` interleaves N runs per
+policy and reports medians (use 3 or more for a wall-clock comparison on a shared machine; it is
+not the default because one repeat of the default bench already takes about 4 CPU-minutes, most of
+it compiling step variants; the simulated executor is deterministic).
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rate", type=float, default=None, help="burst, sessions: articles/s; poisson: requests/s")
     p.add_argument("--session-window", type=float, default=0.0, help="sessions: spread an article's questions (s)")
     p.add_argument("--sweep-rates", default=None, help="R1,R2,...: run every policy at each rate (latency vs load)")
-    p.add_argument("--repeats", type=int, default=None, help="interleaved runs per policy (default: 3 model, 1 sim)")
+    p.add_argument("--repeats", type=int, default=1, help="interleaved runs per policy (medians and spreads)")
     p.add_argument("--buckets", default="pow2", choices=BUCKET_SETS, help="sim: step shapes rounds are padded to")
     p.add_argument(
         "--round-overhead-ms", type=float, default=None, help="sim: fixed cost per round (default: the device spec's)"
@@ -146,7 +148,7 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--rate must be > 0, got {args.rate}")
     if args.num_requests is not None and args.num_requests < 1:
         raise ValueError(f"--num-requests must be >= 1, got {args.num_requests}")
-    if args.repeats is not None and args.repeats < 1:
+    if args.repeats < 1:
         raise ValueError(f"--repeats must be >= 1, got {args.repeats}")
     if args.session_window < 0:
         raise ValueError(f"--session-window must be >= 0, got {args.session_window}")
@@ -159,7 +161,7 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("--sweep-rates needs a generated workload (a JSONL file carries its own arrival times)")
     if args.plot and not os.path.splitext(args.plot)[1]:
         raise ValueError("--plot needs a file name such as out.png")
-    repeats = args.repeats or (3 if executor == "model" else 1)
+    repeats = args.repeats
     seqs = args.max_num_seqs or (8 if executor == "model" else 64)
     tokens = args.max_num_batched_tokens or (512 if executor == "model" else 8192)
     cache_dir = None if args.no_compile_cache else os.path.join(
