@@ -6,12 +6,12 @@ from __future__ import annotations
 import numpy as np
 
 from radixflow_jax.engine.detok import IncrementalText
-from radixflow_jax.models.api import resolve_model_dir
+from radixflow_jax.models.api import resolve_model_path
 from radixflow_jax.models.tokenizer import Tokenizer
 
 
 def test_incremental_text_matches_full_decode():
-    tok = Tokenizer(resolve_model_dir("tiny-qwen3.5"))
+    tok = Tokenizer.from_directory(resolve_model_path("tiny-qwen3.5"))
     rng = np.random.default_rng(0)
     texts = ["The passage says ünïcödé → 東京 and more", "plain ascii words only, with spaces", "emoji 🙂🙃 mixed in"]
     streams = [tok.encode(t) for t in texts] + [list(rng.integers(0, tok.vocab_size, 40)) for _ in range(20)]

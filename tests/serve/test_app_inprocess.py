@@ -13,7 +13,7 @@ from radixflow_jax.bench.run import build_sim_engine
 from radixflow_jax.engine.background import BackgroundEngine
 from radixflow_jax.engine.core import EngineConfig
 from radixflow_jax.engine.specs import get_device_spec, get_model_spec
-from radixflow_jax.models.api import read_config, resolve_model_dir
+from radixflow_jax.models.api import read_config, resolve_model_path
 from radixflow_jax.models.batch import state_bytes_per_slot
 from radixflow_jax.serve.app import ServerConfig, ServerState, TextStream, create_app
 from radixflow_jax.serve.metrics import ServerMetrics
@@ -50,7 +50,7 @@ def test_engine_death_gives_503():
 
 
 def test_memory_fraction_sizes_both_pools():
-    cfg = read_config(resolve_model_dir("tiny-qwen3.5"))
+    cfg = read_config(resolve_model_path("tiny-qwen3.5"))
     model = types.SimpleNamespace(config=cfg, dtype=np.float32, params={"w": np.zeros((1000, 100), np.float32)})
     ec = EngineConfig(max_num_seqs=4, max_num_batched_tokens=64)
     att = cfg.attention
