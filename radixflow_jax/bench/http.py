@@ -187,6 +187,10 @@ def format_report(s: dict[str, Any]) -> str:
 
 def run_url(args: argparse.Namespace, requests: list[BenchRequest]) -> int:
     """The ``radixflow bench --url`` entry point (requests already generated from the workload)."""
+    try:
+        import httpx  # noqa: F401  (the test extra installs it)
+    except ImportError:
+        raise ValueError("radixflow bench --url needs httpx: pip install httpx") from None
     results, wall = asyncio.run(
         run_requests(args.url.rstrip("/"), requests, model=args.served_model_name, api_key=args.api_key,
                      concurrency=args.concurrency)  # fmt: skip
