@@ -67,7 +67,8 @@ def main() -> None:
     args = p.parse_args()
     rng = np.random.default_rng(0)
     prefixes = rng.integers(1, 4096, (args.prefixes, args.prefix_len)).tolist()
-    prompts = [prefixes[i % args.prefixes] + rng.integers(1, 4096, args.suffix_len).tolist() for i in range(args.requests)]
+    suffixes = [rng.integers(1, 4096, args.suffix_len).tolist() for _ in range(args.requests)]
+    prompts = [prefixes[i % args.prefixes] + suffixes[i] for i in range(args.requests)]
     seqs, page, max_len = min(args.requests, 64), 16, args.prefix_len + args.suffix_len + args.output_len
     sched = SchedulerConfig(max_num_seqs=seqs, max_num_batched_tokens=args.max_batched_tokens, page_size=page,
                             grid=CHUNK, hybrid=True, enable_prefix_cache=not args.no_prefix_cache)  # fmt: skip

@@ -42,7 +42,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"import {t_import - t_start:.1f}s | LLM(...) {t_build - t_import:.1f}s (preset written, engine built)"
               f" | first generate {t_first - t_build:.1f}s | second generate {t_second - t_first:.2f}s")  # fmt: skip
         print(f"cold start-up to the first outputs: {t_first - t_start:.1f}s wall, {cpu_first:.1f}s CPU "
-              f"(all threads; on a shared machine wall time also counts other jobs); {step.num_compiles} variants compiled "
+              f"(all threads; on a shared machine wall time also counts other jobs); {step.num_compiles} variants "
+              f"compiled "
               f"({step.compile_seconds:.1f}s of compiling); {len(out[0].token_ids)} tokens per output")  # fmt: skip
     return 0
 

@@ -333,7 +333,8 @@ def print_table(ours: EngineRun, hf: EngineRun, same: int, prefix_frac: float, t
         f"{k} {v['rounds']}x {v['step_s']:.2f}s" for k, v in d["step_s_by_variant"].items()))  # fmt: skip
     print("ours, step time per round kind: " + ", ".join(
         f"{k} {v['rounds']}x {v['tokens']} tok {v['step_s']:.2f}s ({v['ms_per_token']:.2f} ms/tok)"
-        for k, v in d["step_by_kind"].items()) + f"; padding {100 * d['padding_fraction']:.0f}% of token slots")  # fmt: skip
+        for k, v in d["step_by_kind"].items()))  # fmt: skip
+    print(f"ours, padding: {100 * d['padding_fraction']:.0f}% of token slots")
 
 
 def fmt_load(load: Sequence[float]) -> str:

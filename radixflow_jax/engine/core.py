@@ -88,6 +88,22 @@ class RoundRecord:
         return "mixed" if self.num_decode else "prefill"
 
 
+class ServingClock:
+    """The engine's time: the given clock minus the time spent compiling step variants on first use,
+    so latencies and arrival schedules measure serving, not compiling. Other attributes (a virtual
+    clock's ``advance``) pass through to the given clock."""
+
+    def __init__(self, base: Callable[[], float]):
+        self.base = base
+        self.paused_s = 0.0
+
+    def __call__(self) -> float:
+        return self.base() - self.paused_s
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.base, name)
+
+
 def model_grid(chunk_sizes: Sequence[int], page_size: int) -> int:
     """The checkpoint grid ``G = lcm(page size, every recurrent kernel chunk)``."""
     return math.lcm(page_size, *chunk_sizes) if chunk_sizes else page_size
@@ -111,8 +127,9 @@ class EngineCore:
     ):
         self.wiring = wiring  # what engine/wiring.py built this engine from (None when built by hand)
         self.vocab_size = vocab_size
-        self.wall_clock = clock
-        self.compile_pause_s = 0.0  # compiling variants on first use: kept off the engine's clock
+        # the default wall clock leaves compile pauses out; a clock given by the caller (a virtual
+        # clock of the simulated executor, where nothing compiles) is used as it is
+        self.clock: Callable[[], float] = ServingClock(clock) if clock is time.perf_counter else clock
         self.executor = executor
         self.scheduler = Scheduler(sched_config, num_pages=num_pages, num_slots=num_slots)
         self.max_model_len = max_model_len
@@ -128,11 +145,6 @@ class EngineCore:
         self._detok: dict[int, IncrementalText] = {}  # incremental text of running requests
         self.penalty_window = int(getattr(executor, "penalty_window", 0))  # 0: the executor cannot penalise
         self.supports_logprobs = bool(getattr(executor, "supports_logprobs", False))
-
-    def clock(self) -> float:
-        """The engine's time: ``wall_clock`` minus the time spent compiling variants on first use,
-        so latencies and arrival schedules measure serving, not compiling."""
-        return self.wall_clock() - self.compile_pause_s
 
     # --------------------------------------------------------------------------------- requests
     def validate(self, prompt_ids: Sequence[int], params: SamplingParams) -> None:
@@ -216,7 +228,8 @@ class EngineCore:
             out = self._outputs.get(rid)
             if out is not None and out.logprobs is not None and out.finish_reason is None:
                 out.logprobs.append(lp)
-        self.compile_pause_s += result.compile_s
+        if result.compile_s and isinstance(self.clock, ServingClock):
+            self.clock.paused_s += result.compile_s
         finished = self.scheduler.commit(plan, result.sampled)
         self._record(plan, result, t1 - t0)
         now = self.clock()

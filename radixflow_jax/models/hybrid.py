@@ -163,7 +163,8 @@ class DecoderLayer(nnx.Module):
             rec = (conv, ssm)
             mixed = _scaled(out, mult.ssm_out)
         if self.attention_name is not None:
-            out, kv = getattr(self, self.attention_name)(_scaled(h, mult.attention_in), positions, batch, kv, num_decode)
+            attention = getattr(self, self.attention_name)
+            out, kv = attention(_scaled(h, mult.attention_in), positions, batch, kv, num_decode)
             out = _scaled(out, mult.attention_out)
             mixed = out if mixed is None else mixed + out
         assert mixed is not None

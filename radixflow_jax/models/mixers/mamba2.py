@@ -109,7 +109,8 @@ class Mamba2(nnx.Module):
         proj = self._project(x)
         z = proj[:, :inner]
         xbc_in = proj[:, inner : inner + cfg.conv_dim]
-        dt = jax.nn.softplus(proj[:, inner + cfg.conv_dim :].astype(jnp.float32) + self.dt_bias[...].astype(jnp.float32))
+        dt_raw = proj[:, inner + cfg.conv_dim :].astype(jnp.float32)
+        dt = jax.nn.softplus(dt_raw + self.dt_bias[...].astype(jnp.float32))
         dt = jnp.clip(dt, cfg.dt_limit[0], cfg.dt_limit[1])
         a = -jnp.exp(self.A_log[...].astype(jnp.float32))
 
