@@ -3,12 +3,20 @@
 :class:`EngineCore` is single-threaded and step-driven: ``add_request`` / ``abort`` / ``step``.
 ``engine/background.py`` runs it on a thread for servers and streaming clients. Every round leaves
 a :class:`RoundRecord` (slots, padding, bubbles, consumers, timings) in ``records``.
+
+Failure recovery (``docs/reliability.md``): a round whose step raises is not committed. The step may
+have consumed the donated pools, so the executor rebuilds them, the radix cache is flushed (its pages
+and checkpoints lived there) and every running request recomputes from its tokens so far; a request
+in more than ``step_retries`` failed rounds ends with ``finish_reason='error'`` and the error text.
+When recovery itself fails, or ``max_failed_rounds`` rounds fail in a row, :class:`EngineFailure`
+is raised: the engine cannot serve and its owner must fail what is in flight.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import itertools
+import logging
 import math
 import time
 from typing import Callable, Sequence
@@ -19,6 +27,8 @@ from radixflow_jax.engine.params import RequestOutput, SamplingParams
 from radixflow_jax.runner.inputs import SamplingRow
 from radixflow_jax.scheduler.request import Request
 from radixflow_jax.scheduler.scheduler import Scheduler, SchedulerConfig
+
+log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,6 +53,8 @@ class EngineConfig:
     warmup: bool = True
     compilation_cache_dir: str | None = None  # persistent XLA cache: later engines reuse compiled variants
     penalty_window: int | None = None  # longest context a penalised request may have; None: min(max_model_len, 4096)
+    step_retries: int = 1  # failed rounds a request is retried through before it ends with an error
+    max_failed_rounds: int = 3  # failed rounds in a row after which the engine gives up (EngineFailure)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,6 +79,10 @@ class RoundRecord:
     step_s: float
 
 
+class EngineFailure(RuntimeError):
+    """The engine cannot go on: recovery from a failed step failed, or too many rounds failed in a row."""
+
+
 def model_grid(chunk_sizes: Sequence[int], page_size: int) -> int:
     """The checkpoint grid ``G = lcm(page size, every recurrent kernel chunk)``."""
     return math.lcm(page_size, *chunk_sizes) if chunk_sizes else page_size
@@ -87,7 +103,15 @@ class EngineCore:
         clock: Callable[[], float] = time.perf_counter,
         vocab_size: int | None = None,
         wiring: object | None = None,
+        step_retries: int = 1,
+        max_failed_rounds: int = 3,
     ):
+        if step_retries < 0 or max_failed_rounds < 1:
+            raise ValueError(f"step_retries={step_retries} must be >= 0 and max_failed_rounds={max_failed_rounds} >= 1")
+        self.step_retries = step_retries
+        self.max_failed_rounds = max_failed_rounds
+        self.num_step_failures = 0  # rounds whose step raised (recovered)
+        self._failed_in_a_row = 0
         self.wiring = wiring  # what engine/wiring.py built this engine from (None when built by hand)
         self.vocab_size = vocab_size
         self.clock = clock
@@ -184,7 +208,11 @@ class EngineCore:
         t1 = time.perf_counter()
         if plan.is_empty:
             return []
-        result = self.executor.execute(plan, self._sampling)
+        try:
+            result = self.executor.execute(plan, self._sampling)
+        except Exception as exc:  # a failed step: rebuild and retry (or fail its requests), keep serving
+            return self._recover(plan, exc)
+        self._failed_in_a_row = 0
         for rid, lp in result.logprobs.items():
             out = self._outputs.get(rid)
             if out is not None and out.logprobs is not None and out.finish_reason is None:
@@ -201,6 +229,38 @@ class EngineCore:
             if out.finish_reason is None:
                 self._finalize(req, now)
         return changed
+
+    def _recover(self, plan, exc: Exception) -> list[RequestOutput]:
+        """See the module docstring. Returns the outputs of requests that ended with an error."""
+        self.num_step_failures += 1
+        self._failed_in_a_row += 1
+        log.error("round %d: the step raised %r; rebuilding the pools and flushing the cache", self.num_rounds, exc)
+        if self._failed_in_a_row > self.max_failed_rounds:
+            raise EngineFailure(f"{self._failed_in_a_row} rounds failed in a row; the last step raised {exc!r}") from exc
+        sched = self.scheduler
+        try:
+            sched.requeue_running()  # their device state is gone: recompute from the tokens so far
+            sched.memory.flush()
+            self.executor.reset()
+            used = sched.memory.pages.num_used, sched.memory.slots.num_used if sched.memory.slots else 0
+            if any(used):
+                raise RuntimeError(f"{used[0]} pages and {used[1]} state slots still in use after the flush")
+        except Exception as err:
+            raise EngineFailure(f"recovery from a failed step ({exc!r}) failed: {err!r}") from err
+        now = self.clock()
+        failed = []
+        for row in plan.rows:
+            req = sched.requests.get(row.request_id)
+            if req is None or req.is_finished:
+                continue  # aborted while the round ran
+            n = req.extra["failed_rounds"] = req.extra.get("failed_rounds", 0) + 1
+            if n > self.step_retries:
+                sched.finish(req.request_id, "error")
+                self._finalize(req, now)
+                out = self._outputs[req.request_id]
+                out.error = f"the step failed in {n} rounds this request ran in; last error: {exc!r}"
+                failed.append(out)
+        return failed
 
     def _update(self, rid: int, now: float) -> RequestOutput:
         req = self.scheduler.requests[rid]

@@ -41,6 +41,7 @@ class ModelExecutor:
         self.model = model
         self.shapes = shapes
         self.page_size = page_size
+        self.pool_sizes = (num_pages, num_slots)
         self.cache = init_cache(
             model.config, num_pages=num_pages, page_size=page_size, num_slots=num_slots, dtype=model.dtype
         )
@@ -69,3 +70,14 @@ class ModelExecutor:
         t2 = time.perf_counter() - self.step.last_compile_s  # compiling is not serving time
         sampled = {row.request_id: int(tokens[i]) for i, row in enumerate(plan.rows) if row.sample}
         return StepResult(sampled, variant.num_tokens, variant.num_rows, t1 - t0, t2 - t1, logprobs)
+
+    def reset(self) -> None:
+        """Rebuilds the pools (zeros) after a failed step, which may have consumed the donated ones;
+        the compiled variants stay valid (same shapes and dtypes). The old buffers are freed first."""
+        for leaf in jax.tree_util.tree_leaves(self.cache):
+            if not leaf.is_deleted():
+                leaf.delete()
+        num_pages, num_slots = self.pool_sizes
+        self.cache = init_cache(
+            self.model.config, num_pages=num_pages, page_size=self.page_size, num_slots=num_slots, dtype=self.model.dtype
+        )
