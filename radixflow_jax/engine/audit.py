@@ -5,7 +5,8 @@ and the soak. O(pools + tree + requests): for small pools, not for production.
 pools free xor owned, no negative refcount):
   * exact ownership: every page's refcount equals the tree's references plus the running requests
     that allocated it; every slot's equals the tree's plus the running request that runs in it;
-  * every lock on a node belongs to a running request's hit, and every such hit is locked;
+  * every lock on a node belongs to a running request's hit (or a test's pin), and every such hit
+    is locked;
   * a waiting or finished request holds no page, slot or lock, and has no pending checkpoint;
     only running requests are producers.
 :func:`assert_drained` checks that, with no work left, a flush frees every page and slot.
@@ -14,15 +15,17 @@ pools free xor owned, no negative refcount):
 from __future__ import annotations
 
 from collections import Counter
+from typing import Iterable
 
 from radixflow_jax.cache import InvariantError
 from radixflow_jax.cache.invariants import tree_references
-from radixflow_jax.cache.tree import iter_nodes
+from radixflow_jax.cache.tree import Node, iter_nodes
 from radixflow_jax.engine.core import EngineCore
 
 
-def audit_engine(core: EngineCore) -> None:
-    """Raises :class:`InvariantError` on the first violation (see the module docstring)."""
+def audit_engine(core: EngineCore, pinned: Iterable[Node] = ()) -> None:
+    """Raises :class:`InvariantError` on the first violation (see the module docstring). ``pinned``:
+    nodes someone other than a request locked once each (a test pinning checkpoints)."""
     sched = core.scheduler
     mem = sched.memory
     mem.pages.check_invariants()
@@ -37,6 +40,8 @@ def audit_engine(core: EngineCore) -> None:
         for node in iter_nodes(mem.cache.root):
             if node.own_locks:
                 locks[id(node)] = node.own_locks
+        for node in pinned:
+            locks[id(node)] -= 1
     running = {req.request_id for req in sched.running}
     for req in sched.running:
         page_refs.update(req.own_pages)
@@ -73,3 +78,11 @@ def assert_drained(core: EngineCore) -> None:
     used = sched.memory.pages.num_used, sched.memory.slots.num_used if sched.memory.slots is not None else 0
     if any(used):
         raise InvariantError(f"{used[0]} pages and {used[1]} slots leaked after a flush")
+
+
+def committed_slots(core: EngineCore) -> set[int]:
+    """The state slots of the tree's committed checkpoints (the only ones a round may read)."""
+    cache = core.scheduler.memory.cache
+    if cache is None:
+        return set()
+    return {n.checkpoint._slot for n in iter_nodes(cache.root) if n.checkpoint is not None and n.checkpoint.committed}

@@ -7,7 +7,7 @@ a :class:`RoundRecord` (slots, padding, bubbles, consumers, timings) in ``record
 Failure recovery (``docs/reliability.md``): a round whose step raises is not committed. The step may
 have consumed the donated pools, so the executor rebuilds them, the radix cache is flushed (its pages
 and checkpoints lived there) and every running request recomputes from its tokens so far; a request
-in more than ``step_retries`` failed rounds ends with ``finish_reason='error'`` and the error text.
+in more than ``step_retries`` failed rounds in a row ends with ``finish_reason='error'`` and the error text.
 When recovery itself fails, or ``max_failed_rounds`` rounds fail in a row, :class:`EngineFailure`
 is raised: the engine cannot serve and its owner must fail what is in flight.
 """
@@ -112,6 +112,7 @@ class EngineCore:
         self.max_failed_rounds = max_failed_rounds
         self.num_step_failures = 0  # rounds whose step raised (recovered)
         self._failed_in_a_row = 0
+        self._failing: dict[int, int] = {}  # request id -> failed rounds in a row it ran in
         self.wiring = wiring  # what engine/wiring.py built this engine from (None when built by hand)
         self.vocab_size = vocab_size
         self.clock = clock
@@ -161,7 +162,7 @@ class EngineCore:
         if req is not None and not req.is_finished:
             raise ValueError(f"request {request_id} is still running")
         self.scheduler.requests.pop(request_id, None)
-        for table in (self._params, self._sampling, self._outputs, self._detok):
+        for table in (self._params, self._sampling, self._outputs, self._detok, self._failing):
             table.pop(request_id, None)
 
     def add_request(
@@ -213,6 +214,9 @@ class EngineCore:
         except Exception as exc:  # a failed step: rebuild and retry (or fail its requests), keep serving
             return self._recover(plan, exc)
         self._failed_in_a_row = 0
+        if self._failing:  # these requests ran a round successfully: their retry count starts over
+            for row in plan.rows:
+                self._failing.pop(row.request_id, None)
         for rid, lp in result.logprobs.items():
             out = self._outputs.get(rid)
             if out is not None and out.logprobs is not None and out.finish_reason is None:
@@ -253,12 +257,13 @@ class EngineCore:
             req = sched.requests.get(row.request_id)
             if req is None or req.is_finished:
                 continue  # aborted while the round ran
-            n = req.extra["failed_rounds"] = req.extra.get("failed_rounds", 0) + 1
+            n = self._failing[req.request_id] = self._failing.get(req.request_id, 0) + 1
             if n > self.step_retries:
+                del self._failing[req.request_id]
                 sched.finish(req.request_id, "error")
                 self._finalize(req, now)
                 out = self._outputs[req.request_id]
-                out.error = f"the step failed in {n} rounds this request ran in; last error: {exc!r}"
+                out.error = f"the step failed in {n} rounds in a row that this request ran in; last error: {exc!r}"
                 failed.append(out)
         return failed
 

@@ -1,6 +1,9 @@
 """The reliability harness: drives an :class:`EngineCore` round by round through a scenario
-(arrivals, aborts between rounds or while a round runs, probes), audits the engine after every
-round and accounts for every accepted request.
+(arrivals, aborts between rounds or while a round runs, probes), audits the engine before and after
+every round, checks that every checkpoint a round reads is committed, and accounts for every
+accepted request (it ends stop / length / abort / error-with-a-message). A check that fails inside a
+step (the shadow executor's, or the committed-read check) fails the run even though the engine
+would recover from the exception.
 
 Used by ``tests/reliability`` and ``benchmarks/soak.py``. A scenario is plain data plus callbacks:
 ``submit(prompt, params, at_round=, abort_at=, mid_round=)`` and ``between_rounds`` callbacks that
@@ -15,7 +18,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Callable, Sequence
 
-from radixflow_jax.engine.audit import assert_drained, audit_engine
+from radixflow_jax.cache.pools import InvariantError
+from radixflow_jax.cache.tree import Node
+from radixflow_jax.engine.audit import assert_drained, audit_engine, committed_slots
 from radixflow_jax.engine.core import EngineConfig, EngineCore
 from radixflow_jax.engine.faults import Fault, FaultyExecutor
 from radixflow_jax.engine.params import RequestOutput, SamplingParams
@@ -86,6 +91,9 @@ class Harness:
         self._outputs: dict[int, RequestOutput] = {}
         self._refused: dict[int, str] = {}
         self._in_round = False
+        self.violations: list[str] = []  # found inside a step (where the engine would recover from them)
+        self.pinned: list[Node] = []  # nodes a scenario locked itself (the audit allows for them)
+        self.checkpoint_reads = 0  # rows that copied a checkpoint, each checked to be committed
         self._forget_after_round: list[int] = []  # the running round still names them
 
     def submit(
@@ -130,6 +138,14 @@ class Harness:
             self.core.forget(out.request_id)
 
     def _during_round(self, plan: RoundPlan) -> None:
+        if self.audit and any(row.copy_from is not None for row in plan.rows):
+            readable = committed_slots(self.core)
+            for row in plan.rows:
+                if row.copy_from is not None:
+                    if row.copy_from not in readable:
+                        self.violations.append(f"request {row.request_id} reads slot {row.copy_from}: not a committed checkpoint")
+                        raise InvariantError(self.violations[-1])
+                    self.checkpoint_reads += 1
         for row in plan.rows:
             key = self._key_of.get(row.request_id)
             if key is not None:
@@ -151,7 +167,7 @@ class Harness:
 
     def _check(self) -> None:
         if self.audit:
-            audit_engine(self.core)
+            audit_engine(self.core, self.pinned)
             self.audits += 1
 
     def run(self, max_ticks: int = 100_000) -> HarnessReport:
@@ -173,6 +189,9 @@ class Harness:
                 changed = core.step()
             finally:
                 self._in_round = False
+            found = self.violations + list(getattr(self.executor.inner, "violations", ()))
+            if found:  # a check failed inside the step: the engine recovered, the scenario must not pass
+                raise InvariantError(f"round {core.num_rounds}: {found[0]}")
             for rid in self._forget_after_round:
                 core.forget(rid)
             self._forget_after_round.clear()
