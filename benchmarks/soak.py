@@ -63,12 +63,14 @@ def model_soak(requests: int, policy: str, seed: int) -> dict:
             raise AssertionError(f"request {key}: {tokens} != cold {cold.outputs[key].token_ids}")
     reasons = warm.by_reason()
     mem = h.core.scheduler.memory  # Harness.run flushed it after the last request
+    outs = list(warm.outputs.values())
     return {
         "executor": "model (tiny-qwen3.5)", "policy": policy, "requests": requests, "completed": reasons["length"],
         "aborted": reasons["abort"], "errors": reasons["error"], "outputs_equal_cold": len(warm.completed()),
         "rounds": warm.rounds, "failed_steps": warm.step_failures, "pool_rebuilds": warm.resets,
-        "preemptions": warm.preemptions, "invariant_audits": warm.audits, "checkpoint_reads_checked": h.checkpoint_reads,
-        "reuse": sum(o.cached_tokens for o in warm.outputs.values()) / sum(o.prompt_tokens for o in warm.outputs.values()),
+        "preemptions": warm.preemptions, "invariant_audits": warm.audits,
+        "checkpoint_reads_checked": h.checkpoint_reads,
+        "reuse": sum(o.cached_tokens for o in outs) / sum(o.prompt_tokens for o in outs),
         "leaked_pages": mem.pages.num_used, "leaked_slots": mem.slots.num_used, "wall_s": time.perf_counter() - start,
     }  # fmt: skip
 

@@ -62,7 +62,8 @@ def audit_engine(core: EngineCore, pinned: Iterable[Node] = ()) -> None:
     for pool, refs, what in pools:
         for i in range(1, pool.size):
             if pool.refcount(i) != refs.get(i, 0):
-                raise InvariantError(f"{what} {i}: refcount {pool.refcount(i)} != {refs.get(i, 0)} owners (tree + running)")
+                owners = refs.get(i, 0)
+                raise InvariantError(f"{what} {i}: refcount {pool.refcount(i)} != {owners} owners (tree + running)")
     if mem.cache is not None:
         stray = set(mem.cache.pending_producers()) - running
         if stray:

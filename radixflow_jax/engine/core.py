@@ -240,7 +240,8 @@ class EngineCore:
         self._failed_in_a_row += 1
         log.error("round %d: the step raised %r; rebuilding the pools and flushing the cache", self.num_rounds, exc)
         if self._failed_in_a_row > self.max_failed_rounds:
-            raise EngineFailure(f"{self._failed_in_a_row} rounds failed in a row; the last step raised {exc!r}") from exc
+            n = self._failed_in_a_row
+            raise EngineFailure(f"{n} rounds failed in a row; the last step raised {exc!r}") from exc
         sched = self.scheduler
         try:
             sched.requeue_running()  # their device state is gone: recompute from the tokens so far

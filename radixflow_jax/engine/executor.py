@@ -78,6 +78,5 @@ class ModelExecutor:
             if not leaf.is_deleted():
                 leaf.delete()
         num_pages, num_slots = self.pool_sizes
-        self.cache = init_cache(
-            self.model.config, num_pages=num_pages, page_size=self.page_size, num_slots=num_slots, dtype=self.model.dtype
-        )
+        cfg, dtype = self.model.config, self.model.dtype
+        self.cache = init_cache(cfg, num_pages=num_pages, page_size=self.page_size, num_slots=num_slots, dtype=dtype)

@@ -143,7 +143,8 @@ class Harness:
             for row in plan.rows:
                 if row.copy_from is not None:
                     if row.copy_from not in readable:
-                        self.violations.append(f"request {row.request_id} reads slot {row.copy_from}: not a committed checkpoint")
+                        what = f"request {row.request_id} reads slot {row.copy_from}: not a committed checkpoint"
+                        self.violations.append(what)
                         raise InvariantError(self.violations[-1])
                     self.checkpoint_reads += 1
         for row in plan.rows:

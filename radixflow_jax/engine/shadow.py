@@ -110,7 +110,8 @@ class ShadowExecutor:
         if state is None:
             self._fail(f"request {row.request_id} reads {what}, never written (pending or lost)")
         elif state != (row.start, hash(ctx)):
-            self._fail(f"request {row.request_id} starts at {row.start} from {what} holding the state after {state[0]} tokens of another context")
+            self._fail(f"request {row.request_id} starts at {row.start} from {what} holding the state after "
+                       f"{state[0]} tokens of another context")
 
     # ------------------------------------------------------------------ the round
     def execute(self, plan: RoundPlan, sampling: Mapping[int, SamplingRow]) -> StepResult:

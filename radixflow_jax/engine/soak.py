@@ -70,7 +70,9 @@ def run_soak(cfg: SoakConfig) -> dict[str, Any]:
     core = shadow_engine(ec, num_pages=cfg.num_pages, num_slots=cfg.num_slots, max_model_len=cfg.max_model_len,
                          vocab=cfg.vocab, faults=faults)  # fmt: skip
     h = Harness(core, keep_outputs=False)
-    articles = [[rng.randrange(3, cfg.vocab) for _ in range(rng.randint(*cfg.article_len))] for _ in range(cfg.articles)]
+    articles = [
+        [rng.randrange(3, cfg.vocab) for _ in range(rng.randint(*cfg.article_len))] for _ in range(cfg.articles)
+    ]
     arrival = 0.0
     prompts: dict[int, tuple[list[int], int]] = {}
     for _ in range(cfg.requests):
