@@ -8,7 +8,9 @@ Failure recovery (``docs/reliability.md``): a round whose step raises is not com
 have consumed the donated pools, so the executor rebuilds them, the radix cache is flushed (its pages
 and checkpoints lived there) and every running request recomputes from its tokens so far; a request
 in more than ``step_retries`` failed rounds in a row ends with ``finish_reason='error'`` and the error text.
-When recovery itself fails, or ``max_failed_rounds`` rounds fail in a row, :class:`EngineFailure`
+An ``AssertionError`` (a broken invariant) or an exception whose class sets ``recoverable = False``
+(the compile guard) is a bug, not a device error: it propagates. When recovery itself fails, or
+``max_failed_rounds`` rounds fail in a row, :class:`EngineFailure`
 is raised: the engine cannot serve and its owner must fail what is in flight.
 """
 
@@ -212,6 +214,8 @@ class EngineCore:
         try:
             result = self.executor.execute(plan, self._sampling)
         except Exception as exc:  # a failed step: rebuild and retry (or fail its requests), keep serving
+            if isinstance(exc, AssertionError) or not getattr(exc, "recoverable", True):
+                raise  # a broken invariant or a guard (e.g. compile after warm-up): a bug, not a device error
             return self._recover(plan, exc)
         self._failed_in_a_row = 0
         if self._failing:  # these requests ran a round successfully: their retry count starts over

@@ -33,6 +33,8 @@ from radixflow_jax.runner.shapes import ShapeConfig, Variant
 class CompileAfterWarmupError(RuntimeError):
     """A step variant was compiled after warm-up while the compile guard was on."""
 
+    recoverable = False  # a guard, not a device error: the engine must not retry around it
+
 
 def copy_checkpoints(cache: ModelCache, src: jax.Array, dst: jax.Array, fresh: jax.Array) -> ModelCache:
     """``pool[dst[r]] = pool[src[r]]`` for every recurrent pool (all reads happen before writes);

@@ -53,7 +53,7 @@ def test_a_checkpoint_committed_but_never_written_is_caught() -> None:
     shadow.execute = drops_emits  # type: ignore[method-assign]
     for i, p in enumerate(_shared_prefix(11, 4)):
         h.submit(p, GREEDY, at_round=3 * i)
-    with pytest.raises(InvariantError, match="never written"):
+    with pytest.raises(ShadowMismatch, match="never written"):  # propagates: the engine does not retry a bug
         h.run()
 
 
@@ -86,3 +86,23 @@ def test_stale_state_after_a_failed_step_is_caught_without_the_flush(monkeypatch
         h.submit(p, GREEDY, at_round=i)
     with pytest.raises(Exception, match="still in use|another context|never written|unwritten"):
         h.run()
+
+
+class _GuardError(RuntimeError):
+    recoverable = False
+
+
+@pytest.mark.parametrize("error", [_GuardError("compiled after warm-up"), AssertionError("broken invariant")])
+def test_bugs_are_not_retried(error: Exception) -> None:
+    """A guard or a broken invariant inside the step propagates: retrying would hide a bug."""
+    h = Harness(engine("radixflow"))
+    shadow = shadow_of(h.core)
+
+    def raises(plan, sampling):
+        raise error
+
+    shadow.execute = raises  # type: ignore[method-assign]
+    h.submit(_shared_prefix(14, 1)[0], GREEDY)
+    with pytest.raises(type(error), match=str(error)):
+        h.run()
+    assert h.core.num_step_failures == 0
