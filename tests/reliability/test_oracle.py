@@ -106,3 +106,16 @@ def test_bugs_are_not_retried(error: Exception) -> None:
     with pytest.raises(type(error), match=str(error)):
         h.run()
     assert h.core.num_step_failures == 0
+
+
+def test_batch_output_of_a_request_that_failed_is_an_error_record() -> None:
+    from radixflow_jax.batch.inputs import OPENAI, BatchItem
+    from radixflow_jax.batch.output import result_record
+    from radixflow_jax.engine.params import RequestOutput
+
+    out = RequestOutput(0, (1, 2), [7], None, "error", 2, 0, 0.0, error="the step failed in 2 rounds in a row")
+    plain = result_record(BatchItem(0, 3, "plain", "q1"), out, "m")
+    assert plain["finish_reason"] is None and plain["error"]["code"] == "step_failed"
+    assert "line 3: the step failed" in plain["error"]["message"]
+    openai = result_record(BatchItem(0, 3, OPENAI, "q1"), out, "m")
+    assert openai["response"] is None and openai["error"]["code"] == "step_failed"
