@@ -69,15 +69,17 @@ class HarnessReport:
 
 
 class Harness:
-    """See the module docstring. ``audit``: run :func:`audit_engine` before and after every round."""
+    """See the module docstring. ``audit``: run :func:`audit_engine` after every round, and before
+    it too with ``audit_before``."""
 
-    def __init__(self, core: EngineCore, *, audit: bool = True, keep_outputs: bool = True):
+    def __init__(self, core: EngineCore, *, audit: bool = True, audit_before: bool = True, keep_outputs: bool = True):
         self.core = core
         if not isinstance(core.executor, FaultyExecutor):
             core.executor = FaultyExecutor(core.executor)
         self.executor: FaultyExecutor = core.executor
         self.executor.on_execute = self._during_round
         self.audit = audit
+        self.audit_before = audit_before  # also audit before each round (after arrivals, aborts, probes)
         self.keep_outputs = keep_outputs
         self.subs: list[_Submission] = []
         self.between_rounds: list[Callable[[Harness, int], None]] = []
@@ -184,7 +186,8 @@ class Harness:
                     self.abort(key)
             for fn in self.between_rounds:
                 fn(self, self.tick)
-            self._check()
+            if self.audit_before:
+                self._check()
             self._in_round = True
             try:
                 changed = core.step()

@@ -69,7 +69,7 @@ def run_soak(cfg: SoakConfig) -> dict[str, Any]:
     )  # a fault is counted in step calls; calls past the last planned fault simply succeed
     core = shadow_engine(ec, num_pages=cfg.num_pages, num_slots=cfg.num_slots, max_model_len=cfg.max_model_len,
                          vocab=cfg.vocab, faults=faults)  # fmt: skip
-    h = Harness(core, keep_outputs=False)
+    h = Harness(core, audit_before=False, keep_outputs=False)  # audited after every round
     articles = [
         [rng.randrange(3, cfg.vocab) for _ in range(rng.randint(*cfg.article_len))] for _ in range(cfg.articles)
     ]

@@ -1,6 +1,6 @@
 """The soak at a reduced size (``benchmarks/soak.py`` runs 100k requests): random arrivals over
 shared prefixes, random aborts (between rounds and while a round runs), random failed steps of
-every kind, small pools; invariants audited before and after every round, every checkpoint read
+every kind, small pools; invariants audited after every round, every checkpoint read
 checked, every completed output equal to the cold run. Nothing is lost: every request completes,
 is aborted, or ends with a clear error, and no page or slot leaks."""
 
@@ -23,6 +23,6 @@ def test_soak(policy: str, caplog) -> None:
     assert 150 < r["aborted"] < 450
     assert r["failed_steps"] >= 3 and r["pool_rebuilds"] == r["failed_steps"]
     assert r["preemptions"] > 0 and r["consumer_waits"] > 0 and r["checkpoint_reads_checked"] > 100
-    assert r["invariant_audits"] == 2 * r["ticks"] and r["rounds"] <= r["ticks"]
+    assert r["invariant_audits"] == r["ticks"] and r["rounds"] <= r["ticks"]  # after every round
     assert r["leaked_pages"] == 0 and r["leaked_slots"] == 0
     assert r["reuse"] > 0.1
