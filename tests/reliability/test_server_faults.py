@@ -206,3 +206,29 @@ def test_full_queue_answers_429_and_accepted_requests_complete() -> None:
         assert len(s.finals) == codes.count(200)
         _assert_cold(s)
         _assert_pools_free(s)
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
+def test_an_error_outside_the_step_stops_the_engine_loudly(caplog) -> None:
+    """Planning raises (not the step): no retry; open requests fail with the reason, it is logged."""
+    from radixflow_jax.engine.background import EngineDeadError
+    from radixflow_jax.engine.params import SamplingParams
+
+    caplog.set_level(logging.ERROR)
+    core = engine("radixflow")
+    bg = BackgroundEngine(core)
+    try:
+        params = SamplingParams(max_tokens=2, ignore_eos=True)
+        assert bg.submit([5, 6, 7, 8], params).result(10).finish_reason == "length"
+
+        def broken() -> None:
+            raise RuntimeError("planner bug")
+
+        core.scheduler.schedule = broken  # type: ignore[method-assign]
+        handle = bg.submit([5, 6, 7, 9], params)
+        with pytest.raises(EngineDeadError, match="planner bug"):
+            handle.result(10)
+        assert core.num_step_failures == 0 and isinstance(bg.error, RuntimeError)
+    finally:
+        bg.shutdown()
+    assert any("engine stopped" in r.getMessage() and "planner bug" in r.getMessage() for r in caplog.records)
