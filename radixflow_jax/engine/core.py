@@ -7,11 +7,11 @@ a :class:`RoundRecord` (slots, padding, bubbles, consumers, timings) in ``record
 Failure recovery (``docs/reliability.md``): a round whose step raises is not committed. The step may
 have consumed the donated pools, so the executor rebuilds them, the radix cache is flushed (its pages
 and checkpoints lived there) and every running request recomputes from its tokens so far; a request
-in more than ``step_retries`` failed rounds in a row ends with ``finish_reason='error'`` and the error text.
-An ``AssertionError`` (a broken invariant) or an exception whose class sets ``recoverable = False``
-(the compile guard) is a bug, not a device error: it propagates. When recovery itself fails, or
-``max_failed_rounds`` rounds fail in a row, :class:`EngineFailure`
-is raised: the engine cannot serve and its owner must fail what is in flight.
+in more than ``step_retries`` failed rounds in a row ends with ``finish_reason='error'`` and the
+error text. An ``AssertionError`` (a broken invariant) or an exception whose class sets
+``recoverable = False`` (the compile guard) is a bug, not a device error: it propagates. When
+recovery itself fails, or ``max_failed_rounds`` rounds fail in a row, :class:`EngineFailure` is
+raised: the engine cannot serve and its owner must fail what is in flight.
 """
 
 from __future__ import annotations
@@ -109,7 +109,7 @@ class EngineCore:
         max_failed_rounds: int = 3,
     ):
         if step_retries < 0 or max_failed_rounds < 1:
-            raise ValueError(f"step_retries={step_retries} must be >= 0 and max_failed_rounds={max_failed_rounds} >= 1")
+            raise ValueError(f"step_retries={step_retries} must be >= 0, max_failed_rounds={max_failed_rounds} >= 1")
         self.step_retries = step_retries
         self.max_failed_rounds = max_failed_rounds
         self.num_step_failures = 0  # rounds whose step raised (recovered)
