@@ -10,6 +10,7 @@ from radixflow_jax.engine.core import EngineConfig, EngineCore
 from radixflow_jax.engine.faults import Fault
 from radixflow_jax.engine.harness import Harness, HarnessReport, shadow_engine, shadow_of
 from radixflow_jax.engine.params import SamplingParams
+from radixflow_jax.engine.soak import cold_tokens
 from radixflow_jax.scheduler.admission import POLICIES
 
 # every policy that caches (a `pair` policy joins this list when it lands)
@@ -37,7 +38,10 @@ def cold_outputs(prompts: list[list[int]], params: list[SamplingParams]) -> list
         h.submit(p, sp)
     report = h.run()
     assert report.by_reason()["length"] + report.by_reason()["stop"] == len(prompts)
-    return [report.outputs[i].token_ids for i in range(len(prompts))]
+    outputs = [report.outputs[i].token_ids for i in range(len(prompts))]
+    # the soak's reference (the shadow model applied to the prompt) is what a cache-off run computes
+    assert outputs == [cold_tokens(p, sp.max_tokens, 1000) for p, sp in zip(prompts, params)]
+    return outputs
 
 
 def check_run(h: Harness, report: HarnessReport, cold: list[list[int]]) -> None:
