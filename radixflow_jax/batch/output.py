@@ -165,7 +165,10 @@ def _usage(out: RequestOutput) -> dict[str, Any]:
 
 
 def result_record(item: BatchItem, out: RequestOutput, model_name: str) -> dict[str, Any]:
-    """The output line of a finished request: plain shape, or the OpenAI batch response shape."""
+    """The output line of a finished request: plain shape, or the OpenAI batch response shape. A
+    request whose rounds' step kept failing (``finish_reason='error'``) becomes an error record."""
+    if out.finish_reason == "error":
+        return error_record(item, LineError(item.line, f"line {item.line}: {out.error}", "step_failed"))
     if item.fmt != OPENAI:
         return {"id": item.key, "text": out.text, "token_ids": list(out.token_ids), "finish_reason": out.finish_reason,
                 "cached_tokens": out.cached_tokens, "error": None}  # fmt: skip

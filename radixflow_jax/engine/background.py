@@ -4,8 +4,10 @@ requests from other threads or an asyncio loop while rounds keep running.
 Invariants:
   * Only the engine thread touches the core. Other threads talk to it through a locked inbox that
     the thread drains before every round, so nothing accepted is lost.
-  * Every accepted request gets exactly one final event (finished or aborted); an engine error
-    fails every open request with that error and stops the thread instead of hanging clients;
+  * Every accepted request gets exactly one final event (finished or aborted); a request that ended
+    with an error (its rounds' step kept failing, ``EngineCore`` recovery) gets
+    :class:`RequestFailedError`; an engine error (recovery failed, or an error outside the step)
+    is logged, fails every open request with that error and stops the thread instead of hanging clients;
     ``shutdown`` aborts open requests and fails those not yet accepted. A bad request fails alone.
   * ``observer`` (optional) sees every delivered event and every round record on the engine thread;
     with ``trim_records`` the core's record list is emptied after each round (long-running servers).
@@ -29,6 +31,10 @@ from radixflow_jax.engine.params import RequestOutput, SamplingParams
 
 class EngineDeadError(RuntimeError):
     """The engine thread stopped after an error; the message carries it."""
+
+
+class RequestFailedError(RuntimeError):
+    """This request ended with an error (the step of the rounds it ran in failed); the engine goes on."""
 
 
 @dataclasses.dataclass
@@ -273,7 +279,7 @@ class BackgroundEngine:
                     if handle is None:
                         continue
                     event = _snapshot(out)
-                    handle._push(event)
+                    handle._push(RequestFailedError(out.error) if out.finish_reason == "error" else event)
                     delivered.append(event)
                     if out.finished:
                         self._handles.pop(out.request_id, None)
@@ -283,6 +289,7 @@ class BackgroundEngine:
                     self.core.records.clear()
             self._close()
         except BaseException as exc:  # fail every open request instead of hanging it
+            logging.getLogger(__name__).error("engine stopped, failing every open request: %r", exc, exc_info=exc)
             self._error = exc
             dead = EngineDeadError(f"engine stopped: {exc!r}")
             for handle in list(self._handles.values()):

@@ -3,12 +3,22 @@
 :class:`EngineCore` is single-threaded and step-driven: ``add_request`` / ``abort`` / ``step``.
 ``engine/background.py`` runs it on a thread for servers and streaming clients. Every round leaves
 a :class:`RoundRecord` (slots, padding, bubbles, consumers, timings) in ``records``.
+
+Failure recovery (``docs/reliability.md``): a round whose step raises is not committed. The step may
+have consumed the donated pools, so the executor rebuilds them, the radix cache is flushed (its pages
+and checkpoints lived there) and every running request recomputes from its tokens so far; a request
+in more than ``step_retries`` failed rounds in a row ends with ``finish_reason='error'`` and the
+error text. An ``AssertionError`` (a broken invariant) or an exception whose class sets
+``recoverable = False`` (the compile guard) is a bug, not a device error: it propagates. When
+recovery itself fails, or ``max_failed_rounds`` rounds fail in a row, :class:`EngineFailure` is
+raised: the engine cannot serve and its owner must fail what is in flight.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import itertools
+import logging
 import math
 import time
 from typing import Callable, Sequence
@@ -19,6 +29,8 @@ from radixflow_jax.engine.params import RequestOutput, SamplingParams
 from radixflow_jax.runner.inputs import SamplingRow
 from radixflow_jax.scheduler.request import Request
 from radixflow_jax.scheduler.scheduler import Scheduler, SchedulerConfig
+
+log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,6 +59,8 @@ class EngineConfig:
     bucket_mode: str = "fine"  # "fine" | "pow2" | "fixed" (one shape): runner/shapes.py
     compilation_cache_dir: str | None = None  # persistent XLA cache: later engines reuse compiled variants
     penalty_window: int | None = None  # longest context a penalised request may have; None: min(max_model_len, 4096)
+    step_retries: int = 1  # failed rounds a request is retried through before it ends with an error
+    max_failed_rounds: int = 3  # failed rounds in a row after which the engine gives up (EngineFailure)
 
     def __post_init__(self) -> None:
         if self.warmup not in (True, False, "all", "lazy"):
@@ -104,6 +118,10 @@ class ServingClock:
         return getattr(self.base, name)
 
 
+class EngineFailure(RuntimeError):
+    """The engine cannot go on: recovery from a failed step failed, or too many rounds failed in a row."""
+
+
 def model_grid(chunk_sizes: Sequence[int], page_size: int) -> int:
     """The checkpoint grid ``G = lcm(page size, every recurrent kernel chunk)``."""
     return math.lcm(page_size, *chunk_sizes) if chunk_sizes else page_size
@@ -124,7 +142,16 @@ class EngineCore:
         clock: Callable[[], float] = time.perf_counter,
         vocab_size: int | None = None,
         wiring: object | None = None,
+        step_retries: int = 1,
+        max_failed_rounds: int = 3,
     ):
+        if step_retries < 0 or max_failed_rounds < 1:
+            raise ValueError(f"step_retries={step_retries} must be >= 0, max_failed_rounds={max_failed_rounds} >= 1")
+        self.step_retries = step_retries
+        self.max_failed_rounds = max_failed_rounds
+        self.num_step_failures = 0  # rounds whose step raised (recovered)
+        self._failed_in_a_row = 0
+        self._failing: dict[int, int] = {}  # request id -> failed rounds in a row it ran in
         self.wiring = wiring  # what engine/wiring.py built this engine from (None when built by hand)
         self.vocab_size = vocab_size
         # the default wall clock leaves compile pauses out; a clock given by the caller (a virtual
@@ -176,7 +203,7 @@ class EngineCore:
         if req is not None and not req.is_finished:
             raise ValueError(f"request {request_id} is still running")
         self.scheduler.requests.pop(request_id, None)
-        for table in (self._params, self._sampling, self._outputs, self._detok):
+        for table in (self._params, self._sampling, self._outputs, self._detok, self._failing):
             table.pop(request_id, None)
 
     def add_request(
@@ -223,7 +250,16 @@ class EngineCore:
         t1 = time.perf_counter()
         if plan.is_empty:
             return []
-        result = self.executor.execute(plan, self._sampling)
+        try:
+            result = self.executor.execute(plan, self._sampling)
+        except Exception as exc:  # a failed step: rebuild and retry (or fail its requests), keep serving
+            if isinstance(exc, AssertionError) or not getattr(exc, "recoverable", True):
+                raise  # a broken invariant or a guard (e.g. compile after warm-up): a bug, not a device error
+            return self._recover(plan, exc)
+        self._failed_in_a_row = 0
+        if self._failing:  # these requests ran a round successfully: their retry count starts over
+            for row in plan.rows:
+                self._failing.pop(row.request_id, None)
         for rid, lp in result.logprobs.items():
             out = self._outputs.get(rid)
             if out is not None and out.logprobs is not None and out.finish_reason is None:
@@ -242,6 +278,40 @@ class EngineCore:
             if out.finish_reason is None:
                 self._finalize(req, now)
         return changed
+
+    def _recover(self, plan, exc: Exception) -> list[RequestOutput]:
+        """See the module docstring. Returns the outputs of requests that ended with an error."""
+        self.num_step_failures += 1
+        self._failed_in_a_row += 1
+        log.error("round %d: the step raised %r; rebuilding the pools and flushing the cache", self.num_rounds, exc)
+        if self._failed_in_a_row > self.max_failed_rounds:
+            n = self._failed_in_a_row
+            raise EngineFailure(f"{n} rounds failed in a row; the last step raised {exc!r}") from exc
+        sched = self.scheduler
+        try:
+            sched.requeue_running()  # their device state is gone: recompute from the tokens so far
+            sched.memory.flush()
+            self.executor.reset()
+            used = sched.memory.pages.num_used, sched.memory.slots.num_used if sched.memory.slots else 0
+            if any(used):
+                raise RuntimeError(f"{used[0]} pages and {used[1]} state slots still in use after the flush")
+        except Exception as err:
+            raise EngineFailure(f"recovery from a failed step ({exc!r}) failed: {err!r}") from err
+        now = self.clock()
+        failed = []
+        for row in plan.rows:
+            req = sched.requests.get(row.request_id)
+            if req is None or req.is_finished:
+                continue  # aborted while the round ran
+            n = self._failing[req.request_id] = self._failing.get(req.request_id, 0) + 1
+            if n > self.step_retries:
+                del self._failing[req.request_id]
+                sched.finish(req.request_id, "error")
+                self._finalize(req, now)
+                out = self._outputs[req.request_id]
+                out.error = f"the step failed in {n} rounds in a row that this request ran in; last error: {exc!r}"
+                failed.append(out)
+        return failed
 
     def _update(self, rid: int, now: float) -> RequestOutput:
         req = self.scheduler.requests[rid]

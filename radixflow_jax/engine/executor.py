@@ -43,6 +43,7 @@ class ModelExecutor:
         self.model = model
         self.shapes = shapes
         self.page_size = page_size
+        self.pool_sizes = (num_pages, num_slots)
         self.cache = init_cache(
             model.config, num_pages=num_pages, page_size=page_size, num_slots=num_slots, dtype=model.dtype
         )
@@ -93,6 +94,16 @@ class ModelExecutor:
         return StepResult(
             sampled, variant.num_tokens, variant.num_rows, t1 - t0, t2 - t1, logprobs, variant.num_decode, compile_s
         )
+
+    def reset(self) -> None:
+        """Rebuilds the pools (zeros) after a failed step, which may have consumed the donated ones;
+        the compiled variants stay valid (same shapes and dtypes). The old buffers are freed first."""
+        for leaf in jax.tree_util.tree_leaves(self.cache):
+            if not leaf.is_deleted():
+                leaf.delete()
+        num_pages, num_slots = self.pool_sizes
+        cfg, dtype = self.model.config, self.model.dtype
+        self.cache = init_cache(cfg, num_pages=num_pages, page_size=self.page_size, num_slots=num_slots, dtype=dtype)
 
 
 def stderr_progress(message: str) -> None:

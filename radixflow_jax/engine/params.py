@@ -130,6 +130,7 @@ class RequestOutput:
     first_token_round: int | None = None
     finish_round: int | None = None
     logprobs: list[tuple[float, list[int], list[float]]] | None = None  # per token, when requested
+    error: str | None = None  # why the request ended with finish_reason 'error'
 
     @property
     def finished(self) -> bool:

@@ -29,4 +29,9 @@ class StepResult:
 class Executor(Protocol):
     def execute(self, plan: RoundPlan, sampling: Mapping[int, SamplingRow]) -> StepResult: ...
 
+    def reset(self) -> None:
+        """After a step raised: rebuild every device buffer the step may have consumed (donated
+        pools), empty. The engine flushes its cache and recomputes running requests around it."""
+        ...
+
 

@@ -187,3 +187,6 @@ class SimExecutor:
         self.clock.advance(seconds)
         sampled = {row.request_id: self.token for row in plan.rows if row.sample}
         return StepResult(sampled, token_slots, row_slots, 0.0, seconds)
+
+    def reset(self) -> None:
+        """Nothing to rebuild: the simulated executor holds no device buffers."""

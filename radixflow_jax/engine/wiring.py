@@ -69,4 +69,5 @@ def wire_engine(
         executor, wiring.scheduler(), num_pages=wiring.num_pages, num_slots=wiring.num_slots,
         max_model_len=wiring.max_model_len, eos_token_ids=eos_token_ids, tokenizer=tokenizer,
         seed=wiring.config.seed, clock=clock, vocab_size=vocab_size, wiring=wiring,
+        step_retries=wiring.config.step_retries, max_failed_rounds=wiring.config.max_failed_rounds,
     )  # fmt: skip

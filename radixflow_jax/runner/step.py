@@ -37,6 +37,8 @@ from radixflow_jax.runner.shapes import ShapeConfig, Variant
 class CompileAfterWarmupError(RuntimeError):
     """A step variant was compiled after warm-up while the compile guard was on."""
 
+    recoverable = False  # a guard, not a device error: the engine must not retry around it
+
 
 def make_step(graphdef: nnx.GraphDef, num_decode: int) -> Callable:
     def step(params: nnx.State, cache: ModelCache, a: dict[str, jax.Array]) -> tuple[ModelCache, jax.Array]:

@@ -98,6 +98,15 @@ class Scheduler:
         self._finish(req, "abort", keep_prefix=False)
         return req
 
+    def requeue_running(self) -> list[Request]:
+        """The device state of every running request was lost (a failed step): each goes back to the
+        front of the waiting queue, in admission order, holding nothing, and recomputes its tokens
+        (prompt and output so far) like a preempted request. Returns them."""
+        reqs = list(self.running)
+        for req in reversed(reqs):
+            self._preempt(req)
+        return reqs
+
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
 

@@ -5,7 +5,8 @@ Invariants:
     400 for malformed JSON and invalid fields (never FastAPI's 422), 401 for a missing or wrong key
     (compared in constant time; ``/health`` and ``/metrics`` stay open), 404 for an unknown model or
     route, 413 for a body over the limit, 429 + ``Retry-After`` while the waiting queue is at
-    ``max_waiting``, 503 while draining or after the engine died.
+    ``max_waiting``, 503 while draining or after the engine died, 500 (``step_failed``) for a request
+    whose rounds' step kept failing while the engine recovered and went on serving.
   * A request whose client disconnects is aborted, which frees its pages and slots.
   * A stream is ``data: {json}\\n\\n`` chunks, then ``data: [DONE]\\n\\n``; text deltas never split a
     UTF-8 character and never leak the start of a stop string that later completes.
@@ -27,7 +28,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from radixflow_jax.engine.background import BackgroundEngine, EngineDeadError, RequestHandle
+from radixflow_jax.engine.background import BackgroundEngine, EngineDeadError, RequestFailedError, RequestHandle
 from radixflow_jax.engine.params import RequestOutput
 from radixflow_jax.serve import protocol
 from radixflow_jax.serve import responses as R
@@ -205,6 +206,8 @@ def create_app(state: ServerState) -> FastAPI:
             return await result
         except EngineDeadError as exc:
             raise ApiError(503, str(exc), code="engine_dead") from None
+        except RequestFailedError as exc:
+            raise ApiError(500, str(exc), code="step_failed") from None
         except ValueError as exc:  # refused when the engine thread queued it
             raise ApiError(400, str(exc)) from None
         finally:
@@ -267,6 +270,9 @@ def create_app(state: ServerState) -> FastAPI:
         except EngineDeadError as exc:
             finished = True
             yield _sse(R.error_body(503, str(exc), code="engine_dead"))
+        except RequestFailedError as exc:
+            finished = True
+            yield _sse(R.error_body(500, str(exc), code="step_failed"))
         except ValueError as exc:  # refused when the engine thread queued it
             finished = True
             yield _sse(R.error_body(400, str(exc)))

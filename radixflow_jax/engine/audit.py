@@ -1,0 +1,91 @@
+"""Whole-engine invariant audit (DESIGN.md section 5), run between rounds by the reliability tests
+and the soak. O(pools + tree + requests): for small pools, not for production.
+
+:func:`audit_engine` checks, beyond the cache's own ``check_invariants`` (tree, producer index,
+pools free xor owned, no negative refcount):
+  * exact ownership: every page's refcount equals the tree's references plus the running requests
+    that allocated it; every slot's equals the tree's plus the running request that runs in it;
+  * every lock on a node belongs to a running request's hit (or a test's pin), and every such hit
+    is locked;
+  * a waiting or finished request holds no page, slot or lock, and has no pending checkpoint;
+    only running requests are producers.
+:func:`assert_drained` checks that, with no work left, a flush frees every page and slot.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Iterable
+
+from radixflow_jax.cache import InvariantError
+from radixflow_jax.cache.invariants import tree_references
+from radixflow_jax.cache.tree import Node, iter_nodes
+from radixflow_jax.engine.core import EngineCore
+
+
+def audit_engine(core: EngineCore, pinned: Iterable[Node] = ()) -> None:
+    """Raises :class:`InvariantError` on the first violation (see the module docstring). ``pinned``:
+    nodes someone other than a request locked once each (a test pinning checkpoints)."""
+    sched = core.scheduler
+    mem = sched.memory
+    if mem.cache is None:  # otherwise the tree check runs the pools' own checks
+        mem.pages.check_invariants()
+        if mem.slots is not None:
+            mem.slots.check_invariants()
+    page_refs: Counter[int] = Counter()
+    slot_refs: Counter[int] = Counter()
+    locks: Counter[int] = Counter()
+    if mem.cache is not None:
+        mem.cache.check_invariants()
+        page_refs, slot_refs = tree_references(mem.cache.root)
+        for node in iter_nodes(mem.cache.root):
+            if node.own_locks:
+                locks[id(node)] = node.own_locks
+        for node in pinned:
+            locks[id(node)] -= 1
+    running = {req.request_id for req in sched.running}
+    for req in sched.running:
+        page_refs.update(req.own_pages)
+        if req.slot is not None:
+            slot_refs[req.slot] += 1
+        if req.hit_node is not None:
+            if not req.hit_node.attached:
+                raise InvariantError(f"request {req.request_id} holds a hit on a node that left the tree")
+            locks[id(req.hit_node)] -= 1
+        if not 0 <= req.num_computed <= req.num_tokens:
+            raise InvariantError(f"request {req.request_id} computed {req.num_computed} of {req.num_tokens} tokens")
+    for req in sched.waiting:
+        if req.pages or req.own_pages or req.slot is not None or req.hit_node is not None:
+            raise InvariantError(f"waiting request {req.request_id} holds pages, a slot or a lock")
+    if +locks or -locks:
+        raise InvariantError(f"node locks do not match the running requests' hits: {dict(locks)}")
+    pools = [(mem.pages, page_refs, "page")] + ([(mem.slots, slot_refs, "slot")] if mem.slots is not None else [])
+    for pool, refs, what in pools:  # the pool checks passed, so every id is free xor owned
+        for i, owners in refs.items():
+            if pool.refcount(i) != owners:
+                raise InvariantError(f"{what} {i}: refcount {pool.refcount(i)} != {owners} owners (tree + running)")
+        if len(refs) != pool.num_used:
+            raise InvariantError(f"{pool.num_used} {what}s are owned but only {len(refs)} have an owner")
+    if mem.cache is not None:
+        stray = set(mem.cache.pending_producers()) - running
+        if stray:
+            raise InvariantError(f"requests {sorted(stray)} are not running but have pending checkpoints")
+
+
+def assert_drained(core: EngineCore) -> None:
+    """With no work left, a flush frees every page and slot (nothing leaked)."""
+    sched = core.scheduler
+    if sched.has_work():
+        raise InvariantError(f"{len(sched.waiting)} waiting and {len(sched.running)} running requests left")
+    sched.memory.flush()
+    used = sched.memory.pages.num_used, sched.memory.slots.num_used if sched.memory.slots is not None else 0
+    if any(used):
+        raise InvariantError(f"{used[0]} pages and {used[1]} slots leaked after a flush")
+
+
+def committed_slots(core: EngineCore) -> set[int]:
+    """The state slots of the tree's committed checkpoints (the only ones a round may read)."""
+    cache = core.scheduler.memory.cache
+    if cache is None:
+        return set()
+    return {n.checkpoint._slot for n in iter_nodes(cache.root) if n.checkpoint is not None and n.checkpoint.committed}

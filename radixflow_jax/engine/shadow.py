@@ -1,0 +1,150 @@
+"""The shadow executor: a simulated device whose memory is symbolic, so every read is checked.
+
+It runs a round the way the jitted step does (DESIGN.md section 4), over token ids instead of
+tensors: a KV page holds the token ids written at its positions; a state slot holds
+``(depth, digest)``, the number of tokens the recurrent state has consumed and a digest of exactly
+those tokens. A row first reads (its context from the KV pages written before this round, its
+initial state from ``copy_from``, from zero when its span starts at 0, else from its own slot),
+then every row writes (its span's KV, its slot's new state, its checkpoint emits), then the
+"model" samples ``token_for(context + span)``: a deterministic function of the whole sequence, so
+a greedy output equals the cold run's exactly when every context and state read was right.
+
+Checked on every row (a failure is recorded in ``violations`` and raised as :class:`ShadowMismatch`):
+  * no real row runs in the reserved page 0 or slot 0;
+  * the context is fully written and (with ``truth``) equals the request's real tokens;
+  * the initial state is the state of exactly that context: a checkpoint read (``copy_from``) was
+    written at the depth the row starts from, so no pending (unwritten) or stale checkpoint is read;
+  * no two rows of a round write the same KV position.
+:meth:`reset` empties the memory (rebuilt pools); :meth:`lose_device_state` scrambles it (what a
+failed step that consumed donated pools leaves): after either, only recomputed data reads back.
+No JAX here.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Mapping, Sequence
+
+from radixflow_jax.engine.protocol import StepResult
+from radixflow_jax.runner.inputs import SamplingRow
+from radixflow_jax.scheduler.plan import RoundPlan, RowPlan
+
+FIRST_TOKEN = 3  # sampled ids are >= this (0..2 stay free for stop tokens in tests)
+
+
+class ShadowMismatch(AssertionError):
+    """A round read memory that does not hold what a cold run would have computed."""
+
+
+def token_for(sequence: Sequence[int], vocab: int) -> int:
+    """The shadow model's greedy next token after ``sequence`` (deterministic, no hash seed)."""
+    return FIRST_TOKEN + hash(tuple(sequence)) % (vocab - FIRST_TOKEN)
+
+
+class ShadowExecutor:
+    """See the module docstring. ``truth(request_id)``: the request's real tokens (prompt + output
+    so far), to check contexts against; ``round_s``: the virtual time a round takes on ``clock``."""
+
+    supports_logprobs = False
+
+    def __init__(
+        self,
+        page_size: int,
+        *,
+        hybrid: bool = True,
+        vocab: int = 1000,
+        truth: Callable[[int], Sequence[int]] | None = None,
+        clock: object | None = None,
+        round_s: float = 1e-3,
+    ):
+        if vocab <= FIRST_TOKEN:
+            raise ValueError(f"vocab must exceed {FIRST_TOKEN}, got {vocab}")
+        self.page_size = page_size
+        self.hybrid = hybrid
+        self.vocab = vocab
+        self.truth = truth
+        self.clock = clock
+        self.round_s = round_s
+        self.pages: dict[int, list[int | None]] = {}
+        self.slots: dict[int, tuple[int, int]] = {}
+        self.violations: list[str] = []
+        self.rounds = 0
+        self.rows_checked = 0
+        self.checkpoint_reads = 0
+
+    # ------------------------------------------------------------------ memory
+    def reset(self) -> None:
+        """Rebuilt pools: nothing is written any more."""
+        self.pages.clear()
+        self.slots.clear()
+
+    def lose_device_state(self) -> None:
+        """What a step that consumed its donated pools leaves behind: garbage everywhere."""
+        for page in self.pages.values():
+            page[:] = [-1] * len(page)
+        self.slots = {s: (-1, -1) for s in self.slots}
+
+    def _fail(self, message: str) -> None:
+        self.violations.append(message)
+        raise ShadowMismatch(message)
+
+    def _context(self, row: RowPlan) -> tuple[int, ...]:
+        p = self.page_size
+        ctx: list[int | None] = []
+        for i in range(-(-row.start // p)):
+            page = self.pages.get(row.pages[i])
+            ctx.extend(page if page is not None else [None] * p)
+        del ctx[row.start :]
+        if None in ctx:
+            self._fail(f"request {row.request_id} reads unwritten KV at position {ctx.index(None)}")
+        return tuple(ctx)  # type: ignore[arg-type]
+
+    def _initial_state(self, row: RowPlan, ctx: tuple[int, ...]) -> None:
+        if row.copy_from is not None:
+            src, what = row.copy_from, f"checkpoint slot {row.copy_from}"
+            self.checkpoint_reads += 1
+        elif row.start == 0:
+            return  # a fresh row starts from the zero state
+        else:
+            src, what = row.slot, f"its own slot {row.slot}"
+        state = self.slots.get(src)
+        if state is None:
+            self._fail(f"request {row.request_id} reads {what}, never written (pending or lost)")
+        elif state != (row.start, hash(ctx)):
+            self._fail(f"request {row.request_id} starts at {row.start} from {what} holding the state after "
+                       f"{state[0]} tokens of another context")
+
+    # ------------------------------------------------------------------ the round
+    def execute(self, plan: RoundPlan, sampling: Mapping[int, SamplingRow]) -> StepResult:
+        p = self.page_size
+        reads = []
+        for row in plan.rows:  # phase 1: every read happens before any write of the round
+            end = row.start + len(row.tokens)
+            if any(page == 0 for page in row.pages[: -(-end // p)]) or (self.hybrid and row.slot == 0):
+                self._fail(f"request {row.request_id} runs in the reserved page 0 or slot 0")
+            ctx = self._context(row)
+            if self.truth is not None and tuple(self.truth(row.request_id)[:end]) != ctx + row.tokens:
+                self._fail(f"request {row.request_id}: the context of its span [{row.start}, {end}) is not its tokens")
+            if self.hybrid:
+                self._initial_state(row, ctx)
+            reads.append(ctx + row.tokens)
+            self.rows_checked += 1
+        written: set[tuple[int, int]] = set()
+        sampled = {}
+        for row, seq in zip(plan.rows, reads):  # phase 2: writes and samples
+            for pos in range(row.start, len(seq)):
+                page_id = row.pages[pos // p]
+                if (page_id, pos % p) in written:
+                    self._fail(f"two rows of round {self.rounds} write page {page_id} position {pos % p}")
+                written.add((page_id, pos % p))
+                self.pages.setdefault(page_id, [None] * p)[pos % p] = seq[pos]
+            if self.hybrid:
+                self.slots[row.slot] = (len(seq), hash(seq))
+                for offset, slot in row.emits:
+                    depth = row.start + offset
+                    self.slots[slot] = (depth, hash(seq[:depth]))
+            if row.sample:
+                sampled[row.request_id] = token_for(seq, self.vocab)
+        self.rounds += 1
+        if self.clock is not None:
+            self.clock.advance(self.round_s)  # type: ignore[attr-defined]
+        return StepResult(sampled, plan.num_tokens, len(plan.rows), 0.0, self.round_s)

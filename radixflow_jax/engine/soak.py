@@ -1,0 +1,132 @@
+"""The soak: a long random run through the reliability harness, nothing lost.
+
+Requests share prefixes (``articles``), arrive a few per round, and are aborted at random (before a
+round, or while the round that runs them executes); random rounds fail (every fault kind); the
+pools are small, so eviction and preemption are constant. After every round the harness audits
+the engine (DESIGN.md section 5 and exact ownership); every checkpoint a round reads is checked to
+be committed; the shadow executor checks every context and state read; every completed greedy
+output is compared with the cold output (the shadow model's next-token function applied to the
+prompt, which is what a cache-off run computes: ``tests/reliability`` checks that equality on real
+cold runs). ``benchmarks/soak.py`` is the command line; ``tests/reliability/test_soak.py`` runs a
+reduced size in CI. No JAX here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+import time
+from typing import Any
+
+from radixflow_jax.engine.core import EngineConfig
+from radixflow_jax.engine.faults import FAULT_KINDS, Fault
+from radixflow_jax.engine.harness import Harness, shadow_engine, shadow_of
+from radixflow_jax.engine.params import RequestOutput, SamplingParams
+from radixflow_jax.engine.shadow import token_for
+
+
+@dataclasses.dataclass(frozen=True)
+class SoakConfig:
+    requests: int = 100_000
+    policy: str = "radixflow"
+    seed: int = 0
+    per_round: float = 1.2  # mean arrivals per round
+    abort_rate: float = 0.1  # share of requests aborted at a random later round
+    mid_round_share: float = 0.5  # of those, aborted while their round runs
+    fault_rate: float = 0.002  # share of rounds whose step fails (kinds drawn at random)
+    articles: int = 16
+    article_len: tuple[int, int] = (16, 160)
+    question_len: tuple[int, int] = (1, 24)
+    max_tokens: tuple[int, int] = (1, 12)
+    num_pages: int = 112
+    num_slots: int = 40
+    max_num_seqs: int = 8
+    max_num_batched_tokens: int = 128
+    page_size: int = 8
+    max_model_len: int = 256
+    vocab: int = 1000
+
+
+def cold_tokens(prompt: list[int], max_tokens: int, vocab: int) -> list[int]:
+    """The shadow model's greedy output without any cache."""
+    seq, out = list(prompt), []
+    for _ in range(max_tokens):
+        seq.append(token_for(seq, vocab))
+        out.append(seq[-1])
+    return out
+
+
+def run_soak(cfg: SoakConfig) -> dict[str, Any]:
+    """Runs the soak; raises on the first violated invariant or wrong output; returns the report."""
+    rng = random.Random(cfg.seed)
+    ec = EngineConfig(
+        max_num_seqs=cfg.max_num_seqs, max_num_batched_tokens=cfg.max_num_batched_tokens, page_size=cfg.page_size,
+        max_model_len=cfg.max_model_len, policy=cfg.policy, warmup=False,
+    )  # fmt: skip
+    expected_rounds = int(cfg.requests / cfg.per_round * 4) + 100
+    faults = tuple(
+        Fault(r, rng.choice(FAULT_KINDS)) for r in range(expected_rounds) if rng.random() < cfg.fault_rate
+    )  # a fault is counted in step calls; calls past the last planned fault simply succeed
+    core = shadow_engine(ec, num_pages=cfg.num_pages, num_slots=cfg.num_slots, max_model_len=cfg.max_model_len,
+                         vocab=cfg.vocab, faults=faults)  # fmt: skip
+    h = Harness(core, audit_before=False, keep_outputs=False)  # audited after every round
+    articles = [
+        [rng.randrange(3, cfg.vocab) for _ in range(rng.randint(*cfg.article_len))] for _ in range(cfg.articles)
+    ]
+    arrival = 0.0
+    prompts: dict[int, tuple[list[int], int]] = {}
+    for _ in range(cfg.requests):
+        arrival += rng.expovariate(cfg.per_round)
+        prompt = rng.choice(articles) + [rng.randrange(3, cfg.vocab) for _ in range(rng.randint(*cfg.question_len))]
+        max_tokens = rng.randint(*cfg.max_tokens)
+        prompt = prompt[: cfg.max_model_len - max_tokens]
+        abort_at, mid = None, False
+        if rng.random() < cfg.abort_rate:
+            abort_at, mid = int(arrival) + rng.randrange(0, 24), rng.random() < cfg.mid_round_share
+        key = h.submit(prompt, SamplingParams(max_tokens=max_tokens, ignore_eos=True), at_round=int(arrival),
+                       abort_at=abort_at, mid_round=mid)  # fmt: skip
+        prompts[key] = (prompt, max_tokens)
+    counts = {"completed": 0, "aborted": 0, "errors": 0, "prompt_tokens": 0, "cached_tokens": 0, "checked": 0}
+
+    def finished(key: int, out: RequestOutput) -> None:
+        prompt, max_tokens = prompts.pop(key)
+        if out.finish_reason == "abort":
+            counts["aborted"] += 1
+            return
+        if out.finish_reason == "error":
+            counts["errors"] += 1
+            return
+        if out.token_ids != cold_tokens(prompt, max_tokens, cfg.vocab):
+            raise AssertionError(f"request {key}: output {out.token_ids} differs from the cold run")
+        counts["completed"] += 1
+        counts["checked"] += 1
+        counts["prompt_tokens"] += len(prompt)
+        counts["cached_tokens"] += out.cached_tokens
+
+    h.on_finished.append(finished)
+    start = time.perf_counter()
+    report = h.run(max_ticks=expected_rounds * 4)
+    wall = time.perf_counter() - start
+    shadow = shadow_of(core)
+    return {
+        "policy": cfg.policy,
+        "requests": cfg.requests,
+        "completed": counts["completed"],
+        "aborted": counts["aborted"],
+        "errors": counts["errors"],
+        "refused": len(report.refused),
+        "outputs_equal_cold": counts["checked"],
+        "rounds": report.rounds,
+        "ticks": report.ticks,
+        "failed_steps": report.step_failures,
+        "pool_rebuilds": report.resets,
+        "preemptions": report.preemptions,
+        "consumer_waits": sum(r.consumers_waiting + r.consumers_blocked for r in core.records),
+        "invariant_audits": report.audits,
+        "checkpoint_reads_checked": h.checkpoint_reads,
+        "rows_checked_by_shadow": shadow.rows_checked,
+        "reuse": counts["cached_tokens"] / max(1, counts["prompt_tokens"]),
+        "leaked_pages": core.scheduler.memory.pages.num_used,
+        "leaked_slots": core.scheduler.memory.slots.num_used if core.scheduler.memory.slots else 0,
+        "wall_s": wall,
+    }
