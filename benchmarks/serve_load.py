@@ -40,7 +40,10 @@ def main() -> int:
     p.add_argument("--model", default="tiny-qwen3.5")
     p.add_argument("--clients", type=int, default=200)
     p.add_argument("--drop-every", type=int, default=4, help="every k-th client disconnects after 2 chunks")
-    p.add_argument("--max-tokens", type=int, default=16)
+    p.add_argument("--max-tokens", type=int, default=8)
+    p.add_argument("--article-len", type=int, default=48, help="shared article tokens (race-shaped prompts)")
+    p.add_argument("--question-len", type=int, default=16)
+    p.add_argument("--timeout", type=float, default=1800.0, help="per-request client timeout (s)")
     p.add_argument("--max-num-seqs", type=int, default=8)
     p.add_argument("--max-num-batched-tokens", type=int, default=128)
     p.add_argument("--workload", default="race")
@@ -48,7 +51,10 @@ def main() -> int:
     p.add_argument("--startup-timeout", type=float, default=1800.0, help="seconds for loading and compiling")
     args = p.parse_args()
 
-    requests = generate(WorkloadSpec(args.workload, num_requests=args.clients, arrival="all", max_tokens=args.max_tokens))
+    requests = generate(WorkloadSpec(
+        args.workload, num_requests=args.clients, arrival="all", max_tokens=args.max_tokens,
+        article_len=args.article_len, question_len=args.question_len,
+    ))  # fmt: skip
     server = ServerProcess(
         ["--model", args.model, "--max-num-seqs", str(args.max_num_seqs), "--max-num-batched-tokens",
          str(args.max_num_batched_tokens), "--max-waiting", str(10 * args.clients)],
@@ -56,7 +62,9 @@ def main() -> int:
     )  # fmt: skip
     try:
         started = time.perf_counter()
-        results, wall = asyncio.run(run_requests(server.url, requests, drop_every=args.drop_every))
+        results, wall = asyncio.run(
+            run_requests(server.url, requests, drop_every=args.drop_every, timeout=args.timeout)
+        )
         summary = summarize(results, wall)
         print(format_report(summary))
         deadline = time.monotonic() + 120
@@ -65,7 +73,10 @@ def main() -> int:
                 break
             time.sleep(0.2)
         pools = httpx.post(server.url + "/reset_prefix_cache").json()
-        aborted = sum(v for k, v in gauges_full(server.url).items() if "finished_reason=abort" in k)
+        aborted = sum(
+            v for k, v in gauges_full(server.url).items()
+            if k.startswith("radixflow:request_success_total{") and "finished_reason=abort" in k
+        )
         checks = {
             "no_5xx": summary["status_5xx"] == 0,
             "every_kept_stream_complete": summary["failed"] == 0
