@@ -76,6 +76,7 @@ class FaultyExecutor:
     ):
         self.inner = inner
         self.faults = tuple(faults)
+        self._by_call = {call: f for f in reversed(self.faults) for call in range(f.round, f.round + f.times)}
         self.on_execute = on_execute
         self.fail_reset = fail_reset
         self.calls = 0
@@ -90,7 +91,7 @@ class FaultyExecutor:
         self.calls += 1
         if self.on_execute is not None:
             self.on_execute(plan)
-        fault = next((f for f in self.faults if f.hits(call)), None)
+        fault = self._by_call.get(call)  # the first listed fault wins where two overlap
         if fault is None:
             return self.inner.execute(plan, sampling)
         self.faults_raised += 1
