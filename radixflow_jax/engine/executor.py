@@ -43,9 +43,9 @@ class ModelExecutor:
         self.model = model
         self.shapes = shapes
         self.page_size = page_size
-        self.cache = init_cache(
+        self.cache = model.place_cache(init_cache(
             model.config, num_pages=num_pages, page_size=page_size, num_slots=num_slots, dtype=model.dtype
-        )
+        ))  # fmt: skip
         self.penalty_window = penalty_window
         self.step = CompiledStep(model.graphdef, model.params, self.cache, shapes, kernels, penalty_window)
         self.progress = progress

@@ -81,10 +81,18 @@ def build_engine(model: LoadedModel, ec: EngineConfig) -> EngineCore:
 
 
 class LLM:
-    """Offline generation. ``model``: a preset name, a HF directory or a converted directory."""
+    """Offline generation. ``model``: a preset name, a HF directory or a converted directory.
+    ``tensor_parallel_size`` N > 1: parameters and pools sharded over N devices
+    (``models/sharding.py``); a model whose heads N does not divide is refused naming the field."""
 
-    def __init__(self, model: str | LoadedModel, *, dtype: str = "float32", **engine_options: object):
-        self.model = model if isinstance(model, LoadedModel) else load(model, dtype=dtype)
+    def __init__(
+        self, model: str | LoadedModel, *, dtype: str = "float32", tensor_parallel_size: int = 1,
+        **engine_options: object,
+    ):  # fmt: skip
+        from radixflow_jax.models.sharding import shard_model
+
+        loaded = model if isinstance(model, LoadedModel) else load(model, dtype=dtype)
+        self.model = shard_model(loaded, tensor_parallel_size)
         self.config = EngineConfig(**engine_options)  # type: ignore[arg-type]
         self.engine = build_engine(self.model, self.config)
         self.state_bytes_per_slot = state_bytes_per_slot(self.model.config, self.model.dtype)
