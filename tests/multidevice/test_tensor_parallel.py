@@ -142,3 +142,15 @@ def test_greedy_generations_identical_through_llm(models: dict[str, LoadedModel]
     two = LLM(models["next-moe"], tensor_parallel_size=2, **opts).generate(prompts, params)
     assert [o.token_ids for o in two] == [o.token_ids for o in one]
     assert all(len(o.token_ids) == 5 for o in one)
+
+
+def test_serve_tp_refuses_heads_that_do_not_divide() -> None:
+    import argparse
+
+    from radixflow_jax.serve.server import add_arguments, build_state
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    args = parser.parse_args(["--model", "tiny-qwen3.5", "--tp", "4", "--no-warmup"])
+    with pytest.raises(ConfigError, match="linear_num_key_heads=2"):
+        build_state(args)
