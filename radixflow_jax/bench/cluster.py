@@ -81,13 +81,16 @@ def run_cluster(
     """``num_replicas`` simulated engines of ``spec`` on ``device`` (one device each), scheduling
     policy ``policy``, behind ``router``."""
     ec = dataclasses.replace(cfg.engine, policy=policy)
-    engines = [build_sim_engine(spec, device, ec, buckets=cfg.buckets, overhead_s=cfg.overhead_s) for _ in range(num_replicas)]
+    engines = [
+        build_sim_engine(spec, device, ec, buckets=cfg.buckets, overhead_s=cfg.overhead_s) for _ in range(num_replicas)
+    ]
     replicas = ReplicaSet(engines, dataclasses.replace(router, block=ec.page_size))
     done = drive_cluster(replicas, requests)
     per = [[o for j, o in done if j == i] for i in range(num_replicas)]
     results = tuple(summarize(policy, e, outs, len(outs)) for e, outs in zip(engines, per))
     everything = types.SimpleNamespace(records=[rec for e in engines for rec in e.records])
-    overall = summarize(f"{policy}/{router.policy}", everything, [o for _, o in done], len(requests))  # type: ignore[arg-type]
+    outs = [o for _, o in done]
+    overall = summarize(f"{policy}/{router.policy}", everything, outs, len(requests))  # type: ignore[arg-type]
     return ClusterResult(
         router.policy, overall, results, tuple(replicas.router.routed), replicas.router.prefix_hits,
         replicas.router.fallbacks,
@@ -95,8 +98,10 @@ def run_cluster(
 
 
 def format_cluster(results: Sequence[ClusterResult]) -> str:
-    lines = [f"{'run':<22} {'reuse':>7} {'mean lat s':>10} {'p99 s':>8} {'rounds':>7} {'max rounds':>10} "
-             f"{'req/replica min-mean-max':>26} {'reuse/replica min-max':>22} {'prefix':>7} {'fallback':>8}"]  # fmt: skip
+    lines = [
+        f"{'run':<22} {'reuse':>7} {'mean lat s':>10} {'p99 s':>8} {'rounds':>7} {'max rounds':>10} "
+        f"{'req/replica min-mean-max':>26} {'reuse/replica min-max':>22} {'prefix':>7} {'fallback':>8}"
+    ]
     for c in results:
         reqs, reuse = c.requests, [r.reuse for r in c.replicas if r.num_requests]
         mean = sum(reqs) / len(reqs)

@@ -91,9 +91,11 @@ class LLM:
     ):  # fmt: skip
         from radixflow_jax.models.sharding import shard_model
 
+        self.config = EngineConfig(**engine_options)  # type: ignore[arg-type]
+        if tensor_parallel_size > 1 and self.config.kernels == "pallas":
+            raise ValueError("tensor_parallel_size > 1 runs the XLA kernel forms: Pallas kernels are not sharded yet")
         loaded = model if isinstance(model, LoadedModel) else load(model, dtype=dtype)
         self.model = shard_model(loaded, tensor_parallel_size)
-        self.config = EngineConfig(**engine_options)  # type: ignore[arg-type]
         self.engine = build_engine(self.model, self.config)
         self.state_bytes_per_slot = state_bytes_per_slot(self.model.config, self.model.dtype)
 

@@ -32,7 +32,8 @@ def test_prefix_follows_the_cache_holding_it() -> None:
     assert state_ready_prefix(replicas.engines[first], ARTICLE + (11, 12)) >= 384  # checkpointed in its tree
     assert all(state_ready_prefix(e, ARTICLE + (11, 12)) == 0 for i, e in enumerate(replicas.engines) if i != first)
     fresh = Router(4)  # a router that never saw the first prompt: the cache alone decides
-    assert fresh.choose(ARTICLE + (11, 12), [0, 0, 0, 0], [state_ready_prefix(e, ARTICLE + (11, 12)) for e in replicas.engines]) == first
+    ready = [state_ready_prefix(e, ARTICLE + (11, 12)) for e in replicas.engines]
+    assert fresh.choose(ARTICLE + (11, 12), [0, 0, 0, 0], ready) == first
     other, _ = replicas.add_request((499,) * 50, params)  # no prefix anywhere: least loaded, not `first`
     assert other != first
 

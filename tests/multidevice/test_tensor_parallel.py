@@ -90,7 +90,8 @@ def test_parameters_and_pools_are_split_on_heads(models: dict[str, LoadedModel])
     assert isinstance(qkv.sharding, NamedSharding)
     assert qkv.addressable_shards[0].data.shape[0] == qkv.shape[0] // 4
     attn = sharded.params["model"]["layers"][1]["self_attn"]
-    assert attn["o_proj"]["weight"][...].addressable_shards[0].data.shape[1] == attn["o_proj"]["weight"][...].shape[1] // 4
+    o_proj = attn["o_proj"]["weight"][...]
+    assert o_proj.addressable_shards[0].data.shape[1] == o_proj.shape[1] // 4
     assert attn["k_proj"]["weight"][...].sharding.is_fully_replicated  # 2 KV heads < 4 ranks: replicated
     seq = sharded.new_sequence(32)
     ssm = seq.cache.ssm[0]
@@ -110,8 +111,9 @@ def test_restripe_round_trip_and_stripe_contents(models: dict[str, LoadedModel])
         for r in range(tp):  # stripe r = [q_r | k_r | v_r] of the HF rows
             stripe = striped[r * width : (r + 1) * width]
             np.testing.assert_array_equal(stripe[:kd], hf[r * kd : (r + 1) * kd])
-            np.testing.assert_array_equal(stripe[kd : 2 * kd], hf[gdn.key_dim + r * kd : gdn.key_dim + (r + 1) * kd])
-            np.testing.assert_array_equal(stripe[2 * kd :], hf[2 * gdn.key_dim + r * vd : 2 * gdn.key_dim + (r + 1) * vd])
+            k0, v0 = gdn.key_dim, 2 * gdn.key_dim
+            np.testing.assert_array_equal(stripe[kd : 2 * kd], hf[k0 + r * kd : k0 + (r + 1) * kd])
+            np.testing.assert_array_equal(stripe[2 * kd :], hf[v0 + r * vd : v0 + (r + 1) * vd])
     # the placed weight holds rank r's own stripe on device r
     sharded = shard_model(models["gdn"], 4)
     w = sharded.params["model"]["layers"][0]["linear_attn"]["in_proj_qkv"]["weight"][...]
