@@ -146,6 +146,8 @@ class ReplicaSet:
         self.router = Router(len(self.engines), config)
 
     def route(self, prompt: Sequence[int]) -> int:
+        if len(self.engines) == 1:
+            return 0
         loads = [outstanding(e) for e in self.engines]
         ready = [state_ready_prefix(e, prompt) if self.router.config.policy == "prefix" else 0 for e in self.engines]
         return self.router.choose(prompt, loads, ready)

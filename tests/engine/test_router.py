@@ -100,3 +100,19 @@ def test_bench_cli_replicas(tmp_path, capsys) -> None:
     assert data["config"]["replicas"] == 3 and sum(data["clusters"][0]["requests"]) == 40
     assert cli.main(["bench", "--model", "tiny-qwen3.5", "--replicas", "2"]) != 0
     assert "--executor sim" in capsys.readouterr().err
+
+
+def test_llm_data_parallel_replicas_match_one_engine() -> None:
+    from radixflow_jax.engine.llm import LLM
+
+    article = list(range(3, 70))
+    prompts = [article + [100 + i, 200 + i] for i in range(3)] + [[300 + i for i in range(20)]]
+    params = SamplingParams(max_tokens=3)
+    # the step shapes of tests/engine/test_engine.py: the variants come from the session's XLA cache
+    opts = dict(max_num_seqs=4, max_num_batched_tokens=128, page_size=16, max_model_len=1024, warmup=False)
+    one = LLM("tiny-qwen3.5", **opts)
+    two = LLM(one.model, data_parallel_size=2, **opts)
+    assert [o.token_ids for o in two.generate(prompts, params)] == [o.token_ids for o in one.generate(prompts, params)]
+    assert two.replicas.router.routed == [3, 1] or two.replicas.router.routed == [1, 3]  # the article stays together
+    with pytest.raises(ValueError, match="data_parallel_size"):
+        LLM(one.model, data_parallel_size=2, tensor_parallel_size=2)
