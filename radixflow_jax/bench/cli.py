@@ -49,6 +49,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--round-overhead-ms", type=float, default=None, help="sim: fixed cost per round (default: the device spec's)"
     )
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--replicas", type=int, default=1, help="sim: data-parallel engine replicas behind a router")
+    p.add_argument("--router", default="prefix", help="--replicas: prefix | round-robin | least-loaded")
     p.add_argument("--max-num-seqs", type=int, default=None)
     p.add_argument("--max-num-batched-tokens", type=int, default=None)
     p.add_argument("--max-tokens", type=int, default=None, help="override the workload's output length")
@@ -156,6 +158,14 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--round-overhead-ms must be >= 0, got {args.round_overhead_ms}")
     if executor == "model" and (args.buckets != "pow2" or args.round_overhead_ms is not None):
         raise ValueError("--buckets and --round-overhead-ms apply to the simulated executor only")
+    if args.replicas < 1:
+        raise ValueError(f"--replicas must be >= 1, got {args.replicas}")
+    if args.replicas > 1:
+        from radixflow_jax.engine.router import RouterConfig
+
+        RouterConfig(policy=args.router)  # refuses an unknown router before any work
+    if args.replicas > 1 and (executor != "sim" or args.sweep_rates or args.repeats > 1):
+        raise ValueError("--replicas runs simulated replicas: use --executor sim, without --sweep-rates/--repeats")
     rates = parse_rates(args.sweep_rates) if args.sweep_rates else None
     if rates and args.workload.endswith(".jsonl"):
         raise ValueError("--sweep-rates needs a generated workload (a JSONL file carries its own arrival times)")
@@ -198,6 +208,11 @@ def run(args: argparse.Namespace) -> int:
         config.update(buckets=args.buckets, round_overhead_s=overhead if overhead is not None else dev.round_overhead_s,
                       overhead_source=dev.overhead_source if overhead is None else "--round-overhead-ms",
                       mfu=dev.mfu, mbu=dev.mbu)  # fmt: skip
+    if args.replicas > 1:
+        from radixflow_jax.bench.cluster import run_cluster_cli
+
+        return run_cluster_cli(args, cfg, _requests(args, executor, encode), config)
+
     if rates:
         points = sweep(rates, lambda rate: run_at(rate)[1])
         print(format_sweep(points))

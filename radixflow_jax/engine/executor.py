@@ -44,9 +44,9 @@ class ModelExecutor:
         self.shapes = shapes
         self.page_size = page_size
         self.pool_sizes = (num_pages, num_slots)
-        self.cache = init_cache(
+        self.cache = model.place_cache(init_cache(
             model.config, num_pages=num_pages, page_size=page_size, num_slots=num_slots, dtype=model.dtype
-        )
+        ))  # fmt: skip
         self.penalty_window = penalty_window
         self.step = CompiledStep(model.graphdef, model.params, self.cache, shapes, kernels, penalty_window)
         self.progress = progress
@@ -103,7 +103,9 @@ class ModelExecutor:
                 leaf.delete()
         num_pages, num_slots = self.pool_sizes
         cfg, dtype = self.model.config, self.model.dtype
-        self.cache = init_cache(cfg, num_pages=num_pages, page_size=self.page_size, num_slots=num_slots, dtype=dtype)
+        self.cache = self.model.place_cache(
+            init_cache(cfg, num_pages=num_pages, page_size=self.page_size, num_slots=num_slots, dtype=dtype)
+        )
 
 
 def stderr_progress(message: str) -> None:

@@ -81,12 +81,34 @@ def build_engine(model: LoadedModel, ec: EngineConfig) -> EngineCore:
 
 
 class LLM:
-    """Offline generation. ``model``: a preset name, a HF directory or a converted directory."""
+    """Offline generation. ``model``: a preset name, a HF directory or a converted directory.
+    ``tensor_parallel_size`` N > 1: parameters and pools sharded over N devices
+    (``models/sharding.py``); a model whose heads N does not divide is refused naming the field.
+    ``data_parallel_size`` M > 1: M engine replicas (each its own scheduler, cache and pools) behind
+    a ``router`` (``engine/router.py``); they share the model's devices (one group per replica on
+    a multi-device mesh is not wired yet, so M > 1 with N > 1 is refused)."""
 
-    def __init__(self, model: str | LoadedModel, *, dtype: str = "float32", **engine_options: object):
-        self.model = model if isinstance(model, LoadedModel) else load(model, dtype=dtype)
+    def __init__(
+        self, model: str | LoadedModel, *, dtype: str = "float32", tensor_parallel_size: int = 1,
+        data_parallel_size: int = 1, router: str = "prefix", **engine_options: object,
+    ):  # fmt: skip
+        from radixflow_jax.engine.router import ReplicaSet, RouterConfig
+        from radixflow_jax.models.sharding import shard_model
+
         self.config = EngineConfig(**engine_options)  # type: ignore[arg-type]
+        if tensor_parallel_size > 1 and self.config.kernels == "pallas":
+            raise ValueError("tensor_parallel_size > 1 runs the XLA kernel forms: Pallas kernels are not sharded yet")
+        if data_parallel_size < 1 or (data_parallel_size > 1 and tensor_parallel_size > 1):
+            raise ValueError(
+                f"data_parallel_size={data_parallel_size} with tensor_parallel_size={tensor_parallel_size}: "
+                "data_parallel_size must be >= 1, and replicas of a sharded model are not supported yet"
+            )
+        router_config = RouterConfig(policy=router, block=self.config.page_size)
+        loaded = model if isinstance(model, LoadedModel) else load(model, dtype=dtype)
+        self.model = shard_model(loaded, tensor_parallel_size)
         self.engine = build_engine(self.model, self.config)
+        engines = [self.engine] + [build_engine(self.model, self.config) for _ in range(data_parallel_size - 1)]
+        self.replicas = ReplicaSet(engines, router_config)
         self.state_bytes_per_slot = state_bytes_per_slot(self.model.config, self.model.dtype)
 
     def _ids(self, prompt: str | Sequence[int]) -> list[int]:
@@ -109,9 +131,10 @@ class LLM:
         encoded = [self._ids(p) for p in prompts]
         for ids, p in zip(encoded, per):  # validate everything before queueing anything
             self.engine.validate(ids, p)
-        rids = [self.engine.add_request(ids, p) for ids, p in zip(encoded, per)]
-        self.engine.run_until_done()
-        outputs = [self.engine.output(r) for r in rids]
-        for r in rids:
-            self.engine.forget(r)
+        rids = [self.replicas.add_request(ids, p) for ids, p in zip(encoded, per)]
+        while self.replicas.has_unfinished():
+            self.replicas.step()
+        outputs = [self.replicas.output(r) for r in rids]
+        for replica, r in rids:
+            self.replicas.engines[replica].forget(r)
         return outputs

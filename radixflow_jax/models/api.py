@@ -111,7 +111,11 @@ class LoadedModel:
     def new_sequence(self, capacity: int = 2048) -> SequenceState:
         pages = -(-capacity // _PAGE_SIZE)
         cache = init_cache(self.config, num_pages=pages + 1, page_size=_PAGE_SIZE, num_slots=2, dtype=self.dtype)
-        return SequenceState(cache=cache, length=0, capacity=pages * _PAGE_SIZE)
+        return SequenceState(cache=self.place_cache(cache), length=0, capacity=pages * _PAGE_SIZE)
+
+    def place_cache(self, cache: ModelCache) -> ModelCache:
+        """Places fresh pools on the model's devices (one device: as created; see models/sharding)."""
+        return cache
 
     def _run(self, seq: SequenceState, ids: Sequence[int], num_decode: int) -> np.ndarray:
         n = len(ids)

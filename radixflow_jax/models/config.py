@@ -81,6 +81,9 @@ class GdnConfig:
     conv_kernel: int
     packed: bool
     chunk_size: int = 64
+    # tensor parallelism (models/sharding.py): the q/k/v conv channels are laid out in this many
+    # stripes, stripe r holding [q_r | k_r | v_r] of its key heads (1: HF order [q | k | v])
+    qkv_stripes: int = 1
 
     @property
     def key_dim(self) -> int:

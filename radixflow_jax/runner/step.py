@@ -24,6 +24,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from jax.sharding import NamedSharding
 
 from radixflow_jax.kernels import ops
 from radixflow_jax.models.batch import Batch, ModelCache
@@ -79,6 +80,21 @@ def array_specs(variant: Variant, max_pages: int, penalty_window: int = 0) -> di
     return {k: jax.ShapeDtypeStruct(s, d) for k, (s, d) in shapes.items()}
 
 
+def _spec_of(x: jax.Array) -> jax.ShapeDtypeStruct:
+    sharding = x.sharding if isinstance(getattr(x, "sharding", None), NamedSharding) else None
+    return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding)
+
+
+def _pin_cache(step: Callable, shardings: ModelCache) -> Callable:
+    """The step with its output pools constrained to the input pools' shardings (donation reuses them)."""
+
+    def pinned(params: nnx.State, cache: ModelCache, a: dict[str, jax.Array]) -> tuple[ModelCache, jax.Array]:
+        cache, out = step(params, cache, a)
+        return jax.lax.with_sharding_constraint(cache, shardings), out
+
+    return pinned
+
+
 class CompiledStep:
     """Compiled executables per variant, built with the kernel backend ``kernels``."""
 
@@ -90,8 +106,12 @@ class CompiledStep:
         self.penalty_window = penalty_window
         self.shapes = shapes
         self.kernels = kernels
-        self._params_spec = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), params)
-        self._cache_spec = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), cache)
+        # shardings of params and pools are part of the compiled signature (tensor parallelism:
+        # models/sharding.py); the pools keep their sharding across rounds
+        self._params_spec = jax.tree.map(_spec_of, params)
+        self._cache_spec = jax.tree.map(_spec_of, cache)
+        sharded = any(isinstance(x.sharding, NamedSharding) for x in jax.tree.leaves(cache))
+        self._cache_shardings = jax.tree.map(lambda x: x.sharding, cache) if sharded else None
         self._compiled: dict[Variant, Callable] = {}
         self.num_compiles = 0
         self.compile_seconds = 0.0
@@ -102,7 +122,10 @@ class CompiledStep:
         if self.strict:
             raise CompileAfterWarmupError(f"step variant {variant} was not compiled at warm-up")
         start = time.perf_counter()
-        fn = jax.jit(make_step(self.graphdef, variant.num_decode), donate_argnums=(1,))
+        step = make_step(self.graphdef, variant.num_decode)
+        if self._cache_shardings is not None:
+            step = _pin_cache(step, self._cache_shardings)
+        fn = jax.jit(step, donate_argnums=(1,))
         with ops.use_backend(self.kernels):
             lowered = fn.lower(
                 self._params_spec, self._cache_spec,

@@ -46,6 +46,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--penalty-window", type=int, default=None,
                    help="longest context (tokens) a request with penalties may have (default min(max-model-len, 4096))")
     p.add_argument("--kernels", default="auto", choices=("auto", "reference", "pallas"))
+    p.add_argument("--tp", type=int, default=1, help="tensor-parallel size: shard the model over this many devices")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-warmup", action="store_true", help="compile step variants lazily instead of at start-up")
     p.add_argument("--compilation-cache-dir", default=DEFAULT_CACHE)
@@ -102,7 +103,9 @@ def build_state(args: argparse.Namespace) -> Any:
 
     if args.max_waiting is not None and args.max_waiting < 1:
         raise ValueError(f"--max-waiting must be >= 1, got {args.max_waiting}")
-    model = load(args.model, dtype=args.dtype)
+    from radixflow_jax.models.sharding import shard_model
+
+    model = shard_model(load(args.model, dtype=args.dtype), args.tp)
     ec = EngineConfig(
         max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens, page_size=args.page_size,
         num_kv_pages=args.num_kv_pages, num_state_slots=args.num_state_slots, max_model_len=args.max_model_len,

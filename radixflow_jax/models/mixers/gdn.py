@@ -64,10 +64,11 @@ class GatedDeltaNet(nnx.Module):
         ba = self.in_proj_ba(x).reshape(num_tokens, cfg.num_k_heads, 2 * ratio)
         b = ba[..., :ratio].reshape(num_tokens, cfg.num_v_heads)
         a = ba[..., ratio:].reshape(num_tokens, cfg.num_v_heads)
+        s = cfg.qkv_stripes  # stripe r: [q_r | k_r | v_r] (s == 1: HF order)
         qkv = jnp.concatenate(
-            [q.reshape(num_tokens, -1), k.reshape(num_tokens, -1), v.reshape(num_tokens, -1)], axis=-1
+            [q.reshape(num_tokens, s, -1), k.reshape(num_tokens, s, -1), v.reshape(num_tokens, s, -1)], axis=-1
         )
-        return qkv, z, b, a
+        return qkv.reshape(num_tokens, cfg.conv_dim), z, b, a
 
     def __call__(
         self,
@@ -87,9 +88,12 @@ class GatedDeltaNet(nnx.Module):
         )
 
         def prepare(qkv: jax.Array) -> tuple[jax.Array, ...]:
-            q = l2norm(qkv[:, : cfg.key_dim].reshape(num_tokens, cfg.num_k_heads, cfg.head_k_dim))
-            k = l2norm(qkv[:, cfg.key_dim : 2 * cfg.key_dim].reshape(num_tokens, cfg.num_k_heads, cfg.head_k_dim))
-            v = qkv[:, 2 * cfg.key_dim :].reshape(num_tokens, cfg.num_v_heads, cfg.head_v_dim)
+            s = cfg.qkv_stripes
+            kd = cfg.key_dim // s
+            striped = qkv.reshape(num_tokens, s, -1)  # channels of stripe r: [q_r | k_r | v_r]
+            q = l2norm(striped[..., :kd].reshape(num_tokens, cfg.num_k_heads, cfg.head_k_dim))
+            k = l2norm(striped[..., kd : 2 * kd].reshape(num_tokens, cfg.num_k_heads, cfg.head_k_dim))
+            v = striped[..., 2 * kd :].reshape(num_tokens, cfg.num_v_heads, cfg.head_v_dim)
             return q, k, v, g, beta
 
         core, _, conv_pool, ssm_pool = recurrent_mix(

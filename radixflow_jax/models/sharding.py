@@ -1,0 +1,210 @@
+"""Tensor parallelism: a ``("data", "tensor")`` mesh, a partition spec per parameter and pool, and
+the load-time re-striping of Qwen3.5's split ``in_proj_qkv`` / conv channels.
+
+The step stays one SPMD program: parameters and pools are placed with ``NamedSharding`` and the
+jitted step is partitioned by XLA (GSPMD), which inserts the reductions after row-parallel
+projections. What is split on which axis (see docs/architecture.md, "Sharding"):
+
+* attention: ``q_proj`` and (when the KV heads divide N) ``k_proj``/``v_proj`` column-parallel on
+  heads, KV pages on the KV-head axis; KV projections and pages are replicated when N exceeds the
+  KV heads (N must then be a multiple of them); ``o_proj`` row-parallel;
+* Gated DeltaNet: key heads with their value heads. Qwen3-Next's ``in_proj_qkvz``/``in_proj_ba`` are
+  already grouped by key head; Qwen3.5's ``in_proj_qkv`` rows and the conv weight / conv-state
+  channels are re-striped (:func:`stripe_permutation`) so stripe r holds ``[q_r | k_r | v_r]`` and
+  each rank's contiguous slice is its own; recurrent state ``[S, Hv, dk, dv]`` on heads;
+  ``A_log``/``dt_bias`` local; ``out_proj`` row-parallel;
+* Mamba2: ``A_log``/``D``/``dt_bias``, the SSD state ``[S, H, P, N]`` and ``out_proj`` (rows) on
+  heads; ``in_proj``, the conv channels and the gated norm stay replicated (their segments mix
+  heads with groups; see the table for why);
+* MLP and MoE experts: gate/up column-parallel, down row-parallel; router and norms replicated.
+
+Invariant: sharding never changes the math: logits and states equal one device's up to float
+reduction order (tests/multidevice).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from radixflow_jax.models.api import LoadedModel
+from radixflow_jax.models.batch import ModelCache
+from radixflow_jax.models.config import ConfigError, GdnConfig, ModelConfig
+from radixflow_jax.models.weights import abstract_model
+
+TENSOR = "tensor"
+DATA = "data"
+_COLUMN = {"q_proj", "k_proj", "v_proj", "gate_proj", "up_proj", "in_proj_qkvz", "in_proj_ba",
+           "in_proj_qkv", "in_proj_z", "in_proj_a", "in_proj_b"}  # fmt: skip
+_ROW = {"o_proj", "down_proj", "out_proj"}
+
+
+def make_mesh(tensor_parallel_size: int, data_parallel_size: int = 1) -> Mesh:
+    """A ``(data, tensor)`` mesh over the first ``data * tensor`` local devices."""
+    n = tensor_parallel_size * data_parallel_size
+    if tensor_parallel_size < 1 or data_parallel_size < 1:
+        raise ValueError(f"mesh sizes must be >= 1, got tensor={tensor_parallel_size} data={data_parallel_size}")
+    devices = jax.devices()
+    if n > len(devices):
+        raise ValueError(f"a mesh of {n} devices needs {n} devices; {len(devices)} are available")
+    return Mesh(np.asarray(devices[:n]).reshape(data_parallel_size, tensor_parallel_size), (DATA, TENSOR))
+
+
+def kv_heads_sharded(cfg: ModelConfig, tp: int) -> bool:
+    return cfg.attention is not None and cfg.attention.num_kv_heads % tp == 0
+
+
+def check_tensor_parallel(cfg: ModelConfig, tp: int) -> None:
+    """Raises :class:`ConfigError` naming the HF config field whose size ``tp`` does not divide."""
+    if tp < 1:
+        raise ConfigError(f"tensor_parallel_size must be >= 1, got {tp}")
+
+    def need(value: int, field: str) -> None:
+        if value % tp:
+            raise ConfigError(f"tensor_parallel_size={tp} does not divide {field}={value}")
+
+    if cfg.attention_layers:
+        att = cfg.attention
+        assert att is not None
+        need(att.num_heads, "num_attention_heads")
+        if att.num_kv_heads % tp and tp % att.num_kv_heads:
+            raise ConfigError(
+                f"tensor_parallel_size={tp} and num_key_value_heads={att.num_kv_heads}: one must divide the other"
+            )
+    if cfg.gdn is not None and any(cfg.mixers[i] == "gdn" for i in cfg.recurrent_layers):
+        need(cfg.gdn.num_k_heads, "linear_num_key_heads")
+    if cfg.mamba is not None and any(cfg.mixers[i] != "gdn" for i in cfg.recurrent_layers):
+        need(cfg.mamba.num_heads, "mamba_n_heads")
+    need(cfg.intermediate_size, "intermediate_size")
+    if cfg.moe is not None:
+        need(cfg.moe.intermediate_size, "moe_intermediate_size")
+        if cfg.moe.shared_intermediate_size:
+            need(cfg.moe.shared_intermediate_size, "shared_expert_intermediate_size")
+
+
+# --- re-striping of Qwen3.5's q/k/v channels -------------------------------------------------
+
+
+def stripe_permutation(gdn: GdnConfig, stripes: int) -> np.ndarray:
+    """``perm`` with ``striped = hf[perm]`` over the ``conv_dim`` channels: stripe r is
+    ``[q_r | k_r | v_r]``, the q, k and v channels of key heads ``r*nk/s .. (r+1)*nk/s``."""
+    kd, vd = gdn.key_dim // stripes, gdn.value_dim // stripes
+    parts = []
+    for r in range(stripes):
+        parts += [np.arange(r * kd, (r + 1) * kd), gdn.key_dim + np.arange(r * kd, (r + 1) * kd)]
+        parts.append(2 * gdn.key_dim + np.arange(r * vd, (r + 1) * vd))
+    return np.concatenate(parts)
+
+
+def restripe(x: Any, gdn: GdnConfig, stripes: int, axis: int) -> Any:
+    """HF channel order -> ``stripes`` stripes along ``axis``."""
+    return jnp.take(x, stripe_permutation(gdn, stripes), axis=axis)
+
+
+def unstripe(x: Any, gdn: GdnConfig, stripes: int, axis: int) -> Any:
+    """Inverse of :func:`restripe`."""
+    return jnp.take(x, np.argsort(stripe_permutation(gdn, stripes)), axis=axis)
+
+
+# --- partition specs ---------------------------------------------------------------------------
+
+
+def _names(path: tuple[Any, ...]) -> list[str]:
+    return [str(getattr(k, "key", getattr(k, "name", getattr(k, "idx", k)))) for k in path]
+
+
+def param_spec(cfg: ModelConfig, path: tuple[Any, ...], ndim: int, tp: int) -> P:
+    """The partition spec of one parameter (weights in ``[out, in]`` layout; experts ``[E, in, out]``)."""
+    names = _names(path)
+    if tp == 1 or ndim == 0:
+        return P()
+    mamba = "mamba" in names or "ssm" in names
+    module = names[-3] if names[-1] == "value" and len(names) >= 3 else names[-2]
+    leaf = names[-2] if names[-1] == "value" else names[-1]
+    if module in ("k_proj", "v_proj") and not kv_heads_sharded(cfg, tp):
+        return P()
+    if "experts" in names and ndim == 3:
+        return P(None, TENSOR, None) if leaf == "down_proj" else P(None, None, TENSOR)
+    if leaf in ("A_log", "dt_bias", "D") and ndim == 1:
+        return P(TENSOR)
+    if mamba:  # in_proj / conv / gated norm mix heads and groups: replicated
+        return P(None, TENSOR) if module == "out_proj" and ndim == 2 else P()
+    if module == "conv1d" and leaf == "weight" and cfg.gdn is not None:
+        return P(TENSOR, None, None)
+    if module in _COLUMN:
+        return P(TENSOR, None) if ndim == 2 else P(TENSOR)
+    if module in _ROW and ndim == 2:
+        return P(None, TENSOR)
+    return P()
+
+
+def cache_specs(cfg: ModelConfig, tp: int) -> ModelCache:
+    """Specs of the pools: KV pages on the KV-head axis (replicated when N exceeds the KV heads);
+    GDN conv channels (striped) and states on heads; Mamba2 states on heads, conv replicated."""
+    kv = P(None, None, TENSOR, None) if kv_heads_sharded(cfg, tp) else P()
+    conv, ssm = [], []
+    for i in cfg.recurrent_layers:
+        gdn = cfg.mixers[i] == "gdn"
+        conv.append(P(None, None, TENSOR) if gdn else P())
+        ssm.append(P(None, TENSOR, None, None))
+    return ModelCache(tuple((kv, kv) for _ in cfg.attention_layers), tuple(conv), tuple(ssm))
+
+
+class ShardedModel(LoadedModel):
+    """A :class:`LoadedModel` whose parameters live on a tensor-parallel mesh; pools it creates are
+    placed by :func:`cache_specs`. ``config.gdn.qkv_stripes == tensor_parallel_size``."""
+
+    def __init__(self, base: LoadedModel, mesh: Mesh):
+        tp = mesh.shape[TENSOR]
+        check_tensor_parallel(base.config, tp)
+        cfg = base.config
+        if cfg.gdn is not None:
+            cfg = dataclasses.replace(cfg, gdn=dataclasses.replace(cfg.gdn, qkv_stripes=tp))
+        graphdef, _ = abstract_model(cfg, base.dtype)
+        gdn, unpacked = cfg.gdn, cfg.gdn is not None and not cfg.gdn.packed
+
+        def place(path: tuple[Any, ...], x: jax.Array) -> jax.Array:
+            names = _names(path)
+            if gdn is not None and "linear_attn" in names:
+                if ("conv1d" in names and "weight" in names) or (unpacked and "in_proj_qkv" in names):
+                    x = restripe(x, gdn, tp, axis=0)  # packed qkvz is grouped per key head already
+            return jax.device_put(x, NamedSharding(mesh, param_spec(cfg, path, x.ndim, tp)))
+
+        params = jax.tree_util.tree_map_with_path(place, base.params)
+        self.mesh = mesh
+        self.tensor_parallel_size = tp
+        super().__init__(base.model_dir, cfg, graphdef, params, base.dtype, base.tokenizer)
+
+    def cache_shardings(self) -> ModelCache:
+        return jax.tree.map(lambda s: NamedSharding(self.mesh, s), cache_specs(self.config, self.tensor_parallel_size),
+                            is_leaf=lambda x: isinstance(x, P))  # fmt: skip
+
+    def place_cache(self, cache: ModelCache) -> ModelCache:
+        return jax.device_put(cache, self.cache_shardings())
+
+    def _forward_impl(self, params, tokens, batch, cache, *, num_decode):  # type: ignore[no-untyped-def]
+        logits, cache = super()._forward_impl(params, tokens, batch, cache, num_decode=num_decode)
+        return logits, jax.lax.with_sharding_constraint(cache, self.cache_shardings())
+
+    def recurrent_states(self, seq):  # type: ignore[no-untyped-def]
+        """As :meth:`LoadedModel.recurrent_states`, with GDN conv channels back in HF order."""
+        states = super().recurrent_states(seq)
+        out = []
+        for i, (conv, ssm) in zip(self.config.recurrent_layers, states):
+            if self.config.mixers[i] == "gdn" and self.config.gdn is not None:
+                conv = np.asarray(unstripe(conv, self.config.gdn, self.tensor_parallel_size, axis=-1))
+            out.append((conv, ssm))
+        return out
+
+
+def shard_model(model: LoadedModel, tensor_parallel_size: int) -> LoadedModel:
+    """``model`` unchanged for N == 1, else a :class:`ShardedModel` on a ``(1, N)`` mesh."""
+    if tensor_parallel_size == 1:
+        return model
+    check_tensor_parallel(model.config, tensor_parallel_size)
+    return ShardedModel(model, make_mesh(tensor_parallel_size))
