@@ -148,8 +148,9 @@ class Scheduler:
         )  # fmt: skip
 
     def _row(
-        self, req: Request, span: int, copy_from: int | None, stats: RoundStats, branch_len: int | None = None
-    ) -> RowPlan:
+        self, req: Request, span: int, copy_from: int | None, stats: RoundStats, branch_len: int | None = None,
+        pair_slot: int | None = None,
+    ) -> RowPlan:  # fmt: skip
         start = req.num_computed
         planted, skipped = self.memory.plant(req, self._placements(req, start, start + span, branch_len))
         stats.checkpoints_planted += len(planted)
@@ -163,6 +164,7 @@ class Scheduler:
             copy_from=copy_from,
             emits=tuple((depth - start, slot) for depth, slot in planted),
             sample=start + span == req.num_tokens,
+            pair_slot=pair_slot,
         )
 
     def _preempt_one(self, keep: Request, scheduled: set[int]) -> bool:
@@ -174,6 +176,7 @@ class Scheduler:
         return False
 
     def _preempt(self, req: Request) -> None:
+        self._roll_back_partners(req)
         self.memory.release(req, keep_prefix=False)
         self.running.remove(req)
         req.status, req.num_computed, req.cached_tokens = RequestStatus.WAITING, 0, 0
@@ -214,6 +217,10 @@ class Scheduler:
             return Decision.STOP_ROUND
         match = cache.match(req.tokens, shared=False) if cache is not None else None
         if match is not None and self.config.hybrid and match.is_consumer:
+            if self.policy.pair:
+                decision = self._pair(req, match, budget, rows, stats)
+                if decision is not None:
+                    return decision
             if req.consumer_waits < self.config.max_consumer_wait:
                 req.consumer_waits += 1
                 if self.policy.consumer is Decision.STOP_ROUND:
@@ -249,6 +256,63 @@ class Scheduler:
         budget[0] -= span
         budget[1] -= 1
         return Decision.ADMIT
+
+    def _pair(self, req: Request, match, budget: list[int], rows: list[RowPlan], stats: RoundStats) -> Decision | None:
+        """Policy ``pair``: admits consumer ``req`` into the round being planned when its producer has
+        an unpaired row in it that emits the pending checkpoint (so the step computes that state
+        before the consumer's rows need it). ``None``: no pairing possible, the caller waits as in
+        ``radixflow``. The consumer takes its own reference on the producer's first ``depth / page``
+        pages (paired pending KV) and a paired reference in the cache (rolled back if the producer is
+        aborted or preempted before its round commits)."""
+        cache, memory, cfg = self.memory.cache, self.memory, self.config
+        node, depth = match.checkpoint_node, match.checkpoint_depth
+        producer = self.requests.get(match.producer_id)
+        if cache is None or node is None or producer is None or depth % cfg.page_size:
+            return None
+        slot_of = node.checkpoint._slot
+        prow = next((r for r in rows if r.request_id == producer.request_id), None)
+        if prow is None or prow.pair_slot is not None or (depth - prow.start, slot_of) not in prow.emits:
+            return None  # planted by an earlier, uncommitted round, or the producer is paired itself
+        span = self._span(depth, req.num_tokens - depth, budget[0])
+        if span == 0 or depth >= req.num_tokens:
+            return None
+        slot = memory.alloc_slot()
+        if slot is None:
+            return Decision.STOP_UNTIL_FREE
+        shared = producer.pages[: depth // cfg.page_size]
+        for page in shared:
+            memory.pages.incref(page)
+        req.pages, req.own_pages = list(shared), list(shared)
+        if not memory.ensure_pages(req, depth + span):
+            memory.slots.decref(slot)
+            memory.release(req, keep_prefix=False)
+            return Decision.STOP_UNTIL_FREE
+        req.slot = slot
+        req.num_computed = req.cached_tokens = depth
+        pair_slot = cache.pair(node, req.request_id)
+        branch_len = cache.match(req.tokens, touch=False, shared=True).shared_len if cfg.branch_checkpoints else None
+        rows.append(self._row(req, span, None, stats, branch_len, pair_slot=pair_slot))
+        stats.consumers_paired += 1
+        budget[0] -= span
+        budget[1] -= 1
+        return Decision.ADMIT
+
+    def _roll_back_partners(self, producer: Request) -> None:
+        """The producer leaves before its round committed: its paired consumers would start from a
+        state nobody is going to commit, so they go back to the head of the queue with nothing
+        computed (their rows in the uncommitted plan are skipped at commit)."""
+        cache = self.memory.cache
+        if cache is None:
+            return
+        for rid in cache.take_paired(producer.request_id):
+            partner = self.requests.get(rid)
+            if partner is None or partner.status is not RequestStatus.RUNNING:
+                continue
+            self.memory.release(partner, keep_prefix=False)
+            self.running.remove(partner)
+            partner.status, partner.num_computed, partner.cached_tokens = RequestStatus.WAITING, 0, 0
+            partner.rolled_back += 1
+            self.waiting.appendleft(partner)
 
     def _shadow(self, queue: Iterable[Request], budget: list[int], stats: RoundStats) -> None:
         """Counts what non-consumers behind a consumer stop could have brought (the bubble). Looks at
@@ -321,8 +385,8 @@ class Scheduler:
         cache = self.memory.cache
         for row in plan.rows:
             req = self.requests[row.request_id]
-            if req.is_finished:
-                continue  # aborted while the round ran
+            if req.status is not RequestStatus.RUNNING:
+                continue  # aborted, or rolled back with its aborted producer, while the round ran
             req.num_computed = row.start + len(row.tokens)
             if cache is not None:
                 cache.commit(req.request_id)
@@ -349,6 +413,7 @@ class Scheduler:
             self._finish(req, reason, keep_prefix=True)
 
     def _finish(self, req: Request, reason: str, *, keep_prefix: bool) -> None:
+        self._roll_back_partners(req)
         self.memory.release(req, keep_prefix=keep_prefix)
         if req in self.running:
             self.running.remove(req)
