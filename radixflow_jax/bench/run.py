@@ -65,7 +65,7 @@ def sim_runner(
     def run(policy: str) -> tuple[RunResult, list[RoundRecord]]:
         ec = dataclasses.replace(cfg.engine, policy=policy)
         engine = build_sim_engine(spec, device, ec, buckets=cfg.buckets, overhead_s=cfg.overhead_s)
-        clock = engine.clock
+        clock = engine.wall_clock  # the virtual clock (engine.clock() subtracts compile pauses)
         assert isinstance(clock, VirtualClock)
         cb = (lambda done, total: progress(policy, done, total)) if progress else None
         outputs = drive(engine, requests, wait=clock.advance, progress=cb)
