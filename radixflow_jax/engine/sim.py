@@ -24,7 +24,7 @@ from radixflow_jax.engine.protocol import StepResult
 from radixflow_jax.engine.specs import DeviceSpec, ModelSpec
 from radixflow_jax.runner.inputs import SamplingRow
 from radixflow_jax.runner.shapes import ShapeConfig, powers_of_two
-from radixflow_jax.scheduler.plan import RoundPlan
+from radixflow_jax.scheduler.plan import RoundPlan, RoundStats, RowPlan
 
 
 class VirtualClock:
@@ -179,7 +179,13 @@ class SimExecutor:
         self.shapes = shapes
         self.token = token
 
-    def execute(self, plan: RoundPlan, sampling: Mapping[int, SamplingRow]) -> StepResult:
+    def plan_cost(self, rows: Sequence[RowPlan]) -> float:
+        """Seconds a round of ``rows`` would take (padded as :meth:`execute` pads): the round cost
+        the scheduler's ``pair`` fill rule asks for."""
+        num_decode = sum(1 for r in rows if r.is_decode)
+        return self._time(RoundPlan(rows=tuple(rows), num_decode=num_decode, stats=RoundStats()))[0]
+
+    def _time(self, plan: RoundPlan) -> tuple[float, int, int]:
         all_decode = plan.num_decode == len(plan.rows)
         if isinstance(self.shapes, BucketSet):
             token_slots, row_slots = self.shapes.select(plan.num_tokens, len(plan.rows), all_decode)
@@ -188,7 +194,10 @@ class SimExecutor:
             token_slots, row_slots = variant.num_tokens, variant.num_rows
         else:
             token_slots, row_slots = plan.num_tokens, len(plan.rows)
-        seconds = self.cost.round_time(plan, token_slots, row_slots)
+        return self.cost.round_time(plan, token_slots, row_slots), token_slots, row_slots
+
+    def execute(self, plan: RoundPlan, sampling: Mapping[int, SamplingRow]) -> StepResult:
+        seconds, token_slots, row_slots = self._time(plan)
         self.clock.advance(seconds)
         sampled = {row.request_id: self.token for row in plan.rows if row.sample}
         return StepResult(sampled, token_slots, row_slots, 0.0, seconds)

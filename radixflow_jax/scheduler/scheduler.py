@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-from typing import Iterable
+from typing import Callable, Iterable, Sequence
 
 from radixflow_jax.cache import CacheConfig, PagePool, RadixCache, SlotPool, placement
 from radixflow_jax.scheduler.admission import QUEUE_ORDERS, Decision, get_policy
@@ -72,6 +72,9 @@ class Scheduler:
         self.requests: dict[int, Request] = {}
         self.round_index = 0
         self._siblings: dict[tuple[int, ...], list[Request]] = {}  # this round's waiting, by first grid
+        # policy pair's fill rule: seconds a round of these rows takes (the executor's round cost
+        # model); None: no cost model wired, pair fills like radixflow
+        self.round_cost: Callable[[Sequence[RowPlan]], float] | None = None
 
     # ----------------------------------------------------------------- queue management
     def max_request_tokens(self) -> int:
@@ -297,6 +300,32 @@ class Scheduler:
         budget[1] -= 1
         return Decision.ADMIT
 
+    def _fill_pays(self, req: Request, rows: list[RowPlan], budget: list[int]) -> bool:
+        """Policy pair's cost-aware fill rule, for a request scanned after a consumer was skipped (a
+        *fill*: native would not admit it this round). Admit it only if the time it adds to this
+        round, paid by every request already in it, is smaller than what it saves: about one round
+        of waiting for itself and for each waiting sibling that shares its first grid of tokens
+        (they can pair with it, or read its checkpoint, one round earlier). Consumers (they pair or
+        wait) and an empty round always pass."""
+        if not rows or self.round_cost is None:
+            return True
+        cache = self.memory.cache
+        match = cache.match(req.tokens, touch=False, shared=False) if cache is not None else None
+        if match is not None and match.is_consumer:
+            return True
+        hit = match.hit_len if match is not None else 0
+        span = self._span(hit, req.num_tokens - hit, budget[0])
+        if span == 0:
+            return True  # _decide answers STOP_ROUND
+        row = RowPlan(req.request_id, req.tokens[hit : hit + span], hit, (), 0, 0 if hit else None, (), True)
+        base = self.round_cost(rows)
+        added = self.round_cost([*rows, row]) - base
+        g = self.config.grid
+        siblings = sum(
+            1 for sib in self._siblings.get(req.tokens[:g], ()) if sib is not req and sib.status is RequestStatus.WAITING
+        )
+        return added * len(rows) < base * (1 + siblings)
+
     def _roll_back_partners(self, producer: Request) -> None:
         """The producer leaves before its round committed: its paired consumers would start from a
         state nobody is going to commit, so they go back to the head of the queue with nothing
@@ -344,8 +373,15 @@ class Scheduler:
         self._index_waiting()
         self._schedule_running(rows, budget, stats)
         queue = self._order()
+        skipped_consumer = False
         for i, req in enumerate(queue):
+            if skipped_consumer and self.policy.pair and self.round_cost is not None and not self._fill_pays(req, rows, budget):
+                stats.fill_declined += 1
+                continue
+            paired = stats.consumers_paired
             decision = self._decide(req, budget, rows, stats)
+            if decision is Decision.WAIT_LOCAL or stats.consumers_paired > paired:
+                skipped_consumer = True  # native would have stopped the scan here: what follows is fill
             if decision is Decision.ADMIT:
                 self.waiting.remove(req)
                 self.running.append(req)
