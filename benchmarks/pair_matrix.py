@@ -3,7 +3,8 @@ session arrivals (RACE 1500 requests, QuALITY 300) at rates where native's utili
 0.6, 0.8 and 0.9 (the 0.8 rates of docs/results.md section 1, scaled by 0.75 and 1.12), for
 qwen3.5-9b, qwen3.5-27b and qwen3.5-35b-a3b. Prints one markdown row per case.
 
-    python benchmarks/pair_matrix.py
+    python benchmarks/pair_matrix.py            # sessions
+    python benchmarks/pair_matrix.py --bursts   # the burst rows of docs/results.md section 3
 """
 
 from __future__ import annotations
@@ -34,5 +35,29 @@ def main() -> None:
             )
 
 
+
+
+def bursts() -> None:
+    """The burst rows of docs/results.md section 3 (every hybrid and the control) with ``pair``."""
+    from benchmarks.paper_table import CONTROL, HYBRIDS, OVERLOAD
+    from radixflow_jax.bench.workloads import WorkloadSpec, generate
+
+    print("| model | workload | mean lat native / radixflow / pair (s) | pair vs native | pair vs radixflow | reuse n / rf / pair |")
+    print("|---|---|---|---|---|---|")
+    for workload, arrival, rate, n in OVERLOAD:
+        reqs = generate(WorkloadSpec(workload, num_requests=n, arrival=arrival, rate=rate, seed=0))
+        for name, device in HYBRIDS + (CONTROL,):
+            nat, flow, pair = _runs(name, device, reqs, policies=("native", "radixflow", "pair"))
+            lat = [r.mean_latency_s for r in (nat, flow, pair)]
+            print(
+                f"| {name} ({device}) | {workload} {arrival} @{rate:g}/s, {n} req | {lat[0]:.3f} / {lat[1]:.3f} / "
+                f"{lat[2]:.3f} | {lat[2] / lat[0] - 1:+.1%} | {lat[2] / lat[1] - 1:+.1%} "
+                f"| {nat.reuse:.1%} / {flow.reuse:.1%} / {pair.reuse:.1%} |",
+                flush=True,
+            )
+
+
 if __name__ == "__main__":
-    main()
+    import sys
+
+    bursts() if sys.argv[1:] == ["--bursts"] else main()
