@@ -304,9 +304,11 @@ class Scheduler:
         """Policy pair's cost-aware fill rule, for a request scanned after a consumer was skipped (a
         *fill*: native would not admit it this round). Admit it only if the time it adds to this
         round, paid by every request already in it, is smaller than what it saves: about one round
-        of waiting for itself and for each waiting sibling that shares its first grid of tokens
-        (they can pair with it, or read its checkpoint, one round earlier). Consumers (they pair or
-        wait) and an empty round always pass."""
+        of waiting for each waiting sibling that shares its first grid of tokens (they can pair with
+        it, or read its checkpoint, one round earlier). Its own earlier start is not counted: on
+        compute-bound rounds it only moves its work ahead of requests already in the round (counting
+        it lost 2.9 % to native on qwen3.5-27b RACE sessions, docs/results.md). Consumers (they pair
+        or wait) and an empty round always pass."""
         if not rows or self.round_cost is None:
             return True
         cache = self.memory.cache
@@ -324,7 +326,7 @@ class Scheduler:
         siblings = sum(
             1 for sib in self._siblings.get(req.tokens[:g], ()) if sib is not req and sib.status is RequestStatus.WAITING
         )
-        return added * len(rows) < base * (1 + siblings)
+        return added * len(rows) < base * siblings
 
     def _roll_back_partners(self, producer: Request) -> None:
         """The producer leaves before its round committed: its paired consumers would start from a
