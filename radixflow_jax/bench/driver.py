@@ -41,6 +41,7 @@ class RunResult:
     checkpoints_planted: int = 0
     checkpoints_skipped: int = 0
     checkpoints_evicted_unused: int = 0
+    consumers_paired: int = 0  # consumers run in their producer's round (policy pair)
     latencies: tuple[float, ...] = dataclasses.field(default=(), repr=False)
 
     def as_dict(self) -> dict[str, float | int | str]:
@@ -133,5 +134,6 @@ def summarize(policy: str, engine: EngineCore, outputs: list[RequestOutput], num
         checkpoints_planted=sum(r.checkpoints_planted for r in recs),
         checkpoints_skipped=sum(r.checkpoints_skipped for r in recs),
         checkpoints_evicted_unused=sum(r.checkpoints_evicted_unused for r in recs),
+        consumers_paired=sum(r.consumers_paired for r in recs),
         latencies=tuple(float(x) for x in lat),
     )

@@ -116,7 +116,9 @@ def build_sim_engine(
     clock = VirtualClock()
     cost = RooflineCost(spec, device, overhead_s=overhead_s)
     bucket_set = BucketSet(buckets, ec.max_num_batched_tokens, ec.max_num_seqs)
-    return wire_engine(wiring, lambda shapes: SimExecutor(cost, clock, bucket_set), clock=clock)
+    engine = wire_engine(wiring, lambda shapes: SimExecutor(cost, clock, bucket_set), clock=clock)
+    engine.scheduler.round_cost = engine.executor.plan_cost  # policy pair's fill rule: the roofline
+    return engine
 
 
 def run_sim(

@@ -204,6 +204,7 @@ class RadixCache(TreeStore):
             nodes.discard(node)
         if not nodes:
             del self._pending[producer_id]
+            self._paired.pop(producer_id, None)  # its round is committed: partners now read written state
         return done
 
     def unpublish(self, producer_id: int) -> int:
@@ -212,6 +213,7 @@ class RadixCache(TreeStore):
         the rollback of a tentative plan that was not admitted. Returns how many checkpoints were
         dropped. Committed data of the producer stays."""
         nodes = self._pending.pop(producer_id, set())
+        self._paired.pop(producer_id, None)  # the caller took (and rolled back) its partners first
         dropped = 0
         for node in sorted(nodes, key=lambda n: n.depth, reverse=True):  # children first
             ckpt = node.checkpoint
@@ -233,6 +235,36 @@ class RadixCache(TreeStore):
         slot = node.checkpoint.slot
         node.checkpoint.reads += 1
         return slot
+
+    # ------------------------------------------------------------------ paired references (policy pair)
+
+    def pair(self, node: Node, consumer_id: int) -> int:
+        """A *paired* reference: ``consumer_id`` runs in the round that writes ``node``'s pending
+        checkpoint and starts from the producer's in-round state at ``node.depth`` (taken inside the
+        same step, never read from the pool). Returns the pending checkpoint's slot (the runner uses
+        it to find the producer's emit). The pairing lasts until the producer's :meth:`commit`; a
+        producer that is aborted or preempted first must have its partners rolled back
+        (:meth:`take_paired` before :meth:`unpublish`). ``ValueError`` unless the checkpoint is pending."""
+        ckpt = node.checkpoint
+        if ckpt is None or not ckpt.pending or not node.attached:
+            raise ValueError(f"pair needs a pending checkpoint: {node!r}")
+        self._paired.setdefault(ckpt.producer_id, set()).add(consumer_id)
+        return ckpt._slot
+
+    def take_paired(self, producer_id: int) -> tuple[int, ...]:
+        """Removes and returns (ascending) the consumers paired with ``producer_id``'s uncommitted round."""
+        return tuple(sorted(self._paired.pop(producer_id, ())))
+
+    def unpair(self, consumer_id: int) -> None:
+        """The consumer is gone (finished, aborted, rolled back): drop its paired reference."""
+        for producer in [p for p, cs in self._paired.items() if consumer_id in cs]:
+            self._paired[producer].discard(consumer_id)
+            if not self._paired[producer]:
+                del self._paired[producer]
+
+    def paired(self) -> dict[int, tuple[int, ...]]:
+        """Producer -> its paired consumers (ascending), for invariants and tests."""
+        return {p: tuple(sorted(cs)) for p, cs in sorted(self._paired.items())}
 
     def pending_producers(self) -> tuple[int, ...]:
         """Producers with pending KV or checkpoints, ascending."""

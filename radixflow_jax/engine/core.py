@@ -92,6 +92,8 @@ class RoundRecord:
     build_s: float
     step_s: float
     num_decode: int = 0  # one-token rows of the plan
+    consumers_paired: int = 0  # consumers admitted into their producer's round (policy pair)
+    fill_declined: int = 0  # fill requests pair's cost rule kept out of the round
     decode_slots: int = 0  # the variant's decode region (rows taking the one-step updates)
 
     @property
@@ -372,6 +374,8 @@ class EngineCore:
                 step_s=result.step_s,
                 num_decode=plan.num_decode,
                 decode_slots=result.decode_slots,
+                consumers_paired=st.consumers_paired,
+                fill_declined=st.fill_declined,
             )
         )
 

@@ -7,7 +7,9 @@ Cost models:
     (DESIGN.md section 8): the dense work (projections, MLPs, chunked scans, the LM head) over every
     *token slot* of the variant, so padding costs as much as a real token and a filled bubble is
     free; attention, KV reads and state traffic (read, write, copy-in, checkpoint emits) over the
-    real rows only; weights read once per round; the fixed per-round cost from the device spec;
+    real rows only; weights read once per round; the fixed per-round cost from the device spec; a
+    round with a paired consumer (policy ``pair``) pays the pairing phase, a second conv + chunked
+    scan over the prefill slots (the weights are still read once);
   * :class:`CalibratedCost`: measured step times of the model executor per step variant, with a
     least-squares line over token and row slots for variants never measured.
 Sampled tokens are a fixed id, so simulated requests end by ``max_tokens`` (run with ``ignore_eos``).
@@ -22,7 +24,7 @@ from radixflow_jax.engine.protocol import StepResult
 from radixflow_jax.engine.specs import DeviceSpec, ModelSpec
 from radixflow_jax.runner.inputs import SamplingRow
 from radixflow_jax.runner.shapes import ShapeConfig, powers_of_two
-from radixflow_jax.scheduler.plan import RoundPlan
+from radixflow_jax.scheduler.plan import RoundPlan, RoundStats, RowPlan
 
 
 class VirtualClock:
@@ -54,6 +56,9 @@ class RooflineCost:
         m, dev = self.model, self.device
         slots = max(token_slots, plan.num_tokens)
         flops = 2.0 * m.active_params * slots + m.recurrent_flops_per_token * slots
+        if any(row.pair_slot is not None for row in plan.rows):
+            # policy pair: the pairing phase runs the conv and chunked scan again over the prefill slots
+            flops += m.recurrent_flops_per_token * max(slots - plan.num_decode, 0)
         kv_read = 0.0
         state_io = 0
         for row in plan.rows:
@@ -174,7 +179,13 @@ class SimExecutor:
         self.shapes = shapes
         self.token = token
 
-    def execute(self, plan: RoundPlan, sampling: Mapping[int, SamplingRow]) -> StepResult:
+    def plan_cost(self, rows: Sequence[RowPlan]) -> float:
+        """Seconds a round of ``rows`` would take (padded as :meth:`execute` pads): the round cost
+        the scheduler's ``pair`` fill rule asks for."""
+        num_decode = sum(1 for r in rows if r.is_decode)
+        return self._time(RoundPlan(rows=tuple(rows), num_decode=num_decode, stats=RoundStats()))[0]
+
+    def _time(self, plan: RoundPlan) -> tuple[float, int, int]:
         all_decode = plan.num_decode == len(plan.rows)
         if isinstance(self.shapes, BucketSet):
             token_slots, row_slots = self.shapes.select(plan.num_tokens, len(plan.rows), all_decode)
@@ -183,7 +194,10 @@ class SimExecutor:
             token_slots, row_slots = variant.num_tokens, variant.num_rows
         else:
             token_slots, row_slots = plan.num_tokens, len(plan.rows)
-        seconds = self.cost.round_time(plan, token_slots, row_slots)
+        return self.cost.round_time(plan, token_slots, row_slots), token_slots, row_slots
+
+    def execute(self, plan: RoundPlan, sampling: Mapping[int, SamplingRow]) -> StepResult:
+        seconds, token_slots, row_slots = self._time(plan)
         self.clock.advance(seconds)
         sampled = {row.request_id: self.token for row in plan.rows if row.sample}
         return StepResult(sampled, token_slots, row_slots, 0.0, seconds)

@@ -27,7 +27,10 @@ from radixflow_jax.models.config import ModelConfig
 class Batch(NamedTuple):
     """``source_slots``/``fresh`` (optional): row r's recurrent layers start from the state in
     ``source_slots[r]`` (a checkpoint copied on write: the result goes to ``state_slots[r]``), or
-    from a zero state where ``fresh[r]``; without them a row starts from ``state_slots[r]``."""
+    from a zero state where ``fresh[r]``; without them a row starts from ``state_slots[r]``.
+    ``pair_emit`` (optional, policy ``pair``): a row with ``pair_emit[r] >= 0`` is a paired consumer
+    (a prefill row); its initial state is the state the round's emit ``pair_emit[r]`` takes from an
+    unpaired row of the same call, and its KV pages below its span are that producer's."""
 
     cu_seqlens: jax.Array  # int32 [R + 1]
     kv_lens: jax.Array  # int32 [R]
@@ -36,6 +39,7 @@ class Batch(NamedTuple):
     state_slots: jax.Array  # int32 [R]
     source_slots: jax.Array | None = None  # int32 [R]
     fresh: jax.Array | None = None  # bool [R]
+    pair_emit: jax.Array | None = None  # int32 [R]: paired consumer rows start from emit pair_emit[r]; -1: no
 
 
 class ModelCache(NamedTuple):

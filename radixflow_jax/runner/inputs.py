@@ -76,6 +76,7 @@ class StepArrays:
     ctx_ids: np.ndarray  # int32 [R, W]: penalised rows' prompt + output ids, -1 = empty
     ctx_out: np.ndarray  # bool [R, W]: the entry is a generated token
     want_logprobs: np.ndarray  # bool [R]: the row asked for logprobs (the step skips them when none did)
+    pair_emit: np.ndarray  # int32 [R]: a paired consumer's initial state is emit pair_emit[r]; -1 = unpaired
     plan_rows: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0, np.int64))
     """host only: the array row of each plan row (``sampled[plan_rows[i]]`` belongs to ``plan.rows[i]``)"""
 
@@ -130,6 +131,7 @@ def build_arrays(
         ctx_ids=np.full((r, penalty_window), -1, np.int32),
         ctx_out=np.zeros((r, penalty_window), np.bool_),
         want_logprobs=np.zeros(r, np.bool_),
+        pair_emit=np.full(r, -1, np.int32),
     )
     rows = plan.rows[:d] + (_PAD_DECODE,) * (variant.num_decode - d) + prefill
     nr = len(rows)
@@ -163,6 +165,16 @@ def build_arrays(
     emits = [(i, offset, slot) for i, row in enumerate(rows) for offset, slot in row.emits]
     if emits:
         a.emit_rows[: len(emits)], a.emit_offsets[: len(emits)], a.emit_slots[: len(emits)] = zip(*emits)
+    emit_of = {slot: j for j, (_, _, slot) in enumerate(emits)}
+    for i, row in enumerate(rows):
+        if row.pair_slot is not None:
+            j = emit_of.get(row.pair_slot)
+            if j is None or rows[emits[j][0]].pair_slot is not None or i < d:
+                raise ValueError(
+                    f"request {row.request_id} pairs with checkpoint slot {row.pair_slot}, which no unpaired "
+                    "prefill row of the round emits"
+                )
+            a.pair_emit[i] = j
     params = [sampling.get(row.request_id, GREEDY) for row in rows]
     a.temperature[:nr] = [p.temperature for p in params]
     a.top_k[:nr] = [p.top_k for p in params]

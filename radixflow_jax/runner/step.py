@@ -48,7 +48,7 @@ def make_step(graphdef: nnx.GraphDef, num_decode: int) -> Callable:
         # copy-on-write of source checkpoints: each recurrent layer reads a row's initial state from
         # copy_src (zero for rows that start a sequence) and writes its result to state_slots
         batch = Batch(a["cu_seqlens"], a["kv_lens"], a["page_table"], a["slot_mapping"], a["state_slots"],
-                      source_slots=a["copy_src"], fresh=a["kv_lens"] == span)  # fmt: skip
+                      source_slots=a["copy_src"], fresh=a["kv_lens"] == span, pair_emit=a["pair_emit"])  # fmt: skip
         emits = Emits(a["emit_rows"], a["emit_offsets"], a["emit_slots"])
         hidden, cache = model(a["tokens"], batch, cache, num_decode=num_decode, emits=emits)
         logits = model.logits(hidden[a["logits_index"]]).astype(jnp.float32)
@@ -76,6 +76,7 @@ def array_specs(variant: Variant, max_pages: int, penalty_window: int = 0) -> di
         "min_p": ((r,), f32), "seed": ((r,), jnp.uint32), "position": ((r,), i32),
         "presence": ((r,), f32), "frequency": ((r,), f32), "repetition": ((r,), f32),
         "ctx_ids": ((r, w), i32), "ctx_out": ((r, w), jnp.bool_), "want_logprobs": ((r,), jnp.bool_),
+        "pair_emit": ((r,), i32),
     }  # fmt: skip
     return {k: jax.ShapeDtypeStruct(s, d) for k, (s, d) in shapes.items()}
 

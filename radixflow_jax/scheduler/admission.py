@@ -3,7 +3,9 @@
 For each waiting request, in queue order, the core answers one :class:`Decision`. The policies
 differ in exactly one place, the answer for a *consumer* (a request whose best prefix match ends at
 a checkpoint another request is still producing): ``native`` ends the scan there (vLLM's same-step
-deferral, SGLang's ``break``), ``radixflow`` lets only that request wait and keeps scanning.
+deferral, SGLang's ``break``), ``radixflow`` lets only that request wait and keeps scanning (the paper's traversal, unchanged),
+``pair`` (beyond the paper) admits that consumer into the producer's own round when the producer
+writes the checkpoint in the round being planned, and waits like ``radixflow`` otherwise.
 Everything else is the same code.
 """
 
@@ -22,16 +24,20 @@ class Decision(enum.Enum):
 
 @dataclasses.dataclass(frozen=True)
 class Policy:
-    """``consumer``: the answer for a consumer of a pending checkpoint. ``use_cache``: prefix reuse."""
+    """``consumer``: the answer for a consumer of a pending checkpoint. ``use_cache``: prefix reuse.
+    ``pair``: a consumer whose producer writes the checkpoint in the round being planned joins that
+    round from the producer's in-round state (a paired reference); other consumers get ``consumer``."""
 
     name: str
     consumer: Decision
     use_cache: bool = True
+    pair: bool = False
 
 
 POLICIES: dict[str, Policy] = {
     "native": Policy("native", Decision.STOP_ROUND),
     "radixflow": Policy("radixflow", Decision.WAIT_LOCAL),
+    "pair": Policy("pair", Decision.WAIT_LOCAL, pair=True),
     "no-cache": Policy("no-cache", Decision.STOP_ROUND, use_cache=False),
 }
 QUEUE_ORDERS = ("fcfs", "lpm")

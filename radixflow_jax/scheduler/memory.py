@@ -86,6 +86,7 @@ class Memory:
         """Drops everything ``req`` holds. ``keep_prefix``: first insert its computed full pages into
         the tree so later requests can reuse them (the tree takes its own references)."""
         if self.cache is not None:
+            self.cache.unpair(req.request_id)
             self.cache.unpublish(req.request_id)
             if keep_prefix and req.num_computed >= self.config.page_size:
                 self.cache.insert(req.tokens[: req.num_computed], req.pages)

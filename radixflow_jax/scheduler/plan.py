@@ -19,6 +19,10 @@ class RowPlan:
     ``emits``: ``(offset, slot)`` pairs, the state after ``offset`` tokens of the span written into a
     checkpoint slot (offset is a chunk multiple or the span length); ``sample``: the span ends the
     known tokens, so the next token is sampled from its last position.
+    ``pair_slot`` (policy ``pair``): the row is a *paired consumer*; its initial state is the state
+    another (unpaired) row of the same round emits into this checkpoint slot, taken inside the step
+    (never read from the pool), and its page table starts with that producer's pages, which the
+    step writes before attention reads them.
     """
 
     request_id: int
@@ -29,6 +33,7 @@ class RowPlan:
     copy_from: int | None
     emits: tuple[tuple[int, int], ...]
     sample: bool
+    pair_slot: int | None = None
 
     @property
     def is_decode(self) -> bool:
@@ -42,6 +47,8 @@ class RoundStats:
     admitted: int = 0
     consumers_blocked: int = 0  # consumers that hit STOP_ROUND (native)
     consumers_waiting: int = 0  # consumers that got WAIT_LOCAL (radixflow)
+    consumers_paired: int = 0  # consumers admitted into their producer's round (pair)
+    fill_declined: int = 0  # fill requests the pair policy's cost rule kept out of the round
     stopped_by_consumer: bool = False
     stopped_by_memory: bool = False
     shadow_tokens: int = 0  # tokens admissible requests behind a consumer stop would have brought

@@ -42,6 +42,7 @@ class Request:
     hit_node: Any = None
     consumer_waits: int = 0
     num_preemptions: int = 0
+    rolled_back: int = 0  # times its paired producer left before their round committed (policy pair)
     first_token_round: int | None = None
     extra: dict[str, Any] = dataclasses.field(default_factory=dict)
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-from typing import Iterable
+from typing import Callable, Iterable, Sequence
 
 from radixflow_jax.cache import CacheConfig, PagePool, RadixCache, SlotPool, placement
 from radixflow_jax.scheduler.admission import QUEUE_ORDERS, Decision, get_policy
@@ -72,6 +72,9 @@ class Scheduler:
         self.requests: dict[int, Request] = {}
         self.round_index = 0
         self._siblings: dict[tuple[int, ...], list[Request]] = {}  # this round's waiting, by first grid
+        # policy pair's fill rule: seconds a round of these rows takes (the executor's round cost
+        # model); None: no cost model wired, pair fills like radixflow
+        self.round_cost: Callable[[Sequence[RowPlan]], float] | None = None
 
     # ----------------------------------------------------------------- queue management
     def max_request_tokens(self) -> int:
@@ -157,8 +160,9 @@ class Scheduler:
         )  # fmt: skip
 
     def _row(
-        self, req: Request, span: int, copy_from: int | None, stats: RoundStats, branch_len: int | None = None
-    ) -> RowPlan:
+        self, req: Request, span: int, copy_from: int | None, stats: RoundStats, branch_len: int | None = None,
+        pair_slot: int | None = None,
+    ) -> RowPlan:  # fmt: skip
         start = req.num_computed
         planted, skipped = self.memory.plant(req, self._placements(req, start, start + span, branch_len))
         stats.checkpoints_planted += len(planted)
@@ -172,6 +176,7 @@ class Scheduler:
             copy_from=copy_from,
             emits=tuple((depth - start, slot) for depth, slot in planted),
             sample=start + span == req.num_tokens,
+            pair_slot=pair_slot,
         )
 
     def _preempt_one(self, keep: Request, scheduled: set[int]) -> bool:
@@ -183,6 +188,7 @@ class Scheduler:
         return False
 
     def _preempt(self, req: Request) -> None:
+        self._roll_back_partners(req)
         self.memory.release(req, keep_prefix=False)
         self.running.remove(req)
         req.status, req.num_computed, req.cached_tokens = RequestStatus.WAITING, 0, 0
@@ -223,6 +229,10 @@ class Scheduler:
             return Decision.STOP_ROUND
         match = cache.match(req.tokens, shared=False) if cache is not None else None
         if match is not None and self.config.hybrid and match.is_consumer:
+            if self.policy.pair:
+                decision = self._pair(req, match, budget, rows, stats)
+                if decision is not None:
+                    return decision
             if req.consumer_waits < self.config.max_consumer_wait:
                 req.consumer_waits += 1
                 if self.policy.consumer is Decision.STOP_ROUND:
@@ -259,6 +269,91 @@ class Scheduler:
         budget[1] -= 1
         return Decision.ADMIT
 
+    def _pair(self, req: Request, match, budget: list[int], rows: list[RowPlan], stats: RoundStats) -> Decision | None:
+        """Policy ``pair``: admits consumer ``req`` into the round being planned when its producer has
+        an unpaired row in it that emits the pending checkpoint (so the step computes that state
+        before the consumer's rows need it). ``None``: no pairing possible, the caller waits as in
+        ``radixflow``. The consumer takes its own reference on the producer's first ``depth / page``
+        pages (paired pending KV) and a paired reference in the cache (rolled back if the producer is
+        aborted or preempted before its round commits)."""
+        cache, memory, cfg = self.memory.cache, self.memory, self.config
+        node, depth = match.checkpoint_node, match.checkpoint_depth
+        producer = self.requests.get(match.producer_id)
+        if cache is None or node is None or producer is None or depth % cfg.page_size:
+            return None
+        slot_of = node.checkpoint._slot
+        prow = next((r for r in rows if r.request_id == producer.request_id), None)
+        if prow is None or prow.pair_slot is not None or (depth - prow.start, slot_of) not in prow.emits:
+            return None  # planted by an earlier, uncommitted round, or the producer is paired itself
+        span = self._span(depth, req.num_tokens - depth, budget[0])
+        if span == 0 or depth >= req.num_tokens:
+            return None
+        slot = memory.alloc_slot()
+        if slot is None:
+            return Decision.STOP_UNTIL_FREE
+        shared = producer.pages[: depth // cfg.page_size]
+        for page in shared:
+            memory.pages.incref(page)
+        req.pages, req.own_pages = list(shared), list(shared)
+        if not memory.ensure_pages(req, depth + span):
+            memory.slots.decref(slot)
+            memory.release(req, keep_prefix=False)
+            return Decision.STOP_UNTIL_FREE
+        req.slot = slot
+        req.num_computed = req.cached_tokens = depth
+        pair_slot = cache.pair(node, req.request_id)
+        branch_len = cache.match(req.tokens, touch=False, shared=True).shared_len if cfg.branch_checkpoints else None
+        rows.append(self._row(req, span, None, stats, branch_len, pair_slot=pair_slot))
+        stats.consumers_paired += 1
+        budget[0] -= span
+        budget[1] -= 1
+        return Decision.ADMIT
+
+    def _fill_pays(self, req: Request, rows: list[RowPlan], budget: list[int]) -> bool:
+        """Policy pair's cost-aware fill rule, for a request scanned after a consumer was skipped (a
+        *fill*: native would not admit it this round). Admit it only if the time it adds to this
+        round, paid by every request already in it, is smaller than what it saves: about one round
+        of waiting for each waiting sibling that shares its first grid of tokens (they can pair with
+        it, or read its checkpoint, one round earlier). Its own earlier start is not counted: on
+        compute-bound rounds it only moves its work ahead of requests already in the round (counting
+        it lost 2.9 % to native on qwen3.5-27b RACE sessions, docs/results.md). Consumers (they pair
+        or wait) and an empty round always pass."""
+        if not rows or self.round_cost is None:
+            return True
+        cache = self.memory.cache
+        match = cache.match(req.tokens, touch=False, shared=False) if cache is not None else None
+        if match is not None and match.is_consumer:
+            return True
+        hit = match.hit_len if match is not None else 0
+        span = self._span(hit, req.num_tokens - hit, budget[0])
+        if span == 0:
+            return True  # _decide answers STOP_ROUND
+        row = RowPlan(req.request_id, req.tokens[hit : hit + span], hit, (), 0, 0 if hit else None, (), True)
+        base = self.round_cost(rows)
+        added = self.round_cost([*rows, row]) - base
+        g = self.config.grid
+        siblings = sum(
+            1 for sib in self._siblings.get(req.tokens[:g], ()) if sib is not req and sib.status is RequestStatus.WAITING
+        )
+        return added * len(rows) < base * siblings
+
+    def _roll_back_partners(self, producer: Request) -> None:
+        """The producer leaves before its round committed: its paired consumers would start from a
+        state nobody is going to commit, so they go back to the head of the queue with nothing
+        computed (their rows in the uncommitted plan are skipped at commit)."""
+        cache = self.memory.cache
+        if cache is None:
+            return
+        for rid in cache.take_paired(producer.request_id):
+            partner = self.requests.get(rid)
+            if partner is None or partner.status is not RequestStatus.RUNNING:
+                continue
+            self.memory.release(partner, keep_prefix=False)
+            self.running.remove(partner)
+            partner.status, partner.num_computed, partner.cached_tokens = RequestStatus.WAITING, 0, 0
+            partner.rolled_back += 1
+            self.waiting.appendleft(partner)
+
     def _shadow(self, queue: Iterable[Request], budget: list[int], stats: RoundStats) -> None:
         """Counts what non-consumers behind a consumer stop could have brought (the bubble). Looks at
         no more than ``4 * max_num_seqs`` requests: an estimate, bounded so planning stays cheap."""
@@ -289,8 +384,15 @@ class Scheduler:
         self._index_waiting()
         self._schedule_running(rows, budget, stats)
         queue = self._order()
+        skipped_consumer = False
         for i, req in enumerate(queue):
+            if skipped_consumer and self.policy.pair and self.round_cost is not None and not self._fill_pays(req, rows, budget):
+                stats.fill_declined += 1
+                continue
+            paired = stats.consumers_paired
             decision = self._decide(req, budget, rows, stats)
+            if decision is Decision.WAIT_LOCAL or stats.consumers_paired > paired:
+                skipped_consumer = True  # native would have stopped the scan here: what follows is fill
             if decision is Decision.ADMIT:
                 self.waiting.remove(req)
                 self.running.append(req)
@@ -330,8 +432,8 @@ class Scheduler:
         cache = self.memory.cache
         for row in plan.rows:
             req = self.requests[row.request_id]
-            if req.is_finished:
-                continue  # aborted while the round ran
+            if req.status is not RequestStatus.RUNNING:
+                continue  # aborted, or rolled back with its aborted producer, while the round ran
             req.num_computed = row.start + len(row.tokens)
             if cache is not None:
                 cache.commit(req.request_id)
@@ -358,6 +460,7 @@ class Scheduler:
             self._finish(req, reason, keep_prefix=True)
 
     def _finish(self, req: Request, reason: str, *, keep_prefix: bool) -> None:
+        self._roll_back_partners(req)
         self.memory.release(req, keep_prefix=keep_prefix)
         if req in self.running:
             self.running.remove(req)

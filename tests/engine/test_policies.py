@@ -82,3 +82,14 @@ def test_calibrated_simulator_predicts_a_held_out_workload(hybrid, flow_run) -> 
     assert shapes == [(r.num_tokens, r.num_rows, r.token_slots, r.row_slots) for r in model_engine.records]
     assert [o.cached_tokens for o in sim_out] == [o.cached_tokens for o in model_out]
     assert all(r.step_s > 0 for r in sim.records)  # unseen variants: the fitted line, non-negative terms
+
+
+def test_pair_fewer_rounds_than_radixflow_same_outputs(hybrid, flow_run) -> None:
+    flow_engine, flow_out = flow_run
+    pair_engine, pair_out = _run(hybrid, "pair")
+    p_rounds, p_latency, p_reuse = _stats(pair_engine, pair_out)
+    f_rounds, f_latency, f_reuse = _stats(flow_engine, flow_out)
+    assert p_rounds < f_rounds and p_latency < f_latency
+    assert abs(p_reuse - f_reuse) <= 0.01
+    assert [o.token_ids for o in pair_out] == [o.token_ids for o in flow_out]
+    assert sum(r.consumers_paired for r in pair_engine.records) > 0

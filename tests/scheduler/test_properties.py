@@ -1,7 +1,8 @@
 """Property tests of the scheduler without a model: random arrivals, shared prefixes, aborts (also
-between ``schedule()`` and ``commit()``, while the round runs) and tiny pools, under both policies.
+between ``schedule()`` and ``commit()``, while the round runs) and tiny pools, under every policy.
 The tree and pool invariants hold after every plan and every commit, every accepted request
-finishes, no page or slot leaks, and RadixFlow's reuse is never lower than native's by more than
+finishes, no page or slot leaks, a paired consumer (policy ``pair``) starts from an emit of an
+unpaired row of its own round and is never committed after its producer left, and RadixFlow's reuse is never lower than native's by more than
 one request's prefix."""
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ from __future__ import annotations
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from radixflow_jax.scheduler.request import Request
+from radixflow_jax.scheduler.request import Request, RequestStatus
 from radixflow_jax.scheduler.scheduler import Scheduler, SchedulerConfig
 
 PREFIXES = [tuple(range(1000 * i, 1000 * i + 40)) for i in range(1, 4)]
@@ -60,10 +61,19 @@ def _run(policy: str, reqs, pages: int, slots: int) -> tuple[Scheduler, set[int]
         _check(s)
         for row in plan.rows:  # a source checkpoint is one the tree holds (committed), never a free slot
             assert row.copy_from is None or s.memory.slots.refcount(row.copy_from) > 0
+        emitted_by = {slot: row for row in plan.rows if row.pair_slot is None for _, slot in row.emits}
+        for row in plan.rows:  # a paired consumer starts from an unpaired row's emit in this very round
+            if row.pair_slot is not None:
+                producer = emitted_by[row.pair_slot]
+                assert (row.start - producer.start, row.pair_slot) in producer.emits
+                assert row.pages[: row.start // 4] == producer.pages[: row.start // 4]
         for rid, _, _, _, (abort_at, mid) in reqs:
             if abort_at == round_index and mid and rid in accepted:
                 s.abort(rid)  # the round is running: its result for rid must be dropped at commit
                 _check(s)
+        for row in plan.rows:  # nothing commits a state that started from a producer that left
+            if row.pair_slot is not None and s.requests[row.request_id].status is RequestStatus.RUNNING:
+                assert s.requests[emitted_by[row.pair_slot].request_id].status is RequestStatus.RUNNING
         s.commit(plan, {r.request_id: 7 for r in plan.rows if r.sample})
         _check(s)
     assert not s.has_work(), "livelock: work left after 400 rounds"
@@ -75,7 +85,7 @@ def _run(policy: str, reqs, pages: int, slots: int) -> tuple[Scheduler, set[int]
 def test_both_policies_finish_everything_without_leaks(data) -> None:
     reqs, pages, slots = data
     reuse = {}
-    for policy in ("native", "radixflow"):
+    for policy in ("native", "radixflow", "pair"):
         s, accepted = _run(policy, reqs, pages, slots)
         for rid in accepted:
             req = s.requests[rid]
@@ -90,3 +100,4 @@ def test_both_policies_finish_everything_without_leaks(data) -> None:
     if no_abort:
         longest = max(len(p) for _, p, *_ in reqs)
         assert reuse["radixflow"] >= reuse["native"] - longest
+        assert reuse["pair"] >= reuse["native"] - longest

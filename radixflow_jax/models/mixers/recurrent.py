@@ -149,7 +149,8 @@ def recurrent_mix(
     conv_out [T, C], conv_pool, ssm_pool)``: every row's state after its span is written to
     ``state_slots[r]`` (padding rows write the sink slot 0), then every emit's state to its slot.
     Padding tokens of the prefill region get a zero output. Rows start from
-    :func:`initial_states` (copy-on-write of checkpoints happens here, as a read of the source)."""
+    :func:`initial_states` (copy-on-write of checkpoints happens here, as a read of the source);
+    paired consumer rows (``batch.pair_emit``) from their producer's in-call state (:class:`_Pairing`)."""
     num_tokens, num_rows, d = conv_in.shape[0], batch.state_slots.shape[0], num_decode
     slots = batch.state_slots
     conv0, ssm = initial_states(conv_pool, ssm_pool, batch)
@@ -170,9 +171,62 @@ def recurrent_mix(
         prefill_src = (conv_in[d:], cu, conv0[d:], ssm[d:], chunk_states)
     elif num_tokens > d:
         outs.append(jnp.zeros((num_tokens - d,) + outs[0].shape[1:], outs[0].dtype))
+    core, ssm_new = jnp.concatenate(outs, axis=0), jnp.concatenate(states, axis=0)
+    emitted = emitted_states(emits, d, chunk_size, decode_src, prefill_src) if emits is not None else None
+    if batch.pair_emit is not None and emits is not None and emitted is not None and num_rows > d:
+        pairing = _Pairing(conv, conv_in, batch, d, emits, chunk_size, prepare, chunked, decode_src, conv0, ssm)
+        core, conv_out, conv_new, ssm_new, emitted = jax.lax.cond(
+            jnp.any(batch.pair_emit >= 0), pairing, lambda *xs: xs, core, conv_out, conv_new, ssm_new, emitted
+        )  # a round without a paired consumer does not pay for the pairing phase
     conv_pool = conv_pool.at[slots].set(conv_new.astype(conv_pool.dtype))
-    ssm_pool = ssm_pool.at[slots].set(jnp.concatenate(states, axis=0))
-    if emits is not None:
-        emitted = emitted_states(emits, d, chunk_size, decode_src, prefill_src)
-        conv_pool, ssm_pool = write_emits(conv_pool, ssm_pool, emits, emitted)
-    return jnp.concatenate(outs, axis=0), conv_out, conv_pool, ssm_pool
+    ssm_pool = ssm_pool.at[slots].set(ssm_new)
+    conv_pool, ssm_pool = write_emits(conv_pool, ssm_pool, emits, emitted)
+    return core, conv_out, conv_pool, ssm_pool
+
+
+class _Pairing:
+    """The pairing phase of :func:`recurrent_mix` (policy ``pair``), run after the first phase of
+    the same layer call: every paired consumer row (``pair_emit[r] >= 0``, never a decode row) starts
+    from the state its producer's emit took in the first phase (SSM and conv state at the pairing
+    depth); the conv and the chunked scan run again over the prefill region with those initial
+    states, and the paired rows' outputs, final states and emits replace the first phase's (whose
+    values for them started from a meaningless state). Unpaired rows keep the first phase's results,
+    so a producer is never affected by its partners. One phase: a consumer never pairs with another
+    paired row (the scheduler and ``build_arrays`` refuse it), so the shapes stay those of the call."""
+
+    def __init__(self, conv, conv_in, batch, d, emits, chunk_size, prepare, chunked, decode_src, conv0, ssm0):
+        self.conv, self.conv_in, self.batch, self.d, self.emits = conv, conv_in, batch, d, emits
+        self.chunk_size, self.prepare, self.chunked, self.decode_src = chunk_size, prepare, chunked, decode_src
+        self.conv0, self.ssm0 = conv0, ssm0
+
+    def __call__(self, core, conv_out, conv_new, ssm_new, emitted):
+        batch, d, emits = self.batch, self.d, self.emits
+        num_rows = batch.state_slots.shape[0]
+        paired = batch.pair_emit >= 0
+        src = jnp.clip(batch.pair_emit, 0, emits.rows.shape[0] - 1)
+
+        def pick(mask: jax.Array, new: jax.Array, old: jax.Array) -> jax.Array:
+            return jnp.where(mask.reshape((-1,) + (1,) * (old.ndim - 1)), new.astype(old.dtype), old)
+
+        conv0 = pick(paired, emitted[0][src], self.conv0)
+        ssm0 = pick(paired, emitted[1][src], self.ssm0)
+        conv_out1, conv_new1 = run_conv(self.conv, self.conv_in, batch, conv0, d)
+        inputs = self.prepare(conv_out1)
+        cu = batch.cu_seqlens[d:] - d
+        out1, final1, chunk_states1 = self.chunked(tuple(x[d:] for x in inputs), cu, ssm0[d:])
+        # the row of every token slot (padding slots after cu_seqlens[R] map to no row)
+        tok = jnp.arange(self.conv_in.shape[0])
+        row = jnp.searchsorted(batch.cu_seqlens[1:], tok, side="right")
+        tok_paired = jnp.where(row < num_rows, paired[jnp.clip(row, 0, num_rows - 1)], False)
+        core1 = jnp.concatenate([core[:d], out1.astype(core.dtype)], axis=0) if d else out1.astype(core.dtype)
+        prefill_src = (self.conv_in[d:], cu, conv0[d:], ssm0[d:], chunk_states1)
+        emitted1 = emitted_states(emits, d, self.chunk_size, self.decode_src, prefill_src)
+        emit_paired = paired[jnp.clip(emits.rows, 0, num_rows - 1)]
+        ssm1 = jnp.concatenate([ssm_new[:d], final1], axis=0) if d else final1
+        return (
+            pick(tok_paired, core1, core),
+            pick(tok_paired, conv_out1, conv_out),
+            pick(paired, conv_new1, conv_new),
+            pick(paired, ssm1, ssm_new),
+            (pick(emit_paired, emitted1[0], emitted[0]), pick(emit_paired, emitted1[1], emitted[1])),
+        )

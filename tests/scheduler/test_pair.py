@@ -1,0 +1,91 @@
+"""Policy ``pair`` without a model: a consumer joins its producer's round from the pending depth,
+holds a paired reference (its own references on the producer's pending pages), and is rolled back
+when the producer leaves before the commit fence."""
+
+from __future__ import annotations
+
+from radixflow_jax.scheduler.request import Request, RequestStatus
+from radixflow_jax.scheduler.scheduler import Scheduler, SchedulerConfig
+
+PREFIX = tuple(range(100, 140))  # 40 shared tokens: grid 8, page 4
+
+
+def _scheduler(policy: str) -> Scheduler:
+    cfg = SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=128, page_size=4, grid=8, hybrid=True, policy=policy)
+    s = Scheduler(cfg, num_pages=80, num_slots=24)
+    for i in range(4):
+        s.add(Request(i, PREFIX + (i + 1, i + 2, i + 3), 2))
+    return s
+
+
+def _drain(s: Scheduler) -> int:
+    rounds = 0
+    while s.has_work():
+        plan = s.schedule()
+        s.commit(plan, {r.request_id: 7 for r in plan.rows if r.sample})
+        s.memory.cache.check_invariants()
+        rounds += 1
+    return rounds
+
+
+def test_consumers_join_the_producers_round_from_the_pending_depth() -> None:
+    s = _scheduler("pair")
+    plan = s.schedule()
+    producer, *consumers = plan.rows
+    assert producer.pair_slot is None and producer.start == 0
+    assert plan.stats.consumers_paired == 3 and len(consumers) == 3
+    for row in consumers:
+        assert (row.start - producer.start, row.pair_slot) in producer.emits
+        assert row.start == 40 and row.copy_from is None
+        assert row.pages[:10] == producer.pages[:10]  # the producer's pending pages, referenced
+        assert all(s.memory.pages.refcount(p) >= 2 for p in row.pages[:10])
+    assert s.memory.cache.paired() == {0: (1, 2, 3)}
+    s.commit(plan, {r.request_id: 7 for r in plan.rows if r.sample})
+    assert s.memory.cache.paired() == {}  # the commit fence ends the pairing
+    assert [s.requests[i].cached_tokens for i in range(4)] == [0, 40, 40, 40]
+    _drain(s)
+    s.memory.flush()
+    assert s.memory.pages.num_used == 0 and s.memory.slots.num_used == 0
+
+
+def test_pair_needs_fewer_rounds_than_radixflow_at_equal_reuse() -> None:
+    flow, pair = _scheduler("radixflow"), _scheduler("pair")
+    assert _drain(pair) < _drain(flow)
+    cached = [sum(s.requests[i].cached_tokens for i in range(4)) for s in (flow, pair)]
+    assert cached[0] == cached[1] == 120
+
+
+def test_producer_abort_between_plan_and_commit_rolls_partners_back() -> None:
+    s = _scheduler("pair")
+    plan = s.schedule()
+    s.abort(0)  # the round is running
+    s.memory.cache.check_invariants()
+    assert s.memory.cache.paired() == {}
+    for rid in (1, 2, 3):
+        req = s.requests[rid]
+        assert req.status is RequestStatus.WAITING and req.num_computed == 0 and req.rolled_back == 1
+        assert not req.pages and req.slot is None
+    s.commit(plan, {r.request_id: 7 for r in plan.rows if r.sample})
+    assert all(s.requests[rid].num_computed == 0 and not s.requests[rid].output for rid in (1, 2, 3))
+    _drain(s)
+    assert [s.requests[i].finish_reason for i in range(4)] == ["abort", "length", "length", "length"]
+    s.memory.flush()
+    assert s.memory.pages.num_used == 0 and s.memory.slots.num_used == 0
+
+
+def test_consumer_abort_drops_only_its_paired_reference() -> None:
+    s = _scheduler("pair")
+    plan = s.schedule()
+    s.abort(2)
+    assert s.memory.cache.paired() == {0: (1, 3)}
+    s.commit(plan, {r.request_id: 7 for r in plan.rows if r.sample})
+    _drain(s)
+    s.memory.flush()
+    assert s.memory.pages.num_used == 0 and s.memory.slots.num_used == 0
+
+
+def test_radixflow_never_pairs() -> None:
+    s = _scheduler("radixflow")
+    plan = s.schedule()
+    assert all(r.pair_slot is None for r in plan.rows) and plan.stats.consumers_paired == 0
+    assert plan.stats.consumers_waiting == 3
