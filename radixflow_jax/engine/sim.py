@@ -190,7 +190,8 @@ class SimExecutor:
         if isinstance(self.shapes, BucketSet):
             token_slots, row_slots = self.shapes.select(plan.num_tokens, len(plan.rows), all_decode)
         elif self.shapes is not None:
-            variant = self.shapes.select(plan.num_tokens, len(plan.rows), all_decode)
+            # the runner's variants: the same decode region the model executor selects
+            variant = self.shapes.select(plan.num_tokens, len(plan.rows), num_decode=plan.num_decode)
             token_slots, row_slots = variant.num_tokens, variant.num_rows
         else:
             token_slots, row_slots = plan.num_tokens, len(plan.rows)
