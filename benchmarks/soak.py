@@ -22,7 +22,7 @@ import sys
 import time
 
 
-def model_soak(requests: int, policy: str, seed: int) -> dict:
+def model_soak(requests: int, policy: str, seed: int, abort_rate: float = 0.15) -> dict:
     """The shorter soak on the model executor: aborts (between rounds and mid-round), a failed step
     every ~15 rounds (every kind), audits before and after every round, outputs equal the cold run."""
     from radixflow_jax.engine.core import EngineConfig
@@ -41,7 +41,7 @@ def model_soak(requests: int, policy: str, seed: int) -> dict:
     work = []
     for i in range(requests):
         prompt = rng.choice(articles) + [rng.randrange(3, 500) for _ in range(rng.randint(2, 20))]
-        abort = (i // 2 + rng.randrange(0, 8), rng.random() < 0.5) if rng.random() < 0.15 else (None, False)
+        abort = (i // 2 + rng.randrange(0, 8), rng.random() < 0.5) if rng.random() < abort_rate else (None, False)
         work.append((prompt, SamplingParams(max_tokens=rng.randint(1, 8), ignore_eos=True), i // 2, abort))
 
     def run(options: dict, faults: tuple) -> tuple:
@@ -81,8 +81,8 @@ def main() -> int:
     p.add_argument("--requests", type=int, default=None, help="default 100000 (shadow) / 60 (model)")
     p.add_argument("--policies", default="radixflow,native")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--abort-rate", type=float, default=0.1)
-    p.add_argument("--fault-rate", type=float, default=0.002, help="share of rounds whose step fails (shadow)")
+    p.add_argument("--abort-rate", type=float, default=None, help="share of requests aborted (default 0.1 shadow, 0.15 model)")
+    p.add_argument("--fault-rate", type=float, default=None, help="shadow: share of rounds whose step fails (default 0.002)")
     p.add_argument("--json", default=None, help="write the reports here")
     args = p.parse_args()
     logging.basicConfig(level=logging.CRITICAL)  # failed steps are expected: the report counts them
@@ -91,13 +91,19 @@ def main() -> int:
     reports = []
     for policy in args.policies.split(","):
         if args.executor == "model":
-            report = model_soak(args.requests or 60, policy, args.seed)
+            if args.fault_rate is not None:
+                p.error("--fault-rate applies to the shadow executor (the model soak fails every 15th round)")
+            report = model_soak(args.requests or 60, policy, args.seed, 0.15 if args.abort_rate is None else args.abort_rate)
         else:
             cfg = SoakConfig(requests=args.requests or 100_000, policy=policy, seed=args.seed,
-                             abort_rate=args.abort_rate, fault_rate=args.fault_rate)  # fmt: skip
+                             abort_rate=0.1 if args.abort_rate is None else args.abort_rate,
+                             fault_rate=0.002 if args.fault_rate is None else args.fault_rate)  # fmt: skip
             report = run_soak(cfg)
         print(json.dumps(report), flush=True)
         reports.append(report)
+        if report["leaked_pages"] or report["leaked_slots"]:
+            print(f"leaked pages/slots after the flush: {report['leaked_pages']}/{report['leaked_slots']}", file=sys.stderr)
+            return 1
     if args.json:
         with open(args.json, "w") as f:
             json.dump(reports, f, indent=1)

@@ -117,7 +117,6 @@ def build_sim_engine(
     cost = RooflineCost(spec, device, overhead_s=overhead_s)
     bucket_set = BucketSet(buckets, ec.max_num_batched_tokens, ec.max_num_seqs)
     engine = wire_engine(wiring, lambda shapes: SimExecutor(cost, clock, bucket_set), clock=clock)
-    engine.scheduler.round_cost = engine.executor.plan_cost  # policy pair's fill rule: the roofline
     return engine
 
 

@@ -9,6 +9,7 @@ No JAX here: the executor is built by the caller's factory from the step shapes.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 import time
 from typing import Callable, Sequence
@@ -17,6 +18,8 @@ from radixflow_jax.engine.core import EngineConfig, EngineCore, model_grid
 from radixflow_jax.engine.protocol import Executor
 from radixflow_jax.runner.shapes import ShapeConfig
 from radixflow_jax.scheduler.scheduler import SchedulerConfig
+
+_log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,9 +68,19 @@ def wire_engine(
 ) -> EngineCore:
     """An engine over ``make_executor(wiring.shapes())``; ``engine.wiring`` keeps ``wiring``."""
     executor = make_executor(wiring.shapes())
-    return EngineCore(
+    engine = EngineCore(
         executor, wiring.scheduler(), num_pages=wiring.num_pages, num_slots=wiring.num_slots,
         max_model_len=wiring.max_model_len, eos_token_ids=eos_token_ids, tokenizer=tokenizer,
         seed=wiring.config.seed, clock=clock, vocab_size=vocab_size, wiring=wiring,
         step_retries=wiring.config.step_retries, max_failed_rounds=wiring.config.max_failed_rounds,
     )  # fmt: skip
+    # policy `pair` admits fill work by the round-cost model of the executor (the simulator's roofline)
+    plan_cost = getattr(executor, "plan_cost", None)
+    if plan_cost is not None:
+        engine.scheduler.round_cost = plan_cost
+    elif wiring.config.policy == "pair":
+        _log.warning(
+            "policy 'pair' on %s: no round-cost model, so fill requests are admitted as under radixflow "
+            "(pairing itself is unaffected)", type(executor).__name__,
+        )
+    return engine

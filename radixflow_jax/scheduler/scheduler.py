@@ -386,7 +386,7 @@ class Scheduler:
         queue = self._order()
         skipped_consumer = False
         for i, req in enumerate(queue):
-            if skipped_consumer and self.policy.pair and self.round_cost is not None and not self._fill_pays(req, rows, budget):
+            if skipped_consumer and self.policy.pair and not self._fill_pays(req, rows, budget):
                 stats.fill_declined += 1
                 continue
             paired = stats.consumers_paired
