@@ -23,6 +23,7 @@ from typing import Callable, Iterable, Sequence
 
 from radixflow_jax.cache import CacheConfig, PagePool, RadixCache, SlotPool, placement
 from radixflow_jax.scheduler.admission import QUEUE_ORDERS, Decision, get_policy
+from radixflow_jax.scheduler.lookahead import LookaheadConfig, WaitingIndex, placements
 from radixflow_jax.scheduler.memory import Memory
 from radixflow_jax.scheduler.plan import RoundPlan, RoundStats, RowPlan
 from radixflow_jax.scheduler.request import Request, RequestStatus
@@ -71,7 +72,10 @@ class Scheduler:
         self.running: list[Request] = []
         self.requests: dict[int, Request] = {}
         self.round_index = 0
-        self._siblings: dict[tuple[int, ...], list[Request]] = {}  # this round's waiting, by first grid
+        self._waiting_index = WaitingIndex(config.grid)  # this round's waiting, by first grid (empty between rounds)
+        self._lookahead = LookaheadConfig(
+            config.grid, config.hybrid, config.branch_checkpoints, config.checkpoint_interval, config.max_checkpoints
+        )
         # policy pair's fill rule: seconds a round of these rows takes (the executor's round cost
         # model); None: no cost model wired, pair fills like radixflow
         self.round_cost: Callable[[Sequence[RowPlan]], float] | None = None
@@ -122,49 +126,12 @@ class Scheduler:
         g = self.config.grid
         return max(0, (start + budget) // g * g - start)
 
-    def _index_waiting(self) -> None:
-        """Groups the waiting requests by their first ``G`` tokens (only those can share a branch
-        point > 0 with a producer): the look-ahead of :meth:`_placements`. Rebuilt every round."""
-        self._siblings = {}
-        if not (self.config.hybrid and self.config.branch_checkpoints and self.memory.cache is not None):
-            return
-        g = self.config.grid
-        for req in self.waiting:
-            if req.num_tokens > g:
-                head = req.prompt[:g] if len(req.prompt) >= g else req.tokens[:g]  # no copy of the prompt
-                self._siblings.setdefault(head, []).append(req)
-
-    def _placements(self, req: Request, start: int, end: int, branch_len: int | None) -> list[placement.Placement]:
-        """Where ``req``'s span ``[start, end)`` plants checkpoints (rules in ``cache/placement.py``)."""
-        cfg = self.config
-        if not cfg.hybrid:
-            return []
-        prompt_len = len(req.prompt)
-        every = placement.spacing(
-            prompt_len, cfg.grid, interval=cfg.checkpoint_interval, max_checkpoints=cfg.max_checkpoints
-        )
-        if not cfg.branch_checkpoints:
-            return placement.place(start, end, grid=cfg.grid, every=every, prompt_len=prompt_len)
-        ahead: set[int] = set()
-        if end - start > 1:  # a prefill span: look ahead at waiting siblings
-            tokens = req.tokens
-            siblings = (
-                sib.tokens if sib.output else sib.prompt for sib in self._siblings.get(tokens[: cfg.grid], ())
-                if sib is not req and sib.status is RequestStatus.WAITING
-            )  # fmt: skip
-            ahead = placement.lookahead_lengths(tokens, siblings, limit=prompt_len)
-        return placement.place(
-            start, end, grid=cfg.grid, every=every, prompt_len=prompt_len,
-            final_len=prompt_len + req.max_tokens - 1,
-            branch_lens=(branch_len,) if branch_len else (), lookahead_lens=ahead,
-        )  # fmt: skip
-
     def _row(
         self, req: Request, span: int, copy_from: int | None, stats: RoundStats, branch_len: int | None = None,
         pair_slot: int | None = None,
     ) -> RowPlan:  # fmt: skip
         start = req.num_computed
-        planted, skipped = self.memory.plant(req, self._placements(req, start, start + span, branch_len))
+        planted, skipped = self.memory.plant(req, placements(self._lookahead, req, start, start + span, branch_len, self._waiting_index))
         stats.checkpoints_planted += len(planted)
         stats.checkpoints_skipped += skipped
         return RowPlan(
@@ -331,10 +298,7 @@ class Scheduler:
         row = RowPlan(req.request_id, req.tokens[hit : hit + span], hit, (), 0, 0 if hit else None, (), True)
         base = self.round_cost(rows)
         added = self.round_cost([*rows, row]) - base
-        g = self.config.grid
-        siblings = sum(
-            1 for sib in self._siblings.get(req.tokens[:g], ()) if sib is not req and sib.status is RequestStatus.WAITING
-        )
+        siblings = sum(1 for _ in self._waiting_index.siblings(req))
         return added * len(rows) < base * siblings
 
     def _roll_back_partners(self, producer: Request) -> None:
@@ -381,7 +345,8 @@ class Scheduler:
         budget = [cfg.max_num_batched_tokens, cfg.max_num_seqs]
         evicted = (self.memory.evicted_pages, self.memory.evicted_slots)
         unused = self.memory.cache.evicted_unused if self.memory.cache is not None else 0
-        self._index_waiting()
+        looks_ahead = cfg.hybrid and cfg.branch_checkpoints and self.memory.cache is not None
+        self._waiting_index = WaitingIndex(cfg.grid, self.waiting if looks_ahead else ())
         self._schedule_running(rows, budget, stats)
         queue = self._order()
         skipped_consumer = False
@@ -413,7 +378,7 @@ class Scheduler:
         stats.evicted_slots = self.memory.evicted_slots - evicted[1]
         if self.memory.cache is not None:
             stats.checkpoints_evicted_unused = self.memory.cache.evicted_unused - unused
-        self._siblings = {}
+        self._waiting_index = WaitingIndex(self.config.grid)
         rows.sort(key=lambda r: not r.is_decode)  # one-token rows first (stable)
         num_decode = sum(1 for r in rows if r.is_decode)
         return RoundPlan(rows=tuple(rows), num_decode=num_decode, stats=stats)

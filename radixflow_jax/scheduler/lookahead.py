@@ -1,0 +1,65 @@
+"""Where a span plants checkpoints, with a look-ahead at the waiting requests that share its start.
+
+Plain Python (no JAX). :class:`WaitingIndex` groups this round's waiting requests by their first
+``G`` tokens: only those can share a branch point deeper than 0 with a producer. The scheduler
+rebuilds it at the start of every ``schedule()`` and drops it at the end, so it never outlives the
+queue it indexes. The placement rules themselves live in ``cache/placement.py``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Iterable, Iterator
+
+from radixflow_jax.cache import placement
+from radixflow_jax.scheduler.request import Request, RequestStatus
+
+
+@dataclasses.dataclass(frozen=True)
+class LookaheadConfig:
+    """The scheduler settings placement needs (a view of ``SchedulerConfig``)."""
+
+    grid: int
+    hybrid: bool
+    branch_checkpoints: bool
+    checkpoint_interval: int
+    max_checkpoints: int
+
+
+class WaitingIndex:
+    """This round's waiting requests keyed by their first ``grid`` tokens."""
+
+    def __init__(self, grid: int, waiting: Iterable[Request] = ()):
+        self.grid = grid
+        self._by_head: dict[tuple[int, ...], list[Request]] = {}
+        for req in waiting:
+            if req.num_tokens > grid:
+                head = req.prompt[:grid] if len(req.prompt) >= grid else req.tokens[:grid]  # no copy of the prompt
+                self._by_head.setdefault(head, []).append(req)
+
+    def siblings(self, req: Request) -> Iterator[Request]:
+        """Requests still waiting (other than ``req``) that share ``req``'s first grid of tokens."""
+        for sib in self._by_head.get(req.tokens[: self.grid], ()):
+            if sib is not req and sib.status is RequestStatus.WAITING:
+                yield sib
+
+
+def placements(
+    cfg: LookaheadConfig, req: Request, start: int, end: int, branch_len: int | None, index: WaitingIndex
+) -> list[placement.Placement]:
+    """Where ``req``'s span ``[start, end)`` plants checkpoints (rules in ``cache/placement.py``)."""
+    if not cfg.hybrid:
+        return []
+    prompt_len = len(req.prompt)
+    every = placement.spacing(prompt_len, cfg.grid, interval=cfg.checkpoint_interval, max_checkpoints=cfg.max_checkpoints)
+    if not cfg.branch_checkpoints:
+        return placement.place(start, end, grid=cfg.grid, every=every, prompt_len=prompt_len)
+    ahead: set[int] = set()
+    if end - start > 1:  # a prefill span: look ahead at waiting siblings
+        siblings = (sib.tokens if sib.output else sib.prompt for sib in index.siblings(req))
+        ahead = placement.lookahead_lengths(req.tokens, siblings, limit=prompt_len)
+    return placement.place(
+        start, end, grid=cfg.grid, every=every, prompt_len=prompt_len,
+        final_len=prompt_len + req.max_tokens - 1,
+        branch_lens=(branch_len,) if branch_len else (), lookahead_lens=ahead,
+    )  # fmt: skip
