@@ -22,6 +22,7 @@ import numpy as np
 
 from radixflow_jax.batch import BatchJob, JobConfig
 from radixflow_jax.engine.llm import LLM
+from radixflow_jax.paths import xla_cache_dir
 
 
 def write_input(path: str, args: argparse.Namespace) -> None:
@@ -41,7 +42,7 @@ def run(args: argparse.Namespace, src: str, group: bool, workdir: str) -> dict[s
         args.model, max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
         max_model_len=args.article_tokens + args.question_tokens + args.max_tokens + 16,
         num_kv_pages=1 + args.pool_articles * pages_per_article, seed=0,
-        compilation_cache_dir=os.path.join(os.path.expanduser("~"), ".cache", "radixflow", "xla"),
+        compilation_cache_dir=xla_cache_dir(),
     )  # fmt: skip
     out = os.path.join(workdir, f"out-{'group' if group else 'nogroup'}.jsonl")
     cfg = JobConfig(src, out, window=args.window, group=group, model_name=args.model, progress=False)

@@ -16,6 +16,7 @@ correctness tool, not a speed one) and the script says so.
 from __future__ import annotations
 
 import argparse
+import os
 import time
 from typing import Callable
 
@@ -27,14 +28,18 @@ from radixflow_jax.engine.specs import get_device_spec
 from radixflow_jax.kernels import attention, fast, gated_delta, ssd
 
 
-def _time(fn: Callable[[], object], reps: int = 5) -> float:
-    jax.block_until_ready(fn())
-    times = []
-    for _ in range(reps):
-        t = time.perf_counter()
+def _time_interleaved(fns: dict[str, Callable[[], object]], reps: int = 5) -> dict[str, tuple[float, float]]:
+    """Median and (max - min) seconds per implementation; each is compiled and run once first, then
+    the implementations take turns rep by rep, so a load change on a shared machine hits all alike."""
+    for fn in fns.values():
         jax.block_until_ready(fn())
-        times.append(time.perf_counter() - t)
-    return float(np.median(times))
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(reps):
+        for name, fn in fns.items():
+            t = time.perf_counter()
+            jax.block_until_ready(fn())
+            times[name].append(time.perf_counter() - t)
+    return {name: (float(np.median(ts)), max(ts) - min(ts)) for name, ts in times.items()}
 
 
 def _cases(
@@ -105,7 +110,7 @@ def main() -> None:
     ap.add_argument("--device", default="h200", help="roofline reference (datasheet peaks)")
     ap.add_argument("--dtype", default="bfloat16", choices=("float32", "bfloat16"))
     ap.add_argument("--small", action="store_true", help="the vs_transformers model's sizes (CPU-friendly)")
-    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--reps", type=int, default=9)
     args = ap.parse_args()
     if args.small:
         args.prefill, args.rows, args.dtype = 256, 4, "float32"
@@ -124,19 +129,20 @@ def main() -> None:
                            "paged_attention (prefill)": pa}  # fmt: skip
     else:
         print(f"platform {platform}: Pallas kernels need a TPU or GPU; timing the reference and xla forms only")
-    print(f"{'op':28s} {'impl':10s} {'ms':>9s} {'GFLOP/s':>9s} {'%flops':>7s} {'GB/s':>8s} {'%bw':>6s} ratio")
+    load_before = os.getloadavg()
+    print(f"load average (1/5/15 min) before: {load_before[0]:.2f}/{load_before[1]:.2f}/{load_before[2]:.2f}")
+    print(f"{'op':28s} {'impl':10s} {'ms':>9s} {'spread':>7s} {'GFLOP/s':>9s} {'%flops':>7s} {'GB/s':>8s} {'%bw':>6s} ratio")
     cases = _cases(args.prefill, args.rows, args.decode_rows, dtype, args.small)
     for name, (make, flops, nbytes) in cases.items():
-        base = None
-        for impl, mods in impls.items():
-            if name not in mods:
-                continue
-            fn = jax.jit(make(mods[name]))
-            sec = _time(fn, args.reps)
-            base = base or sec
-            print(f"{name:28s} {impl:10s} {sec * 1e3:9.2f} {flops / sec / 1e9:9.1f} "
+        fns = {impl: jax.jit(make(mods[name])) for impl, mods in impls.items() if name in mods}
+        timed = _time_interleaved(fns, args.reps)
+        base = timed["reference"][0]
+        for impl, (sec, spread) in timed.items():
+            print(f"{name:28s} {impl:10s} {sec * 1e3:9.2f} {spread * 1e3:7.2f} {flops / sec / 1e9:9.1f} "
                   f"{100 * flops / sec / dev.peak_flops:7.3f} {nbytes / sec / 1e9:8.1f} "
                   f"{100 * nbytes / sec / dev.hbm_bandwidth:6.2f} {base / sec:5.2f}x")  # fmt: skip
+    load = os.getloadavg()
+    print(f"load average (1/5/15 min) after: {load[0]:.2f}/{load[1]:.2f}/{load[2]:.2f}")
 
 
 if __name__ == "__main__":

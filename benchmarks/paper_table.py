@@ -26,6 +26,7 @@ from radixflow_jax.bench.driver import RunResult
 from radixflow_jax.bench.run import BenchConfig, relative_change, run_model, run_sim
 from radixflow_jax.bench.workloads import WorkloadSpec, generate
 from radixflow_jax.engine.core import EngineConfig
+from radixflow_jax.paths import xla_cache_dir
 from radixflow_jax.engine.specs import ROUND_OVERHEAD_EAGER_S, ROUND_OVERHEAD_GRAPH_S, get_device_spec, get_model_spec
 
 HYBRIDS = (
@@ -136,7 +137,7 @@ def main() -> None:
 def tiny_rows() -> list[str]:
     """Section 5: the model executor on the tiny presets (CPU)."""
     rows = []
-    cache_dir = os.path.join(os.path.expanduser("~"), ".cache", "radixflow", "xla")  # compiled steps persist
+    cache_dir = xla_cache_dir()  # compiled steps persist
     tiny_engine = EngineConfig(
         max_num_seqs=8, max_num_batched_tokens=512, max_model_len=1024, compilation_cache_dir=cache_dir
     )

@@ -6,6 +6,8 @@ import argparse
 import os
 import sys
 
+from radixflow_jax.paths import xla_cache_dir
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", required=True, help="preset name, model directory or .gguf file")
@@ -39,9 +41,7 @@ def run(args: argparse.Namespace) -> int:
     if not os.path.isfile(args.input):
         raise FileNotFoundError(f"--input {args.input}: no such file")
     check_start(cfg)  # before the model loads: a refused start costs nothing
-    cache_dir = None if args.no_compile_cache else args.compile_cache or os.path.join(
-        os.environ.get("RADIXFLOW_CACHE", os.path.join(os.path.expanduser("~"), ".cache", "radixflow")), "xla"
-    )
+    cache_dir = None if args.no_compile_cache else args.compile_cache or xla_cache_dir()
     llm = LLM(
         args.model, dtype=args.dtype, max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
         max_model_len=args.max_model_len, policy=args.policy, seed=args.seed, compilation_cache_dir=cache_dir,

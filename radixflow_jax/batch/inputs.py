@@ -20,20 +20,15 @@ import array
 import dataclasses
 import hashlib
 import json
-from typing import Any, Iterator, Protocol
+from typing import Any, Iterator
 
 from radixflow_jax.engine.params import SamplingParams
+from radixflow_jax.serve.protocol import TextTokenizer
 
 PLAIN = "plain"
 OPENAI = "openai"
 URLS = {"/v1/completions": "completions", "/v1/chat/completions": "chat"}
 _PLAIN_PROMPTS = ("prompt", "prompt_token_ids", "messages")
-
-
-class TextTokenizer(Protocol):
-    def encode(self, text: str) -> list[int]: ...
-
-    def apply_chat_template(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> str: ...
 
 
 @dataclasses.dataclass(frozen=True)

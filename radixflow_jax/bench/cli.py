@@ -23,6 +23,7 @@ from radixflow_jax.engine.sim import BUCKET_SETS
 from radixflow_jax.bench.workloads import ARRIVALS, WORKLOADS, BenchRequest, WorkloadSpec, generate
 from radixflow_jax.engine.core import EngineConfig
 from radixflow_jax.engine.specs import DEVICE_SPECS, MODEL_SPECS, get_device_spec, get_model_spec
+from radixflow_jax.paths import xla_cache_dir
 
 COLUMNS = (
     ("rounds", "rounds", "{:d}"), ("mean_latency_s", "mean lat s", "{:.3f}"), ("p50_latency_s", "p50 s", "{:.3f}"),
@@ -174,9 +175,7 @@ def run(args: argparse.Namespace) -> int:
     repeats = args.repeats
     seqs = args.max_num_seqs or (8 if executor == "model" else 64)
     tokens = args.max_num_batched_tokens or (512 if executor == "model" else 8192)
-    cache_dir = None if args.no_compile_cache else os.path.join(
-        os.environ.get("RADIXFLOW_CACHE", os.path.join(os.path.expanduser("~"), ".cache", "radixflow")), "xla"
-    )
+    cache_dir = None if args.no_compile_cache else xla_cache_dir()
     engine = EngineConfig(
         max_num_seqs=seqs, max_num_batched_tokens=tokens, seed=args.seed, compilation_cache_dir=cache_dir
     )

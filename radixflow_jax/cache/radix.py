@@ -212,8 +212,13 @@ class RadixCache(TreeStore):
         pending KV nodes it planted. Its consumers fall back to their committed checkpoints. Also
         the rollback of a tentative plan that was not admitted. Returns how many checkpoints were
         dropped. Committed data of the producer stays."""
+        if self._paired.get(producer_id):
+            raise InvariantError(
+                f"unpublish of producer {producer_id} with paired consumers {sorted(self._paired[producer_id])}: "
+                "take_paired (and roll them back) first"
+            )
         nodes = self._pending.pop(producer_id, set())
-        self._paired.pop(producer_id, None)  # the caller took (and rolled back) its partners first
+        self._paired.pop(producer_id, None)
         dropped = 0
         for node in sorted(nodes, key=lambda n: n.depth, reverse=True):  # children first
             ckpt = node.checkpoint
@@ -249,6 +254,7 @@ class RadixCache(TreeStore):
         if ckpt is None or not ckpt.pending or not node.attached:
             raise ValueError(f"pair needs a pending checkpoint: {node!r}")
         self._paired.setdefault(ckpt.producer_id, set()).add(consumer_id)
+        ckpt.reads += 1  # a sibling used it (in-round): eviction and evicted-before-use count it as read
         return ckpt._slot
 
     def take_paired(self, producer_id: int) -> tuple[int, ...]:

@@ -166,7 +166,6 @@ class EngineCore:
         self.tokenizer = tokenizer
         self.seed = seed
         self.records: list[RoundRecord] = []  # a long-running owner may trim it; num_rounds keeps counting
-        self.num_rounds = 0
         self._ids = itertools.count()
         self._params: dict[int, SamplingParams] = {}
         self._sampling: dict[int, SamplingRow] = {}
@@ -174,6 +173,11 @@ class EngineCore:
         self._detok: dict[int, IncrementalText] = {}  # incremental text of running requests
         self.penalty_window = int(getattr(executor, "penalty_window", 0))  # 0: the executor cannot penalise
         self.supports_logprobs = bool(getattr(executor, "supports_logprobs", False))
+
+    @property
+    def num_rounds(self) -> int:
+        """Rounds committed so far (the scheduler's commit fence counts them)."""
+        return self.scheduler.round_index
 
     # --------------------------------------------------------------------------------- requests
     def validate(self, prompt_ids: Sequence[int], params: SamplingParams) -> None:
@@ -351,7 +355,6 @@ class EngineCore:
         # Bubble: budget left idle while requests behind a consumer stop were admissible; the
         # scheduler's shadow scan measured what they would have brought within the budget left.
         st = plan.stats
-        self.num_rounds += 1
         self.records.append(
             RoundRecord(
                 index=self.num_rounds - 1,

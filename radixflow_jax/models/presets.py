@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from radixflow_jax.models.safetensors_io import save_file
+from radixflow_jax.paths import cache_root
 
 FORMAT_VERSION = "v2"
 VOCAB_SIZE = 512
@@ -240,8 +241,6 @@ def packaged_file(name: str) -> str:
     return path
 
 
-def cache_root() -> str:
-    return os.environ.get("RADIXFLOW_CACHE", os.path.join(os.path.expanduser("~"), ".cache", "radixflow"))
 
 
 def _corpus(rng: np.random.Generator, sentences: int = 3000) -> list[str]:

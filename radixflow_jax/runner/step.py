@@ -113,6 +113,7 @@ class CompiledStep:
         self._cache_spec = jax.tree.map(_spec_of, cache)
         sharded = any(isinstance(x.sharding, NamedSharding) for x in jax.tree.leaves(cache))
         self._cache_shardings = jax.tree.map(lambda x: x.sharding, cache) if sharded else None
+        self.single_device = not sharded  # inputs may be kept on the (one) device between rounds
         self._compiled: dict[Variant, Callable] = {}
         self.num_compiles = 0
         self.compile_seconds = 0.0

@@ -111,7 +111,8 @@ class Scheduler:
         (prompt and output so far) like a preempted request. Returns them."""
         reqs = list(self.running)
         for req in reversed(reqs):
-            self._preempt(req)
+            if req.status is RequestStatus.RUNNING:  # a paired consumer may have gone back with its producer
+                self._preempt(req)
         return reqs
 
     def has_work(self) -> bool:

@@ -19,8 +19,9 @@ import sys
 from typing import Any
 
 from radixflow_jax.engine.core import EngineConfig
+from radixflow_jax.paths import xla_cache_dir
 
-DEFAULT_CACHE = os.path.join(os.environ.get("RADIXFLOW_CACHE", os.path.join(os.path.expanduser("~"), ".cache", "radixflow")), "xla")
+DEFAULT_CACHE = xla_cache_dir()
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
