@@ -124,6 +124,8 @@ def place(
     """
     if every % grid:
         raise ValueError(f"spacing {every} must be a multiple of the grid {grid}")
+    if end // grid == max(start, 0) // grid:
+        return []  # no multiple of the grid in (start, end]: most decode spans
     chosen: dict[int, str] = {}
 
     def add(depth: int, kind: str) -> None:

@@ -44,6 +44,11 @@ class RadixCache(TreeStore):
 
     # ------------------------------------------------------------------ lookup
 
+    def shared_len(self, tokens: Sequence[int]) -> int:
+        """Token-granular common prefix of ``tokens`` with any path in the tree (pending included):
+        ``match(tokens, shared=True).shared_len`` without walking, splitting or stamping the path."""
+        return self._shared_len(tuple(tokens))
+
     def match(self, tokens: Sequence[int], *, touch: bool = True, shared: bool = True) -> MatchResult:
         """Walk the tree along ``tokens``; see ``MatchResult`` for what comes back.
 

@@ -27,18 +27,27 @@ class LookaheadConfig:
 
 
 class WaitingIndex:
-    """This round's waiting requests keyed by their first ``grid`` tokens."""
+    """This round's waiting requests keyed by their first ``grid`` tokens. Built on the first
+    :meth:`siblings` call: rounds that plant no prefill span (all decode) never pay for it."""
 
     def __init__(self, grid: int, waiting: Iterable[Request] = ()):
         self.grid = grid
-        self._by_head: dict[tuple[int, ...], list[Request]] = {}
-        for req in waiting:
-            if req.num_tokens > grid:
-                head = req.prompt[:grid] if len(req.prompt) >= grid else req.tokens[:grid]  # no copy of the prompt
-                self._by_head.setdefault(head, []).append(req)
+        self._waiting = waiting
+        self._by_head: dict[tuple[int, ...], list[Request]] | None = None
+
+    def _build(self) -> dict[tuple[int, ...], list[Request]]:
+        by_head: dict[tuple[int, ...], list[Request]] = {}
+        g = self.grid
+        for req in self._waiting:
+            if req.num_tokens > g:
+                head = req.prompt[:g] if len(req.prompt) >= g else req.tokens[:g]  # no copy of the prompt
+                by_head.setdefault(head, []).append(req)
+        return by_head
 
     def siblings(self, req: Request) -> Iterator[Request]:
         """Requests still waiting (other than ``req``) that share ``req``'s first grid of tokens."""
+        if self._by_head is None:
+            self._by_head = self._build()
         for sib in self._by_head.get(req.tokens[: self.grid], ()):
             if sib is not req and sib.status is RequestStatus.WAITING:
                 yield sib

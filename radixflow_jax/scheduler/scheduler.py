@@ -231,7 +231,7 @@ class Scheduler:
             if hit > 0:
                 copy_from = cache.read_checkpoint(match.hit_node)
             if self.config.branch_checkpoints:  # where this path leaves an existing or pending one
-                branch_len = cache.match(req.tokens, touch=False, shared=True).shared_len
+                branch_len = cache.shared_len(req.tokens)
         rows.append(self._row(req, span, copy_from, stats, branch_len))
         budget[0] -= span
         budget[1] -= 1
@@ -270,7 +270,7 @@ class Scheduler:
         req.slot = slot
         req.num_computed = req.cached_tokens = depth
         pair_slot = cache.pair(node, req.request_id)
-        branch_len = cache.match(req.tokens, touch=False, shared=True).shared_len if cfg.branch_checkpoints else None
+        branch_len = cache.shared_len(req.tokens) if cfg.branch_checkpoints else None
         rows.append(self._row(req, span, None, stats, branch_len, pair_slot=pair_slot))
         stats.consumers_paired += 1
         budget[0] -= span
@@ -347,7 +347,7 @@ class Scheduler:
         evicted = (self.memory.evicted_pages, self.memory.evicted_slots)
         unused = self.memory.cache.evicted_unused if self.memory.cache is not None else 0
         looks_ahead = cfg.hybrid and cfg.branch_checkpoints and self.memory.cache is not None
-        self._waiting_index = WaitingIndex(cfg.grid, self.waiting if looks_ahead else ())
+        self._waiting_index = WaitingIndex(cfg.grid, tuple(self.waiting) if looks_ahead else ())  # this round's queue
         self._schedule_running(rows, budget, stats)
         queue = self._order()
         skipped_consumer = False

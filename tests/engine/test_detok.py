@@ -20,7 +20,9 @@ def test_incremental_text_matches_full_decode():
         for n in range(1, len(ids) + 1):
             text = inc.update(ids[:n])
             full = tok.decode(ids[:n])
-            assert full.startswith(text) or "\ufffd" in full  # never ahead of, or different from, a full decode
+            # never ahead of, or different from, a full decode (up to a character still being split)
+            cut = full.find("\ufffd")
+            assert full.startswith(text) or (cut >= 0 and text[:cut] == full[:cut]), (text, full)
             if not full.endswith("\ufffd"):
                 assert text == full
         assert inc.finish(ids) == tok.decode(ids)
