@@ -81,11 +81,11 @@ def run_policies(runner: Runner, cfg: BenchConfig, repeats: int = 1) -> tuple[li
 
 def run_model(
     model: Any, requests: list[BenchRequest], cfg: BenchConfig, dtype: str = "float32",
-    progress: Callable[[str, int, int], None] | None = None, with_records: bool = False,
+    progress: Callable[[str, int, int], None] | None = None, with_records: bool = False, repeats: int = 1,
 ) -> Any:  # fmt: skip
-    """Each policy once on a fresh engine over the same loaded model. Returns the results, and with
-    ``with_records`` also the per-round records per policy."""
-    reps, records = run_policies(model_runner(model, requests, cfg, dtype, progress), cfg)
+    """Each policy ``repeats`` times (interleaved) on fresh engines over the same loaded model.
+    Returns the per-policy medians, and with ``with_records`` also the per-round records per policy."""
+    reps, records = run_policies(model_runner(model, requests, cfg, dtype, progress), cfg, repeats)
     results = [r.median for r in reps]
     return (results, records) if with_records else results
 
