@@ -36,7 +36,7 @@ def write_input(path: str, args: argparse.Namespace) -> None:
                                     "max_tokens": args.max_tokens}) + "\n")  # fmt: skip
 
 
-def run(args: argparse.Namespace, src: str, group: bool, workdir: str) -> dict[str, float]:
+def run(args: argparse.Namespace, src: str, group: bool, workdir: str, rep: int = 0) -> dict[str, float]:
     pages_per_article = -(-(args.article_tokens + args.question_tokens + args.max_tokens) // 16)
     llm = LLM(
         args.model, max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
@@ -44,7 +44,7 @@ def run(args: argparse.Namespace, src: str, group: bool, workdir: str) -> dict[s
         num_kv_pages=1 + args.pool_articles * pages_per_article, seed=0,
         compilation_cache_dir=xla_cache_dir(),
     )  # fmt: skip
-    out = os.path.join(workdir, f"out-{'group' if group else 'nogroup'}.jsonl")
+    out = os.path.join(workdir, f"out-{'group' if group else 'nogroup'}-{rep}.jsonl")
     cfg = JobConfig(src, out, window=args.window, group=group, model_name=args.model, progress=False)
     t0 = time.perf_counter()
     stats = BatchJob(llm.engine, llm.model, cfg).run()
@@ -67,15 +67,27 @@ def main() -> None:
     p.add_argument("--max-num-seqs", type=int, default=8)
     p.add_argument("--max-num-batched-tokens", type=int, default=512)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--repeats", type=int, default=3, help="interleaved runs of each order (medians reported)")
     args = p.parse_args()
     with tempfile.TemporaryDirectory() as workdir:
         src = os.path.join(workdir, "in.jsonl")
         write_input(src, args)
-        rows = {name: run(args, src, group, workdir) for name, group in (("no grouping", False), ("grouped", True))}
-    print(f"pool: {args.pool_articles} articles; {args.articles} articles x {args.questions} questions, window {args.window}")
+        print(f"load average before: {'/'.join(f'{x:.2f}' for x in os.getloadavg())}", flush=True)
+        runs: dict[str, list[dict[str, float]]] = {"no grouping": [], "grouped": []}
+        for rep in range(args.repeats):  # interleaved, alternating which goes first
+            order = (("no grouping", False), ("grouped", True))
+            for name, group in order if rep % 2 == 0 else order[::-1]:
+                runs[name].append(run(args, src, group, workdir, rep))
+        print(f"load average after: {'/'.join(f'{x:.2f}' for x in os.getloadavg())}")
+    # counts are identical across repeats; times are medians (spread = max - min)
+    rows = {name: {k: float(np.median([r[k] for r in rs])) for k in rs[0]} for name, rs in runs.items()}
+    spread = {name: max(r["step_s"] for r in rs) - min(r["step_s"] for r in rs) for name, rs in runs.items()}
+    print(f"pool: {args.pool_articles} articles; {args.articles} articles x {args.questions} questions, window {args.window}; "
+          f"medians of {args.repeats} interleaved runs (step-time spread: "
+          + ", ".join(f"{n} {v:.1f}s" for n, v in spread.items()) + ")")
     print(f"{'run':<12} {'reuse':>7} {'computed tok':>13} {'rounds':>7} {'step s':>7} {'wall s':>7} {'req/s':>7}")
     for name, r in rows.items():
-        print(f"{name:<12} {100 * r['reuse']:>6.1f}% {r['computed_tokens']:>13} {r['rounds']:>7} {r['step_s']:>7.1f} "
+        print(f"{name:<12} {100 * r['reuse']:>6.1f}% {r['computed_tokens']:>13.0f} {r['rounds']:>7.0f} {r['step_s']:>7.1f} "
               f"{r['wall_s']:>7.1f} {r['req_per_s']:>7.2f}")  # fmt: skip
     a, b = rows["no grouping"], rows["grouped"]
     print(f"grouped / no grouping: computed tokens {b['computed_tokens'] / a['computed_tokens']:.2f}x, "
