@@ -102,6 +102,20 @@ class ApiKeyMiddleware:
         await self.app(scope, receive, send)
 
 
+ENGINE_ERRORS = (EngineDeadError, RequestFailedError, ValueError)
+
+
+def engine_error(exc: EngineDeadError | RequestFailedError | ValueError, param: str | None = None) -> ApiError:
+    """The API error for a failure the engine reports about one request, one mapping for submission,
+    waiting and streaming: a dead engine is 503, a request whose rounds kept failing is 500
+    ``step_failed``, a request the engine refused (``ValueError``) is 400."""
+    if isinstance(exc, EngineDeadError):
+        return ApiError(503, str(exc), code="engine_dead")
+    if isinstance(exc, RequestFailedError):
+        return ApiError(500, str(exc), code="step_failed")
+    return ApiError(400, str(exc), param=param)
+
+
 def _sse(payload: dict[str, Any] | str) -> bytes:
     data = payload if isinstance(payload, str) else json.dumps(payload, separators=(",", ":"))
     return f"data: {data}\n\n".encode()
@@ -168,10 +182,10 @@ def create_app(state: ServerState) -> FastAPI:
                            param="model", code="model_not_found")  # fmt: skip
 
     def check_alive() -> None:
-        if state.draining:
-            raise ApiError(503, "the server is shutting down", code="draining")
         if engine.error is not None or not engine.is_running:
             raise ApiError(503, f"the engine has stopped: {engine.error!r}", code="engine_dead")
+        if state.draining:
+            raise ApiError(503, "the server is shutting down", code="draining")
 
     def submit(req: EngineRequest) -> RequestHandle:
         if cfg.max_waiting is not None and engine.num_waiting >= cfg.max_waiting:
@@ -179,10 +193,8 @@ def create_app(state: ServerState) -> FastAPI:
                            code="queue_full", headers={"Retry-After": str(cfg.retry_after_s)})  # fmt: skip
         try:
             return engine.submit(req.prompt_ids, req.params)
-        except EngineDeadError as exc:
-            raise ApiError(503, str(exc), code="engine_dead") from None
-        except ValueError as exc:
-            raise ApiError(400, str(exc), param="prompt" if req.kind == protocol.COMPLETIONS else "messages") from None
+        except (EngineDeadError, ValueError) as exc:
+            raise engine_error(exc, "prompt" if req.kind == protocol.COMPLETIONS else "messages") from None
 
     async def final_output(handle: RequestHandle, request: Request) -> RequestOutput:
         """Waits for the final event; aborts the request if the client goes away first."""
@@ -204,12 +216,8 @@ def create_app(state: ServerState) -> FastAPI:
             if not result.done():
                 handle.abort()
             return await result
-        except EngineDeadError as exc:
-            raise ApiError(503, str(exc), code="engine_dead") from None
-        except RequestFailedError as exc:
-            raise ApiError(500, str(exc), code="step_failed") from None
-        except ValueError as exc:  # refused when the engine thread queued it
-            raise ApiError(400, str(exc)) from None
+        except ENGINE_ERRORS as exc:  # ValueError: refused when the engine thread queued it
+            raise engine_error(exc) from None
         finally:
             gone.cancel()
 
@@ -267,15 +275,10 @@ def create_app(state: ServerState) -> FastAPI:
                 body = {"id": rid, "object": "chat.completion.chunk" if chat else "text_completion",
                         "created": created, "model": model, "choices": [], "usage": usage(out).model_dump()}  # fmt: skip
                 yield _sse(body)
-        except EngineDeadError as exc:
+        except ENGINE_ERRORS as exc:  # ValueError: refused when the engine thread queued it
             finished = True
-            yield _sse(R.error_body(503, str(exc), code="engine_dead"))
-        except RequestFailedError as exc:
-            finished = True
-            yield _sse(R.error_body(500, str(exc), code="step_failed"))
-        except ValueError as exc:  # refused when the engine thread queued it
-            finished = True
-            yield _sse(R.error_body(400, str(exc)))
+            err = engine_error(exc)
+            yield _sse(R.error_body(err.status, err.message, err.param, err.code))
         finally:
             if not finished:
                 handle.abort()  # client gone (or cancelled): free the request's pages and slots
@@ -326,10 +329,7 @@ def create_app(state: ServerState) -> FastAPI:
 
     @app.get("/health")
     async def health() -> Response:
-        if engine.error is not None or not engine.is_running:
-            return error_response(503, f"the engine has stopped: {engine.error!r}", code="engine_dead")
-        if state.draining:
-            return error_response(503, "the server is shutting down", code="draining")
+        check_alive()  # 503 (engine_dead / draining) through the ApiError handler
         return JSONResponse({"status": "ok"})
 
     @app.get("/metrics")
@@ -385,7 +385,7 @@ def create_app(state: ServerState) -> FastAPI:
         try:
             pools = await asyncio.wrap_future(engine.call(flush))
         except EngineDeadError as exc:
-            raise ApiError(503, str(exc), code="engine_dead") from None
+            raise engine_error(exc) from None
         return {"status": "ok", **pools}
 
     return app

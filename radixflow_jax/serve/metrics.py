@@ -79,6 +79,7 @@ class ServerMetrics:
         self.model_name = model_name
         self.hybrid = hybrid
         self._live: dict[int, _Live] = {}
+        self.engine: BackgroundEngine | None = None  # set by attach()
         labels = ["model_name"]
         reg = self.registry
 
@@ -123,7 +124,7 @@ class ServerMetrics:
     # ------------------------------------------------------------------ engine thread
     def observe(self, events: Sequence[RequestOutput], records: Sequence[RoundRecord]) -> None:
         m = self.model_name
-        now = self.engine.core.clock() if hasattr(self, "engine") else time.perf_counter()
+        now = self.engine.core.clock() if self.engine is not None else time.perf_counter()
         round_start = now
         for rec in records:
             dur = rec.plan_s + rec.build_s + rec.step_s
@@ -137,17 +138,11 @@ class ServerMetrics:
             self.consumers_waiting.labels(m).inc(rec.consumers_waiting)
             self.consumers_blocked.labels(m).inc(rec.consumers_blocked)
             self.preemptions.labels(m).inc(rec.preempted)
-        if records and hasattr(self, "engine"):
+        if records and self.engine is not None:
             for req in self.engine.core.scheduler.running:
-                live = self._live.setdefault(req.request_id, _Live())
-                if live.start is None:
-                    live.start = round_start
-                    self.queue.labels(m).observe(max(0.0, round_start - req.arrival_time))
+                self._started(req.request_id, req.arrival_time, round_start)
         for ev in events:
-            live = self._live.setdefault(ev.request_id, _Live())
-            if live.start is None and (ev.token_ids or ev.finish_reason != "abort"):
-                live.start = round_start
-                self.queue.labels(m).observe(max(0.0, round_start - ev.arrival_time))
+            live = self._started(ev.request_id, ev.arrival_time, round_start, ran=bool(ev.token_ids) or ev.finish_reason != "abort")
             new = len(ev.token_ids) - live.tokens
             if new > 0:
                 self.generation_tokens.labels(m).inc(new)
@@ -160,6 +155,14 @@ class ServerMetrics:
             if ev.finished:
                 self._live.pop(ev.request_id, None)
                 self._finish(ev, now)
+
+    def _started(self, request_id: int, arrival: float, round_start: float, *, ran: bool = True) -> _Live:
+        """The request's bookkeeping; the first time it is seen running, its queue time is observed."""
+        live = self._live.setdefault(request_id, _Live())
+        if live.start is None and ran:
+            live.start = round_start
+            self.queue.labels(self.model_name).observe(max(0.0, round_start - arrival))
+        return live
 
     def _finish(self, ev: RequestOutput, now: float) -> None:
         m = self.model_name
