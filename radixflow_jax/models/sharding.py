@@ -44,15 +44,22 @@ _COLUMN = {"q_proj", "k_proj", "v_proj", "gate_proj", "up_proj", "in_proj_qkvz",
 _ROW = {"o_proj", "down_proj", "out_proj"}
 
 
-def make_mesh(tensor_parallel_size: int, data_parallel_size: int = 1) -> Mesh:
-    """A ``(data, tensor)`` mesh over the first ``data * tensor`` local devices."""
+def make_mesh(tensor_parallel_size: int, data_parallel_size: int = 1, first_device: int = 0) -> Mesh:
+    """A ``(data, tensor)`` mesh over local devices ``first_device .. first_device + data * tensor - 1``.
+
+    Local: in a job of several processes (``engine/distributed.py``) a mesh never spans processes,
+    so an engine's one host-side scheduler drives all of its devices."""
     n = tensor_parallel_size * data_parallel_size
-    if tensor_parallel_size < 1 or data_parallel_size < 1:
+    if tensor_parallel_size < 1 or data_parallel_size < 1 or first_device < 0:
         raise ValueError(f"mesh sizes must be >= 1, got tensor={tensor_parallel_size} data={data_parallel_size}")
-    devices = jax.devices()
-    if n > len(devices):
-        raise ValueError(f"a mesh of {n} devices needs {n} devices; {len(devices)} are available")
-    return Mesh(np.asarray(devices[:n]).reshape(data_parallel_size, tensor_parallel_size), (DATA, TENSOR))
+    devices = jax.local_devices()
+    if first_device + n > len(devices):
+        raise ValueError(
+            f"a mesh of {n} devices from local device {first_device} needs {first_device + n} devices; "
+            f"{len(devices)} are available"
+        )
+    return Mesh(np.asarray(devices[first_device : first_device + n]).reshape(data_parallel_size, tensor_parallel_size),
+                (DATA, TENSOR))  # fmt: skip
 
 
 def kv_heads_sharded(cfg: ModelConfig, tp: int) -> bool:
@@ -202,9 +209,11 @@ class ShardedModel(LoadedModel):
         return out
 
 
-def shard_model(model: LoadedModel, tensor_parallel_size: int) -> LoadedModel:
-    """``model`` unchanged for N == 1, else a :class:`ShardedModel` on a ``(1, N)`` mesh."""
-    if tensor_parallel_size == 1:
+def shard_model(model: LoadedModel, tensor_parallel_size: int, first_device: int | None = None) -> LoadedModel:
+    """``model`` unchanged for N == 1 without a ``first_device``, else a :class:`ShardedModel` on a
+    ``(1, N)`` mesh over local devices ``first_device .. first_device + N - 1`` (default 0): one
+    data-parallel replica's device group."""
+    if tensor_parallel_size == 1 and first_device is None:
         return model
     check_tensor_parallel(model.config, tensor_parallel_size)
-    return ShardedModel(model, make_mesh(tensor_parallel_size))
+    return ShardedModel(model, make_mesh(tensor_parallel_size, first_device=first_device or 0))
