@@ -114,18 +114,24 @@ class LLM:
         data_parallel_size: int = 1, router: str = "prefix", **engine_options: object,
     ):  # fmt: skip
         from radixflow_jax.engine.router import ReplicaSet, RouterConfig
-        from radixflow_jax.models.sharding import shard_model
+        from radixflow_jax.models.sharding import load_sharded, shard_model
 
         self.config = EngineConfig(**engine_options)  # type: ignore[arg-type]
         if tensor_parallel_size > 1 and self.config.kernels == "pallas":
             raise ValueError("tensor_parallel_size > 1 runs the XLA kernel forms: Pallas kernels are not sharded yet")
         groups = replica_groups(data_parallel_size, tensor_parallel_size)
         router_config = RouterConfig(policy=router, block=self.config.page_size)
-        loaded = model if isinstance(model, LoadedModel) else load(model, dtype=dtype)
-        if groups is None:  # one model (on device 0, or a tp group from device 0) shared by the replicas
-            self.replica_models = [shard_model(loaded, tensor_parallel_size)] * data_parallel_size
+        if isinstance(model, str) and (tensor_parallel_size > 1 or groups is not None):
+            # each group loads its own copy (an orbax directory restores straight into the shards)
+            firsts = groups or [0]
+            models = [load_sharded(model, dtype, tensor_parallel_size, first_device=g) for g in firsts]
+            self.replica_models = models if groups is not None else models * data_parallel_size
         else:
-            self.replica_models = [shard_model(loaded, tensor_parallel_size, first_device=g) for g in groups]
+            loaded = model if isinstance(model, LoadedModel) else load(model, dtype=dtype)
+            if groups is None:  # one model (on device 0, or a tp group from device 0) shared by the replicas
+                self.replica_models = [shard_model(loaded, tensor_parallel_size)] * data_parallel_size
+            else:
+                self.replica_models = [shard_model(loaded, tensor_parallel_size, first_device=g) for g in groups]
         self.model = self.replica_models[0]
         engines = [build_engine(m, self.config) for m in self.replica_models]
         self.engine = engines[0]

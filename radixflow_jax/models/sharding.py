@@ -25,6 +25,7 @@ reduction order (tests/multidevice).
 from __future__ import annotations
 
 import dataclasses
+import os
 from typing import Any
 
 import jax
@@ -118,6 +119,15 @@ def unstripe(x: Any, gdn: GdnConfig, stripes: int, axis: int) -> Any:
     return jnp.take(x, np.argsort(stripe_permutation(gdn, stripes)), axis=axis)
 
 
+def restriped(cfg: ModelConfig, path: tuple[Any, ...]) -> bool:
+    """Whether a parameter is re-striped at load: Qwen3.5's split ``in_proj_qkv`` and the GDN conv
+    weight (Qwen3-Next's packed ``in_proj_qkvz`` is grouped per key head already)."""
+    names = _names(path)
+    if cfg.gdn is None or "linear_attn" not in names:
+        return False
+    return ("conv1d" in names and "weight" in names) or (not cfg.gdn.packed and "in_proj_qkv" in names)
+
+
 # --- partition specs ---------------------------------------------------------------------------
 
 
@@ -173,14 +183,15 @@ class ShardedModel(LoadedModel):
         if cfg.gdn is not None:
             cfg = dataclasses.replace(cfg, gdn=dataclasses.replace(cfg.gdn, qkv_stripes=tp))
         graphdef, _ = abstract_model(cfg, base.dtype)
-        gdn, unpacked = cfg.gdn, cfg.gdn is not None and not cfg.gdn.packed
+        gdn = cfg.gdn
 
         def place(path: tuple[Any, ...], x: jax.Array) -> jax.Array:
-            names = _names(path)
-            if gdn is not None and "linear_attn" in names:
-                if ("conv1d" in names and "weight" in names) or (unpacked and "in_proj_qkv" in names):
-                    x = restripe(x, gdn, tp, axis=0)  # packed qkvz is grouped per key head already
-            return jax.device_put(x, NamedSharding(mesh, param_spec(cfg, path, x.ndim, tp)))
+            if gdn is not None and restriped(cfg, path):
+                x = restripe(x, gdn, tp, axis=0)
+            target = NamedSharding(mesh, param_spec(cfg, path, x.ndim, tp))
+            if isinstance(x.sharding, NamedSharding) and x.sharding == target:
+                return x  # restored straight into its layout (load_sharded)
+            return jax.device_put(x, target)
 
         params = jax.tree_util.tree_map_with_path(place, base.params)
         self.mesh = mesh
@@ -207,6 +218,32 @@ class ShardedModel(LoadedModel):
                 conv = np.asarray(unstripe(conv, self.config.gdn, self.tensor_parallel_size, axis=-1))
             out.append((conv, ssm))
         return out
+
+
+def load_sharded(
+    path_or_preset: str, dtype: str, tensor_parallel_size: int, first_device: int | None = None
+) -> LoadedModel:
+    """Loads a model onto a ``(1, N)`` mesh from local device ``first_device`` (default 0). An orbax
+    directory (``radixflow convert``) is restored straight into the sharded layout (every parameter
+    with its target ``NamedSharding``; the re-striped ones replicated, then re-striped in place);
+    other formats load on one device and are then placed by :func:`shard_model`."""
+    from radixflow_jax.models.api import load, read_config, resolve_dtype, resolve_model_path
+    from radixflow_jax.models.weights import has_orbax, load_orbax_state
+
+    path = resolve_model_path(path_or_preset)
+    if not os.path.isdir(path) or not has_orbax(path):
+        return shard_model(load(path_or_preset, dtype=dtype), tensor_parallel_size, first_device)
+    cfg = read_config(path)
+    check_tensor_parallel(cfg, tensor_parallel_size)
+    mesh = make_mesh(tensor_parallel_size, first_device=first_device or 0)
+
+    def sharding(p: tuple[Any, ...], leaf: Any) -> NamedSharding:
+        spec = P() if restriped(cfg, p) else param_spec(cfg, p, len(leaf.shape), tensor_parallel_size)
+        return NamedSharding(mesh, spec)
+
+    jdtype = resolve_dtype(dtype)
+    graphdef, state = load_orbax_state(path, cfg, jdtype, sharding)
+    return ShardedModel(LoadedModel(path, cfg, graphdef, state, jdtype), mesh)
 
 
 def shard_model(model: LoadedModel, tensor_parallel_size: int, first_device: int | None = None) -> LoadedModel:
