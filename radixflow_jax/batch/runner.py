@@ -109,11 +109,6 @@ def _prepare(cfg: JobConfig, index: LineIndex, fingerprint: str, limits: Request
     first, end = cfg.first, len(index) if cfg.end is None else min(cfg.end, len(index))
     if state is None:
         return first
-    if (state.first, state.total) != (first, end - first):
-        raise ResumeError(
-            f"resume refused: {cfg.output} answers requests [{state.first}, {state.first + state.total}), "
-            f"this run was given [{first}, {end})"
-        )
     if state.input_sha256 != index.sha256:
         raise ResumeError(
             f"resume refused: {cfg.input} is not the input this job started with (sha256 {index.sha256[:12]} != "
@@ -121,6 +116,11 @@ def _prepare(cfg: JobConfig, index: LineIndex, fingerprint: str, limits: Request
         )
     if state.model != fingerprint:
         raise ResumeError("resume refused: the model (path, config, dtype or weights) differs from the job's model")
+    if (state.first, state.total) != (first, end - first):
+        raise ResumeError(
+            f"resume refused: {cfg.output} answers requests [{state.first}, {state.first + state.total}), "
+            f"this run was given [{first}, {end})"
+        )
     done, last = recover_output(cfg.output)
     if done < state.done or done > end - first:
         raise ResumeError(
