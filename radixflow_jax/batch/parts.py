@@ -54,7 +54,9 @@ class ShareResult:
     merge_stopped: str | None  # process 0: why the merged output ends early
 
 
-def run_share(engine: EngineCore, model: LoadedModel, cfg: JobConfig, process_id: int, num_processes: int) -> ShareResult:
+def run_share(
+    engine: EngineCore, model: LoadedModel, cfg: JobConfig, process_id: int, num_processes: int
+) -> ShareResult:
     """Runs this process's share into its part file; every process then meets at a barrier and
     process 0 merges. Every process of the job must call this."""
     if finished_before(cfg):
@@ -118,9 +120,10 @@ def merge_parts(cfg: JobConfig, index: LineIndex, num_processes: int, fingerprin
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, cfg.output)
-    final = JobState(os.path.abspath(cfg.input), index.sha256, fingerprint, len(index), len(records), complete=why is None)
+    complete = why is None
+    final = JobState(os.path.abspath(cfg.input), index.sha256, fingerprint, len(index), len(records), complete)
     write_state(state_path(cfg.output), final)
-    if why is None:
+    if complete:
         for p in range(num_processes):
             path = part_path(cfg.output, p, num_processes)
             os.remove(path)

@@ -159,7 +159,8 @@ class BatchJob:
         start = _prepare(self.cfg, index, fingerprint, self.limits, self.model.tokenizer)
         first, end = self.cfg.first, len(index) if self.cfg.end is None else min(self.cfg.end, len(index))
         self.stats.started = start
-        state = JobState(os.path.abspath(self.cfg.input), index.sha256, fingerprint, end - first, start - first, first=first)
+        source = os.path.abspath(self.cfg.input)
+        state = JobState(source, index.sha256, fingerprint, end - first, start - first, first=first)
         keeper = StateKeeper(state_path(self.cfg.output), state, crash_hook=self.hook)
         writer = OutputWriter(self.cfg.output, crash_hook=self.hook)
         seen = self._seen_keys(start - first)

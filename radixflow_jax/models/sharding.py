@@ -261,7 +261,8 @@ class ShardedModel(LoadedModel):
             elif self.config.mamba is not None and self.config.mamba.proj_stripes > 1:
                 from radixflow_jax.models.mixers.mamba2 import conv_permutation
 
-                conv = np.take(conv, np.argsort(conv_permutation(self.config.mamba, self.config.mamba.proj_stripes)), axis=-1)
+                perm = conv_permutation(self.config.mamba, self.config.mamba.proj_stripes)
+                conv = np.take(conv, np.argsort(perm), axis=-1)
             out.append((conv, ssm))
         return out
 

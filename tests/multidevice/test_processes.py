@@ -9,7 +9,8 @@
 * ``LLM(data_parallel_size=2, tensor_parallel_size=2)``: replica i on local devices [2i, 2i+2),
   greedy outputs equal one device's.
 
-Cheap by construction: the tiny preset with one step variant per engine, a handful of requests, and a persistent XLA cache shared by this process and its two subprocesses."""
+Cheap by construction: the tiny preset with one step variant per engine, a handful of requests,
+and a persistent XLA cache shared by this process and its two subprocesses."""
 
 from __future__ import annotations
 
@@ -36,7 +37,8 @@ PREFIXES = [list(range(100, 170)), list(range(300, 366))]
 PROMPTS = [PREFIXES[i % 2] + [60 + i, 61 + i] for i in range(4)]
 # six requests: shares [0, 3) and [3, 6) of two processes; "r0" again in the second share
 LINES = [{"id": f"r{i}", "prompt_token_ids": p, "max_tokens": 3} for i, p in enumerate(PROMPTS)]
-LINES += [{"id": "r0", "prompt_token_ids": [5, 6, 7], "max_tokens": 2}, {"id": "r5", "prompt_token_ids": [8, 9], "max_tokens": 2}]
+LINES += [{"id": "r0", "prompt_token_ids": [5, 6, 7], "max_tokens": 2},
+          {"id": "r5", "prompt_token_ids": [8, 9], "max_tokens": 2}]  # fmt: skip
 
 
 class SimulatedKill(BaseException):
@@ -142,8 +144,8 @@ def test_batch_shares_resume_after_a_kill_and_merge(llm: LLM, reference, tmp_pat
         if where == "mid_write" and at >= 1:
             raise SimulatedKill(where)
 
-    job = BatchJob(llm.engine, llm.model, JobConfig(src, part_path(out, 0, 2), model_name="tiny-qwen3.5",
-                                                    progress=False, window=2, first=0, end=3), crash_hook=kill)  # fmt: skip
+    share0 = JobConfig(src, part_path(out, 0, 2), model_name="tiny-qwen3.5", progress=False, window=2, first=0, end=3)
+    job = BatchJob(llm.engine, llm.model, share0, crash_hook=kill)
     with pytest.raises(SimulatedKill):
         job.run()
     for rid in list(llm.engine.scheduler.requests):
