@@ -61,18 +61,38 @@ def enable_compilation_cache(directory: str) -> None:
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
 
 
+def step_kernels(model: LoadedModel, kernels: str) -> str:
+    """The kernel backend of ``model``'s step. A tensor-parallel model runs Pallas kernels per shard
+    only where its heads are self-contained (``models/sharding.check_pallas_shards``): elsewhere a
+    forced ``pallas`` is refused naming the field, and ``auto`` (which means the best backend that
+    can run) takes the XLA forms."""
+    from radixflow_jax.models.config import ConfigError
+    from radixflow_jax.models.sharding import check_pallas_shards
+
+    tp = getattr(model, "tensor_parallel_size", 1)
+    if tp > 1 and kernels in ("auto", "pallas"):
+        try:
+            check_pallas_shards(model.config, tp)
+        except ConfigError:
+            if kernels == "pallas":
+                raise
+            return "xla"
+    return kernels
+
+
 def build_engine(model: LoadedModel, ec: EngineConfig) -> EngineCore:
     cfg = model.config
     if ec.compilation_cache_dir:
         enable_compilation_cache(ec.compilation_cache_dir)
     max_model_len = ec.max_model_len or min(cfg.max_position_embeddings, 8192)
     num_pages, num_slots = pool_sizes(cfg, ec, max_model_len)
+    kernels = step_kernels(model, ec.kernels)
     wiring = Wiring(ec, cfg.is_hybrid, tuple(recurrent_chunks(cfg)), num_pages, num_slots, max_model_len)
 
     def executor(shapes: ShapeConfig) -> ModelExecutor:
         return ModelExecutor(
             model, shapes, page_size=ec.page_size, num_pages=num_pages, num_slots=num_slots,
-            kernels=ec.kernels, warmup=ec.warmup_all, progress=stderr_progress if ec.warmup_progress else None,
+            kernels=kernels, warmup=ec.warmup_all, progress=stderr_progress if ec.warmup_progress else None,
             penalty_window=min(max_model_len, 4096) if ec.penalty_window is None else ec.penalty_window,
         )  # fmt: skip
 
@@ -117,8 +137,6 @@ class LLM:
         from radixflow_jax.models.sharding import load_sharded, shard_model
 
         self.config = EngineConfig(**engine_options)  # type: ignore[arg-type]
-        if tensor_parallel_size > 1 and self.config.kernels == "pallas":
-            raise ValueError("tensor_parallel_size > 1 runs the XLA kernel forms: Pallas kernels are not sharded yet")
         groups = replica_groups(data_parallel_size, tensor_parallel_size)
         router_config = RouterConfig(policy=router, block=self.config.page_size)
         if isinstance(model, str) and (tensor_parallel_size > 1 or groups is not None):

@@ -97,6 +97,25 @@ def check_tensor_parallel(cfg: ModelConfig, tp: int) -> None:
             need(cfg.moe.shared_intermediate_size, "shared_expert_intermediate_size")
 
 
+def check_pallas_shards(cfg: ModelConfig, tp: int) -> None:
+    """Pallas kernels run per shard (``kernels/ops.per_shard``) only where a rank's heads are
+    self-contained: its query heads' KV heads and its SSD heads' groups live on the rank. Raises
+    :class:`ConfigError` naming the field otherwise (the XLA forms serve those models)."""
+    if tp == 1:
+        return
+    if cfg.attention_layers and not kv_heads_sharded(cfg, tp):
+        assert cfg.attention is not None
+        raise ConfigError(
+            f"kernels='pallas' with tensor_parallel_size={tp} needs num_key_value_heads={cfg.attention.num_kv_heads} "
+            "divisible by it (replicated KV heads are served by the XLA kernel forms)"
+        )
+    if cfg.mamba is not None and any(cfg.mixers[i] != "gdn" for i in cfg.recurrent_layers) and not mamba_striped(cfg, tp):
+        raise ConfigError(
+            f"kernels='pallas' with tensor_parallel_size={tp} needs mamba_n_groups={cfg.mamba.n_groups} divisible by it "
+            "(replicated groups are served by the XLA kernel forms)"
+        )
+
+
 # --- re-striping of Qwen3.5's q/k/v channels -------------------------------------------------
 
 
@@ -248,7 +267,10 @@ class ShardedModel(LoadedModel):
         return jax.device_put(cache, self.cache_shardings())
 
     def _forward_impl(self, params, tokens, batch, cache, *, num_decode):  # type: ignore[no-untyped-def]
-        logits, cache = super()._forward_impl(params, tokens, batch, cache, num_decode=num_decode)
+        from radixflow_jax.kernels import ops
+
+        with ops.per_shard(self.mesh, TENSOR):  # Pallas kernels (if selected) run per shard
+            logits, cache = super()._forward_impl(params, tokens, batch, cache, num_decode=num_decode)
         return logits, jax.lax.with_sharding_constraint(cache, self.cache_shardings())
 
     def recurrent_states(self, seq):  # type: ignore[no-untyped-def]
