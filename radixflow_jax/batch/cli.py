@@ -28,10 +28,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-warmup", action="store_true", help="compile step variants on first use, not at start-up")
     p.add_argument("--compile-cache", default=None, help="persistent XLA cache directory (default under RADIXFLOW_CACHE)")
     p.add_argument("--no-compile-cache", action="store_true")
+    p.add_argument("--num-processes", type=int, default=1,
+                   help="processes of the job (one engine each); each answers a contiguous share of the requests")
+    p.add_argument("--process-id", type=int, default=0, help="this process's index in [0, --num-processes)")
+    p.add_argument("--coordinator", default=None,
+                   help="host:port of process 0's jax.distributed coordinator (same on every process)")  # fmt: skip
 
 
 def run(args: argparse.Namespace) -> int:
     from radixflow_jax.batch.runner import BatchJob, JobConfig, JobStopped, check_start
+    from radixflow_jax.engine import distributed
     from radixflow_jax.engine.llm import LLM
 
     cfg = JobConfig(
@@ -40,13 +46,27 @@ def run(args: argparse.Namespace) -> int:
     )  # fmt: skip
     if not os.path.isfile(args.input):
         raise FileNotFoundError(f"--input {args.input}: no such file")
-    check_start(cfg)  # before the model loads: a refused start costs nothing
+    many = args.num_processes > 1
+    if many:
+        from radixflow_jax.batch import parts
+
+        if args.coordinator is None:
+            raise ValueError("--num-processes > 1 needs --coordinator host:port (the same on every process)")
+        dist = distributed.DistributedConfig(args.coordinator, args.num_processes, args.process_id)
+        if parts.finished_before(cfg):  # before the model loads: a refused start costs nothing
+            print(f"radixflow batch: {args.output} is complete already", file=sys.stderr)
+            return 0
+        distributed.initialize(dist)  # before anything else starts a JAX backend
+    else:
+        check_start(cfg)  # before the model loads: a refused start costs nothing
     cache_dir = None if args.no_compile_cache else args.compile_cache or xla_cache_dir()
     llm = LLM(
         args.model, dtype=args.dtype, max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
         max_model_len=args.max_model_len, policy=args.policy, seed=args.seed, compilation_cache_dir=cache_dir,
         warmup=not args.no_warmup,
     )  # fmt: skip
+    if many:
+        return _report_share(parts.run_share(llm.engine, llm.model, cfg, args.process_id, args.num_processes), args)
     job = BatchJob(llm.engine, llm.model, cfg)
     try:
         stats = job.run()
@@ -59,3 +79,23 @@ def run(args: argparse.Namespace) -> int:
         file=sys.stderr,
     )
     return 0
+
+
+def _report_share(result: object, args: argparse.Namespace) -> int:
+    from radixflow_jax.batch.parts import ShareResult
+
+    assert isinstance(result, ShareResult)
+    me = f"radixflow batch [process {args.process_id}/{args.num_processes}]"
+    if result.stats is None:
+        print(f"{me}: {args.output} is complete already", file=sys.stderr)
+        return 0
+    s = result.stats
+    print(f"{me}: {s.requests} requests, {s.errors} errors, {s.generated_tokens} tokens in {s.elapsed_s:.1f} s; "
+          f"cache hit rate {100 * s.hit_rate:.1f}%", file=sys.stderr)  # fmt: skip
+    if result.stopped:
+        print(f"{me}: {result.stopped}", file=sys.stderr)
+    if result.merged is not None:
+        print(f"{me}: merged {result.merged} records into {args.output}", file=sys.stderr)
+        if result.merge_stopped:
+            print(f"{me}: {result.merge_stopped}", file=sys.stderr)
+    return 1 if result.stopped or result.merge_stopped else 0

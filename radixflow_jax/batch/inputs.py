@@ -101,14 +101,16 @@ class LineIndex:
 
 
 def read_items(
-    index: LineIndex, start: int, tokenizer: TextTokenizer | None, limits: RequestLimits, threads: int = 2
+    index: LineIndex, start: int, tokenizer: TextTokenizer | None, limits: RequestLimits, threads: int = 2,
+    end: int | None = None,
 ) -> Iterator[BatchItem]:
-    """Items ``start, start + 1, ...`` in input order, parsed ahead on ``threads`` grain threads."""
+    """Items ``start, start + 1, ..., end - 1`` in input order, parsed ahead on ``threads`` grain threads."""
     import grain
 
-    if start >= len(index):
+    end = len(index) if end is None else min(end, len(index))
+    if start >= end:
         return iter(())
-    dataset = grain.MapDataset.source(index).slice(slice(start, None))
+    dataset = grain.MapDataset.source(index).slice(slice(start, end))
     dataset = dataset.map(lambda entry: parse_line(entry[0], entry[1], entry[2], tokenizer, limits))
     options = grain.ReadOptions(num_threads=threads, prefetch_buffer_size=64)
     return iter(dataset.to_iter_dataset(options))

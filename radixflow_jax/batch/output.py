@@ -43,6 +43,7 @@ class JobState:
     done: int
     complete: bool = False
     version: int = STATE_VERSION
+    first: int = 0  # a process's share (batch/parts.py): requests first .. first + total - 1
 
 
 def write_state(path: str, state: JobState) -> None:

@@ -54,8 +54,12 @@ class JobConfig:
     group: bool = True
     model_name: str = "radixflow"
     progress: bool = True
+    first: int = 0  # this job answers requests [first, end) of the input (a process's share)
+    end: int | None = None  # None: to the end of the input
 
     def __post_init__(self) -> None:
+        if self.first < 0 or (self.end is not None and self.end < self.first):
+            raise ValueError(f"bad request range [{self.first}, {self.end})")
         if self.on_error not in ("skip", "fail"):
             raise ValueError(f"--on-error must be skip or fail, got {self.on_error!r}")
         if self.window < 1:
@@ -99,10 +103,12 @@ def check_start(cfg: JobConfig) -> JobState | None:
 
 
 def _prepare(cfg: JobConfig, index: LineIndex, fingerprint: str, limits: RequestLimits, tokenizer: Any) -> int:
-    """Checks a fresh start or a resume; returns the first request index to run."""
+    """Checks a fresh start or a resume; returns the first request index to run (output line ``k``
+    answers request ``cfg.first + k``)."""
     state = check_start(cfg)
+    first, end = cfg.first, len(index) if cfg.end is None else min(cfg.end, len(index))
     if state is None:
-        return 0
+        return first
     if state.input_sha256 != index.sha256:
         raise ResumeError(
             f"resume refused: {cfg.input} is not the input this job started with (sha256 {index.sha256[:12]} != "
@@ -110,20 +116,26 @@ def _prepare(cfg: JobConfig, index: LineIndex, fingerprint: str, limits: Request
         )
     if state.model != fingerprint:
         raise ResumeError("resume refused: the model (path, config, dtype or weights) differs from the job's model")
+    if (state.first, state.total) != (first, end - first):
+        raise ResumeError(
+            f"resume refused: {cfg.output} answers requests [{state.first}, {state.first + state.total}), "
+            f"this run was given [{first}, {end})"
+        )
     done, last = recover_output(cfg.output)
-    if done < state.done or done > len(index):
+    if done < state.done or done > end - first:
         raise ResumeError(
             f"resume refused: {cfg.output} has {done} complete records, the state file recorded {state.done} "
-            f"of {len(index)}"
+            f"of {end - first}"
         )
     if last is not None:
-        expected = parse_line(done - 1, *index[done - 1][1:], tokenizer, limits).key
+        k = first + done - 1
+        expected = parse_line(k, *index[k][1:], tokenizer, limits).key
         if record_key(last) != expected:
             raise ResumeError(
-                f"resume refused: output record {done} answers id {record_key(last)!r}, input request {done} has id "
+                f"resume refused: output record {done} answers id {record_key(last)!r}, input request {k + 1} has id "
                 f"{expected!r}"
             )
-    return done
+    return first + done
 
 
 class BatchJob:
@@ -145,15 +157,17 @@ class BatchJob:
         index = LineIndex(self.cfg.input)
         fingerprint = model_fingerprint(self.model)
         start = _prepare(self.cfg, index, fingerprint, self.limits, self.model.tokenizer)
+        first, end = self.cfg.first, len(index) if self.cfg.end is None else min(self.cfg.end, len(index))
         self.stats.started = start
-        state = JobState(os.path.abspath(self.cfg.input), index.sha256, fingerprint, len(index), start)
+        source = os.path.abspath(self.cfg.input)
+        state = JobState(source, index.sha256, fingerprint, end - first, start - first, first=first)
         keeper = StateKeeper(state_path(self.cfg.output), state, crash_hook=self.hook)
         writer = OutputWriter(self.cfg.output, crash_hook=self.hook)
-        seen = self._seen_keys(start)
-        bar = self._bar(len(index), start)
+        seen = self._seen_keys(start - first)
+        bar = self._bar(end - first, start - first)
         try:
-            items = read_items(index, start, self.model.tokenizer, self.limits)
-            self._loop(items, start, len(index), writer, keeper, seen, bar)
+            items = read_items(index, start, self.model.tokenizer, self.limits, end=end)
+            self._loop(items, start, end, writer, keeper, seen, bar)
         finally:
             writer.close()
             if bar is not None:
@@ -188,14 +202,14 @@ class BatchJob:
             if ready:
                 writer.append(ready, next_write)
                 next_write += len(ready)
-                keeper.update(next_write)
+                keeper.update(next_write - self.cfg.first)
                 if bar is not None:
                     bar.update(len(ready))
                     bar.set_postfix_str(self._postfix(), refresh=False)
         if stop_at is not None:
             keeper.flush()
             assert self._stop_error is not None
-            written = f"{next_write} records written, the job stopped here"
+            written = f"{next_write - self.cfg.first} records written, the job stopped here"
             raise JobStopped(f"{self._stop_error.message} (--on-error fail: {written})")
 
     def _submit(self, block: list[BatchItem], records: dict[int, dict[str, Any]], running: dict[int, BatchItem],

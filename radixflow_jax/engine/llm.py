@@ -61,18 +61,38 @@ def enable_compilation_cache(directory: str) -> None:
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
 
 
+def step_kernels(model: LoadedModel, kernels: str) -> str:
+    """The kernel backend of ``model``'s step. A tensor-parallel model runs Pallas kernels per shard
+    only where its heads are self-contained (``models/sharding.check_pallas_shards``): elsewhere a
+    forced ``pallas`` is refused naming the field, and ``auto`` (which means the best backend that
+    can run) takes the XLA forms."""
+    from radixflow_jax.models.config import ConfigError
+    from radixflow_jax.models.sharding import check_pallas_shards
+
+    tp = getattr(model, "tensor_parallel_size", 1)
+    if tp > 1 and kernels in ("auto", "pallas"):
+        try:
+            check_pallas_shards(model.config, tp)
+        except ConfigError:
+            if kernels == "pallas":
+                raise
+            return "xla"
+    return kernels
+
+
 def build_engine(model: LoadedModel, ec: EngineConfig) -> EngineCore:
     cfg = model.config
     if ec.compilation_cache_dir:
         enable_compilation_cache(ec.compilation_cache_dir)
     max_model_len = ec.max_model_len or min(cfg.max_position_embeddings, 8192)
     num_pages, num_slots = pool_sizes(cfg, ec, max_model_len)
+    kernels = step_kernels(model, ec.kernels)
     wiring = Wiring(ec, cfg.is_hybrid, tuple(recurrent_chunks(cfg)), num_pages, num_slots, max_model_len)
 
     def executor(shapes: ShapeConfig) -> ModelExecutor:
         return ModelExecutor(
             model, shapes, page_size=ec.page_size, num_pages=num_pages, num_slots=num_slots,
-            kernels=ec.kernels, warmup=ec.warmup_all, progress=stderr_progress if ec.warmup_progress else None,
+            kernels=kernels, warmup=ec.warmup_all, progress=stderr_progress if ec.warmup_progress else None,
             penalty_window=min(max_model_len, 4096) if ec.penalty_window is None else ec.penalty_window,
         )  # fmt: skip
 
@@ -80,34 +100,59 @@ def build_engine(model: LoadedModel, ec: EngineConfig) -> EngineCore:
     return wire_engine(wiring, executor, eos_token_ids=eos, tokenizer=model.tokenizer, vocab_size=cfg.vocab_size)
 
 
+def replica_groups(data_parallel_size: int, tensor_parallel_size: int) -> list[int] | None:
+    """First local device of each replica's group, or ``None`` when the replicas share one model
+    (one replica, or N == 1 replicas on a process with fewer than M devices)."""
+    import jax
+
+    m, n = data_parallel_size, tensor_parallel_size
+    if m < 1 or n < 1:
+        raise ValueError(f"data_parallel_size={m} and tensor_parallel_size={n} must be >= 1")
+    if m == 1:
+        return None
+    have = len(jax.local_devices())
+    if m * n <= have:
+        return [i * n for i in range(m)]
+    if n == 1:
+        return None
+    raise ValueError(
+        f"data_parallel_size={m} x tensor_parallel_size={n} needs {m * n} local devices, {have} are available"
+    )
+
+
 class LLM:
     """Offline generation. ``model``: a preset name, a HF directory or a converted directory.
     ``tensor_parallel_size`` N > 1: parameters and pools sharded over N devices
     (``models/sharding.py``); a model whose heads N does not divide is refused naming the field.
     ``data_parallel_size`` M > 1: M engine replicas (each its own scheduler, cache and pools) behind
-    a ``router`` (``engine/router.py``); they share the model's devices (one group per replica on
-    a multi-device mesh is not wired yet, so M > 1 with N > 1 is refused)."""
+    a ``router`` (``engine/router.py``); replica i runs on local devices ``[i*N, (i+1)*N)`` (its own
+    copy of the parameters, sharded over its group) when the process has ``M*N`` devices; with fewer
+    and N == 1, the replicas share the model's one device (one copy); otherwise it is refused."""
 
     def __init__(
         self, model: str | LoadedModel, *, dtype: str = "float32", tensor_parallel_size: int = 1,
         data_parallel_size: int = 1, router: str = "prefix", **engine_options: object,
     ):  # fmt: skip
         from radixflow_jax.engine.router import ReplicaSet, RouterConfig
-        from radixflow_jax.models.sharding import shard_model
+        from radixflow_jax.models.sharding import load_sharded, shard_model
 
         self.config = EngineConfig(**engine_options)  # type: ignore[arg-type]
-        if tensor_parallel_size > 1 and self.config.kernels == "pallas":
-            raise ValueError("tensor_parallel_size > 1 runs the XLA kernel forms: Pallas kernels are not sharded yet")
-        if data_parallel_size < 1 or (data_parallel_size > 1 and tensor_parallel_size > 1):
-            raise ValueError(
-                f"data_parallel_size={data_parallel_size} with tensor_parallel_size={tensor_parallel_size}: "
-                "data_parallel_size must be >= 1, and replicas of a sharded model are not supported yet"
-            )
+        groups = replica_groups(data_parallel_size, tensor_parallel_size)
         router_config = RouterConfig(policy=router, block=self.config.page_size)
-        loaded = model if isinstance(model, LoadedModel) else load(model, dtype=dtype)
-        self.model = shard_model(loaded, tensor_parallel_size)
-        self.engine = build_engine(self.model, self.config)
-        engines = [self.engine] + [build_engine(self.model, self.config) for _ in range(data_parallel_size - 1)]
+        if isinstance(model, str) and (tensor_parallel_size > 1 or groups is not None):
+            # each group loads its own copy (an orbax directory restores straight into the shards)
+            firsts = groups or [0]
+            models = [load_sharded(model, dtype, tensor_parallel_size, first_device=g) for g in firsts]
+            self.replica_models = models if groups is not None else models * data_parallel_size
+        else:
+            loaded = model if isinstance(model, LoadedModel) else load(model, dtype=dtype)
+            if groups is None:  # one model (on device 0, or a tp group from device 0) shared by the replicas
+                self.replica_models = [shard_model(loaded, tensor_parallel_size)] * data_parallel_size
+            else:
+                self.replica_models = [shard_model(loaded, tensor_parallel_size, first_device=g) for g in groups]
+        self.model = self.replica_models[0]
+        engines = [build_engine(m, self.config) for m in self.replica_models]
+        self.engine = engines[0]
         self.replicas = ReplicaSet(engines, router_config)
         self.state_bytes_per_slot = state_bytes_per_slot(self.model.config, self.model.dtype)
 

@@ -31,6 +31,8 @@ from radixflow_jax.kernels.pallas import ssd as _pallas_ssd
 BACKENDS = ("auto", "reference", "xla", "pallas")
 
 _forced: contextvars.ContextVar[str | None] = contextvars.ContextVar("radixflow_kernels", default=None)
+# (mesh, axis) while tracing a tensor-parallel step: Pallas kernels then run per shard (shard_map)
+_shards: contextvars.ContextVar[tuple[Any, str] | None] = contextvars.ContextVar("radixflow_shards", default=None)
 
 
 class KernelUnavailableError(RuntimeError):
@@ -55,6 +57,55 @@ def use_backend(name: str) -> Iterator[None]:
         yield
     finally:
         _forced.reset(token)
+
+
+@contextlib.contextmanager
+def per_shard(mesh: Any, axis: str) -> Iterator[None]:
+    """Pallas kernels traced inside the block run per shard of ``mesh``'s ``axis`` inside
+    ``jax.shard_map`` (the partitioner cannot split a ``pallas_call``): every head-indexed operand is
+    split on its head axis, everything else replicated. The caller guarantees the heads are laid out
+    so a rank's contiguous heads are self-contained: query heads with their KV heads (KV heads
+    divide the axis), value heads with their key heads, SSD heads with their groups (groups divide
+    the axis); ``models/sharding.py`` does."""
+    token = _shards.set((mesh, axis))
+    try:
+        yield
+    finally:
+        _shards.reset(token)
+
+
+def _head_specs(op: str, axis: str) -> tuple[tuple[Any, ...], Any]:
+    """``(in_specs, out_specs)`` of the Pallas ops' positional arguments and results."""
+    from jax.sharding import PartitionSpec as P
+
+    tokens_heads, tokens_heads_dim = P(None, axis), P(None, axis, None)
+    states = P(None, axis, None, None)
+    if op == "gated_delta_chunked":  # q, k, v, g, beta, cu_seqlens, initial_state
+        ins = (tokens_heads_dim,) * 3 + (tokens_heads,) * 2 + (P(), states)
+        return ins, (tokens_heads_dim, states, states)
+    if op == "ssd_chunked":  # x, dt, A, B, C, cu_seqlens, initial_state
+        ins = (tokens_heads_dim, tokens_heads, P(axis), tokens_heads_dim, tokens_heads_dim, P(), states)
+        return ins, (tokens_heads_dim, states, states)
+    if op == "paged_attention":  # q, k_pages, v_pages, page_table, cu_seqlens, kv_lens
+        pages = P(None, None, axis, None)
+        return (tokens_heads_dim, pages, pages, P(), P(), P()), tokens_heads_dim
+    raise KeyError(op)
+
+
+def _sharded(op: str, impl: Callable[..., Any]) -> Callable[..., Any]:
+    shards = _shards.get()
+    if shards is None or shards[0].shape[shards[1]] == 1:
+        return impl
+    mesh, axis = shards
+    in_specs, out_specs = _head_specs(op, axis)
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        if len(args) != len(in_specs):
+            raise TypeError(f"{op} per shard takes its {len(in_specs)} array arguments positionally")
+        body = functools.partial(impl, **kwargs)
+        return jax.shard_map(body, mesh=mesh, in_specs=in_specs, out_specs=out_specs, check_vma=False)(*args)
+
+    return call
 
 
 _REFERENCE: dict[str, Callable[..., Any]] = {
@@ -125,7 +176,7 @@ def resolve(op: str) -> Callable[..., Any]:
         return _FAST.get(op, _REFERENCE[op])  # ops without a faster formulation: the reference is the XLA one
     impl = _pallas_impl(op)
     if impl is not None:
-        return impl
+        return _sharded(op, impl)
     if backend == "pallas":
         raise KernelUnavailableError(f"RADIXFLOW_KERNELS=pallas but no Pallas kernel for '{op}' on this platform")
     return _FAST.get(op, _REFERENCE[op])

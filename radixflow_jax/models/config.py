@@ -119,6 +119,9 @@ class MambaConfig:
     norm_eps: float
     out_proj_bias: bool = False
     gated_norm: MambaNorm = "gate_first"
+    # tensor parallelism (models/sharding.py): in_proj rows and xBC conv channels in ``proj_stripes``
+    # stripes, stripe r = heads r*H/s.. with their groups (needs n_groups % s == 0); 1: HF order
+    proj_stripes: int = 1
 
     @property
     def inner_dim(self) -> int:

@@ -120,12 +120,21 @@ def save_orbax(model: HybridLM, out_dir: str) -> None:
         ckpt.save(path, nnx.to_pure_dict(state))
 
 
-def load_orbax_state(model_dir: str, cfg: ModelConfig, dtype: jnp.dtype) -> tuple[nnx.GraphDef, nnx.State]:
-    """Restores parameters from ``model_dir/orbax`` straight into the abstract model's shapes."""
+def load_orbax_state(
+    model_dir: str, cfg: ModelConfig, dtype: jnp.dtype,
+    sharding: Callable[[tuple[Any, ...], Any], jax.sharding.Sharding] | None = None,
+) -> tuple[nnx.GraphDef, nnx.State]:  # fmt: skip
+    """Restores parameters from ``model_dir/orbax`` straight into the abstract model's shapes, and
+    with ``sharding(path, abstract leaf)`` straight into that layout (each process reads only the
+    shards its devices hold; ``models/sharding.py``)."""
     import orbax.checkpoint as ocp
 
     graphdef, state = abstract_model(cfg, dtype)
     target = nnx.to_pure_dict(state)
+    if sharding is not None:
+        target = jax.tree_util.tree_map_with_path(
+            lambda p, leaf: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=sharding(p, leaf)), target
+        )
     path = os.path.abspath(os.path.join(model_dir, ORBAX_SUBDIR))
     with ocp.StandardCheckpointer() as ckpt:
         meta = ckpt.metadata(path)

@@ -17,8 +17,9 @@ after it compiles, so first-execution costs never land in a timed round.
 
 from __future__ import annotations
 
+import contextlib
 import time
-from typing import Callable
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
@@ -128,7 +129,7 @@ class CompiledStep:
         if self._cache_shardings is not None:
             step = _pin_cache(step, self._cache_shardings)
         fn = jax.jit(step, donate_argnums=(1,))
-        with ops.use_backend(self.kernels):
+        with ops.use_backend(self.kernels), _per_shard(self._cache_shardings):
             lowered = fn.lower(
                 self._params_spec, self._cache_spec,
                 array_specs(variant, self.shapes.max_pages_per_row, self.penalty_window),
@@ -163,3 +164,9 @@ class CompiledStep:
             cache = self.prime(variant, params, cache)
             self.last_compile_s = time.perf_counter() - start
         return self._compiled[variant](params, cache, arrays)
+
+
+def _per_shard(shardings: Any) -> Any:
+    """Pallas kernels per shard of a tensor-parallel step's ``tensor`` mesh axis (kernels/ops.per_shard)."""
+    meshes = [s.mesh for s in jax.tree.leaves(shardings) if isinstance(s, NamedSharding) and "tensor" in s.mesh.shape]
+    return ops.per_shard(meshes[0], "tensor") if meshes else contextlib.nullcontext()

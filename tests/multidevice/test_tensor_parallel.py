@@ -156,3 +156,80 @@ def test_serve_tp_refuses_heads_that_do_not_divide() -> None:
     args = parser.parse_args(["--model", "tiny-qwen3.5", "--tp", "4", "--no-warmup"])
     with pytest.raises(ConfigError, match="linear_num_key_heads=2"):
         build_state(args)
+
+
+def test_mamba2_in_proj_split_per_head_round_trip(models: dict[str, LoadedModel]) -> None:
+    from radixflow_jax.models.mixers.mamba2 import conv_permutation, proj_permutation
+    from radixflow_jax.models.sharding import restripe_param, restriped, striped_config
+
+    base = models["mamba2"]
+    m = base.config.mamba
+    assert m is not None and m.n_groups == 2
+    layer = base.params["model"]["layers"][0]["mamba"]
+    hf = {name: np.asarray(layer[name]["weight"][...]) for name in ("in_proj", "conv1d")}
+    inner, gs, h = m.inner_dim, m.n_groups * m.state_size, m.num_heads
+    for tp in (1, 2):
+        cfg = striped_config(base.config, tp)
+        for name, perm in (("in_proj", proj_permutation(m, tp)), ("conv1d", conv_permutation(m, tp))):
+            path = ("model", "layers", 0, "mamba", name, "weight")
+            assert restriped(cfg, path) == (tp > 1)
+            assert sorted(perm.tolist()) == list(range(hf[name].shape[0]))
+            striped = np.asarray(restripe_param(cfg, path, hf[name], tp))
+            np.testing.assert_array_equal(np.asarray(restripe_param(cfg, path, striped, tp, inverse=True)), hf[name])
+        # stripe r of in_proj = [z_r | x_r | B_r | C_r | dt_r]: heads r*H/tp.. with their groups
+        striped = np.asarray(restripe_param(cfg, ("mamba", "in_proj", "weight"), hf["in_proj"], tp))
+        zi, gi, hi = inner // tp, gs // tp, h // tp
+        for r, stripe in enumerate(np.split(striped, tp)):
+            starts = (r * zi, inner + r * zi, 2 * inner + r * gi, 2 * inner + gs + r * gi, 2 * inner + 2 * gs + r * hi)
+            want = np.concatenate([hf["in_proj"][a : a + n] for a, n in zip(starts, (zi, zi, gi, gi, hi))])
+            np.testing.assert_array_equal(stripe, want)
+    sharded = shard_model(base, 2)
+    assert sharded.config.mamba is not None and sharded.config.mamba.proj_stripes == 2
+    w = sharded.params["model"]["layers"][0]["mamba"]["in_proj"]["weight"][...]
+    assert w.addressable_shards[0].data.shape[0] == w.shape[0] // 2  # split, no longer replicated
+    assert shard_model(base, 4).config.mamba.proj_stripes == 1  # 2 groups < 4 ranks: replicated
+
+
+@pytest.mark.parametrize("name", ["gdn", "mamba2"])
+def test_pallas_kernels_per_shard_equal_one_device(name: str, monkeypatch) -> None:
+    """Pallas (interpret mode on CPU) inside ``shard_map``, one shard per rank: logits and states
+    equal one device's running the same kernels."""
+    from radixflow_jax.kernels import ops
+    from radixflow_jax.models.sharding import check_pallas_shards
+
+    monkeypatch.setenv("RADIXFLOW_PALLAS_INTERPRET", "1")
+    wrapped: list[int] = []
+    shard_map = jax.shard_map
+
+    def counting(f, **kwargs):  # type: ignore[no-untyped-def]
+        wrapped.append(kwargs["mesh"].shape["tensor"])
+        return shard_map(f, **kwargs)
+
+    monkeypatch.setattr(ops.jax, "shard_map", counting)
+    base = build(name)  # a fresh model: its jitted forward is traced under the Pallas backend
+    check_pallas_shards(base.config, 2)
+    with ops.use_backend("pallas"):
+        ref_logits, ref_states = run(base)
+        assert not wrapped  # one device: the kernels as they are
+        logits, states = run(shard_model(base, 2))
+    assert wrapped and set(wrapped) == {2}  # the sharded model's Pallas calls ran inside shard_map, 2 shards
+    assert np.max(np.abs(logits - ref_logits)) <= TOL
+    for (conv, ssm), (rconv, rssm) in zip(states, ref_states):
+        assert np.max(np.abs(conv - rconv)) <= TOL and np.max(np.abs(ssm - rssm)) <= TOL
+
+
+def test_pallas_refused_where_heads_are_not_self_contained(models: dict[str, LoadedModel]) -> None:
+    from radixflow_jax.engine.llm import step_kernels
+
+    with pytest.raises(ConfigError, match="num_key_value_heads"):
+        LLM(models["gdn"], tensor_parallel_size=4, kernels="pallas")  # 2 KV heads < 4 ranks
+    from radixflow_jax.models.sharding import check_pallas_shards
+
+    cfg = models["mamba2"].config
+    assert cfg.attention is not None
+    four_kv = dataclasses.replace(cfg, attention=dataclasses.replace(cfg.attention, num_kv_heads=4))
+    with pytest.raises(ConfigError, match="mamba_n_groups"):
+        check_pallas_shards(four_kv, 4)  # KV heads divide, 2 groups < 4 ranks
+    assert step_kernels(shard_model(models["gdn"], 4), "auto") == "xla"  # auto: the forms that can run
+    assert step_kernels(shard_model(models["gdn"], 2), "pallas") == "pallas"
+    assert step_kernels(models["gdn"], "pallas") == "pallas"

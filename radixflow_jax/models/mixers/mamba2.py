@@ -75,11 +75,33 @@ class Mamba2(nnx.Module):
         self.out_proj = Linear(cfg.inner_dim, hidden, bias=cfg.out_proj_bias, dtype=dtype, rngs=rngs)
 
     def _segment_vector(self) -> np.ndarray:
-        """Falcon-H1's ``mup_vector``: one multiplier per ``in_proj`` segment ``z | x | B | C | dt``."""
+        """Falcon-H1's ``mup_vector``: one multiplier per ``in_proj`` segment ``z | x | B | C | dt``
+        (in the rows' stripe order)."""
         cfg = self.cfg
         gs = cfg.n_groups * cfg.state_size
         sizes = (cfg.inner_dim, cfg.inner_dim, gs, gs, cfg.num_heads)
-        return np.concatenate([np.full(n, m, np.float32) for n, m in zip(sizes, self.segment_multipliers)])
+        vec = np.concatenate([np.full(n, m, np.float32) for n, m in zip(sizes, self.segment_multipliers)])
+        return vec[proj_permutation(cfg, cfg.proj_stripes)]
+
+    def _split(self, proj: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+        """``z`` and ``dt`` in HF (head) order, xBC in the conv channels' stripe order."""
+        cfg = self.cfg
+        s, t = cfg.proj_stripes, proj.shape[0]
+        zi, gi = cfg.inner_dim // s, cfg.n_groups * cfg.state_size // s
+        striped = proj.reshape(t, s, -1)  # stripe r: [z_r | x_r | B_r | C_r | dt_r]
+        z = striped[..., :zi].reshape(t, cfg.inner_dim)
+        xbc = striped[..., zi : 2 * zi + 2 * gi].reshape(t, cfg.conv_dim)
+        return z, xbc, striped[..., 2 * zi + 2 * gi :].reshape(t, cfg.num_heads)
+
+    def _xbc(self, xbc: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+        """``x [T, H, P]``, ``B``, ``C [T, G, N]`` from the conv output (stripe r: ``[x_r | B_r | C_r]``)."""
+        cfg = self.cfg
+        s, t = cfg.proj_stripes, xbc.shape[0]
+        xi, gi = cfg.inner_dim // s, cfg.n_groups * cfg.state_size // s
+        striped = xbc.reshape(t, s, -1)
+        xs = striped[..., :xi].reshape(t, cfg.num_heads, cfg.head_dim)
+        b = striped[..., xi : xi + gi].reshape(t, cfg.n_groups, cfg.state_size)
+        return xs, b, striped[..., xi + gi :].reshape(t, cfg.n_groups, cfg.state_size)
 
     def _project(self, x: jax.Array) -> jax.Array:
         if self.in_multiplier != 1.0:
@@ -105,19 +127,15 @@ class Mamba2(nnx.Module):
     ) -> tuple[jax.Array, jax.Array, jax.Array]:
         cfg = self.cfg
         num_tokens = x.shape[0]
-        inner, groups_dim = cfg.inner_dim, cfg.n_groups * cfg.state_size
-        proj = self._project(x)
-        z = proj[:, :inner]
-        xbc_in = proj[:, inner : inner + cfg.conv_dim]
-        dt_raw = proj[:, inner + cfg.conv_dim :].astype(jnp.float32)
+        inner = cfg.inner_dim
+        z, xbc_in, dt_raw = self._split(self._project(x))
+        dt_raw = dt_raw.astype(jnp.float32)
         dt = jax.nn.softplus(dt_raw + self.dt_bias[...].astype(jnp.float32))
         dt = jnp.clip(dt, cfg.dt_limit[0], cfg.dt_limit[1])
         a = -jnp.exp(self.A_log[...].astype(jnp.float32))
 
         def prepare(xbc: jax.Array) -> tuple[jax.Array, ...]:
-            xs = xbc[:, :inner].reshape(num_tokens, cfg.num_heads, cfg.head_dim)
-            b = xbc[:, inner : inner + groups_dim].reshape(num_tokens, cfg.n_groups, cfg.state_size)
-            c = xbc[:, inner + groups_dim :].reshape(num_tokens, cfg.n_groups, cfg.state_size)
+            xs, b, c = self._xbc(xbc)
             return xs, dt, b, c
 
         core, xbc, conv_pool, ssm_pool = recurrent_mix(
@@ -125,7 +143,24 @@ class Mamba2(nnx.Module):
             decode=lambda xs, s: ops.ssd_decode(xs[0], xs[1], a, xs[2], xs[3], s),
             chunked=lambda xs, cu, s: ops.ssd_chunked(xs[0], xs[1], a, xs[2], xs[3], cu, s, chunk_size=cfg.chunk_size),
         )  # fmt: skip
-        xs = xbc[:, :inner].reshape(num_tokens, cfg.num_heads, cfg.head_dim)
+        xs = self._xbc(xbc)[0]
         y = core.astype(jnp.float32) + self.D[...].astype(jnp.float32)[:, None] * xs.astype(jnp.float32)
         out = self._gate(y.reshape(num_tokens, inner), z).astype(x.dtype)
         return self.out_proj(out), conv_pool, ssm_pool
+
+
+def proj_permutation(cfg: MambaConfig, stripes: int) -> np.ndarray:
+    """``perm`` with ``striped = hf[perm]`` over the ``in_proj`` rows: stripe r is
+    ``[z_r | x_r | B_r | C_r | dt_r]`` for heads ``r*H/s ..`` and groups ``r*G/s ..``."""
+    inner, gs, h = cfg.inner_dim, cfg.n_groups * cfg.state_size, cfg.num_heads
+    zi, gi, hi = inner // stripes, gs // stripes, h // stripes
+    starts_sizes = ((0, zi), (inner, zi), (2 * inner, gi), (2 * inner + gs, gi), (2 * inner + 2 * gs, hi))
+    return np.concatenate([np.arange(a + r * n, a + (r + 1) * n) for r in range(stripes) for a, n in starts_sizes])
+
+
+def conv_permutation(cfg: MambaConfig, stripes: int) -> np.ndarray:
+    """``perm`` over the xBC conv channels: stripe r is ``[x_r | B_r | C_r]``."""
+    inner, gs = cfg.inner_dim, cfg.n_groups * cfg.state_size
+    xi, gi = inner // stripes, gs // stripes
+    starts_sizes = ((0, xi), (inner, gi), (inner + gs, gi))
+    return np.concatenate([np.arange(a + r * n, a + (r + 1) * n) for r in range(stripes) for a, n in starts_sizes])
