@@ -143,6 +143,22 @@ class EngineObserver(Protocol):
     def __call__(self, events: Sequence[RequestOutput], records: Sequence[RoundRecord]) -> None: ...
 
 
+def checked_prompt(core: EngineCore, prompt: Sequence[int], params: SamplingParams) -> list[int]:
+    """The prompt as token ids, or ``TypeError`` / ``ValueError`` naming what is wrong. Reads only the
+    core's fixed settings, so it is safe off the engine thread."""
+    if not isinstance(params, SamplingParams):
+        raise TypeError(f"params must be SamplingParams, got {type(params).__name__}")
+    if isinstance(prompt, (str, bytes)):
+        raise TypeError("prompt must be a list of token ids")
+    if len(prompt) == 0:
+        raise ValueError("the prompt is empty")
+    if any(isinstance(t, bool) or not isinstance(t, numbers.Integral) for t in prompt):
+        raise ValueError("prompt token ids must be integers")
+    ids = [int(t) for t in prompt]
+    core.validate(ids, params)
+    return ids
+
+
 class BackgroundEngine:
     def __init__(self, core: EngineCore, *, observer: EngineObserver | None = None, trim_records: bool = False):
         self.core = core
@@ -161,16 +177,7 @@ class BackgroundEngine:
 
     def submit(self, prompt: Sequence[int], params: SamplingParams) -> RequestHandle:
         """Queues a request. Validation errors raise here, in the caller's thread."""
-        if not isinstance(params, SamplingParams):
-            raise TypeError(f"params must be SamplingParams, got {type(params).__name__}")
-        if isinstance(prompt, (str, bytes)):
-            raise TypeError("prompt must be a list of token ids")
-        if len(prompt) == 0:
-            raise ValueError("the prompt is empty")
-        if any(isinstance(t, bool) or not isinstance(t, numbers.Integral) for t in prompt):
-            raise ValueError("prompt token ids must be integers")
-        ids = [int(t) for t in prompt]
-        self.core.validate(ids, params)  # reads only the core's fixed settings: safe off-thread
+        ids = checked_prompt(self.core, prompt, params)
         handle = RequestHandle(self)
         with self._wake:  # checked under the lock: the thread fails or drops the inbox under it too
             if self._error is not None:

@@ -120,6 +120,24 @@ def replica_groups(data_parallel_size: int, tensor_parallel_size: int) -> list[i
     )
 
 
+def replica_models(
+    model: str | LoadedModel, dtype: str, tensor_parallel_size: int, data_parallel_size: int
+) -> list[LoadedModel]:
+    """The model of each data-parallel replica, placed as ``replica_groups`` says: one copy per
+    device group (an orbax directory restores straight into the shards), or one copy shared by
+    every replica when they share a device."""
+    from radixflow_jax.models.sharding import load_sharded, shard_model
+
+    groups = replica_groups(data_parallel_size, tensor_parallel_size)
+    if isinstance(model, str) and (tensor_parallel_size > 1 or groups is not None):
+        models = [load_sharded(model, dtype, tensor_parallel_size, first_device=g) for g in groups or [0]]
+        return models if groups is not None else models * data_parallel_size
+    loaded = model if isinstance(model, LoadedModel) else load(model, dtype=dtype)
+    if groups is None:  # one model (on device 0, or a tp group from device 0) shared by the replicas
+        return [shard_model(loaded, tensor_parallel_size)] * data_parallel_size
+    return [shard_model(loaded, tensor_parallel_size, first_device=g) for g in groups]
+
+
 class LLM:
     """Offline generation. ``model``: a preset name, a HF directory or a converted directory.
     ``tensor_parallel_size`` N > 1: parameters and pools sharded over N devices
@@ -134,22 +152,10 @@ class LLM:
         data_parallel_size: int = 1, router: str = "prefix", **engine_options: object,
     ):  # fmt: skip
         from radixflow_jax.engine.router import ReplicaSet, RouterConfig
-        from radixflow_jax.models.sharding import load_sharded, shard_model
 
         self.config = EngineConfig(**engine_options)  # type: ignore[arg-type]
-        groups = replica_groups(data_parallel_size, tensor_parallel_size)
         router_config = RouterConfig(policy=router, block=self.config.page_size)
-        if isinstance(model, str) and (tensor_parallel_size > 1 or groups is not None):
-            # each group loads its own copy (an orbax directory restores straight into the shards)
-            firsts = groups or [0]
-            models = [load_sharded(model, dtype, tensor_parallel_size, first_device=g) for g in firsts]
-            self.replica_models = models if groups is not None else models * data_parallel_size
-        else:
-            loaded = model if isinstance(model, LoadedModel) else load(model, dtype=dtype)
-            if groups is None:  # one model (on device 0, or a tp group from device 0) shared by the replicas
-                self.replica_models = [shard_model(loaded, tensor_parallel_size)] * data_parallel_size
-            else:
-                self.replica_models = [shard_model(loaded, tensor_parallel_size, first_device=g) for g in groups]
+        self.replica_models = replica_models(model, dtype, tensor_parallel_size, data_parallel_size)
         self.model = self.replica_models[0]
         engines = [build_engine(m, self.config) for m in self.replica_models]
         self.engine = engines[0]

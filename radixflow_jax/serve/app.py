@@ -30,6 +30,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from radixflow_jax.engine.background import BackgroundEngine, EngineDeadError, RequestFailedError, RequestHandle
 from radixflow_jax.engine.params import RequestOutput
+from radixflow_jax.engine.replicated import ReplicatedEngine
 from radixflow_jax.serve import protocol
 from radixflow_jax.serve import responses as R
 from radixflow_jax.serve.metrics import ServerMetrics
@@ -56,7 +57,7 @@ class ApiError(Exception):
 
 @dataclasses.dataclass
 class ServerState:
-    engine: BackgroundEngine
+    engine: BackgroundEngine | ReplicatedEngine  # data-parallel replicas behind a router: ReplicatedEngine
     tokenizer: Any
     metrics: ServerMetrics
     config: ServerConfig
@@ -64,6 +65,10 @@ class ServerState:
     vocab_size: int | None
     created: int = dataclasses.field(default_factory=lambda: int(time.time()))
     draining: bool = False
+
+    @property
+    def replicas(self) -> list[BackgroundEngine]:
+        return list(self.engine.replicas) if isinstance(self.engine, ReplicatedEngine) else [self.engine]
 
 
 class TextStream:
@@ -382,10 +387,10 @@ def create_app(state: ServerState) -> FastAPI:
             return {"kv_pages_free": mem.pages.num_free, "kv_pages_total": mem.pages.capacity,
                     "state_slots_free": slots.num_free if slots else 0, "state_slots_total": slots.capacity if slots else 0}  # fmt: skip
 
-        try:
-            pools = await asyncio.wrap_future(engine.call(flush))
+        try:  # every replica's cache; the pool counts are summed over them
+            each = [await asyncio.wrap_future(r.call(flush)) for r in state.replicas]
         except EngineDeadError as exc:
             raise engine_error(exc) from None
-        return {"status": "ok", **pools}
+        return {"status": "ok", **{k: sum(p[k] for p in each) for k in each[0]}}
 
     return app

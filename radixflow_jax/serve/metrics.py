@@ -11,6 +11,9 @@ Invariants:
   * Counters and histograms are fed on the engine thread by :meth:`ServerMetrics.observe` (the
     :class:`BackgroundEngine` observer hook) before a finished request is forgotten; the gauges are
     read from the engine's pools and queues when scraped.
+  * With data-parallel replicas (:class:`ReplicatedEngine`) every replica's thread feeds the same
+    metrics through ``observe(..., replica=i)``; per-request bookkeeping is keyed by replica and
+    request id, and the gauges sum the replicas' pools and queues.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from prometheus_client.registry import Collector
 from radixflow_jax.engine.background import BackgroundEngine
 from radixflow_jax.engine.core import RoundRecord
 from radixflow_jax.engine.params import RequestOutput
+from radixflow_jax.engine.replicated import ReplicatedEngine
 
 P = "radixflow:"
 _TTFT = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0)
@@ -46,8 +50,8 @@ class _Live:
 class _Gauges(Collector):
     """Scrape-time gauges read from the engine (queue lengths and pool occupancy)."""
 
-    def __init__(self, engine: BackgroundEngine, model_name: str):
-        self.engine = engine
+    def __init__(self, replicas: Sequence[BackgroundEngine], model_name: str):
+        self.replicas = list(replicas)
         self.labels = {"model_name": model_name}
 
     def _gauge(self, name: str, doc: str, value: float) -> GaugeMetricFamily:
@@ -56,21 +60,25 @@ class _Gauges(Collector):
         return g
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
-        memory = self.engine.core.scheduler.memory
-        pages, slots = memory.pages, memory.slots
-        yield self._gauge("num_requests_running", "Requests in the running set.", self.engine.num_running)
-        yield self._gauge("num_requests_waiting", "Requests accepted and not yet admitted.", self.engine.num_waiting)
+        mems = [r.core.scheduler.memory for r in self.replicas]
+        pages_total = sum(m.pages.capacity for m in mems)
+        pages_used = sum(m.pages.num_used for m in mems)
+        running = sum(r.num_running for r in self.replicas)
+        waiting = sum(r.num_waiting for r in self.replicas)
+        yield self._gauge("num_requests_running", "Requests in the running set.", running)
+        yield self._gauge("num_requests_waiting", "Requests accepted and not yet admitted.", waiting)
         yield self._gauge("kv_cache_usage_perc", "Share of KV pages in use (requests and cached prefixes).",
-                          pages.num_used / max(pages.capacity, 1))  # fmt: skip
-        yield self._gauge("kv_pages_total", "KV pages that can be handed out.", pages.capacity)
-        yield self._gauge("kv_pages_free", "KV pages on the free list.", pages.num_free)
-        total = slots.capacity if slots is not None else 0
-        free = slots.num_free if slots is not None else 0
+                          pages_used / max(pages_total, 1))  # fmt: skip
+        yield self._gauge("kv_pages_total", "KV pages that can be handed out.", pages_total)
+        yield self._gauge("kv_pages_free", "KV pages on the free list.", sum(m.pages.num_free for m in mems))
+        total = sum(m.slots.capacity for m in mems if m.slots is not None)
+        free = sum(m.slots.num_free for m in mems if m.slots is not None)
         yield self._gauge("state_slot_usage_perc", "Share of recurrent-state slots in use (requests and checkpoints).",
                           (total - free) / total if total else 0.0)  # fmt: skip
         yield self._gauge("state_slots_total", "Recurrent-state slots that can be handed out.", total)
         yield self._gauge("state_slots_free", "Recurrent-state slots on the free list.", free)
-        yield self._gauge("engine_alive", "1 while the engine thread runs.", 1.0 if self.engine.is_running else 0.0)
+        alive = all(r.is_running for r in self.replicas)
+        yield self._gauge("engine_alive", "1 while the engine thread (every replica's) runs.", 1.0 if alive else 0.0)
 
 
 class ServerMetrics:
@@ -78,8 +86,8 @@ class ServerMetrics:
         self.registry = CollectorRegistry(auto_describe=True)
         self.model_name = model_name
         self.hybrid = hybrid
-        self._live: dict[int, _Live] = {}
-        self.engine: BackgroundEngine | None = None  # set by attach()
+        self._live: dict[tuple[int, int], _Live] = {}  # (replica, request id)
+        self.replicas: list[BackgroundEngine] = []  # set by attach()
         labels = ["model_name"]
         reg = self.registry
 
@@ -111,9 +119,9 @@ class ServerMetrics:
         self.round_time = histogram("round_duration_seconds", "Plan + build + step time of one round.", _ROUND)
         self.http_errors = counter("http_errors", "Error responses sent, by HTTP status.", ["status"])
 
-    def attach(self, engine: BackgroundEngine) -> None:
-        self.engine = engine
-        self.registry.register(_Gauges(engine, self.model_name))
+    def attach(self, engine: BackgroundEngine | ReplicatedEngine) -> None:
+        self.replicas = list(engine.replicas) if isinstance(engine, ReplicatedEngine) else [engine]
+        self.registry.register(_Gauges(self.replicas, self.model_name))
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
@@ -122,9 +130,11 @@ class ServerMetrics:
         self.http_errors.labels(self.model_name, str(status)).inc()
 
     # ------------------------------------------------------------------ engine thread
-    def observe(self, events: Sequence[RequestOutput], records: Sequence[RoundRecord]) -> None:
+    def observe(self, events: Sequence[RequestOutput], records: Sequence[RoundRecord], replica: int = 0) -> None:
+        """The observer of replica ``replica``'s engine thread (bind it with ``functools.partial``)."""
         m = self.model_name
-        now = self.engine.core.clock() if self.engine is not None else time.perf_counter()
+        core = self.replicas[replica].core if self.replicas else None
+        now = core.clock() if core is not None else time.perf_counter()
         round_start = now
         for rec in records:
             dur = rec.plan_s + rec.build_s + rec.step_s
@@ -138,11 +148,12 @@ class ServerMetrics:
             self.consumers_waiting.labels(m).inc(rec.consumers_waiting)
             self.consumers_blocked.labels(m).inc(rec.consumers_blocked)
             self.preemptions.labels(m).inc(rec.preempted)
-        if records and self.engine is not None:
-            for req in self.engine.core.scheduler.running:
-                self._started(req.request_id, req.arrival_time, round_start)
+        if records and core is not None:
+            for req in core.scheduler.running:
+                self._started((replica, req.request_id), req.arrival_time, round_start)
         for ev in events:
-            live = self._started(ev.request_id, ev.arrival_time, round_start, ran=bool(ev.token_ids) or ev.finish_reason != "abort")
+            key = (replica, ev.request_id)
+            live = self._started(key, ev.arrival_time, round_start, ran=bool(ev.token_ids) or ev.finish_reason != "abort")
             new = len(ev.token_ids) - live.tokens
             if new > 0:
                 self.generation_tokens.labels(m).inc(new)
@@ -153,12 +164,12 @@ class ServerMetrics:
                     self.itl.labels(m).observe(now - live.last_token)
                 live.last_token, live.tokens = now, len(ev.token_ids)
             if ev.finished:
-                self._live.pop(ev.request_id, None)
+                self._live.pop(key, None)
                 self._finish(ev, now)
 
-    def _started(self, request_id: int, arrival: float, round_start: float, *, ran: bool = True) -> _Live:
+    def _started(self, key: tuple[int, int], arrival: float, round_start: float, *, ran: bool = True) -> _Live:
         """The request's bookkeeping; the first time it is seen running, its queue time is observed."""
-        live = self._live.setdefault(request_id, _Live())
+        live = self._live.setdefault(key, _Live())
         if live.start is None and ran:
             live.start = round_start
             self.queue.labels(self.model_name).observe(max(0.0, round_start - arrival))

@@ -48,6 +48,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="longest context (tokens) a request with penalties may have (default min(max-model-len, 4096))")
     p.add_argument("--kernels", default="auto", choices=("auto", "reference", "pallas"))
     p.add_argument("--tp", type=int, default=1, help="tensor-parallel size: shard the model over this many devices")
+    p.add_argument("--dp", type=int, default=1,
+                   help="data-parallel replicas (each its own scheduler, cache and pools; replica i on devices [i*tp, (i+1)*tp))")
+    p.add_argument("--router", default="prefix", help="how requests pick a replica with --dp > 1: prefix | round-robin | least-loaded")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-warmup", action="store_true", help="compile step variants lazily instead of at start-up")
     p.add_argument("--compilation-cache-dir", default=DEFAULT_CACHE)
@@ -96,17 +99,20 @@ def size_pools(model: Any, ec: EngineConfig, fraction: float, total_bytes: int) 
 
 
 def build_state(args: argparse.Namespace) -> Any:
+    import functools
+
     from radixflow_jax.engine.background import BackgroundEngine
-    from radixflow_jax.engine.llm import build_engine
-    from radixflow_jax.models.api import load
+    from radixflow_jax.engine.llm import build_engine, replica_models
+    from radixflow_jax.engine.replicated import ReplicatedEngine
+    from radixflow_jax.engine.router import RouterConfig
     from radixflow_jax.serve.app import ServerConfig, ServerState
     from radixflow_jax.serve.metrics import ServerMetrics
 
     if args.max_waiting is not None and args.max_waiting < 1:
         raise ValueError(f"--max-waiting must be >= 1, got {args.max_waiting}")
-    from radixflow_jax.models.sharding import shard_model
-
-    model = shard_model(load(args.model, dtype=args.dtype), args.tp)
+    router = RouterConfig(policy=args.router, block=args.page_size)  # refuses an unknown router before loading
+    models = replica_models(args.model, args.dtype, args.tp, args.dp)
+    model = models[0]
     ec = EngineConfig(
         max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens, page_size=args.page_size,
         num_kv_pages=args.num_kv_pages, num_state_slots=args.num_state_slots, max_model_len=args.max_model_len,
@@ -117,15 +123,19 @@ def build_state(args: argparse.Namespace) -> Any:
     if args.memory_fraction is not None:
         if args.num_kv_pages is not None or args.num_state_slots is not None:
             raise ValueError("--memory-fraction sizes the pools: do not also give --num-kv-pages/--num-state-slots")
-        pages, slots = size_pools(model, ec, args.memory_fraction, device_memory_bytes())
+        sharing = sum(m is model for m in models)  # replicas on one device split its memory
+        pages, slots = size_pools(model, ec, args.memory_fraction / sharing, device_memory_bytes())
         ec = dataclasses.replace(ec, num_kv_pages=pages, num_state_slots=slots)
-    core = build_engine(model, ec)
     name = args.served_model_name or args.model
     metrics = ServerMetrics(name, hybrid=model.config.is_hybrid)
-    engine = BackgroundEngine(core, observer=metrics.observe, trim_records=True)
+    replicas = [
+        BackgroundEngine(build_engine(m, ec), observer=functools.partial(metrics.observe, replica=i), trim_records=True)
+        for i, m in enumerate(models)
+    ]
+    engine = replicas[0] if len(replicas) == 1 else ReplicatedEngine(replicas, router)
     metrics.attach(engine)
     config = ServerConfig(name, api_key=args.api_key or None, max_waiting=args.max_waiting, max_body_bytes=args.max_body_bytes)
-    return ServerState(engine, model.tokenizer, metrics, config, core.max_model_len, model.config.vocab_size)
+    return ServerState(engine, model.tokenizer, metrics, config, engine.core.max_model_len, model.config.vocab_size)
 
 
 def serve(args: argparse.Namespace) -> int:
@@ -135,10 +145,11 @@ def serve(args: argparse.Namespace) -> int:
 
     state = build_state(args)
     pools = state.engine.core.scheduler.memory
+    replicas = f", {len(state.replicas)} replicas (router {args.router})" if len(state.replicas) > 1 else ""
     print(
         f"radixflow serve: {state.config.model_name} on http://{args.host}:{args.port} "
         f"(max_model_len {state.max_model_len}, {pools.pages.capacity} KV pages, "
-        f"{pools.slots.capacity if pools.slots else 0} state slots, policy {args.policy})",
+        f"{pools.slots.capacity if pools.slots else 0} state slots per replica, policy {args.policy}{replicas})",
         file=sys.stderr, flush=True,
     )  # fmt: skip
 
