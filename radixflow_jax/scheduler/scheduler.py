@@ -296,12 +296,16 @@ class Scheduler:
         A fill that fits the round's padding costs nothing and is admitted. One that grows the round
         to a larger shape opens slack that the fill requests behind it ride: its *group* is it plus
         the following non-consumers, in queue order, while each keeps or lowers the group's cost per
-        token (a single request would carry the whole jump of the shape, though the slack it buys
-        is used). Admit it when the time the group adds, paid by every request already in the
+        token (judged alone, a request would carry the whole jump of the shape though the slack it
+        buys is used). Admit it when the time the group adds, paid by every request already in the
         round, is smaller than the round of waiting (this round's time) it saves each request it
-        serves or unblocks: the group's members and their waiting siblings (sharing a first grid of
-        tokens, they pair with it or read its checkpoints a round earlier). Consumers (they pair or
-        wait) and an empty round always pass."""
+        serves: the followers (they ride the slack it opens) and the waiting siblings of every member
+        (sharing a first grid of tokens, they pair with it or read its checkpoints a round earlier).
+        The fill's own earlier start is not counted: on a compute-bound round it only moves its work
+        ahead of the requests already in it (counting it too lost 1.9 % / 1.2 % to native on RACE
+        sessions of qwen3.5-9b at 22.4/s and qwen3.5-27b at 6.195/s; judging a fill alone, without
+        its group, lost 4.2 % to radixflow on the qwen3.5-4b RACE burst: docs/results.md). Consumers
+        (they pair or wait) and an empty round pass."""
         if not rows or self.round_cost is None or budget[1] == 0:
             return True  # (no rows left: _decide answers STOP_ROUND)
         row = self._fill_row(req, budget[0])
@@ -327,7 +331,7 @@ class Scheduler:
             group.append(other)
             cost, tokens, seqs = with_other, tokens - len(other_row.tokens), seqs - 1
             group_tokens += len(other_row.tokens)
-        served = {r.request_id for r in group}
+        served = {r.request_id for r in group[1:]}  # the followers, not the fill itself
         served.update(sib.request_id for member in group for sib in self._waiting_index.siblings(member))
         return (cost - base) * len(rows) < base * len(served)
 

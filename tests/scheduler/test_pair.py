@@ -122,6 +122,6 @@ def test_lone_fill_growing_the_round_is_declined() -> None:
 
 def test_fill_whose_slack_carries_followers_is_admitted() -> None:
     # the same fill with two short requests behind it that ride the 128-slot round it opens: the
-    # jump serves three requests, more than it costs the two already in the round
+    # jump serves those two a round earlier, which outweighs what it costs the two already in it
     plan = _fill_round([60, 10, 10])
     assert plan.stats.fill_declined == 0 and sorted(r.request_id for r in plan.rows) == [0, 1, 2, 3, 4]
