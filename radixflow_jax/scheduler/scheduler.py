@@ -398,9 +398,11 @@ class Scheduler:
         queue = self._order()
         skipped_consumer = False
         for i, req in enumerate(queue):
-            if skipped_consumer and self.policy.pair and not self._fill_pays(req, rows, budget, queue[i + 1 :]):
-                stats.fill_declined += 1
-                continue
+            if skipped_consumer and self.policy.pair:
+                following = queue[i + 1 : i + 1 + 4 * cfg.max_num_seqs]  # what a fill's group may take
+                if not self._fill_pays(req, rows, budget, following):
+                    stats.fill_declined += 1
+                    continue
             paired = stats.consumers_paired
             decision = self._decide(req, budget, rows, stats)
             if decision is Decision.WAIT_LOCAL or stats.consumers_paired > paired:

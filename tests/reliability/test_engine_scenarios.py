@@ -96,7 +96,8 @@ def test_abort_producer_while_consumers_are_paired_with_it() -> None:
         if aborted:
             return
         partners = [r for r in plan.rows if r.pair_slot is not None]
-        producer = next((r for r in plan.rows if partners and any(s == partners[0].pair_slot for _, s in r.emits)), None)
+        pairs_with = partners[0].pair_slot if partners else None
+        producer = next((r for r in plan.rows if any(s == pairs_with for _, s in r.emits)), None)
         if producer is not None:
             aborted.append((h._key_of[producer.request_id], [h._key_of[r.request_id] for r in partners]))
             assert h.abort(aborted[0][0])
