@@ -2,7 +2,7 @@
 shadow executor, invariants audited after every round, every completed greedy output checked
 against the cold run; or a shorter one through the model executor (``--executor model``).
 
-    python benchmarks/soak.py                                  # 100k requests, radixflow and native
+    python benchmarks/soak.py                                  # 100k requests, radixflow, native and pair
     python benchmarks/soak.py --requests 5000 --policies radixflow --json soak.json
     python benchmarks/soak.py --executor model --requests 60  # tiny-qwen3.5, the real step on the CPU
 
