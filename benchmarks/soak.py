@@ -2,7 +2,7 @@
 shadow executor, invariants audited after every round, every completed greedy output checked
 against the cold run; or a shorter one through the model executor (``--executor model``).
 
-    python benchmarks/soak.py                                  # 100k requests, radixflow and native
+    python benchmarks/soak.py                                  # 100k requests, radixflow, native and pair
     python benchmarks/soak.py --requests 5000 --policies radixflow --json soak.json
     python benchmarks/soak.py --executor model --requests 60  # tiny-qwen3.5, the real step on the CPU
 
@@ -79,7 +79,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--executor", choices=("shadow", "model"), default="shadow")
     p.add_argument("--requests", type=int, default=None, help="default 100000 (shadow) / 60 (model)")
-    p.add_argument("--policies", default="radixflow,native")
+    p.add_argument("--policies", default="radixflow,native,pair")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--abort-rate", type=float, default=None, help="share of requests aborted (default 0.1 shadow, 0.15 model)")
     p.add_argument("--fault-rate", type=float, default=None, help="shadow: share of rounds whose step fails (default 0.002)")

@@ -9,11 +9,18 @@ then every row writes (its span's KV, its slot's new state, its checkpoint emits
 "model" samples ``token_for(context + span)``: a deterministic function of the whole sequence, so
 a greedy output equals the cold run's exactly when every context and state read was right.
 
+Paired consumers (policy ``pair``, ``RowPlan.pair_slot``) run as the step runs them: after every
+unpaired row of the round has read and written, they read their context (which may now include
+the KV their producer wrote in this round) and take their initial state from the emit of an
+unpaired row *of this round* into ``pair_slot`` (a value left in that slot by an earlier round is
+never taken: the step does not read the pool there), then write like any row.
+
 Checked on every row (a failure is recorded in ``violations`` and raised as :class:`ShadowMismatch`):
   * no real row runs in the reserved page 0 or slot 0;
   * the context is fully written and (with ``truth``) equals the request's real tokens;
   * the initial state is the state of exactly that context: a checkpoint read (``copy_from``) was
     written at the depth the row starts from, so no pending (unwritten) or stale checkpoint is read;
+    a paired row's state was emitted in this round, at its start depth, by an unpaired row;
   * no two rows of a round write the same KV position.
 :meth:`reset` empties the memory (rebuilt pools); :meth:`lose_device_state` scrambles it (what a
 failed step that consumed donated pools leaves): after either, only recomputed data reads back.
@@ -70,6 +77,7 @@ class ShadowExecutor:
         self.rounds = 0
         self.rows_checked = 0
         self.checkpoint_reads = 0
+        self.pair_reads = 0
 
     # ------------------------------------------------------------------ memory
     def reset(self) -> None:
@@ -98,8 +106,14 @@ class ShadowExecutor:
             self._fail(f"request {row.request_id} reads unwritten KV at position {ctx.index(None)}")
         return tuple(ctx)  # type: ignore[arg-type]
 
-    def _initial_state(self, row: RowPlan, ctx: tuple[int, ...]) -> None:
-        if row.copy_from is not None:
+    def _initial_state(self, row: RowPlan, ctx: tuple[int, ...], emitted: set[int]) -> None:
+        if row.pair_slot is not None:
+            if row.pair_slot not in emitted:
+                self._fail(f"request {row.request_id} pairs with slot {row.pair_slot}, which no unpaired row of "
+                           f"round {self.rounds} emits")
+            src, what = row.pair_slot, f"the in-round emit into slot {row.pair_slot}"
+            self.pair_reads += 1
+        elif row.copy_from is not None:
             src, what = row.copy_from, f"checkpoint slot {row.copy_from}"
             self.checkpoint_reads += 1
         elif row.start == 0:
@@ -115,36 +129,49 @@ class ShadowExecutor:
 
     # ------------------------------------------------------------------ the round
     def execute(self, plan: RoundPlan, sampling: Mapping[int, SamplingRow]) -> StepResult:
-        p = self.page_size
-        reads = []
-        for row in plan.rows:  # phase 1: every read happens before any write of the round
-            end = row.start + len(row.tokens)
-            if any(page == 0 for page in row.pages[: -(-end // p)]) or (self.hybrid and row.slot == 0):
-                self._fail(f"request {row.request_id} runs in the reserved page 0 or slot 0")
-            ctx = self._context(row)
-            if self.truth is not None and tuple(self.truth(row.request_id)[:end]) != ctx + row.tokens:
-                self._fail(f"request {row.request_id}: the context of its span [{row.start}, {end}) is not its tokens")
-            if self.hybrid:
-                self._initial_state(row, ctx)
-            reads.append(ctx + row.tokens)
-            self.rows_checked += 1
-        written: set[tuple[int, int]] = set()
-        sampled = {}
-        for row, seq in zip(plan.rows, reads):  # phase 2: writes and samples
-            for pos in range(row.start, len(seq)):
-                page_id = row.pages[pos // p]
-                if (page_id, pos % p) in written:
-                    self._fail(f"two rows of round {self.rounds} write page {page_id} position {pos % p}")
-                written.add((page_id, pos % p))
-                self.pages.setdefault(page_id, [None] * p)[pos % p] = seq[pos]
-            if self.hybrid:
-                self.slots[row.slot] = (len(seq), hash(seq))
-                for offset, slot in row.emits:
-                    depth = row.start + offset
-                    self.slots[slot] = (depth, hash(seq[:depth]))
-            if row.sample:
-                sampled[row.request_id] = token_for(seq, self.vocab)
+        written: set[tuple[int, int]] = set()  # KV positions written in this round
+        emitted: set[int] = set()  # checkpoint slots unpaired rows emitted in this round
+        sampled: dict[int, int] = {}
+        unpaired = [row for row in plan.rows if row.pair_slot is None]
+        paired = [row for row in plan.rows if row.pair_slot is not None]
+        for phase in (unpaired, paired):  # the step's order: producers, then their partners
+            reads = [self._read(row, emitted) for row in phase]  # every read of a phase before its writes
+            for row, seq in zip(phase, reads):
+                self._write(row, seq, written, emitted if phase is unpaired else None, sampled)
         self.rounds += 1
         if self.clock is not None:
             self.clock.advance(self.round_s)  # type: ignore[attr-defined]
         return StepResult(sampled, plan.num_tokens, len(plan.rows), 0.0, self.round_s)
+
+    def _read(self, row: RowPlan, emitted: set[int]) -> tuple[int, ...]:
+        p, end = self.page_size, row.start + len(row.tokens)
+        if any(page == 0 for page in row.pages[: -(-end // p)]) or (self.hybrid and row.slot == 0):
+            self._fail(f"request {row.request_id} runs in the reserved page 0 or slot 0")
+        ctx = self._context(row)
+        if self.truth is not None and tuple(self.truth(row.request_id)[:end]) != ctx + row.tokens:
+            self._fail(f"request {row.request_id}: the context of its span [{row.start}, {end}) is not its tokens")
+        if self.hybrid:
+            self._initial_state(row, ctx, emitted)
+        self.rows_checked += 1
+        return ctx + row.tokens
+
+    def _write(
+        self, row: RowPlan, seq: tuple[int, ...], written: set[tuple[int, int]], emitted: set[int] | None,
+        sampled: dict[int, int],
+    ) -> None:  # fmt: skip
+        p = self.page_size
+        for pos in range(row.start, len(seq)):
+            page_id = row.pages[pos // p]
+            if (page_id, pos % p) in written:
+                self._fail(f"two rows of round {self.rounds} write page {page_id} position {pos % p}")
+            written.add((page_id, pos % p))
+            self.pages.setdefault(page_id, [None] * p)[pos % p] = seq[pos]
+        if self.hybrid:
+            self.slots[row.slot] = (len(seq), hash(seq))
+            for offset, slot in row.emits:
+                depth = row.start + offset
+                self.slots[slot] = (depth, hash(seq[:depth]))
+                if emitted is not None:
+                    emitted.add(slot)
+        if row.sample:
+            sampled[row.request_id] = token_for(seq, self.vocab)

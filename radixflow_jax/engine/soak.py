@@ -125,6 +125,7 @@ def run_soak(cfg: SoakConfig) -> dict[str, Any]:
         "invariant_audits": report.audits,
         "checkpoint_reads_checked": h.checkpoint_reads,
         "rows_checked_by_shadow": shadow.rows_checked,
+        "paired_reads_checked": shadow.pair_reads,  # policy pair: in-round producer states taken
         "reuse": counts["cached_tokens"] / max(1, counts["prompt_tokens"]),
         "leaked_pages": core.scheduler.memory.pages.num_used,
         "leaked_slots": core.scheduler.memory.slots.num_used if core.scheduler.memory.slots else 0,

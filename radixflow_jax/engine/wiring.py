@@ -9,18 +9,15 @@ No JAX here: the executor is built by the caller's factory from the step shapes.
 from __future__ import annotations
 
 import dataclasses
-import logging
 import math
 import time
 from typing import Callable, Sequence
 
 from radixflow_jax.engine.core import EngineConfig, EngineCore, model_grid
 from radixflow_jax.engine.protocol import Executor
+from radixflow_jax.engine.roundcost import MeasuredRoundCost
 from radixflow_jax.runner.shapes import ShapeConfig
 from radixflow_jax.scheduler.scheduler import SchedulerConfig
-
-_log = logging.getLogger(__name__)
-
 
 @dataclasses.dataclass(frozen=True)
 class Wiring:
@@ -74,13 +71,11 @@ def wire_engine(
         seed=wiring.config.seed, clock=clock, vocab_size=vocab_size, wiring=wiring,
         step_retries=wiring.config.step_retries, max_failed_rounds=wiring.config.max_failed_rounds,
     )  # fmt: skip
-    # policy `pair` admits fill work by the round-cost model of the executor (the simulator's roofline)
+    # policy `pair` admits fill work by the executor's round cost: the simulator's model
+    # (`plan_cost`), else the running medians of the rounds this engine measures
     plan_cost = getattr(executor, "plan_cost", None)
     if plan_cost is not None:
         engine.scheduler.round_cost = plan_cost
     elif wiring.config.policy == "pair":
-        _log.warning(
-            "policy 'pair' on %s: no round-cost model, so fill requests are admitted as under radixflow "
-            "(pairing itself is unaffected)", type(executor).__name__,
-        )
+        engine.scheduler.round_cost = MeasuredRoundCost(wiring.shapes(), engine.records)
     return engine

@@ -277,30 +277,76 @@ class Scheduler:
         budget[1] -= 1
         return Decision.ADMIT
 
-    def _fill_pays(self, req: Request, rows: list[RowPlan], budget: list[int]) -> bool:
-        """Policy pair's cost-aware fill rule, for a request scanned after a consumer was skipped (a
-        *fill*: native would not admit it this round). Admit it only if the time it adds to this
-        round, paid by every request already in it, is smaller than what it saves: about one round
-        of waiting for each waiting sibling that shares its first grid of tokens (they can pair with
-        it, or read its checkpoint, one round earlier). Its own earlier start is not counted: on
-        compute-bound rounds it only moves its work ahead of requests already in the round (counting
-        it lost 2.9 % to native on qwen3.5-27b RACE sessions, docs/results.md). Consumers (they pair
-        or wait) and an empty round always pass."""
-        if not rows or self.round_cost is None:
-            return True
+    def _fill_row(self, req: Request, tokens_left: int) -> RowPlan | None:
+        """The row ``req`` would get if admitted as fill now (``None``: a consumer, or no room)."""
         cache = self.memory.cache
         match = cache.match(req.tokens, touch=False, shared=False) if cache is not None else None
         if match is not None and match.is_consumer:
-            return True
+            return None
         hit = match.hit_len if match is not None else 0
-        span = self._span(hit, req.num_tokens - hit, budget[0])
+        span = self._span(hit, req.num_tokens - hit, tokens_left)
         if span == 0:
-            return True  # _decide answers STOP_ROUND
-        row = RowPlan(req.request_id, req.tokens[hit : hit + span], hit, (), 0, 0 if hit else None, (), True)
+            return None
+        return RowPlan(req.request_id, req.tokens[hit : hit + span], hit, (), 0, 0 if hit else None, (), True)
+
+    def _fill_pays(self, req: Request, rows: list[RowPlan], budget: list[int], following: Sequence[Request]) -> bool:
+        """Policy pair's cost-aware fill rule, for a request scanned after a consumer was skipped or
+        paired (a *fill*: native would not admit it this round), from the executor's round cost.
+
+        A fill that fits the round's padding costs nothing and is admitted. One that grows the round
+        to a larger shape opens slack that the fill requests behind it ride: its *group* is it plus
+        the following non-consumers, in queue order, while each keeps or lowers the group's cost per
+        token (judged alone, a request would carry the whole jump of the shape though the slack it
+        buys is used). Admit it when the time the group adds, paid by every request already in the
+        round, is smaller than the round of waiting (this round's time) it saves each request it
+        serves: the followers (they ride the slack it opens) and the waiting siblings of every member
+        (sharing a first grid of tokens, they pair with it or read its checkpoints a round earlier).
+        The fill's own earlier start is not counted: on a compute-bound round it only moves its work
+        ahead of the requests already in it (counting it too lost 1.9 % / 1.2 % to native on RACE
+        sessions of qwen3.5-9b at 22.4/s and qwen3.5-27b at 6.195/s; judging a fill alone, without
+        its group, lost 4.2 % to radixflow on the qwen3.5-4b RACE burst: docs/results.md). Consumers
+        (they pair or wait) and an empty round pass."""
+        if not rows or self.round_cost is None or budget[1] == 0:
+            return True  # (no rows left: _decide answers STOP_ROUND)
+        row = self._fill_row(req, budget[0])
+        if row is None:
+            return True  # a consumer (it pairs or waits), or _decide answers STOP_ROUND
         base = self.round_cost(rows)
-        added = self.round_cost([*rows, row]) - base
-        siblings = sum(1 for _ in self._waiting_index.siblings(req))
-        return added * len(rows) < base * siblings
+        grown = [*rows, row]
+        cost = self.round_cost(grown)
+        if cost <= base:
+            return True
+        group, tokens, seqs = [req], budget[0] - len(row.tokens), budget[1] - 1
+        group_tokens = len(row.tokens)
+        for seen, other in enumerate(following):
+            if seqs == 0 or tokens <= 0 or seen >= 4 * self.config.max_num_seqs:
+                break
+            other_row = self._fill_row(other, tokens)
+            if other_row is None:
+                continue
+            with_other = self.round_cost([*grown, other_row])
+            if with_other - cost > (cost - base) * len(other_row.tokens) / group_tokens:
+                break  # it would raise the group's cost per token: the slack is used
+            grown.append(other_row)
+            group.append(other)
+            cost, tokens, seqs = with_other, tokens - len(other_row.tokens), seqs - 1
+            group_tokens += len(other_row.tokens)
+        served = {r.request_id for r in group[1:]}  # the followers, not the fill itself
+        served.update(sib.request_id for member in group for sib in self._waiting_index.siblings(member))
+        return (cost - base) * len(rows) < base * len(served)
+
+    def _fill_row(self, req: Request, tokens_left: int) -> RowPlan | None:
+        """The row ``req`` would get if admitted now with ``tokens_left`` tokens of budget (no pages,
+        slot or emits: enough for the round cost); ``None`` for a consumer or when nothing fits."""
+        cache = self.memory.cache
+        match = cache.match(req.tokens, touch=False, shared=False) if cache is not None else None
+        if match is not None and match.is_consumer:
+            return None
+        hit = match.hit_len if match is not None else 0
+        span = self._span(hit, req.num_tokens - hit, tokens_left)
+        if span == 0:
+            return None
+        return RowPlan(req.request_id, req.tokens[hit : hit + span], hit, (), 0, 0 if hit else None, (), True)
 
     def _roll_back_partners(self, producer: Request) -> None:
         """The producer leaves before its round committed: its paired consumers would start from a
@@ -352,9 +398,11 @@ class Scheduler:
         queue = self._order()
         skipped_consumer = False
         for i, req in enumerate(queue):
-            if skipped_consumer and self.policy.pair and not self._fill_pays(req, rows, budget):
-                stats.fill_declined += 1
-                continue
+            if skipped_consumer and self.policy.pair:
+                following = queue[i + 1 : i + 1 + 4 * cfg.max_num_seqs]  # what a fill's group may take
+                if not self._fill_pays(req, rows, budget, following):
+                    stats.fill_declined += 1
+                    continue
             paired = stats.consumers_paired
             decision = self._decide(req, budget, rows, stats)
             if decision is Decision.WAIT_LOCAL or stats.consumers_paired > paired:

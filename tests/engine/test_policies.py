@@ -14,6 +14,7 @@ from radixflow_jax.bench.run import calibrate, mirror_sim_engine
 from radixflow_jax.bench.workloads import WorkloadSpec, generate
 from radixflow_jax.engine.core import EngineConfig
 from radixflow_jax.engine.llm import build_engine
+from radixflow_jax.engine.roundcost import MeasuredRoundCost
 from radixflow_jax.models import load
 
 CONFIG = EngineConfig(max_num_seqs=8, max_num_batched_tokens=512, max_model_len=256, warmup=False)
@@ -93,3 +94,6 @@ def test_pair_fewer_rounds_than_radixflow_same_outputs(hybrid, flow_run) -> None
     assert abs(p_reuse - f_reuse) <= 0.01
     assert [o.token_ids for o in pair_out] == [o.token_ids for o in flow_out]
     assert sum(r.consumers_paired for r in pair_engine.records) > 0
+    # the fill rule's round cost on the model executor: medians of the rounds this engine measured
+    cost = pair_engine.scheduler.round_cost
+    assert isinstance(cost, MeasuredRoundCost) and cost.measured() and min(cost.measured().values()) > 0

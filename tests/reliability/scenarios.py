@@ -13,11 +13,9 @@ from radixflow_jax.engine.params import SamplingParams
 from radixflow_jax.engine.soak import cold_tokens
 from radixflow_jax.scheduler.admission import POLICIES
 
-# every policy that caches, except `pair`: the shadow device (engine/shadow.py) lets a row read only
-# KV written in earlier rounds, while a paired consumer reads its producer's KV of the same round by
-# design, so the shadow reports those reads as unwritten. Modelling in-round writes in the shadow is
-# the open part of issue 16; `pair` itself is checked against cold runs in tests/engine/test_pair.py.
-CACHING_POLICIES = [name for name, policy in POLICIES.items() if policy.use_cache and name != "pair"]
+# every policy that caches, `pair` included (the shadow device runs a paired consumer after the
+# unpaired rows of its round and checks it starts from its producer's in-round emit)
+CACHING_POLICIES = [name for name, policy in POLICIES.items() if policy.use_cache]
 BASE = EngineConfig(max_num_seqs=4, max_num_batched_tokens=32, page_size=8, max_model_len=256, warmup=False)
 GREEDY = SamplingParams(max_tokens=6, ignore_eos=True)
 

@@ -14,7 +14,7 @@ import pytest
 from radixflow_jax.cache.tree import iter_nodes
 from radixflow_jax.engine.core import EngineFailure
 from radixflow_jax.engine.faults import Fault
-from radixflow_jax.engine.harness import Harness
+from radixflow_jax.engine.harness import Harness, shadow_of
 from radixflow_jax.engine.params import SamplingParams
 from radixflow_jax.scheduler.request import RequestStatus
 from tests.reliability.scenarios import CACHING_POLICIES, GREEDY, check_run, cold_outputs, engine, tokens
@@ -79,6 +79,39 @@ def test_abort_producer_mid_prefill_while_consumers_wait(policy: str) -> None:
     check_run(h, report, cold_outputs(prompts, [GREEDY] * len(prompts)))
     # the consumers fell back to what the producer had committed before its abort (or recomputed)
     assert all(report.outputs[k].cached_tokens % 16 == 0 for k in seen[0])
+
+
+def test_abort_producer_while_consumers_are_paired_with_it() -> None:
+    """Policy pair: the producer is aborted while the round that pairs consumers with it runs. The
+    shadow device runs the round as the step does (the partners start from the producer's in-round
+    emits); the commit skips the partners' rows and they recompute from committed state."""
+    prompts = _shared_prefix(5, 6, prefix_len=32)
+    h = Harness(engine("pair", max_num_batched_tokens=64))  # room for the partners in the producer's round
+    for p in prompts:
+        h.submit(p, GREEDY, at_round=0)
+    aborted: list[tuple[int, list[int]]] = []
+    rolled: list[int] = []  # each partner's roll-back count right after the abort
+
+    def abort_paired_producer(plan) -> None:
+        if aborted:
+            return
+        partners = [r for r in plan.rows if r.pair_slot is not None]
+        pairs_with = partners[0].pair_slot if partners else None
+        producer = next((r for r in plan.rows if any(s == pairs_with for _, s in r.emits)), None)
+        if producer is not None:
+            aborted.append((h._key_of[producer.request_id], [h._key_of[r.request_id] for r in partners]))
+            assert h.abort(aborted[0][0])
+            rolled.extend(h.core.scheduler.requests[r.request_id].rolled_back for r in partners)
+
+    _while_round_runs(h, abort_paired_producer)
+    report = h.run()
+    assert aborted and aborted[0][1], "no producer was aborted while consumers were paired with it"
+    producer_key, partner_keys = aborted[0]
+    assert report.outputs[producer_key].finish_reason == "abort"
+    assert report.by_reason()["length"] == len(prompts) - 1
+    assert shadow_of(h.core).pair_reads >= len(partner_keys)  # the paired rows really ran paired
+    assert rolled and all(n == 1 for n in rolled), rolled
+    check_run(h, report, cold_outputs(prompts, [GREEDY] * len(prompts)))
 
 
 @policies

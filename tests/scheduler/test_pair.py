@@ -89,3 +89,39 @@ def test_radixflow_never_pairs() -> None:
     plan = s.schedule()
     assert all(r.pair_slot is None for r in plan.rows) and plan.stats.consumers_paired == 0
     assert plan.stats.consumers_waiting == 3
+
+
+def _bucketed_cost(rows) -> float:
+    """A round-cost model like the simulator's: a fixed cost plus the padded token slots (powers of two)."""
+    tokens = sum(len(r.tokens) for r in rows)
+    return 0.001 + 1e-4 * max(16, 1 << (tokens - 1).bit_length())
+
+
+def _fill_round(fills: list[int]):
+    """Producer + paired consumer (46 tokens: a 64-slot round), then unrelated fill requests."""
+    cfg = SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=256, page_size=4, grid=8, hybrid=True, policy="pair")
+    s = Scheduler(cfg, num_pages=120, num_slots=24)
+    s.round_cost = _bucketed_cost
+    s.add(Request(0, PREFIX + (1, 2, 3), 1))
+    s.add(Request(1, PREFIX + (4, 5, 6), 1))
+    for i, n in enumerate(fills):
+        s.add(Request(2 + i, tuple(range(1000 * (i + 1), 1000 * (i + 1) + n)), 1))
+    return s.schedule()
+
+
+def test_fill_in_the_padding_is_free() -> None:
+    plan = _fill_round([10])  # 56 tokens: still 64 slots
+    assert plan.stats.consumers_paired == 1 and plan.stats.fill_declined == 0 and len(plan.rows) == 3
+
+
+def test_lone_fill_growing_the_round_is_declined() -> None:
+    # 106 tokens: 128 slots; the jump is paid by the 2 rows in the round and serves only itself
+    plan = _fill_round([60])
+    assert plan.stats.fill_declined == 1 and [r.request_id for r in plan.rows] == [0, 1]
+
+
+def test_fill_whose_slack_carries_followers_is_admitted() -> None:
+    # the same fill with two short requests behind it that ride the 128-slot round it opens: the
+    # jump serves those two a round earlier, which outweighs what it costs the two already in it
+    plan = _fill_round([60, 10, 10])
+    assert plan.stats.fill_declined == 0 and sorted(r.request_id for r in plan.rows) == [0, 1, 2, 3, 4]
