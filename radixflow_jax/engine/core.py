@@ -15,8 +15,8 @@ raised: the engine cannot serve and its owner must fail what is in flight.
 
 Overlap (``overlap=True`` and an executor with ``supports_overlap``): ``step`` plans and launches
 round r+1 while the device runs round r, then collects and commits r (the scheduler's ``launch`` /
-``commit``, see ``scheduler/scheduler.py``). So ``step`` returns the outputs of the round before the
-one it launched, and one round may be in flight between calls (``has_unfinished`` counts it). Round
+``commit``, see ``scheduler/scheduler.py``). Each ``step`` still commits one round and returns its
+outputs; one round stays in flight between calls (``has_unfinished`` counts it). Round
 r is committed before planning r+1 when r+1 could not be planned without r's tokens on the host: a
 penalised request (its penalty context) or a checkpoint that would be planted on a path ending in
 one of r's samples. A failed round voids the round launched after it (recovered as one failure).
@@ -263,6 +263,11 @@ class EngineCore:
         out.finish_reason, out.finish_time = "abort", self.clock()
         self._sampling.pop(request_id, None)
         self._detok.pop(request_id, None)
+        if self._in_flight is not None and not self.scheduler.has_work():
+            # overlap: nothing is left to run; commit the round in flight now, so its fence releases
+            # what the aborted requests hold and the engine has nothing unfinished
+            launched, self._in_flight = self._in_flight, None
+            self._collect(launched)
         return out
 
     def has_unfinished(self) -> bool:
@@ -289,36 +294,51 @@ class EngineCore:
         return self._complete(plan, result, t1 - t0, host_s, False)
 
     def _step_overlapped(self) -> list[RequestOutput]:
+        """Commits one round per call, as the synchronous step does: with no round in flight it first
+        launches one; then it plans and launches the next round and collects and commits the one in
+        flight (or commits that one first, when the next plan needs its tokens on the host)."""
         start = time.perf_counter()
-        changed: list[RequestOutput] = []
         prev, self._in_flight = self._in_flight, None
-        if prev is not None and self._needs_commit_first(prev.plan):
+        if prev is None:
+            try:
+                prev = self._launch_next(None, start)
+            except _LaunchFailed as failure:
+                return self._recover(failure.plan, failure.exc)
+            if prev is None:
+                return []  # nothing to run
+        if self._needs_commit_first(prev.plan):
             changed, failed = self._collect(prev)
-            prev = None
-            if failed:
-                return changed
+            if not failed:
+                try:
+                    self._in_flight = self._launch_next(None, time.perf_counter())
+                except _LaunchFailed as failure:
+                    changed += self._recover(failure.plan, failure.exc)
+            return changed
+        try:
+            self._in_flight = self._launch_next(prev, start)
+        except _LaunchFailed as failure:  # nothing of that round runs; the one in flight may be fine
+            changed, failed = self._collect(prev)
+            return changed if failed else changed + self._recover(failure.plan, failure.exc)
+        changed, _ = self._collect(prev)  # a failure voids the round just launched too
+        return changed
+
+    def _launch_next(self, prev: _Launched | None, start: float) -> _Launched | None:
+        """Plans and launches a round (``prev``: the round in flight, whose samples feed it); ``None``
+        when there is nothing to run. Raises :class:`_LaunchFailed` when the launch raised."""
         t0 = time.perf_counter()
         plan = self.scheduler.schedule()
         t1 = time.perf_counter()
-        if not plan.is_empty:
-            self.scheduler.launch(plan)
-            try:
-                handle = self.executor.launch(plan, self._sampling, None if prev is None else prev.handle)
-            except Exception as exc:  # nothing of this round runs; the one before it may be fine
-                if _fatal(exc):
-                    raise
-                if prev is not None:
-                    more, failed = self._collect(prev)
-                    if failed:  # its recovery voided this round too
-                        return changed + more
-                    changed += more
-                return changed + self._recover(plan, exc)
-            host_s = 0.0 if prev is not None else self._host_tail + (time.perf_counter() - start)
-            self._in_flight = _Launched(plan, handle, t1 - t0, host_s, prev is not None)
-        if prev is not None:
-            more, _ = self._collect(prev)
-            changed += more
-        return changed
+        if plan.is_empty:
+            return None
+        self.scheduler.launch(plan)
+        try:
+            handle = self.executor.launch(plan, self._sampling, None if prev is None else prev.handle)
+        except Exception as exc:
+            if _fatal(exc):
+                raise
+            raise _LaunchFailed(plan, exc) from exc
+        host_s = 0.0 if prev is not None else self._host_tail + (time.perf_counter() - start)
+        return _Launched(plan, handle, t1 - t0, host_s, prev is not None)
 
     def _needs_commit_first(self, plan: RoundPlan) -> bool:
         """The next round cannot be planned before ``plan``'s tokens are on the host (module docstring)."""
@@ -492,6 +512,14 @@ class _Launched:
     plan_s: float
     host_s: float
     overlapped: bool
+
+
+class _LaunchFailed(Exception):
+    """A round's launch raised a recoverable error (nothing of it runs)."""
+
+    def __init__(self, plan: RoundPlan, exc: Exception):
+        super().__init__(repr(exc))
+        self.plan, self.exc = plan, exc
 
 
 def _fatal(exc: Exception) -> bool:
