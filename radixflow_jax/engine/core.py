@@ -20,7 +20,8 @@ outputs; one round stays in flight between calls (``has_unfinished`` counts it).
 r is committed before planning r+1 when r+1 could not be planned without r's tokens on the host: a
 penalised request (its penalty context) or a checkpoint that would be planted on a path ending in
 one of r's samples. A failed round voids the round launched after it (recovered as one failure).
-The simulated and shadow executors run synchronously.
+The shadow executor and the simulated one run synchronously (the simulated one models overlap's
+decisions when built with ``overlap=True``, as the mirror of an overlapped model engine is).
 """
 
 from __future__ import annotations
