@@ -152,9 +152,9 @@ def calibrate(engine: EngineCore) -> "CalibratedCost":
 
 
 def mirror_sim_engine(engine: EngineCore, cost: Any) -> EngineCore:
-    """A simulated engine wired like ``engine`` (same configuration, pools and step shapes, so the
-    same decisions), with ``cost`` as its round time."""
+    """A simulated engine wired like ``engine`` (same configuration, pools, step shapes and overlap
+    mode, so the same decisions), with ``cost`` as its round time."""
     if not isinstance(engine.wiring, Wiring):
         raise ValueError("mirror_sim_engine needs an engine built by engine/wiring.py")
     clock = VirtualClock()
-    return wire_engine(engine.wiring, lambda shapes: SimExecutor(cost, clock, shapes), clock=clock)
+    return wire_engine(engine.wiring, lambda shapes: SimExecutor(cost, clock, shapes, overlap=engine.overlap), clock=clock)

@@ -8,7 +8,8 @@ pools free xor owned, no negative refcount):
   * every lock on a node belongs to a running request's hit (or a test's pin), and every such hit
     is locked;
   * a waiting or finished request holds no page, slot or lock, and has no pending checkpoint;
-    only running requests are producers.
+    only running requests are producers (overlap: a finished request waiting for the commit fence
+    of a round in flight still holds what it held, until that fence);
 :func:`assert_drained` checks that, with no work left, a flush frees every page and slot.
 """
 
@@ -44,7 +45,8 @@ def audit_engine(core: EngineCore, pinned: Iterable[Node] = ()) -> None:
         for node in pinned:
             locks[id(node)] -= 1
     running = {req.request_id for req in sched.running}
-    for req in sched.running:
+    fenced = {req.request_id for req in sched.fenced}  # finished, released at a commit fence (overlap)
+    for req in (*sched.running, *sched.fenced):
         page_refs.update(req.own_pages)
         if req.slot is not None:
             slot_refs[req.slot] += 1
@@ -67,7 +69,7 @@ def audit_engine(core: EngineCore, pinned: Iterable[Node] = ()) -> None:
         if len(refs) != pool.num_used:
             raise InvariantError(f"{pool.num_used} {what}s are owned but only {len(refs)} have an owner")
     if mem.cache is not None:
-        stray = set(mem.cache.pending_producers()) - running
+        stray = set(mem.cache.pending_producers()) - running - fenced
         if stray:
             raise InvariantError(f"requests {sorted(stray)} are not running but have pending checkpoints")
 

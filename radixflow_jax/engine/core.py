@@ -12,6 +12,16 @@ error text. An ``AssertionError`` (a broken invariant) or an exception whose cla
 ``recoverable = False`` (the compile guard) is a bug, not a device error: it propagates. When
 recovery itself fails, or ``max_failed_rounds`` rounds fail in a row, :class:`EngineFailure` is
 raised: the engine cannot serve and its owner must fail what is in flight.
+
+Overlap (``overlap=True`` and an executor with ``supports_overlap``): ``step`` plans and launches
+round r+1 while the device runs round r, then collects and commits r (the scheduler's ``launch`` /
+``commit``, see ``scheduler/scheduler.py``). Each ``step`` still commits one round and returns its
+outputs; one round stays in flight between calls (``has_unfinished`` counts it). Round
+r is committed before planning r+1 when r+1 could not be planned without r's tokens on the host: a
+penalised request (its penalty context) or a checkpoint that would be planted on a path ending in
+one of r's samples. A failed round voids the round launched after it (recovered as one failure).
+The shadow executor and the simulated one run synchronously (the simulated one models overlap's
+decisions when built with ``overlap=True``, as the mirror of an overlapped model engine is).
 """
 
 from __future__ import annotations
@@ -25,6 +35,7 @@ from typing import Callable, Sequence
 
 from radixflow_jax.engine.detok import IncrementalText
 from radixflow_jax.engine.protocol import Executor, StepResult
+from radixflow_jax.scheduler.plan import RoundPlan
 from radixflow_jax.engine.params import RequestOutput, SamplingParams
 from radixflow_jax.runner.inputs import SamplingRow
 from radixflow_jax.scheduler.request import Request
@@ -61,6 +72,7 @@ class EngineConfig:
     penalty_window: int | None = None  # longest context a penalised request may have; None: min(max_model_len, 4096)
     step_retries: int = 1  # failed rounds a request is retried through before it ends with an error
     max_failed_rounds: int = 3  # failed rounds in a row after which the engine gives up (EngineFailure)
+    overlap: bool = True  # plan and build round r+1 while the device runs round r (model executor, one device)
 
     def __post_init__(self) -> None:
         if self.warmup not in (True, False, "all", "lazy"):
@@ -95,6 +107,11 @@ class RoundRecord:
     consumers_paired: int = 0  # consumers admitted into their producer's round (policy pair)
     fill_declined: int = 0  # fill requests pair's cost rule kept out of the round
     decode_slots: int = 0  # the variant's decode region (rows taking the one-step updates)
+    # host time on the critical path: from the previous round's result to this round's dispatch, the
+    # host work done while no round was in flight (commit of the previous round, plan, build); 0 when
+    # this round was launched while the previous one still ran (overlap)
+    host_s: float = 0.0
+    overlapped: bool = False  # launched while the previous round was in flight
 
     @property
     def kind(self) -> str:
@@ -146,6 +163,7 @@ class EngineCore:
         wiring: object | None = None,
         step_retries: int = 1,
         max_failed_rounds: int = 3,
+        overlap: bool = True,
     ):
         if step_retries < 0 or max_failed_rounds < 1:
             raise ValueError(f"step_retries={step_retries} must be >= 0, max_failed_rounds={max_failed_rounds} >= 1")
@@ -173,6 +191,9 @@ class EngineCore:
         self._detok: dict[int, IncrementalText] = {}  # incremental text of running requests
         self.penalty_window = int(getattr(executor, "penalty_window", 0))  # 0: the executor cannot penalise
         self.supports_logprobs = bool(getattr(executor, "supports_logprobs", False))
+        self.overlap = overlap and bool(getattr(executor, "supports_overlap", False))
+        self._in_flight: _Launched | None = None  # overlap: the round launched and not collected yet
+        self._host_tail = 0.0  # host time after the latest result was fetched, inside step()
 
     @property
     def num_rounds(self) -> int:
@@ -243,14 +264,22 @@ class EngineCore:
         out.finish_reason, out.finish_time = "abort", self.clock()
         self._sampling.pop(request_id, None)
         self._detok.pop(request_id, None)
+        if self._in_flight is not None and not self.scheduler.has_work():
+            # overlap: nothing is left to run; commit the round in flight now, so its fence releases
+            # what the aborted requests hold and the engine has nothing unfinished
+            launched, self._in_flight = self._in_flight, None
+            self._collect(launched)
         return out
 
     def has_unfinished(self) -> bool:
-        return self.scheduler.has_work()
+        return self.scheduler.has_work() or self._in_flight is not None
 
     # --------------------------------------------------------------------------------- the loop
     def step(self) -> list[RequestOutput]:
-        """Runs one round; returns the outputs that changed (new tokens or finished)."""
+        """Runs one round; returns the outputs that changed (new tokens or finished). With overlap,
+        launches a round and completes the one launched before it."""
+        if self.overlap:
+            return self._step_overlapped()
         t0 = time.perf_counter()
         plan = self.scheduler.schedule()
         t1 = time.perf_counter()
@@ -259,30 +288,110 @@ class EngineCore:
         try:
             result = self.executor.execute(plan, self._sampling)
         except Exception as exc:  # a failed step: rebuild and retry (or fail its requests), keep serving
-            if isinstance(exc, AssertionError) or not getattr(exc, "recoverable", True):
+            if _fatal(exc):
                 raise  # a broken invariant or a guard (e.g. compile after warm-up): a bug, not a device error
             return self._recover(plan, exc)
+        host_s = self._host_tail + (t1 - t0) + result.build_s
+        return self._complete(plan, result, t1 - t0, host_s, False)
+
+    def _step_overlapped(self) -> list[RequestOutput]:
+        """Commits one round per call, as the synchronous step does: with no round in flight it first
+        launches one; then it plans and launches the next round and collects and commits the one in
+        flight (or commits that one first, when the next plan needs its tokens on the host)."""
+        start = time.perf_counter()
+        prev, self._in_flight = self._in_flight, None
+        if prev is None:
+            try:
+                prev = self._launch_next(None, start)
+            except _LaunchFailed as failure:
+                return self._recover(failure.plan, failure.exc)
+            if prev is None:
+                return []  # nothing to run
+        if self._needs_commit_first(prev.plan):
+            changed, failed = self._collect(prev)
+            if not failed:
+                try:
+                    self._in_flight = self._launch_next(None, time.perf_counter())
+                except _LaunchFailed as failure:
+                    changed += self._recover(failure.plan, failure.exc)
+            return changed
+        try:
+            self._in_flight = self._launch_next(prev, start)
+        except _LaunchFailed as failure:  # nothing of that round runs; the one in flight may be fine
+            changed, failed = self._collect(prev)
+            return changed if failed else changed + self._recover(failure.plan, failure.exc)
+        changed, _ = self._collect(prev)  # a failure voids the round just launched too
+        return changed
+
+    def _launch_next(self, prev: _Launched | None, start: float) -> _Launched | None:
+        """Plans and launches a round (``prev``: the round in flight, whose samples feed it); ``None``
+        when there is nothing to run. Raises :class:`_LaunchFailed` when the launch raised."""
+        t0 = time.perf_counter()
+        plan = self.scheduler.schedule()
+        t1 = time.perf_counter()
+        if plan.is_empty:
+            return None
+        self.scheduler.launch(plan)
+        try:
+            handle = self.executor.launch(plan, self._sampling, None if prev is None else prev.handle)
+        except Exception as exc:
+            if _fatal(exc):
+                raise
+            raise _LaunchFailed(plan, exc) from exc
+        host_s = 0.0 if prev is not None else self._host_tail + (time.perf_counter() - start)
+        return _Launched(plan, handle, t1 - t0, host_s, prev is not None)
+
+    def _needs_commit_first(self, plan: RoundPlan) -> bool:
+        """The next round cannot be planned before ``plan``'s tokens are on the host (module docstring)."""
+        for row in plan.rows:
+            params = self._sampling.get(row.request_id)
+            if row.sample and params is not None and params.has_penalty:
+                return True
+        return self.scheduler.plants_on_unknown()
+
+    def _collect(self, launched: _Launched) -> tuple[list[RequestOutput], bool]:
+        """Waits for a launched round and commits it; ``(outputs, failed)``. A failure voids the round
+        launched after it (``_in_flight``) and recovers."""
+        try:
+            result = self.executor.collect(launched.handle)
+        except Exception as exc:
+            if _fatal(exc):
+                raise
+            self._in_flight = None
+            return self._recover(launched.plan, exc), True
+        host_s = launched.host_s if launched.overlapped else max(0.0, launched.host_s - result.compile_s)
+        return self._complete(launched.plan, result, launched.plan_s, host_s, launched.overlapped), False
+
+    def _complete(
+        self, plan: RoundPlan, result: StepResult, plan_s: float, host_s: float, overlapped: bool
+    ) -> list[RequestOutput]:
+        """Commits a round whose result came back; returns the outputs that changed."""
+        fetched = time.perf_counter()
         self._failed_in_a_row = 0
         if self._failing:  # these requests ran a round successfully: their retry count starts over
             for row in plan.rows:
                 self._failing.pop(row.request_id, None)
-        for rid, lp in result.logprobs.items():
-            out = self._outputs.get(rid)
-            if out is not None and out.logprobs is not None and out.finish_reason is None:
-                out.logprobs.append(lp)
+        if result.logprobs:
+            reqs = self.scheduler.requests
+            live = {r.request_id for r in plan.rows if r.request_id in reqs and reqs[r.request_id].epoch == r.epoch}
+            for rid, lp in result.logprobs.items():
+                out = self._outputs.get(rid)
+                if rid in live and out is not None and out.logprobs is not None and out.finish_reason is None:
+                    out.logprobs.append(lp)  # not for a stale row (preempted after planning, overlap)
         if result.compile_s and isinstance(self.clock, ServingClock):
             self.clock.paused_s += result.compile_s
         finished = self.scheduler.commit(plan, result.sampled)
-        self._record(plan, result, t1 - t0)
+        self._record(plan, result, plan_s, host_s, overlapped)
         now = self.clock()
         changed = []
         for row in plan.rows:
-            if row.sample:
+            if row.sample and row.request_id in self.scheduler.requests:
                 changed.append(self._update(row.request_id, now))
         for req in finished:
             out = self._outputs[req.request_id]
             if out.finish_reason is None:
                 self._finalize(req, now)
+        self._host_tail = time.perf_counter() - fetched
         return changed
 
     def _recover(self, plan, exc: Exception) -> list[RequestOutput]:
@@ -294,7 +403,10 @@ class EngineCore:
             n = self._failed_in_a_row
             raise EngineFailure(f"{n} rounds failed in a row; the last step raised {exc!r}") from exc
         sched = self.scheduler
+        self._in_flight = None
+        self._host_tail = 0.0
         try:
+            sched.drop_in_flight()  # overlap: the rounds launched after the failed one are void too
             sched.requeue_running()  # their device state is gone: recompute from the tokens so far
             sched.memory.flush()
             self.executor.reset()
@@ -322,7 +434,7 @@ class EngineCore:
     def _update(self, rid: int, now: float) -> RequestOutput:
         req = self.scheduler.requests[rid]
         out = self._outputs[rid]
-        out.token_ids = list(req.output)
+        out.token_ids = req.committed_output
         out.cached_tokens = req.cached_tokens
         if out.first_token_time is None:
             out.first_token_time, out.first_token_round = now, self.num_rounds
@@ -351,7 +463,7 @@ class EngineCore:
         self._sampling.pop(req.request_id, None)
         self._detok.pop(req.request_id, None)
 
-    def _record(self, plan, result: StepResult, plan_s: float) -> None:
+    def _record(self, plan, result: StepResult, plan_s: float, host_s: float, overlapped: bool) -> None:
         # Bubble: budget left idle while requests behind a consumer stop were admissible; the
         # scheduler's shadow scan measured what they would have brought within the budget left.
         st = plan.stats
@@ -379,6 +491,8 @@ class EngineCore:
                 decode_slots=result.decode_slots,
                 consumers_paired=st.consumers_paired,
                 fill_declined=st.fill_declined,
+                host_s=host_s,
+                overlapped=overlapped,
             )
         )
 
@@ -388,3 +502,27 @@ class EngineCore:
     def run_until_done(self) -> None:
         while self.has_unfinished():
             self.step()
+
+
+@dataclasses.dataclass(frozen=True)
+class _Launched:
+    """A round launched with overlap: its plan, the executor's handle, and its host timings."""
+
+    plan: RoundPlan
+    handle: object
+    plan_s: float
+    host_s: float
+    overlapped: bool
+
+
+class _LaunchFailed(Exception):
+    """A round's launch raised a recoverable error (nothing of it runs)."""
+
+    def __init__(self, plan: RoundPlan, exc: Exception):
+        super().__init__(repr(exc))
+        self.plan, self.exc = plan, exc
+
+
+def _fatal(exc: Exception) -> bool:
+    """A broken invariant or a guard (``recoverable = False``): a bug, not a device error."""
+    return isinstance(exc, AssertionError) or not getattr(exc, "recoverable", True)

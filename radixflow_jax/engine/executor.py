@@ -1,10 +1,17 @@
 """Executors run a planned round. The model executor runs the real jitted step; the simulated
 executor (``engine/sim``) replaces it with a cost model. The engine loop and scheduler are the same
 code for both.
+
+Overlap: :meth:`ModelExecutor.launch` builds the arrays and dispatches the step without waiting for
+it (JAX dispatch is asynchronous) and returns an :class:`InFlight`; :meth:`ModelExecutor.collect`
+fetches its result. A row whose input is ``UNKNOWN_TOKEN`` takes it from the sampled array of the
+round launched just before (``prev``) on the device, so round r+1 is launched before round r is
+collected. ``execute`` is launch + collect.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import time
 from typing import Callable, Mapping, Sequence
@@ -16,9 +23,46 @@ from radixflow_jax.models.api import LoadedModel
 from radixflow_jax.models.batch import init_cache
 from radixflow_jax.runner.inputs import SamplingRow, build_arrays
 from radixflow_jax.runner.shapes import ShapeConfig, Variant
-from radixflow_jax.runner.step import CompiledStep
+from radixflow_jax.runner.step import CompiledStep, out_rows, splice_defaults
 from radixflow_jax.engine.protocol import StepResult
-from radixflow_jax.scheduler.plan import RoundPlan
+from radixflow_jax.scheduler.plan import UNKNOWN_TOKEN, RoundPlan
+
+
+@dataclasses.dataclass
+class InFlight:
+    """A launched round: its plan, the variant, where each plan row sits in the arrays, the device
+    outputs (sampled tokens padded to ``out_rows``, logprob arrays), and host timings."""
+
+    plan: RoundPlan
+    variant: Variant
+    plan_rows: np.ndarray
+    tokens: jax.Array
+    logprobs: tuple[jax.Array, ...]
+    want: list[tuple[int, int, int]]  # (array row, request id, top-k) of rows that asked for logprobs
+    build_s: float
+    start: float  # perf_counter when the step was dispatched
+    compile_s: float
+
+
+def splice_sources(plan: RoundPlan, plan_rows: np.ndarray, cu_seqlens: np.ndarray, num_tokens: int,
+                   prev: InFlight | None) -> np.ndarray | None:  # fmt: skip
+    """``splice_src`` of a round (see ``runner/step.py``): for each row whose last input token is
+    ``UNKNOWN_TOKEN``, the index of that token in ``prev``'s sampled array. ``None`` when no row has
+    one. ``ValueError`` when ``prev`` did not sample it (the plan needs a round that is not the last
+    launched one) or a token other than a row's last is unknown."""
+    unknown = [i for i, row in enumerate(plan.rows) if row.tokens[-1] == UNKNOWN_TOKEN]
+    if not unknown:
+        return None
+    sampled_at = {} if prev is None else {
+        row.request_id: int(prev.plan_rows[i]) for i, row in enumerate(prev.plan.rows) if row.sample
+    }  # fmt: skip
+    src = np.full(num_tokens, -1, np.int32)
+    for i in unknown:
+        row = plan.rows[i]
+        if UNKNOWN_TOKEN in row.tokens[:-1] or row.request_id not in sampled_at:
+            raise ValueError(f"request {row.request_id}: its input token is not sampled by the round launched last")
+        src[int(cu_seqlens[plan_rows[i]]) + len(row.tokens) - 1] = sampled_at[row.request_id]
+    return src
 
 
 class ModelExecutor:
@@ -52,6 +96,8 @@ class ModelExecutor:
         self.step = CompiledStep(model.graphdef, model.params, self.cache, shapes, kernels, penalty_window)
         self.progress = progress
         self.warmup_s = 0.0
+        self._no_prev = jax.device_put(np.zeros(out_rows(shapes), np.int32))  # prev_tokens of a round that splices nothing
+        self._last_done = 0.0  # perf_counter when the latest collected round's result was fetched
         if warmup:
             self.warmup()
 
@@ -70,7 +116,17 @@ class ModelExecutor:
                 )
         self.warmup_s += time.perf_counter() - start
 
+    @property
+    def supports_overlap(self) -> bool:
+        """Rounds can be launched before the previous one is collected (one device: the sampled
+        array feeds the next step as it is; sharded pools keep the synchronous path)."""
+        return self.step.single_device
+
     def execute(self, plan: RoundPlan, sampling: Mapping[int, SamplingRow]) -> StepResult:
+        return self.collect(self.launch(plan, sampling))
+
+    def launch(self, plan: RoundPlan, sampling: Mapping[int, SamplingRow], prev: InFlight | None = None) -> InFlight:
+        """Builds the round's arrays and dispatches the step; does not wait for the device."""
         t0 = time.perf_counter()
         variant = self.shapes.select(plan.num_tokens, len(plan.rows), num_decode=plan.num_decode)
         arrays = build_arrays(
@@ -83,23 +139,38 @@ class ModelExecutor:
             if variant not in self._neutral_ctx:
                 self._neutral_ctx[variant] = (jax.device_put(arrays.ctx_ids), jax.device_put(arrays.ctx_out))
             inputs["ctx_ids"], inputs["ctx_out"] = self._neutral_ctx[variant]
+        src = splice_sources(plan, arrays.plan_rows, arrays.cu_seqlens, variant.num_tokens, prev)
+        if src is None:
+            inputs["splice_src"], inputs["prev_tokens"] = splice_defaults(variant, self.shapes)["splice_src"], self._no_prev
+        else:
+            inputs["tokens"] = np.where(src >= 0, 0, arrays.tokens).astype(np.int32)  # UNKNOWN_TOKEN is no id
+            inputs["splice_src"], inputs["prev_tokens"] = src, prev.tokens
+        want = [(int(i), row.request_id, sampling[row.request_id].logprobs) for i, row in zip(arrays.plan_rows, plan.rows)
+                if row.sample and row.request_id in sampling and sampling[row.request_id].logprobs >= 0]  # fmt: skip
         t1 = time.perf_counter()
         self.cache, (tokens, *lp) = self.step(variant, self.model.params, self.cache, inputs)
-        tokens = np.asarray(jax.device_get(tokens))
-        want = [(i, row.request_id, sampling[row.request_id].logprobs) for i, row in zip(arrays.plan_rows, plan.rows)
-                if row.sample and row.request_id in sampling and sampling[row.request_id].logprobs >= 0]  # fmt: skip
-        logprobs = {}
-        if want:  # fetched only when a row asked for them
-            chosen, top_ids, top_lp = (np.asarray(x) for x in jax.device_get(lp))
-            logprobs = {rid: (float(chosen[i]), top_ids[i, :k].tolist(), top_lp[i, :k].tolist()) for i, rid, k in want}
         compile_s = self.step.last_compile_s
-        t2 = time.perf_counter() - compile_s  # compiling is not serving time
         if compile_s and self.progress is not None:
             self.progress(f"compiled {variant.kind} T={variant.num_tokens} R={variant.num_rows} "
                           f"D={variant.num_decode} on first use in {compile_s:.1f}s")  # fmt: skip
-        sampled = {row.request_id: int(tokens[i]) for i, row in zip(arrays.plan_rows, plan.rows) if row.sample}
+        return InFlight(plan, variant, arrays.plan_rows, tokens, tuple(lp), want, t1 - t0, t1 + compile_s, compile_s)
+
+    def collect(self, handle: InFlight) -> StepResult:
+        """Waits for a launched round and returns its result. ``step_s``: from when the device could
+        start it (its dispatch, or the previous round's result, whichever is later) to its result."""
+        tokens = np.asarray(jax.device_get(handle.tokens))
+        logprobs = {}
+        if handle.want:  # fetched only when a row asked for them
+            chosen, top_ids, top_lp = (np.asarray(x) for x in jax.device_get(handle.logprobs))
+            logprobs = {rid: (float(chosen[i]), top_ids[i, :k].tolist(), top_lp[i, :k].tolist()) for i, rid, k in handle.want}
+        done = time.perf_counter()
+        step_s = done - max(handle.start, self._last_done)
+        self._last_done = done
+        plan, variant = handle.plan, handle.variant
+        sampled = {row.request_id: int(tokens[i]) for i, row in zip(handle.plan_rows, plan.rows) if row.sample}
         return StepResult(
-            sampled, variant.num_tokens, variant.num_rows, t1 - t0, t2 - t1, logprobs, variant.num_decode, compile_s
+            sampled, variant.num_tokens, variant.num_rows, handle.build_s, step_s, logprobs, variant.num_decode,
+            handle.compile_s,
         )
 
     def reset(self) -> None:

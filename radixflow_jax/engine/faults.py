@@ -8,6 +8,7 @@ and its result is lost: a host-side error after the device finished) or ``donate
 its result is lost and the donated pools are gone: a device error). ``on_execute(plan)`` runs before
 every step, after planning and before commit: the place to abort requests whose round is running.
 ``fail_reset`` makes every later ``reset`` raise (recovery fails: the engine must stop, loudly).
+With overlap (an inner executor that has ``launch``/``collect``) the faults hit ``launch`` calls.
 No JAX here unless a ``donated`` fault hits the model executor.
 """
 
@@ -97,6 +98,34 @@ class FaultyExecutor:
         self.faults_raised += 1
         if fault.when != "before":
             self.inner.execute(plan, sampling)
+        if fault.when == "donated":
+            lose_device_state(self.inner)
+        raise InjectedFault(f"injected {fault.when} fault in step call {call}")
+
+    @property
+    def supports_overlap(self) -> bool:
+        return bool(getattr(self.inner, "supports_overlap", False))
+
+    def launch(self, plan: RoundPlan, sampling: Mapping[int, SamplingRow], prev: object = None) -> object:
+        """Overlap: a ``before`` fault raises here (nothing was dispatched); ``after`` and ``donated``
+        faults dispatch the step and raise at ``collect``, as a device error surfaces when the result
+        is fetched."""
+        call = self.calls
+        self.calls += 1
+        if self.on_execute is not None:
+            self.on_execute(plan)
+        fault = self._by_call.get(call)
+        if fault is not None and fault.when == "before":
+            self.faults_raised += 1
+            raise InjectedFault(f"injected before fault in step call {call}")
+        return (self.inner.launch(plan, sampling, None if prev is None else prev[0]), fault, call)
+
+    def collect(self, handle: object) -> StepResult:
+        inner, fault, call = handle
+        result = self.inner.collect(inner)
+        if fault is None:
+            return result
+        self.faults_raised += 1
         if fault.when == "donated":
             lose_device_state(self.inner)
         raise InjectedFault(f"injected {fault.when} fault in step call {call}")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Mapping, Protocol
+from typing import Any, Mapping, Protocol
 
 from radixflow_jax.runner.inputs import SamplingRow
 from radixflow_jax.scheduler.plan import RoundPlan
@@ -35,3 +35,17 @@ class Executor(Protocol):
         ...
 
 
+
+
+class OverlapExecutor(Executor, Protocol):
+    """An executor the engine can run with overlap (``EngineConfig.overlap``): ``launch`` dispatches a
+    round and returns at once with a handle; ``collect`` waits for its result. ``prev`` is the handle
+    of the round launched just before, not collected yet: rows whose input is ``UNKNOWN_TOKEN`` take
+    it from that round's samples on the device. A device error may surface at ``collect``.
+    ``supports_overlap`` may be False (the engine then calls ``execute``)."""
+
+    supports_overlap: bool
+
+    def launch(self, plan: RoundPlan, sampling: Mapping[int, SamplingRow], prev: Any = None) -> Any: ...
+
+    def collect(self, handle: Any) -> StepResult: ...

@@ -172,12 +172,23 @@ class SimExecutor:
     ``buckets`` (a :class:`BucketSet`), or to the runner's ``ShapeConfig`` variants, or not at all."""
 
     def __init__(
-        self, cost: CostModel, clock: VirtualClock, shapes: ShapeConfig | BucketSet | None = None, token: int = 1
-    ):
+        self, cost: CostModel, clock: VirtualClock, shapes: ShapeConfig | BucketSet | None = None, token: int = 1,
+        *, overlap: bool = False,
+    ):  # fmt: skip
         self.cost = cost
         self.clock = clock
         self.shapes = shapes
         self.token = token
+        # overlap=True: the engine plans round r+1 before round r commits, as with the model executor
+        # (the mirror of an overlapped model engine); the clock still charges the rounds one after
+        # the other and no host time. Default False: the synchronous engine.
+        self.supports_overlap = overlap
+
+    def launch(self, plan: RoundPlan, sampling: Mapping[int, SamplingRow], prev: object = None) -> tuple:
+        return plan, sampling
+
+    def collect(self, handle: tuple) -> StepResult:
+        return self.execute(*handle)
 
     def plan_cost(self, rows: Sequence[RowPlan]) -> float:
         """Seconds a round of ``rows`` would take (padded as :meth:`execute` pads): the round cost

@@ -70,6 +70,7 @@ def wire_engine(
         max_model_len=wiring.max_model_len, eos_token_ids=eos_token_ids, tokenizer=tokenizer,
         seed=wiring.config.seed, clock=clock, vocab_size=vocab_size, wiring=wiring,
         step_retries=wiring.config.step_retries, max_failed_rounds=wiring.config.max_failed_rounds,
+        overlap=wiring.config.overlap,
     )  # fmt: skip
     # policy `pair` admits fill work by the executor's round cost: the simulator's model
     # (`plan_cost`), else the running medians of the rounds this engine measures

@@ -7,6 +7,11 @@
      emitted at the requested offsets inside the spans);
   3. project the last token of every row to logits and sample on device.
 
+Overlap (``engine/executor.py``): a row may take its input token from the previous round's sampled
+array *on the device*: ``splice_src[t] >= 0`` replaces input token ``t`` with
+``prev_tokens[splice_src[t]]``. So that any round can feed any other, every variant returns its
+sampled tokens padded to ``out_rows(shapes)`` entries (row ``i`` of the round at index ``i``).
+
 Every variant is compiled ahead of time (``jit(...).lower(...).compile()``), at warm-up or lazily
 the first time a round needs it (through the persistent XLA cache when one is configured), and
 called directly, so a round can never trigger a hidden recompile: :class:`CompiledStep` counts
@@ -42,16 +47,29 @@ class CompileAfterWarmupError(RuntimeError):
     recoverable = False  # a guard, not a device error: the engine must not retry around it
 
 
-def make_step(graphdef: nnx.GraphDef, num_decode: int) -> Callable:
+def out_rows(shapes: ShapeConfig) -> int:
+    """Length of every variant's sampled-token output (the most rows a variant has: decode region
+    plus prefill rows)."""
+    return 2 * shapes.max_rows
+
+
+def splice_defaults(variant: Variant, shapes: ShapeConfig) -> dict[str, np.ndarray]:
+    """The overlap inputs of a round that takes no token from another round."""
+    return {"splice_src": np.full(variant.num_tokens, -1, np.int32), "prev_tokens": np.zeros(out_rows(shapes), np.int32)}
+
+
+def make_step(graphdef: nnx.GraphDef, num_decode: int, num_out: int) -> Callable:
     def step(params: nnx.State, cache: ModelCache, a: dict[str, jax.Array]) -> tuple[ModelCache, jax.Array]:
         model = nnx.merge(graphdef, params)
+        src = a["splice_src"]  # overlap: input tokens sampled by the previous round, on the device
+        input_ids = jnp.where(src >= 0, a["prev_tokens"][jnp.maximum(src, 0)], a["tokens"])
         span = a["cu_seqlens"][1:] - a["cu_seqlens"][:-1]
         # copy-on-write of source checkpoints: each recurrent layer reads a row's initial state from
         # copy_src (zero for rows that start a sequence) and writes its result to state_slots
         batch = Batch(a["cu_seqlens"], a["kv_lens"], a["page_table"], a["slot_mapping"], a["state_slots"],
                       source_slots=a["copy_src"], fresh=a["kv_lens"] == span, pair_emit=a["pair_emit"])  # fmt: skip
         emits = Emits(a["emit_rows"], a["emit_offsets"], a["emit_slots"])
-        hidden, cache = model(a["tokens"], batch, cache, num_decode=num_decode, emits=emits)
+        hidden, cache = model(input_ids, batch, cache, num_decode=num_decode, emits=emits)
         logits = model.logits(hidden[a["logits_index"]]).astype(jnp.float32)
         logits = apply_penalties(logits, a["ctx_ids"], a["ctx_out"], a["presence"], a["frequency"], a["repetition"])
         tokens = sample(logits, a["temperature"], a["top_k"], a["top_p"], a["min_p"], a["seed"], a["position"])
@@ -61,12 +79,16 @@ def make_step(graphdef: nnx.GraphDef, num_decode: int) -> Callable:
         logprobs = jax.lax.cond(
             jnp.any(a["want_logprobs"]), lambda: token_logprobs(logits, tokens, k), lambda: skipped
         )  # a round where no row asked for logprobs does not pay for the log-softmax and top-k
-        return cache, (tokens, *logprobs)
+        padded = jnp.zeros((num_out,), jnp.int32).at[:rows].set(tokens.astype(jnp.int32))
+        return cache, (padded, *logprobs)
 
     return step
 
 
-def array_specs(variant: Variant, max_pages: int, penalty_window: int = 0) -> dict[str, jax.ShapeDtypeStruct]:
+def array_specs(
+    variant: Variant, max_pages: int, penalty_window: int = 0, num_out: int = 0
+) -> dict[str, jax.ShapeDtypeStruct]:
+    """Shapes of the step's inputs; ``num_out``: length of the previous round's sampled array (overlap)."""
     t, r, m, w = variant.num_tokens, variant.num_rows, variant.max_emits, penalty_window
     i32, f32 = jnp.int32, jnp.float32
     shapes = {
@@ -77,7 +99,7 @@ def array_specs(variant: Variant, max_pages: int, penalty_window: int = 0) -> di
         "min_p": ((r,), f32), "seed": ((r,), jnp.uint32), "position": ((r,), i32),
         "presence": ((r,), f32), "frequency": ((r,), f32), "repetition": ((r,), f32),
         "ctx_ids": ((r, w), i32), "ctx_out": ((r, w), jnp.bool_), "want_logprobs": ((r,), jnp.bool_),
-        "pair_emit": ((r,), i32),
+        "pair_emit": ((r,), i32), "splice_src": ((t,), i32), "prev_tokens": ((max(num_out, r),), i32),
     }  # fmt: skip
     return {k: jax.ShapeDtypeStruct(s, d) for k, (s, d) in shapes.items()}
 
@@ -125,14 +147,16 @@ class CompiledStep:
         if self.strict:
             raise CompileAfterWarmupError(f"step variant {variant} was not compiled at warm-up")
         start = time.perf_counter()
-        step = make_step(self.graphdef, variant.num_decode)
+        if variant.num_rows > out_rows(self.shapes):
+            raise ValueError(f"variant {variant} has more rows than the sampled output holds ({out_rows(self.shapes)})")
+        step = make_step(self.graphdef, variant.num_decode, out_rows(self.shapes))
         if self._cache_shardings is not None:
             step = _pin_cache(step, self._cache_shardings)
         fn = jax.jit(step, donate_argnums=(1,))
         with ops.use_backend(self.kernels), _per_shard(self._cache_shardings):
             lowered = fn.lower(
                 self._params_spec, self._cache_spec,
-                array_specs(variant, self.shapes.max_pages_per_row, self.penalty_window),
+                array_specs(variant, self.shapes.max_pages_per_row, self.penalty_window, out_rows(self.shapes)),
             )  # fmt: skip
         compiled = lowered.compile()
         self.num_compiles += 1
@@ -149,7 +173,8 @@ class CompiledStep:
         from radixflow_jax.runner.inputs import padding_arrays
 
         fn = self._compiled.get(variant) or self._compile(variant)
-        cache, tokens = fn(params, cache, padding_arrays(variant, self.shapes.max_pages_per_row, self.penalty_window).as_dict())
+        arrays = padding_arrays(variant, self.shapes.max_pages_per_row, self.penalty_window).as_dict()
+        cache, tokens = fn(params, cache, {**arrays, **splice_defaults(variant, self.shapes)})
         jax.block_until_ready(tokens)
         return cache
 

@@ -8,6 +8,11 @@ from __future__ import annotations
 
 import dataclasses
 
+UNKNOWN_TOKEN = -1
+"""Overlap: a token sampled by a round still in flight. A row whose input is this token takes it on the
+device from that round's sampled array (``engine/executor.py``); the commit fence replaces it in the
+request's output."""
+
 
 @dataclasses.dataclass(frozen=True)
 class RowPlan:
@@ -23,6 +28,8 @@ class RowPlan:
     another (unpaired) row of the same round emits into this checkpoint slot, taken inside the step
     (never read from the pool), and its page table starts with that producer's pages, which the
     step writes before attention reads them.
+    ``epoch``: the request's epoch when the row was planned; a row of an earlier epoch (the request
+    was preempted or rolled back after planning, overlap) is skipped at commit.
     """
 
     request_id: int
@@ -34,6 +41,7 @@ class RowPlan:
     emits: tuple[tuple[int, int], ...]
     sample: bool
     pair_slot: int | None = None
+    epoch: int = 0
 
     @property
     def is_decode(self) -> bool:

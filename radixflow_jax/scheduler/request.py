@@ -9,6 +9,12 @@ Invariants:
     one reference to (the rest belong to the radix tree and are protected by ``hit_node``'s lock).
   * ``slot`` is the request's own recurrent-state slot (one reference), ``None`` until admitted and
     for attention-only models.
+  * Overlap (a round launched before the previous one committed): ``num_computed`` counts the tokens
+    of launched rounds too; ``in_flight`` of them are not committed yet. The last ``unresolved``
+    entries of ``output`` are ``UNKNOWN_TOKEN`` (sampled by launched rounds, filled in at their
+    commit). ``fence``: the launch index of the last round holding a row of the request; its pages
+    and slot are released no earlier than that round's commit. ``epoch`` counts preemptions and
+    roll-backs (a row of an earlier epoch is stale).
 """
 
 from __future__ import annotations
@@ -44,6 +50,10 @@ class Request:
     num_preemptions: int = 0
     rolled_back: int = 0  # times its paired producer left before their round committed (policy pair)
     first_token_round: int | None = None
+    in_flight: int = 0
+    unresolved: int = 0
+    fence: int = -1
+    epoch: int = 0
     extra: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     @property
@@ -53,6 +63,11 @@ class Request:
     @property
     def num_tokens(self) -> int:
         return len(self.prompt) + len(self.output)
+
+    @property
+    def committed_output(self) -> list[int]:
+        """``output`` without the tokens of rounds still in flight."""
+        return self.output[: len(self.output) - self.unresolved] if self.unresolved else list(self.output)
 
     @property
     def remaining(self) -> int:

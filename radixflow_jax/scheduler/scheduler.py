@@ -5,6 +5,16 @@ waiting request in queue order, for a :class:`Decision`; the policy changes only
 consumer of a pending checkpoint. ``commit()`` is the commit fence: it marks the round's
 checkpoints committed, appends sampled tokens, finishes and releases requests.
 
+Overlap (the engine plans round r+1 while the device runs round r): ``launch(plan)`` applies the
+host side of a round before its result exists (``num_computed`` advances, a sampling row appends
+``UNKNOWN_TOKEN``), so the next ``schedule()`` plans from there; ``commit`` then fills in the sampled
+tokens, in launch order. Round r's checkpoints stay pending for the plan of r+1 (they commit at r's
+fence, depth by depth). A request that finishes or is aborted while a launched round still holds a
+row of it is released at that round's commit fence, never before. A preempted or rolled-back request
+is released at once: its rows in flight are stale (skipped at commit by their epoch), and a page or
+slot given to another row can only be written by a later round, which the device runs after the
+rounds in flight (the pools are threaded from one step into the next).
+
 Invariants:
   * Every span starts at a multiple of the grid ``G`` except decode spans, and every span that does
     not end the known tokens ends on the grid, so checkpoint depths (multiples of ``G``) are chunk
@@ -25,7 +35,7 @@ from radixflow_jax.cache import CacheConfig, PagePool, RadixCache, SlotPool, pla
 from radixflow_jax.scheduler.admission import QUEUE_ORDERS, Decision, get_policy
 from radixflow_jax.scheduler.lookahead import LookaheadConfig, WaitingIndex, placements
 from radixflow_jax.scheduler.memory import Memory
-from radixflow_jax.scheduler.plan import RoundPlan, RoundStats, RowPlan
+from radixflow_jax.scheduler.plan import UNKNOWN_TOKEN, RoundPlan, RoundStats, RowPlan
 from radixflow_jax.scheduler.request import Request, RequestStatus
 
 
@@ -71,7 +81,9 @@ class Scheduler:
         self.waiting: collections.deque[Request] = collections.deque()
         self.running: list[Request] = []
         self.requests: dict[int, Request] = {}
-        self.round_index = 0
+        self.round_index = 0  # rounds committed
+        self._in_flight: collections.deque[RoundPlan] = collections.deque()  # launched, not committed
+        self._fenced: list[tuple[Request, bool]] = []  # finished requests released at a later fence
         self._waiting_index = WaitingIndex(config.grid)  # this round's waiting, by first grid (empty between rounds)
         self._lookahead = LookaheadConfig(
             config.grid, config.hybrid, config.branch_checkpoints, config.checkpoint_interval, config.max_checkpoints
@@ -132,7 +144,13 @@ class Scheduler:
         pair_slot: int | None = None,
     ) -> RowPlan:  # fmt: skip
         start = req.num_computed
-        planted, skipped = self.memory.plant(req, placements(self._lookahead, req, start, start + span, branch_len, self._waiting_index))
+        wanted = placements(self._lookahead, req, start, start + span, branch_len, self._waiting_index)
+        if req.unresolved and start + span > req.num_tokens - req.unresolved:
+            # the span holds a token of a round in flight: no tree path can name it yet (the engine
+            # commits that round first when a checkpoint falls here, see plants_on_unknown)
+            planted, skipped = [], len(wanted)
+        else:
+            planted, skipped = self.memory.plant(req, wanted)
         stats.checkpoints_planted += len(planted)
         stats.checkpoints_skipped += skipped
         return RowPlan(
@@ -145,6 +163,7 @@ class Scheduler:
             emits=tuple((depth - start, slot) for depth, slot in planted),
             sample=start + span == req.num_tokens,
             pair_slot=pair_slot,
+            epoch=req.epoch,
         )
 
     def _preempt_one(self, keep: Request, scheduled: set[int]) -> bool:
@@ -159,6 +178,8 @@ class Scheduler:
         self._roll_back_partners(req)
         self.memory.release(req, keep_prefix=False)
         self.running.remove(req)
+        _drop_in_flight(req)
+        req.epoch += 1
         req.status, req.num_computed, req.cached_tokens = RequestStatus.WAITING, 0, 0
         req.num_preemptions += 1
         self.waiting.appendleft(req)
@@ -168,6 +189,8 @@ class Scheduler:
         for req in list(self.running):
             if req not in self.running:
                 continue  # preempted while making room for an earlier one
+            if len(req.output) >= req.max_tokens:
+                continue  # overlap: a round in flight samples its last token; it finishes at that commit
             span = self._span(req.num_computed, req.remaining, budget[0])
             if span == 0:
                 continue
@@ -361,6 +384,8 @@ class Scheduler:
                 continue
             self.memory.release(partner, keep_prefix=False)
             self.running.remove(partner)
+            _drop_in_flight(partner)
+            partner.epoch += 1
             partner.status, partner.num_computed, partner.cached_tokens = RequestStatus.WAITING, 0, 0
             partner.rolled_back += 1
             self.waiting.appendleft(partner)
@@ -438,33 +463,100 @@ class Scheduler:
         self.memory.flush()
 
     # ----------------------------------------------------------------- commit fence
+    # ----------------------------------------------------------------- overlap
+    def launch(self, plan: RoundPlan) -> None:
+        """The host side of a round whose result is not known yet (overlap, see the module docstring):
+        each row's request advances past its span and a sampling row appends ``UNKNOWN_TOKEN``.
+        ``commit(plan, ...)`` must follow, in launch order."""
+        fence = self.round_index + len(self._in_flight)
+        for row in plan.rows:
+            req = self.requests[row.request_id]
+            req.num_computed = row.start + len(row.tokens)
+            req.in_flight += len(row.tokens)
+            req.fence = fence
+            if row.sample:
+                req.output.append(UNKNOWN_TOKEN)
+                req.unresolved += 1
+        self._in_flight.append(plan)
+
+    @property
+    def num_in_flight(self) -> int:
+        """Rounds launched and not committed."""
+        return len(self._in_flight)
+
+    @property
+    def fenced(self) -> tuple[Request, ...]:
+        """Finished requests whose pages and slot wait for the commit fence of a round in flight."""
+        return tuple(req for req, _ in self._fenced)
+
+    def plants_on_unknown(self) -> bool:
+        """Whether some running request's next decode row would plant a checkpoint on a path that ends
+        in a token a round in flight samples (the engine then commits that round before planning)."""
+        g = self.config.grid
+        for req in self.running:
+            q = req.num_computed
+            if req.unresolved and req.remaining == 1 and (q + 1) % g == 0:
+                if placements(self._lookahead, req, q, q + 1, None, WaitingIndex(g)):
+                    return True
+        return False
+
+    def drop_in_flight(self) -> None:
+        """A launched round failed: every round in flight is void. Releases the fenced requests; the
+        caller requeues the running ones (``requeue_running``), which drops their uncommitted work."""
+        self._in_flight.clear()
+        fenced, self._fenced = self._fenced, []
+        for req, _ in fenced:
+            self.memory.release(req, keep_prefix=False)
+
+    # ----------------------------------------------------------------- commit fence
     def commit(self, plan: RoundPlan, sampled: dict[int, int]) -> list[Request]:
         """Applies a finished round: advance, append samples, commit checkpoints, finish requests.
-        Returns the requests that finished in this round."""
+        Returns the requests that finished in this round. A launched plan (``launch``) commits in
+        launch order; its samples replace the ``UNKNOWN_TOKEN`` entries."""
+        launched = bool(self._in_flight) and self._in_flight[0] is plan
+        if launched:
+            self._in_flight.popleft()
+        elif self._in_flight:
+            raise ValueError("commit of a plan that is not the oldest round in flight")
         self.round_index += 1
         finished = []
         cache = self.memory.cache
         for row in plan.rows:
-            req = self.requests[row.request_id]
-            if req.status is not RequestStatus.RUNNING:
-                continue  # aborted, or rolled back with its aborted producer, while the round ran
-            req.num_computed = row.start + len(row.tokens)
+            req = self.requests.get(row.request_id)
+            if req is None or req.status is not RequestStatus.RUNNING or row.epoch != req.epoch:
+                continue  # aborted, preempted, or rolled back with its aborted producer, while the round ran
+            end = row.start + len(row.tokens)
+            if launched:
+                req.in_flight -= len(row.tokens)
+            else:
+                req.num_computed = end
             if cache is not None:
-                cache.commit(req.request_id)
+                cache.commit(req.request_id, end)  # later rounds' checkpoints (deeper) stay pending
                 if not self.config.hybrid:
-                    cache.insert(req.tokens[: req.num_computed], req.pages)
+                    cache.insert(req.tokens[:end], req.pages)
             if not row.sample:
                 continue
             token = sampled[row.request_id]
-            req.output.append(token)
+            if launched:
+                req.output[end - len(req.prompt)] = token
+                req.unresolved -= 1
+            else:
+                req.output.append(token)
             if req.first_token_round is None:
                 req.first_token_round = self.round_index
             if token in req.stop_token_ids:
                 self._finish(req, "stop", keep_prefix=True)
-            elif len(req.output) >= req.max_tokens:
+            elif len(req.output) - req.unresolved >= req.max_tokens:
                 self._finish(req, "length", keep_prefix=True)
             if req.is_finished:
                 finished.append(req)
+        if self._fenced:
+            fenced, self._fenced = self._fenced, []
+            for req, keep_prefix in fenced:
+                if req.fence < self.round_index:
+                    self.memory.release(req, keep_prefix=keep_prefix)
+                else:
+                    self._fenced.append((req, keep_prefix))
         return finished
 
     def finish(self, request_id: int, reason: str) -> None:
@@ -475,9 +567,22 @@ class Scheduler:
 
     def _finish(self, req: Request, reason: str, *, keep_prefix: bool) -> None:
         self._roll_back_partners(req)
-        self.memory.release(req, keep_prefix=keep_prefix)
+        _drop_in_flight(req)  # what rounds in flight compute for it is discarded at their commit
+        if req.fence >= self.round_index:
+            self._fenced.append((req, keep_prefix))  # a launched round still uses its pages and slot
+        else:
+            self.memory.release(req, keep_prefix=keep_prefix)
         if req in self.running:
             self.running.remove(req)
         elif req in self.waiting:
             self.waiting.remove(req)
         req.status, req.finish_reason = RequestStatus.FINISHED, reason
+
+
+def _drop_in_flight(req: Request) -> None:
+    """Forgets the uncommitted work of ``req`` (overlap): back to its last committed token."""
+    if req.unresolved:
+        del req.output[-req.unresolved :]
+        req.unresolved = 0
+    req.num_computed -= req.in_flight
+    req.in_flight = 0

@@ -1,0 +1,108 @@
+"""Overlap on the shadow device (no JAX): every context, state and checkpoint read of every row is
+checked (``engine/shadow.py``) while the engine plans round r+1 before round r commits, under a
+short page pool (preemption), aborts between rounds and while rounds run, and failed rounds. The
+shadow runs the rounds in launch order, as the device does; a row's ``UNKNOWN_TOKEN`` input is the
+sample of the round launched before it, and the KV and state it reads are checked against the
+request's tokens as they were when the row was launched."""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+from typing import Mapping
+
+import pytest
+
+from radixflow_jax.engine.core import EngineCore
+from radixflow_jax.engine.faults import Fault, FaultyExecutor
+from radixflow_jax.engine.harness import Harness
+from radixflow_jax.engine.params import SamplingParams
+from radixflow_jax.engine.protocol import StepResult
+from radixflow_jax.engine.shadow import ShadowExecutor
+from radixflow_jax.engine.sim import VirtualClock
+from radixflow_jax.engine.wiring import Wiring, wire_engine
+from radixflow_jax.runner.inputs import SamplingRow
+from radixflow_jax.scheduler.plan import UNKNOWN_TOKEN, RoundPlan
+from tests.reliability.scenarios import BASE, CACHING_POLICIES, cold_outputs, tokens
+
+
+class LaunchOrderShadow:
+    """The shadow executor behind ``launch`` / ``collect`` (see the module docstring)."""
+
+    supports_overlap = True
+
+    def __init__(self, inner: ShadowExecutor):
+        self.inner = inner
+        self.core: EngineCore | None = None
+        self.spliced = 0  # rows whose input token came from the previous round's samples
+        self._truth: dict[int, list[int]] = {}
+        inner.truth = lambda rid: self._truth[rid]
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.inner, name)
+
+    def execute(self, plan: RoundPlan, sampling: Mapping[int, SamplingRow]) -> StepResult:
+        return self.collect(self.launch(plan, sampling))
+
+    def launch(self, plan: RoundPlan, sampling: Mapping[int, SamplingRow], prev: object = None) -> list:
+        reqs = self.core.scheduler.requests
+        snapshot = {row.request_id: list(reqs[row.request_id].tokens) for row in plan.rows}
+        return [plan, sampling, prev, snapshot]
+
+    def collect(self, handle: list) -> StepResult:
+        plan, sampling, prev, snapshot = handle
+        before = prev[4] if prev is not None else {}  # the previous round's samples (collected first)
+        rows, truth = [], {}
+        for row in plan.rows:
+            if row.tokens[-1] == UNKNOWN_TOKEN:
+                row = dataclasses.replace(row, tokens=row.tokens[:-1] + (before[row.request_id],))
+                self.spliced += 1
+            assert UNKNOWN_TOKEN not in row.tokens and UNKNOWN_TOKEN not in snapshot[row.request_id][: row.start]
+            truth[row.request_id] = snapshot[row.request_id][: row.start] + list(row.tokens)
+            rows.append(row)
+        self._truth = truth
+        result = self.inner.execute(dataclasses.replace(plan, rows=tuple(rows)), sampling)
+        handle.append(result.sampled)
+        return result
+
+    def reset(self) -> None:
+        self.inner.reset()
+
+
+def _engine(policy: str, *, num_pages: int, faults=()) -> tuple[EngineCore, LaunchOrderShadow]:
+    config = dataclasses.replace(BASE, policy=policy, overlap=True)
+    clock = VirtualClock()
+    shadow = ShadowExecutor(config.page_size, hybrid=True, vocab=1000, clock=clock)
+    adapter = LaunchOrderShadow(shadow)
+    wiring = Wiring(config, True, (16,), num_pages, 16, BASE.max_model_len)
+    core = wire_engine(wiring, lambda shapes: FaultyExecutor(adapter, faults), clock=clock)
+    adapter.core = core
+    assert core.overlap
+    return core, adapter
+
+
+@pytest.mark.parametrize("policy", CACHING_POLICIES)
+def test_overlap_reads_check_out_under_preemption_aborts_and_faults(policy: str) -> None:
+    rng = random.Random(7)
+    prefixes = [tokens(rng, 40), tokens(rng, 56)]
+    # even requests share a prefix (cache hits, checkpoints), odd ones do not (the pool runs short)
+    prompts = [(prefixes[i % 4 // 2] if i % 2 == 0 else tokens(rng, 56)) + tokens(rng, 3 + i % 5) for i in range(12)]
+    params = [SamplingParams(max_tokens=24, ignore_eos=True)] * len(prompts)
+    cold = cold_outputs(prompts, params)
+    core, adapter = _engine(policy, num_pages=30, faults=(Fault(4, "donated"), Fault(9, "after"), Fault(13, "before")))
+    core.step_retries = 3
+    h = Harness(core)
+    aborts = {2: (3, True), 5: (5, False), 9: (8, True)}
+    for i, p in enumerate(prompts):
+        abort_at, mid = aborts.get(i, (None, False))
+        h.submit(p, params[i], at_round=i // 3, abort_at=abort_at, mid_round=mid)
+    report = h.run()
+    assert adapter.inner.violations == [] and h.violations == []
+    assert report.step_failures == 3 and report.preemptions > 0 and adapter.spliced > 0
+    assert sum(r.overlapped for r in core.records) > len(core.records) // 2
+    reasons = report.by_reason()
+    assert reasons["abort"] >= 2 and reasons["error"] == 0, reasons
+    for key, out in report.completed().items():
+        assert out == cold[key], key
+    mem = core.scheduler.memory
+    assert mem.pages.num_used == 0 and mem.slots.num_used == 0
