@@ -41,6 +41,7 @@ OVERLOAD = (("race", "burst", 80.0, 1500), ("quality", "burst", 8.0, 300))
 REUSE_ROWS = (("qwen3.5-4b", "race", "poisson", 400.0, 1500, 0.40), ("qwen3.5-4b", "quality", "burst", 8.0, 300, 0.90))
 TINY = ("tiny-qwen3.5", "tiny-nemotron-h", "tiny-qwen3")
 ENGINE = EngineConfig(max_num_seqs=64, max_num_batched_tokens=8192)
+POLICIES = ("native", "radixflow", "pair")  # sections 1, 3 and 5; the others compare native and radixflow
 
 
 def _runs(name: str, device: str, requests, overhead: float = ROUND_OVERHEAD_GRAPH_S, buckets: str = "pow2",
@@ -72,6 +73,15 @@ def _pct(base: RunResult, new: RunResult, key: str) -> str:
     return f"{relative_change(base, new)[key]:+.1%}"
 
 
+PAIR_HEAD = "rounds pair | mean lat pair (s) | Δ latency pair vs native | Δ latency pair vs radixflow | reuse pair"
+
+
+def _pair_cells(nat: RunResult, flow: RunResult, pair: RunResult) -> str:
+    """The ``pair`` columns: its rounds, mean latency, latency change against native and radixflow, reuse."""
+    return (f"{pair.rounds} | {pair.mean_latency_s:.3f} | {_pct(nat, pair, 'mean_latency_s')} | "
+            f"{_pct(flow, pair, 'mean_latency_s')} | {pair.reuse:.1%}")  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--sim-only", action="store_true")
@@ -87,14 +97,15 @@ def main() -> None:
             rate, util = steady_rate(name, device, workload, n, guess)
             rates[(name, workload)] = rate
             reqs = _sessions(workload, n, rate)
-            fast = _runs(name, device, reqs)
+            nat, flow, pair = _runs(name, device, reqs, policies=POLICIES)
+            fast = [nat, flow]
             slow = _runs(name, device, reqs, overhead=ROUND_OVERHEAD_EAGER_S)
-            nat, flow = fast
             steady.append(
                 f"| {name} ({device}) | {workload} | {rate:.3g} | {nat.utilization:.2f} | {nat.rounds} | "
                 f"{flow.rounds} | "
                 f"{_pct(nat, flow, 'rounds')} | {nat.reuse:.1%} | {flow.reuse:.1%} | {nat.mean_latency_s:.3f} | "
-                f"{flow.mean_latency_s:.3f} | {_pct(nat, flow, 'mean_latency_s')} | {slow[0].utilization:.2f} | "
+                f"{flow.mean_latency_s:.3f} | {_pct(nat, flow, 'mean_latency_s')} | {_pair_cells(nat, flow, pair)} | "
+                f"{slow[0].utilization:.2f} | "
                 f"{_pct(slow[0], slow[1], 'rounds')} | {_pct(slow[0], slow[1], 'mean_latency_s')} |"
             )
             print(steady[-1], flush=True)
@@ -110,12 +121,12 @@ def main() -> None:
     for workload, arrival, rate, n in OVERLOAD:
         reqs = generate(WorkloadSpec(workload, num_requests=n, arrival=arrival, rate=rate, seed=0))
         for name, device in HYBRIDS + (CONTROL,):
-            nat, flow = _runs(name, device, reqs)
+            nat, flow, pair = _runs(name, device, reqs, policies=POLICIES)
             overload.append(
                 f"| {name} ({device}) | {workload} {arrival} @{rate:g}/s, {n} req | {nat.utilization:.2f} | "
                 f"{nat.rounds} | "
                 f"{flow.rounds} | {_pct(nat, flow, 'rounds')} | {nat.mean_latency_s:.3f} | {flow.mean_latency_s:.3f} | "
-                f"{_pct(nat, flow, 'mean_latency_s')} | {nat.reuse:.1%} | {flow.reuse:.1%} |"
+                f"{_pct(nat, flow, 'mean_latency_s')} | {nat.reuse:.1%} | {flow.reuse:.1%} | {_pair_cells(nat, flow, pair)} |"
             )
             print(overload[-1], flush=True)
     reuse = []
@@ -134,6 +145,10 @@ def main() -> None:
     write(args.out, steady, buckets, overload, reuse, tiny)
 
 
+TINY_HEAD = (
+    "| model | workload | rounds native | rounds radixflow | Δ rounds | mean lat native (s) | mean lat radixflow (s) "
+    f"| Δ latency | reuse native | reuse radixflow | {PAIR_HEAD} |\n" + "|---" * 15 + "|"
+)
 TINY_REPEATS = 3  # wall-clock latencies: medians of interleaved runs (rounds and reuse are deterministic)
 
 
@@ -148,11 +163,11 @@ def tiny_rows() -> list[str]:
     )
     requests = generate(WorkloadSpec("race", num_requests=32, arrival="burst", rate=50.0, seed=0))
     for name in TINY:
-        nat, flow = run_model(name, requests, BenchConfig(engine=tiny_engine), repeats=TINY_REPEATS)
+        nat, flow, pair = run_model(name, requests, BenchConfig(policies=POLICIES, engine=tiny_engine), repeats=TINY_REPEATS)
         rows.append(
             f"| {name} | race burst @50/s, 32 req | {nat.rounds} | {flow.rounds} | {_pct(nat, flow, 'rounds')} | "
             f"{nat.mean_latency_s:.3f} | {flow.mean_latency_s:.3f} | {_pct(nat, flow, 'mean_latency_s')} | "
-            f"{nat.reuse:.1%} | {flow.reuse:.1%} |"
+            f"{nat.reuse:.1%} | {flow.reuse:.1%} | {_pair_cells(nat, flow, pair)} |"
         )
         print(rows[-1], flush=True)
     print(f"load average after: {'/'.join(f'{x:.2f}' for x in os.getloadavg())}", flush=True)
@@ -164,13 +179,13 @@ def patch_tiny(path: str, rows: list[str]) -> None:
     with open(path) as f:
         lines = f.read().split("\n")
     start = next(i for i, line in enumerate(lines) if line.startswith("## 5."))
-    first = next(i for i in range(start, len(lines)) if lines[i].startswith("|---")) + 1
+    first = next(i for i in range(start, len(lines)) if lines[i].startswith("|---")) - 1  # the header line
     last = first
     while last < len(lines) and lines[last].startswith("|"):
         last += 1
     stamp = datetime.date.today().isoformat()
     note = f"Rows from `python benchmarks/paper_table.py --tiny-only` on {stamp} (latencies: medians of {TINY_REPEATS} interleaved runs per policy on an otherwise idle machine)."
-    lines[first:last] = rows
+    lines[first:last] = TINY_HEAD.split("\n") + rows
     if not lines[start + 1].startswith("Rows from"):
         lines[start + 1 : start + 1] = [note]
     else:
@@ -214,11 +229,13 @@ Articles (RACE: ~420 tokens, 3-5 questions; QuALITY: ~6.7k tokens, 12-20 questio
 Poisson process; an article's questions arrive together. The rate is the one where native keeps the
 executor busy about 80 % of the time (found by up to six runs of native alone; band 0.75-0.9). Seed 0.
 
-| model | workload | articles/s | native util | rounds native | rounds radixflow | Δ rounds | reuse native | reuse radixflow | mean lat native (s) | mean lat radixflow (s) | Δ latency | native util @{e:.1f} ms | Δ rounds @{e:.1f} ms | Δ latency @{e:.1f} ms |
-|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|
+| model | workload | articles/s | native util | rounds native | rounds radixflow | Δ rounds | reuse native | reuse radixflow | mean lat native (s) | mean lat radixflow (s) | Δ latency | {PAIR_HEAD} | native util @{e:.1f} ms | Δ rounds @{e:.1f} ms | Δ latency @{e:.1f} ms |
+|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|
 {chr(10).join(steady)}
 
 The left block uses the {g:.1f} ms per-round cost, the last three columns the {e:.1f} ms one (same arrivals).
+Δ rounds and Δ latency compare radixflow with native; the `pair` columns are the `pair` policy
+(beyond the paper: a consumer runs in its producer's round) on the same arrivals.
 
 ## 2. The same rows with other bucket sets
 
@@ -236,8 +253,8 @@ All questions of an article arrive at one instant and articles arrive faster tha
 serve them: native's queue grows for the whole run (utilization near 1), so latency here mostly
 measures queueing and the round cuts are far beyond the paper's. Per-round cost {g:.1f} ms.
 
-| model | workload | native util | rounds native | rounds radixflow | Δ rounds | mean lat native (s) | mean lat radixflow (s) | Δ latency | reuse native | reuse radixflow |
-|---|---|---|---|---|---|---|---|---|---|---|
+| model | workload | native util | rounds native | rounds radixflow | Δ rounds | mean lat native (s) | mean lat radixflow (s) | Δ latency | reuse native | reuse radixflow | {PAIR_HEAD} |
+|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|
 {chr(10).join(overload)}
 
 ## 4. Reuse with branch-point checkpoints
@@ -251,8 +268,7 @@ cached paths) and final-token checkpoints turned off and on; everything else equ
 
 ## 5. Model executor on the tiny presets (CPU, real JAX step)
 
-| model | workload | rounds native | rounds radixflow | Δ rounds | mean lat native (s) | mean lat radixflow (s) | Δ latency | reuse native | reuse radixflow |
-|---|---|---|---|---|---|---|---|---|---|
+{TINY_HEAD}
 {chr(10).join(tiny) if tiny else "| (not run: --sim-only) |"}
 
 ## Reading the numbers

@@ -42,18 +42,18 @@ def test_pair_equals_cold_and_aborted_producer_rolls_back(model: str, prompts) -
     # the same prompts again, on a fresh engine: abort the producer after planning, before the step
     llm = LLM(llm.model, policy="pair", **OPTIONS)
     engine = llm.engine
-    execute = engine.executor.execute
+    launch = engine.executor.launch  # the engine launches every round (overlap on or off)
     aborted: list[int] = []
 
-    def abort_producer_mid_round(plan, sampling):
+    def abort_producer_mid_round(plan, sampling, prev=None):
         paired = [r for r in plan.rows if r.pair_slot is not None]
         if paired and not aborted:
             producer = next(r for r in plan.rows if any(slot == paired[0].pair_slot for _, slot in r.emits))
             aborted.append(producer.request_id)
             engine.abort(producer.request_id)
-        return execute(plan, sampling)
+        return launch(plan, sampling, prev)
 
-    engine.executor.execute = abort_producer_mid_round
+    engine.executor.launch = abort_producer_mid_round
     rids = [engine.add_request(p, PARAMS) for p in prompts]
     engine.run_until_done()
     assert aborted == [rids[0]]
