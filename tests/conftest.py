@@ -1,7 +1,16 @@
-"""Test-wide settings: a persistent XLA compilation cache so engines that build the same step
-variants (cache on/off, two policies) compile each one once per test session, and XLA:CPU compiles
-at backend optimisation level 0 (about half the compile time of a step variant; the tiny test
-models spend almost nothing running). ``RADIXFLOW_TEST_XLA_OPT=1`` keeps XLA's default level."""
+"""Test-wide settings and the conventions that keep the suite fast on CI's 2 cores (read
+``tests/README.md`` before adding a test that builds an engine).
+
+* A persistent XLA compilation cache (``$RADIXFLOW_TEST_XLA_CACHE``, default
+  ``$TMPDIR/radixflow-xla-cache``) shared by every test process: pytest-xdist workers, server and
+  batch subprocesses (they inherit ``XLA_FLAGS``, so their cache keys match). Engines that build the
+  same step variant compile it once per cold run.
+* XLA:CPU compiles at backend optimisation level 0 (about half the compile time of a step variant;
+  the tiny test models spend almost nothing running). ``RADIXFLOW_TEST_XLA_OPT=1`` keeps XLA's level.
+* Two pytest-xdist workers (``-n 2 --dist loadscope`` in pyproject.toml: a module runs whole on one
+  worker, so module-scoped engines and servers are built once); modules in :data:`HEAVY_FIRST` are
+  scheduled first so the long ones do not end up as one worker's tail. ``-n 0`` runs in-process.
+"""
 
 from __future__ import annotations
 
@@ -18,3 +27,29 @@ _CACHE_DIR = os.environ.get("RADIXFLOW_TEST_XLA_CACHE") or os.path.join(tempfile
 jax.config.update("jax_compilation_cache_dir", _CACHE_DIR)
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
 jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+
+# The longest modules of a cold run (measured with --durations, longest first): xdist hands them out
+# first. A module not listed keeps its collection order after these.
+HEAVY_FIRST = (
+    "tests/engine/test_engine.py",
+    "tests/engine/test_compile_guard.py",  # compiles every variant of the server shape first...
+    "tests/engine/test_background.py",  # ...which these modules and the server subprocesses reuse
+    "tests/engine/test_api.py",
+    "tests/serve/test_server.py",
+    "tests/batch/test_batch.py",
+    "tests/models/test_parity.py",
+    "tests/runner/test_mixed_rounds.py",
+    "tests/engine/test_pair.py",
+    "tests/reliability/test_model_faults.py",
+    "tests/engine/test_policies.py",
+)
+
+
+def pytest_collection_modifyitems(session, config, items) -> None:
+    rank = {path: i for i, path in enumerate(HEAVY_FIRST)}
+
+    def key(item) -> int:
+        path = item.nodeid.split("::", 1)[0]
+        return rank.get(path, len(rank))
+
+    items.sort(key=key)  # stable: the order inside a module (and of unlisted modules) is kept

@@ -15,8 +15,10 @@ from radixflow_jax import LLM, SamplingParams
 from tests.engine.workloads import shared_prefix_prompts
 
 # budget 512: the producer's first span covers its whole 150-token prefix and more, so the branch
-# checkpoint at 128 (grid 64 = lcm(page 16, chunk 64)) is a chunk boundary inside that span
-OPTIONS = dict(max_num_seqs=4, max_num_batched_tokens=512, page_size=16, max_model_len=512, warmup=False)
+# checkpoint at 128 (grid 64 = lcm(page 16, chunk 64)) is a chunk boundary inside that span. Fixed
+# buckets: the cold and the pair engines of a preset run one step variant (pairing is scheduling and
+# the in-step checkpoint copy, whatever the bucket; tests/engine/test_engine.py covers the buckets)
+OPTIONS = dict(max_num_seqs=4, max_num_batched_tokens=512, page_size=16, max_model_len=512, warmup=False, bucket_mode="fixed")
 PARAMS = SamplingParams(max_tokens=4, ignore_eos=True)
 ALL = ["tiny-qwen3.5", "tiny-qwen3-next", "tiny-bamba", "tiny-nemotron-h", "tiny-granite-4.0-h", "tiny-falcon-h1"]
 PRESETS = ALL if os.environ.get("RADIXFLOW_TEST_ALL_PRESETS") == "1" else ["tiny-qwen3.5"]

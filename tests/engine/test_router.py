@@ -13,6 +13,7 @@ from radixflow_jax.engine.core import EngineConfig
 from radixflow_jax.engine.params import SamplingParams
 from radixflow_jax.engine.router import ReplicaSet, Router, RouterConfig, state_ready_prefix
 from radixflow_jax.engine.specs import get_device_spec, get_model_spec
+from tests.engine.workloads import SMALL_FIXED
 
 SPEC, DEVICE = get_model_spec("qwen3.5-9b"), get_device_spec("h200")
 EC = EngineConfig(max_num_seqs=32, max_num_batched_tokens=4096)
@@ -108,8 +109,8 @@ def test_llm_data_parallel_replicas_match_one_engine() -> None:
     article = list(range(3, 70))
     prompts = [article + [100 + i, 200 + i] for i in range(3)] + [[300 + i for i in range(20)]]
     params = SamplingParams(max_tokens=3)
-    # the step shapes of tests/engine/test_engine.py: the variants come from the session's XLA cache
-    opts = dict(max_num_seqs=4, max_num_batched_tokens=128, page_size=16, max_model_len=1024, warmup=False)
+    # the fixed-bucket step shape of tests/engine/test_engine.py: its one variant comes from the XLA cache
+    opts = SMALL_FIXED
     one = LLM("tiny-qwen3.5", **opts)
     two = LLM(one.model, data_parallel_size=2, **opts)
     assert [o.token_ids for o in two.generate(prompts, params)] == [o.token_ids for o in one.generate(prompts, params)]

@@ -1,8 +1,16 @@
-"""Small seeded prompt sets for engine tests: long shared prefixes with short suffixes."""
+"""Small seeded prompt sets and the shared engine shapes of the engine tests.
+
+Engine shapes are shared on purpose (``tests/README.md``): a step variant compiles once per cold
+run (the persistent XLA cache) for every module that builds the same shape. ``SMALL`` is the shape
+of the engine, reliability and runner tests; ``SMALL_FIXED`` is the same shape in the fixed bucket
+mode (one step variant per engine: ``runner/shapes.py``), for tests whose subject is not bucketing."""
 
 from __future__ import annotations
 
 import numpy as np
+
+SMALL = dict(max_num_seqs=4, max_num_batched_tokens=128, page_size=16, max_model_len=1024, warmup=False)
+SMALL_FIXED = {**SMALL, "bucket_mode": "fixed"}
 
 
 def shared_prefix_prompts(

@@ -17,10 +17,11 @@ from radixflow_jax.engine.llm import build_engine
 from radixflow_jax.engine.params import SamplingParams
 from radixflow_jax.engine.wiring import wire_engine
 from radixflow_jax.models import load
-from tests.engine.workloads import shared_prefix_prompts
+from tests.engine.workloads import SMALL_FIXED, shared_prefix_prompts
 
-# the engine shape of tests/engine/test_engine.py: its step variants are in the persistent XLA cache
-CONFIG = EngineConfig(max_num_seqs=4, max_num_batched_tokens=128, page_size=16, max_model_len=1024, warmup=False)
+# the fixed-bucket engine shape of tests/engine/test_engine.py: one step variant, shared through the
+# persistent XLA cache (failed steps, resets and aborts do not depend on the bucket)
+CONFIG = EngineConfig(**SMALL_FIXED)
 PARAMS = SamplingParams(max_tokens=6, ignore_eos=True)
 
 

@@ -10,7 +10,7 @@ from radixflow_jax import LLM, SamplingParams
 from radixflow_jax.runner.inputs import build_arrays
 from radixflow_jax.runner.shapes import MODES, ShapeConfig, Variant, fine_ladder
 from radixflow_jax.scheduler.plan import RoundPlan, RoundStats, RowPlan
-from tests.engine.workloads import shared_prefix_prompts
+from tests.engine.workloads import SMALL, shared_prefix_prompts
 
 PAGE = 4
 
@@ -53,9 +53,6 @@ def test_mixed_layout_pads_the_decode_region() -> None:
     np.testing.assert_array_equal(a.plan_rows, [0, 3])
     np.testing.assert_array_equal(a.logits_index[[0, 3]], [0, 5])
     assert "plan_rows" not in a.as_dict()
-
-
-SMALL = dict(max_num_seqs=4, max_num_batched_tokens=128, page_size=16, max_model_len=1024, warmup=False)
 
 
 @pytest.mark.parametrize("model", ["tiny-qwen3.5", "tiny-bamba"])
