@@ -40,6 +40,7 @@ HEAVY_FIRST = (
     "tests/models/test_parity.py",
     "tests/runner/test_mixed_rounds.py",
     "tests/engine/test_pair.py",
+    "tests/engine/test_overlap.py",
     "tests/reliability/test_model_faults.py",
     "tests/engine/test_policies.py",
 )
