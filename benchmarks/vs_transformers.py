@@ -153,9 +153,16 @@ def make_prompts(w: Workload, vocab: int) -> list[list[int]]:
 class VariantRecorder:
     """An executor that runs nothing: records the step variant each round selects, samples id 1."""
 
-    def __init__(self, shapes: ShapeConfig):
+    def __init__(self, shapes: ShapeConfig, supports_overlap: bool):
         self.shapes = shapes
         self.variants: set[Variant] = set()
+        self.supports_overlap = supports_overlap  # plan as the real engine does (overlap changes the rounds)
+
+    def launch(self, plan: RoundPlan, sampling: Mapping[int, SamplingRow], prev: object = None) -> tuple:
+        return plan, sampling
+
+    def collect(self, handle: tuple) -> StepResult:
+        return self.execute(*handle)
 
     def execute(self, plan: RoundPlan, sampling: Mapping[int, SamplingRow]) -> StepResult:
         from radixflow_jax.engine.protocol import StepResult
@@ -170,7 +177,7 @@ def planned_variants(llm: LLM, prompts: Sequence[Sequence[int]], params: Samplin
     executor. With EOS ignored the plan does not depend on the sampled ids."""
     from radixflow_jax.engine.wiring import wire_engine
 
-    recorder = VariantRecorder(llm.engine.executor.shapes)
+    recorder = VariantRecorder(llm.engine.executor.shapes, llm.engine.overlap)
     dry = wire_engine(llm.engine.wiring, lambda shapes: recorder)
     for ids in prompts:
         dry.add_request(ids, params)
