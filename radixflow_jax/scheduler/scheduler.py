@@ -300,18 +300,6 @@ class Scheduler:
         budget[1] -= 1
         return Decision.ADMIT
 
-    def _fill_row(self, req: Request, tokens_left: int) -> RowPlan | None:
-        """The row ``req`` would get if admitted as fill now (``None``: a consumer, or no room)."""
-        cache = self.memory.cache
-        match = cache.match(req.tokens, touch=False, shared=False) if cache is not None else None
-        if match is not None and match.is_consumer:
-            return None
-        hit = match.hit_len if match is not None else 0
-        span = self._span(hit, req.num_tokens - hit, tokens_left)
-        if span == 0:
-            return None
-        return RowPlan(req.request_id, req.tokens[hit : hit + span], hit, (), 0, 0 if hit else None, (), True)
-
     def _fill_pays(self, req: Request, rows: list[RowPlan], budget: list[int], following: Sequence[Request]) -> bool:
         """Policy pair's cost-aware fill rule, for a request scanned after a consumer was skipped or
         paired (a *fill*: native would not admit it this round), from the executor's round cost.
