@@ -29,7 +29,6 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import logging
-import math
 import time
 from typing import Callable, Sequence
 
@@ -44,106 +43,7 @@ from radixflow_jax.scheduler.scheduler import Scheduler, SchedulerConfig
 log = logging.getLogger(__name__)
 
 
-@dataclasses.dataclass(frozen=True)
-class EngineConfig:
-    """Budgets, pools and policy. ``None`` pool sizes are derived from the other values."""
-
-    max_num_seqs: int = 16
-    max_num_batched_tokens: int = 512
-    page_size: int = 16
-    num_kv_pages: int | None = None
-    num_state_slots: int | None = None
-    max_model_len: int | None = None
-    policy: str = "radixflow"
-    queue_order: str = "fcfs"
-    enable_prefix_cache: bool = True
-    max_consumer_wait: int = 16
-    checkpoint_interval: int = 0  # 0: adaptive (about max_checkpoints per prompt, on the grid)
-    max_checkpoints: int = 8
-    branch_checkpoints: bool = True  # branch points (look-ahead too) and final-token checkpoints
-    kernels: str = "auto"
-    seed: int = 0
-    # False / "lazy": a step variant compiles (and is primed) the first time a round needs it;
-    # True / "all": every variant of the bucket set compiles and runs once at start-up
-    warmup: bool | str = False
-    warmup_progress: bool = True  # report warm-up and first-use compiles on stderr
-    bucket_mode: str = "fine"  # "fine" | "pow2" | "fixed" (one shape): runner/shapes.py
-    compilation_cache_dir: str | None = None  # persistent XLA cache: later engines reuse compiled variants
-    penalty_window: int | None = None  # longest context a penalised request may have; None: min(max_model_len, 4096)
-    step_retries: int = 1  # failed rounds a request is retried through before it ends with an error
-    max_failed_rounds: int = 3  # failed rounds in a row after which the engine gives up (EngineFailure)
-    overlap: bool = True  # plan and build round r+1 while the device runs round r (model executor, one device)
-
-    def __post_init__(self) -> None:
-        if self.warmup not in (True, False, "all", "lazy"):
-            raise ValueError(f"warmup={self.warmup!r}: expected True/'all' or False/'lazy'")
-
-    @property
-    def warmup_all(self) -> bool:
-        return self.warmup in (True, "all")
-
-
-@dataclasses.dataclass(frozen=True)
-class RoundRecord:
-    index: int
-    num_tokens: int
-    num_rows: int
-    token_slots: int
-    row_slots: int
-    padding_tokens: int
-    bubble_tokens: int
-    bubble_rows: int
-    admitted: int
-    consumers_blocked: int
-    consumers_waiting: int
-    preempted: int
-    checkpoints_planted: int
-    checkpoints_skipped: int
-    checkpoints_evicted_unused: int
-    plan_s: float
-    build_s: float
-    step_s: float
-    num_decode: int = 0  # one-token rows of the plan
-    consumers_paired: int = 0  # consumers admitted into their producer's round (policy pair)
-    fill_declined: int = 0  # fill requests pair's cost rule kept out of the round
-    decode_slots: int = 0  # the variant's decode region (rows taking the one-step updates)
-    # host time on the critical path: from the previous round's result to this round's dispatch, the
-    # host work done while no round was in flight (commit of the previous round, plan, build); 0 when
-    # this round was launched while the previous one still ran (overlap)
-    host_s: float = 0.0
-    overlapped: bool = False  # launched while the previous round was in flight
-
-    @property
-    def kind(self) -> str:
-        """``decode`` (only one-token rows), ``prefill`` (none) or ``mixed``."""
-        if self.num_decode == self.num_rows:
-            return "decode"
-        return "mixed" if self.num_decode else "prefill"
-
-
-class ServingClock:
-    """The engine's time: the given clock minus the time spent compiling step variants on first use,
-    so latencies and arrival schedules measure serving, not compiling. Other attributes (a virtual
-    clock's ``advance``) pass through to the given clock."""
-
-    def __init__(self, base: Callable[[], float]):
-        self.base = base
-        self.paused_s = 0.0
-
-    def __call__(self) -> float:
-        return self.base() - self.paused_s
-
-    def __getattr__(self, name: str) -> object:
-        return getattr(self.base, name)
-
-
-class EngineFailure(RuntimeError):
-    """The engine cannot go on: recovery from a failed step failed, or too many rounds failed in a row."""
-
-
-def model_grid(chunk_sizes: Sequence[int], page_size: int) -> int:
-    """The checkpoint grid ``G = lcm(page size, every recurrent kernel chunk)``."""
-    return math.lcm(page_size, *chunk_sizes) if chunk_sizes else page_size
+from radixflow_jax.engine.config import EngineConfig, EngineFailure, RoundRecord, ServingClock, model_grid  # noqa: F401 (re-exported)
 
 
 class EngineCore:

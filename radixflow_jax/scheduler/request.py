@@ -77,3 +77,12 @@ class Request:
     @property
     def is_finished(self) -> bool:
         return self.status is RequestStatus.FINISHED
+
+
+def drop_in_flight(req: Request) -> None:
+    """Forgets the uncommitted work of ``req`` (overlap): back to its last committed token."""
+    if req.unresolved:
+        del req.output[-req.unresolved :]
+        req.unresolved = 0
+    req.num_computed -= req.in_flight
+    req.in_flight = 0

@@ -1,0 +1,144 @@
+"""Policy ``pair`` inside the scheduler: paired admission, the cost-aware fill rule and the roll-back
+of a producer's partners. A mixin of :class:`~radixflow_jax.scheduler.scheduler.Scheduler` (it uses
+the scheduler's config, memory, queues, waiting-sibling index, ``round_cost`` and ``_span`` / ``_row``),
+kept apart so the admission scan and the commit fence read on their own. No JAX here.
+
+Invariants: a paired consumer starts at the producer's pending depth inside the same round (the step
+runs its producer first); a producer that leaves before its round commits sends every partner back
+to the head of the queue with nothing computed.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Sequence
+
+from radixflow_jax.scheduler.admission import Decision
+from radixflow_jax.scheduler.plan import RoundStats, RowPlan
+from radixflow_jax.scheduler.request import Request, RequestStatus, drop_in_flight
+
+if TYPE_CHECKING:
+    from radixflow_jax.scheduler.scheduler import Scheduler
+
+    _Base = Scheduler
+else:
+    _Base = object
+
+
+class PairingMixin(_Base):
+    def _pair(self, req: Request, match, budget: list[int], rows: list[RowPlan], stats: RoundStats) -> Decision | None:
+        """Policy ``pair``: admits consumer ``req`` into the round being planned when its producer has
+        an unpaired row in it that emits the pending checkpoint (so the step computes that state
+        before the consumer's rows need it). ``None``: no pairing possible, the caller waits as in
+        ``radixflow``. The consumer takes its own reference on the producer's first ``depth / page``
+        pages (paired pending KV) and a paired reference in the cache (rolled back if the producer is
+        aborted or preempted before its round commits)."""
+        cache, memory, cfg = self.memory.cache, self.memory, self.config
+        node, depth = match.checkpoint_node, match.checkpoint_depth
+        producer = self.requests.get(match.producer_id)
+        if cache is None or node is None or producer is None or depth % cfg.page_size:
+            return None
+        slot_of = node.checkpoint._slot
+        prow = next((r for r in rows if r.request_id == producer.request_id), None)
+        if prow is None or prow.pair_slot is not None or (depth - prow.start, slot_of) not in prow.emits:
+            return None  # planted by an earlier, uncommitted round, or the producer is paired itself
+        span = self._span(depth, req.num_tokens - depth, budget[0])
+        if span == 0 or depth >= req.num_tokens:
+            return None
+        slot = memory.alloc_slot()
+        if slot is None:
+            return Decision.STOP_UNTIL_FREE
+        shared = producer.pages[: depth // cfg.page_size]
+        for page in shared:
+            memory.pages.incref(page)
+        req.pages, req.own_pages = list(shared), list(shared)
+        if not memory.ensure_pages(req, depth + span):
+            memory.slots.decref(slot)
+            memory.release(req, keep_prefix=False)
+            return Decision.STOP_UNTIL_FREE
+        req.slot = slot
+        req.num_computed = req.cached_tokens = depth
+        pair_slot = cache.pair(node, req.request_id)
+        branch_len = cache.shared_len(req.tokens) if cfg.branch_checkpoints else None
+        rows.append(self._row(req, span, None, stats, branch_len, pair_slot=pair_slot))
+        stats.consumers_paired += 1
+        budget[0] -= span
+        budget[1] -= 1
+        return Decision.ADMIT
+
+    def _fill_pays(self, req: Request, rows: list[RowPlan], budget: list[int], following: Sequence[Request]) -> bool:
+        """Policy pair's cost-aware fill rule, for a request scanned after a consumer was skipped or
+        paired (a *fill*: native would not admit it this round), from the executor's round cost.
+
+        A fill that fits the round's padding costs nothing and is admitted. One that grows the round
+        to a larger shape opens slack that the fill requests behind it ride: its *group* is it plus
+        the following non-consumers, in queue order, while each keeps or lowers the group's cost per
+        token (judged alone, a request would carry the whole jump of the shape though the slack it
+        buys is used). Admit it when the time the group adds, paid by every request already in the
+        round, is smaller than the round of waiting (this round's time) it saves each request it
+        serves: the followers (they ride the slack it opens) and the waiting siblings of every member
+        (sharing a first grid of tokens, they pair with it or read its checkpoints a round earlier).
+        The fill's own earlier start is not counted: on a compute-bound round it only moves its work
+        ahead of the requests already in it (counting it too lost 1.9 % / 1.2 % to native on RACE
+        sessions of qwen3.5-9b at 22.4/s and qwen3.5-27b at 6.195/s; judging a fill alone, without
+        its group, lost 4.2 % to radixflow on the qwen3.5-4b RACE burst: docs/results.md). Consumers
+        (they pair or wait) and an empty round pass."""
+        if not rows or self.round_cost is None or budget[1] == 0:
+            return True  # (no rows left: _decide answers STOP_ROUND)
+        row = self._fill_row(req, budget[0])
+        if row is None:
+            return True  # a consumer (it pairs or waits), or _decide answers STOP_ROUND
+        base = self.round_cost(rows)
+        grown = [*rows, row]
+        cost = self.round_cost(grown)
+        if cost <= base:
+            return True
+        group, tokens, seqs = [req], budget[0] - len(row.tokens), budget[1] - 1
+        group_tokens = len(row.tokens)
+        for seen, other in enumerate(following):
+            if seqs == 0 or tokens <= 0 or seen >= 4 * self.config.max_num_seqs:
+                break
+            other_row = self._fill_row(other, tokens)
+            if other_row is None:
+                continue
+            with_other = self.round_cost([*grown, other_row])
+            if with_other - cost > (cost - base) * len(other_row.tokens) / group_tokens:
+                break  # it would raise the group's cost per token: the slack is used
+            grown.append(other_row)
+            group.append(other)
+            cost, tokens, seqs = with_other, tokens - len(other_row.tokens), seqs - 1
+            group_tokens += len(other_row.tokens)
+        served = {r.request_id for r in group[1:]}  # the followers, not the fill itself
+        served.update(sib.request_id for member in group for sib in self._waiting_index.siblings(member))
+        return (cost - base) * len(rows) < base * len(served)
+
+    def _fill_row(self, req: Request, tokens_left: int) -> RowPlan | None:
+        """The row ``req`` would get if admitted now with ``tokens_left`` tokens of budget (no pages,
+        slot or emits: enough for the round cost); ``None`` for a consumer or when nothing fits."""
+        cache = self.memory.cache
+        match = cache.match(req.tokens, touch=False, shared=False) if cache is not None else None
+        if match is not None and match.is_consumer:
+            return None
+        hit = match.hit_len if match is not None else 0
+        span = self._span(hit, req.num_tokens - hit, tokens_left)
+        if span == 0:
+            return None
+        return RowPlan(req.request_id, req.tokens[hit : hit + span], hit, (), 0, 0 if hit else None, (), True)
+
+    def _roll_back_partners(self, producer: Request) -> None:
+        """The producer leaves before its round committed: its paired consumers would start from a
+        state nobody is going to commit, so they go back to the head of the queue with nothing
+        computed (their rows in the uncommitted plan are skipped at commit)."""
+        cache = self.memory.cache
+        if cache is None:
+            return
+        for rid in cache.take_paired(producer.request_id):
+            partner = self.requests.get(rid)
+            if partner is None or partner.status is not RequestStatus.RUNNING:
+                continue
+            self.memory.release(partner, keep_prefix=False)
+            self.running.remove(partner)
+            drop_in_flight(partner)
+            partner.epoch += 1
+            partner.status, partner.num_computed, partner.cached_tokens = RequestStatus.WAITING, 0, 0
+            partner.rolled_back += 1
+            self.waiting.appendleft(partner)
