@@ -77,7 +77,7 @@ class _Gauges(Collector):
                           (total - free) / total if total else 0.0)  # fmt: skip
         yield self._gauge("state_slots_total", "Recurrent-state slots that can be handed out.", total)
         yield self._gauge("state_slots_free", "Recurrent-state slots on the free list.", free)
-        alive = all(r.is_running for r in self.replicas)
+        alive = all(r.is_running and r.error is None for r in self.replicas)  # the thread outlives its error briefly
         yield self._gauge("engine_alive", "1 while the engine thread (every replica's) runs.", 1.0 if alive else 0.0)
 
 
