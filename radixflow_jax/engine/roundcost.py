@@ -3,7 +3,7 @@ policy ``pair``'s fill rule (``Scheduler._fill_pays``) asks for on the model exe
 
 :class:`MeasuredRoundCost` reads the engine's round records as they appear and keeps, per step
 variant ``(token slots, row slots, decode slots)`` and per kind of round (with or without a paired
-consumer: a paired round also runs the pairing phase), the running median of the last ``window``
+consumer: a paired round may cost more, e.g. the Pallas kernels' second call), the running median of the last ``window``
 measured round times (``build_s + step_s``: compiling is not part of ``step_s``). A round of rows is
 costed by the variant the runner selects for it (``ShapeConfig.select``, as the model executor does):
 its median once measured, else a line through the measured medians (non-negative least squares over

@@ -8,8 +8,8 @@ Cost models:
     *token slot* of the variant, so padding costs as much as a real token and a filled bubble is
     free; attention, KV reads and state traffic (read, write, copy-in, checkpoint emits) over the
     real rows only; weights read once per round; the fixed per-round cost from the device spec; a
-    round with a paired consumer (policy ``pair``) pays the pairing phase, a second conv + chunked
-    scan over the prefill slots (the weights are still read once);
+    round with a paired consumer (policy ``pair``) pays a second chunked scan over the prefill slots
+    (the Pallas kernels run twice on a paired call; the weights are still read once);
   * :class:`CalibratedCost`: measured step times of the model executor per step variant, with a
     least-squares line over token and row slots for variants never measured.
 Sampled tokens are a fixed id, so simulated requests end by ``max_tokens`` (run with ``ignore_eos``).
@@ -57,7 +57,7 @@ class RooflineCost:
         slots = max(token_slots, plan.num_tokens)
         flops = 2.0 * m.active_params * slots + m.recurrent_flops_per_token * slots
         if any(row.pair_slot is not None for row in plan.rows):
-            # policy pair: the pairing phase runs the conv and chunked scan again over the prefill slots
+            # policy pair: the Pallas chunked kernels run twice over the prefill slots (kernels/ops.py)
             flops += m.recurrent_flops_per_token * max(slots - plan.num_decode, 0)
         kv_read = 0.0
         state_io = 0

@@ -71,9 +71,12 @@ def gated_delta_chunked(
     *,
     chunk_size: int = 64,
     scale: float | None = None,
+    pair_chunk: jnp.ndarray | None = None,
 ) -> tuple[jnp.ndarray, jnp.ndarray, jnp.ndarray]:
     """:func:`radixflow_jax.kernels.gated_delta.gated_delta_chunked` without a triangular solve."""
-    return _gd.chunked_with_solver(q, k, v, g, beta, cu_seqlens, initial_state, chunk_size, scale, unit_lower_solve)
+    return _gd.chunked_with_solver(
+        q, k, v, g, beta, cu_seqlens, initial_state, chunk_size, scale, unit_lower_solve, pair_chunk
+    )
 
 
 # --------------------------------------------------------------------------------- attention

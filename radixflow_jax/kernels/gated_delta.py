@@ -35,7 +35,14 @@ import jax
 import jax.numpy as jnp
 from jax.scipy.linalg import solve_triangular
 
-from radixflow_jax.kernels.layout import ChunkLayout, chunk_layout, gather_chunks, scatter_chunks
+from radixflow_jax.kernels.layout import (
+    ChunkLayout,
+    chunk_layout,
+    effective_initial,
+    gather_chunks,
+    scan_chunks,
+    scatter_chunks,
+)
 
 _HIGHEST = jax.lax.Precision.HIGHEST
 
@@ -138,23 +145,6 @@ def _chunk_terms(
     return _ChunkTerms(out_bias, out_read, state_mul, state_add)
 
 
-def _scan_chunks(
-    terms: _ChunkTerms, layout: ChunkLayout, initial_state: jnp.ndarray
-) -> tuple[jnp.ndarray, jnp.ndarray]:
-    """Sequential pass over chunks; returns ``(start_states, end_states)``, each ``[N, Hv, dk, dv]``."""
-    num_rows = initial_state.shape[0]
-
-    def body(carry: jnp.ndarray, xs: tuple[jnp.ndarray, ...]) -> tuple[jnp.ndarray, tuple[jnp.ndarray, jnp.ndarray]]:
-        mul, add, row, is_first = xs
-        start = jnp.where(is_first, initial_state[jnp.minimum(row, num_rows - 1)], carry)
-        end = _mm("hkj,hjv->hkv", mul, start) + add
-        return end, (start, end)
-
-    xs = (terms.state_mul, terms.state_add, layout.row, layout.is_first)
-    _, (starts, ends) = jax.lax.scan(body, jnp.zeros_like(initial_state[0]), xs)
-    return starts, ends
-
-
 def _final_states(
     chunk_states: jnp.ndarray, layout: ChunkLayout, initial_state: jnp.ndarray, cu_seqlens: jnp.ndarray
 ) -> jnp.ndarray:
@@ -182,13 +172,19 @@ def gated_delta_chunked(
     *,
     chunk_size: int = 64,
     scale: float | None = None,
+    pair_chunk: jnp.ndarray | None = None,
 ) -> tuple[jnp.ndarray, jnp.ndarray, jnp.ndarray]:
     """Chunked gated delta rule over a packed batch.
 
     Returns ``(out [T, Hv, dv] in v.dtype, final_state [R, Hv, dk, dv] f32,
     chunk_states [num_chunks, Hv, dk, dv] f32)``; see the module docstring for the contract.
+    ``pair_chunk int32 [R]`` (policy ``pair``): row ``r`` with ``pair_chunk[r] >= 0`` starts from
+    ``chunk_states[pair_chunk[r]]`` instead of ``initial_state[r]`` (see
+    :func:`radixflow_jax.kernels.layout.scan_chunks`; that chunk must belong to an unpaired row).
     """
-    return chunked_with_solver(q, k, v, g, beta, cu_seqlens, initial_state, chunk_size, scale, _triangular_solve)
+    return chunked_with_solver(
+        q, k, v, g, beta, cu_seqlens, initial_state, chunk_size, scale, _triangular_solve, pair_chunk
+    )
 
 
 def chunked_with_solver(
@@ -202,6 +198,7 @@ def chunked_with_solver(
     chunk_size: int,
     scale: float | None,
     solve: UnitLowerSolve,
+    pair_chunk: jnp.ndarray | None = None,
 ) -> tuple[jnp.ndarray, jnp.ndarray, jnp.ndarray]:
     """:func:`gated_delta_chunked` with the UT transform's triangular system solved by ``solve``
     (the faster formulations in ``kernels/fast.py`` swap it)."""
@@ -212,10 +209,11 @@ def chunked_with_solver(
     chunks = [_to_chunks(x, layout, chunk_size) for x in (qf, kf, vf, gf, bf)]
     terms = _chunk_terms(*chunks, scale=scale, solve=solve)
     init = initial_state.astype(jnp.float32)
-    starts, ends = _scan_chunks(terms, layout, init)
+    step = lambda start, mul, add: _mm("hkj,hjv->hkv", mul, start) + add  # noqa: E731
+    starts, ends = scan_chunks(step, (terms.state_mul, terms.state_add), layout, init, pair_chunk)
     out = terms.out_bias + _mm("nhck,nhkv->nhcv", terms.out_read, starts)
     out = scatter_chunks(jnp.moveaxis(out, 2, 1), layout, num_tokens).astype(v.dtype)
-    final = _final_states(ends, layout, init, cu_seqlens)
+    final = _final_states(ends, layout, effective_initial(init, ends, pair_chunk), cu_seqlens)
     return out, final, ends
 
 

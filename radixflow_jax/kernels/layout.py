@@ -16,8 +16,9 @@ Invariants:
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
+import jax
 import jax.numpy as jnp
 
 
@@ -74,3 +75,65 @@ def scatter_chunks(y: jnp.ndarray, layout: ChunkLayout, num_tokens: int) -> jnp.
     target = jnp.where(valid, pos, num_tokens)  # out-of-range index: dropped
     out = jnp.zeros((num_tokens,) + y.shape[2:], y.dtype)
     return out.at[target.reshape(-1)].set(y.reshape((-1,) + y.shape[2:]), mode="drop")
+
+
+def scan_chunks(
+    step: Callable[..., jnp.ndarray],
+    per_chunk: tuple[jnp.ndarray, ...],
+    layout: ChunkLayout,
+    initial_state: jnp.ndarray,
+    pair_chunk: jnp.ndarray | None = None,
+) -> tuple[jnp.ndarray, jnp.ndarray]:
+    """The sequential pass over chunks shared by the chunked recurrent kernels.
+
+    ``step(start [S...], *inputs_c) -> end [S...]`` advances a state over one chunk, ``per_chunk``
+    holds its inputs ``[N, ...]``. Returns ``(start_states, end_states)``, each ``[N, S...]`` f32.
+    The state restarts at each row's first chunk from ``initial_state[row]``, or, for a *paired*
+    row (``pair_chunk[row] >= 0``, policy ``pair``), from the end state of chunk ``pair_chunk[row]``
+    of the same call (its producer's state at the pairing depth).
+
+    Pairing costs no extra pass: the scan visits the chunks of unpaired rows first, then those of
+    paired rows, each group in chunk order, and keeps every end state it wrote. Invariant (the
+    caller's): the chunk a paired row starts from belongs to an unpaired row, so it was visited
+    before; unused chunks pass the carry through."""
+    init = jnp.asarray(initial_state, jnp.float32)
+    num_rows = init.shape[0]
+    safe_row = jnp.minimum(layout.row, num_rows - 1)
+    if pair_chunk is None:
+
+        def body(carry: jnp.ndarray, xs: tuple[jnp.ndarray, ...]) -> tuple[jnp.ndarray, tuple[jnp.ndarray, jnp.ndarray]]:
+            first, r, *inputs = xs
+            start = jnp.where(first, init[r], carry)
+            end = step(start, *inputs)
+            return end, (start, end)
+
+        _, (starts, ends) = jax.lax.scan(body, jnp.zeros_like(init[0]), (layout.is_first, safe_row, *per_chunk))
+        return starts, ends
+    num_chunks = layout.row.shape[0]
+    src = pair_chunk.astype(jnp.int32)
+    paired = (layout.row < num_rows) & (src[safe_row] >= 0)
+    order = jnp.argsort(paired.astype(jnp.int32), stable=True).astype(jnp.int32)
+    buf = jnp.zeros((num_chunks,) + init.shape[1:], jnp.float32)
+
+    def paired_body(
+        carry: tuple[jnp.ndarray, jnp.ndarray, jnp.ndarray], c: jnp.ndarray
+    ) -> tuple[tuple[jnp.ndarray, jnp.ndarray, jnp.ndarray], None]:
+        state, starts, ends = carry
+        r = safe_row[c]
+        row_init = jnp.where(src[r] >= 0, ends[jnp.clip(src[r], 0, num_chunks - 1)], init[r])
+        start = jnp.where(layout.is_first[c], row_init, state)
+        end = step(start, *(x[c] for x in per_chunk))
+        return (end, starts.at[c].set(start), ends.at[c].set(end)), None
+
+    (_, starts, ends), _ = jax.lax.scan(paired_body, (jnp.zeros_like(init[0]), buf, buf), order)
+    return starts, ends
+
+
+def effective_initial(initial_state: jnp.ndarray, ends: jnp.ndarray, pair_chunk: jnp.ndarray | None) -> jnp.ndarray:
+    """Every row's initial state as :func:`scan_chunks` used it (f32)."""
+    init = jnp.asarray(initial_state, jnp.float32)
+    if pair_chunk is None:
+        return init
+    src = pair_chunk.astype(jnp.int32)
+    picked = ends[jnp.clip(src, 0, ends.shape[0] - 1)]
+    return jnp.where((src >= 0).reshape((-1,) + (1,) * (init.ndim - 1)), picked, init)

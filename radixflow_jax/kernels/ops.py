@@ -17,6 +17,7 @@ import os
 from typing import Any, Callable, Iterator
 
 import jax
+import jax.numpy as jnp
 
 from radixflow_jax.kernels import attention as _attention
 from radixflow_jax.kernels import conv as _conv
@@ -167,6 +168,29 @@ JNP_ONLY = frozenset(
 )
 
 
+_PAIRED_OPS = frozenset({"gated_delta_chunked", "ssd_chunked"})
+
+
+def _paired_in_two_calls(impl: Callable[..., Any]) -> Callable[..., Any]:
+    """A Pallas chunked kernel with the ``pair_chunk`` contract of the references
+    (:func:`radixflow_jax.kernels.layout.scan_chunks`): the kernels scan rows independently, so a
+    call with paired rows runs the kernel twice, the second time with every paired row's initial
+    state read from the first call's chunk states (the producers are unpaired, so their states are
+    equal in both calls). Rounds without ``pair_chunk`` (every policy but ``pair``) call it once."""
+
+    def call(*args: Any, pair_chunk: Any = None, **kwargs: Any) -> Any:
+        if pair_chunk is None:
+            return impl(*args, **kwargs)
+        *head, initial_state = args
+        _, _, ends = impl(*head, initial_state, **kwargs)
+        src = pair_chunk.astype(jnp.int32)
+        picked = ends[jnp.clip(src, 0, ends.shape[0] - 1)]
+        init = jnp.where((src >= 0)[:, None, None, None], picked, initial_state.astype(jnp.float32))
+        return impl(*head, init, **kwargs)
+
+    return call
+
+
 def resolve(op: str) -> Callable[..., Any]:
     """The implementation of ``op`` under the selected backend."""
     backend = selected_backend()
@@ -176,7 +200,8 @@ def resolve(op: str) -> Callable[..., Any]:
         return _FAST.get(op, _REFERENCE[op])  # ops without a faster formulation: the reference is the XLA one
     impl = _pallas_impl(op)
     if impl is not None:
-        return _sharded(op, impl)
+        sharded = _sharded(op, impl)
+        return _paired_in_two_calls(sharded) if op in _PAIRED_OPS else sharded
     if backend == "pallas":
         raise KernelUnavailableError(f"RADIXFLOW_KERNELS=pallas but no Pallas kernel for '{op}' on this platform")
     return _FAST.get(op, _REFERENCE[op])

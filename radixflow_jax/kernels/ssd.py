@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 
 from radixflow_jax.kernels.batch import row_of_token
-from radixflow_jax.kernels.layout import ChunkLayout, chunk_layout, gather_chunks, scatter_chunks
+from radixflow_jax.kernels.layout import chunk_layout, effective_initial, gather_chunks, scan_chunks, scatter_chunks
 
 _HI = jax.lax.Precision.HIGHEST
 _F32 = jnp.float32
@@ -169,28 +169,6 @@ def _chunk_terms(
     )
 
 
-def _scan_states(
-    own: jnp.ndarray, total_decay: jnp.ndarray, layout: ChunkLayout, initial_state: jnp.ndarray
-) -> tuple[jnp.ndarray, jnp.ndarray]:
-    """Sequential pass over chunks: returns ``(start_states, end_states)``, both [NC, H, P, N].
-
-    The carry resets to ``initial_state[row]`` at each row's first chunk; unused chunks
-    (decay 1, no input) just pass the carry through.
-    """
-    num_rows = initial_state.shape[0]
-    safe_row = jnp.minimum(layout.row, num_rows - 1)
-    init = jnp.asarray(initial_state, _F32)
-
-    def body(carry: jnp.ndarray, inp: tuple) -> tuple[jnp.ndarray, tuple[jnp.ndarray, jnp.ndarray]]:
-        own_c, decay_c, first, r = inp
-        start = jnp.where(first, init[r], carry)
-        end = decay_c[:, None, None] * start + own_c
-        return end, (start, end)
-
-    _, (starts, ends) = jax.lax.scan(body, jnp.zeros_like(init[0]), (own, total_decay, layout.is_first, safe_row))
-    return starts, ends
-
-
 def ssd_chunked(
     x: jnp.ndarray,
     dt: jnp.ndarray,
@@ -201,12 +179,15 @@ def ssd_chunked(
     initial_state: jnp.ndarray,
     *,
     chunk_size: int = 64,
+    pair_chunk: jnp.ndarray | None = None,
 ) -> tuple[jnp.ndarray, jnp.ndarray, jnp.ndarray]:
     """Chunked SSD over a packed batch.
 
     x [T, H, P]; dt [T, H] (> 0); A [H] (< 0); B, C [T, G, N]; cu_seqlens int32 [R + 1];
     initial_state f32 [R, H, P, N]. Returns ``(y [T, H, P] in x's dtype, final_state f32
-    [R, H, P, N], chunk_states f32 [num_chunks, H, P, N])``.
+    [R, H, P, N], chunk_states f32 [num_chunks, H, P, N])``. ``pair_chunk int32 [R]`` (policy
+    ``pair``): row ``r`` with ``pair_chunk[r] >= 0`` starts from ``chunk_states[pair_chunk[r]]``
+    (see :func:`radixflow_jax.kernels.layout.scan_chunks`).
     """
     _check_shapes(x, dt, A, B, C)
     num_tokens = x.shape[0]
@@ -214,7 +195,8 @@ def ssd_chunked(
     gather = lambda v: gather_chunks(jnp.asarray(v, _F32), layout, chunk_size)  # noqa: E731
     xc, dtc, bc, cc = gather(x), gather(dt), gather(B), gather(C)
     y_diag, own, total_decay, decay_in = _chunk_terms(xc, dtc, jnp.asarray(A, _F32), bc, cc)
-    starts, ends = _scan_states(own, total_decay, layout, initial_state)
+    step = lambda start, own_c, decay_c: decay_c[:, None, None] * start + own_c  # noqa: E731
+    starts, ends = scan_chunks(step, (own, total_decay), layout, initial_state, pair_chunk)
     groups = bc.shape[2]
     nc, q, heads, p = xc.shape
     k = heads // groups
@@ -222,4 +204,4 @@ def ssd_chunked(
     y_off = jnp.einsum("cign,cgkpn->cigkp", cc, starts_g, precision=_HI).reshape(nc, q, heads, p)
     y = y_diag + decay_in[..., None] * y_off
     out = scatter_chunks(y, layout, num_tokens).astype(x.dtype)
-    return out, _final_states(ends, layout.first_chunk, initial_state), ends
+    return out, _final_states(ends, layout.first_chunk, effective_initial(initial_state, ends, pair_chunk)), ends

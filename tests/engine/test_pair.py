@@ -2,7 +2,7 @@
 with consumers that pair at a grid depth *inside* the producer's span (a chunk boundary, not its
 end) and with a producer aborted between planning and commit (its partners roll back and recompute).
 
-CI runs the Gated DeltaNet preset (the pairing phase is the one routine GDN and Mamba2 share,
+CI runs the Gated DeltaNet preset (pairing lives in the one routine GDN and Mamba2 share,
 ``models/mixers/recurrent.py``); ``RADIXFLOW_TEST_ALL_PRESETS=1`` runs every hybrid preset."""
 
 from __future__ import annotations

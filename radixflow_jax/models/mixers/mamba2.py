@@ -141,7 +141,9 @@ class Mamba2(nnx.Module):
         core, xbc, conv_pool, ssm_pool = recurrent_mix(
             self.conv1d, xbc_in, batch, conv_pool, ssm_pool, num_decode, emits, cfg.chunk_size, prepare,
             decode=lambda xs, s: ops.ssd_decode(xs[0], xs[1], a, xs[2], xs[3], s),
-            chunked=lambda xs, cu, s: ops.ssd_chunked(xs[0], xs[1], a, xs[2], xs[3], cu, s, chunk_size=cfg.chunk_size),
+            chunked=lambda xs, cu, s, pc: ops.ssd_chunked(
+                xs[0], xs[1], a, xs[2], xs[3], cu, s, chunk_size=cfg.chunk_size, pair_chunk=pc
+            ),
         )  # fmt: skip
         xs = self._xbc(xbc)[0]
         y = core.astype(jnp.float32) + self.D[...].astype(jnp.float32)[:, None] * xs.astype(jnp.float32)

@@ -124,7 +124,55 @@ def initial_states(conv_pool: jax.Array, ssm_pool: jax.Array, batch: Batch) -> t
 
 Inputs = tuple[jax.Array, ...]
 DecodeFn = Callable[[Inputs, jax.Array], tuple[jax.Array, jax.Array]]
-ChunkedFn = Callable[[Inputs, jax.Array, jax.Array], tuple[jax.Array, jax.Array, jax.Array]]
+ChunkedFn = Callable[[Inputs, jax.Array, jax.Array, "jax.Array | None"], tuple[jax.Array, jax.Array, jax.Array]]
+
+
+def _pick(mask: jax.Array, new: jax.Array, old: jax.Array) -> jax.Array:
+    return jnp.where(mask.reshape((-1,) + (1,) * (old.ndim - 1)), new.astype(old.dtype), old)
+
+
+class _Pairing(NamedTuple):
+    """Where each paired consumer row (``batch.pair_emit[r] >= 0``, policy ``pair``, never a decode
+    row) starts: its producer's state at the pairing depth, inside the same layer call. The producer
+    row ``prow`` wrote emit ``pair_emit[r]`` after ``depth`` tokens of its span."""
+
+    paired: jax.Array  # bool [R]
+    prow: jax.Array  # int32 [R], the producer row (meaningless where not paired)
+    depth: jax.Array  # int32 [R], tokens of the producer's span before the pairing point
+
+    @staticmethod
+    def of(batch: Batch, emits: Emits) -> "_Pairing":
+        src = jnp.clip(batch.pair_emit, 0, emits.rows.shape[0] - 1)
+        cu = batch.cu_seqlens.astype(jnp.int32)
+        prow = jnp.clip(emits.rows[src], 0, batch.state_slots.shape[0] - 1)
+        depth = jnp.clip(emits.offsets[src], 0, (cu[1:] - cu[:-1])[prow])
+        return _Pairing(batch.pair_emit >= 0, prow, depth)
+
+    def conv_initial(self, conv_in: jax.Array, batch: Batch, conv0: jax.Array) -> jax.Array:
+        """Paired rows' conv state := the producer's after ``depth`` tokens (read from the conv
+        inputs, so it needs no pass over the producer first)."""
+        at = ops.conv_states_at(conv_in, batch.cu_seqlens, conv0, self.prow, self.depth)
+        return _pick(self.paired, at, conv0)
+
+    def ssm_initial(
+        self, ssm0: jax.Array, decode_new: jax.Array | None, d: int, chunk_size: int, cu_prefill: jax.Array
+    ) -> tuple[jax.Array, jax.Array]:
+        """``(ssm0, pair_chunk [R - d])``: a paired row whose producer is a decode row or pairs at
+        depth 0 gets its state here; one that pairs inside a prefill producer's span gets the index
+        of the producer's chunk ending at ``depth`` (``depth`` is on the chunk grid or the span end),
+        which the chunked scan starts it from."""
+        direct = ssm0[self.prow]
+        if decode_new is not None:
+            after_one = decode_new[jnp.clip(self.prow, 0, d - 1)]
+            direct = jnp.where(((self.prow < d) & (self.depth > 0)).reshape((-1,) + (1,) * (ssm0.ndim - 1)), after_one, direct)
+        in_scan = self.paired & (self.prow >= d) & (self.depth > 0)
+        ssm0 = _pick(self.paired & ~in_scan, direct, ssm0)
+        lens = cu_prefill[1:] - cu_prefill[:-1]
+        per_row = (lens + chunk_size - 1) // chunk_size
+        first_chunk = jnp.concatenate([jnp.zeros((1,), jnp.int32), jnp.cumsum(per_row).astype(jnp.int32)])
+        local = jnp.clip(self.prow - d, 0, lens.shape[0] - 1)
+        chunk = first_chunk[local] + (self.depth + chunk_size - 1) // chunk_size - 1
+        return ssm0, jnp.where(in_scan, chunk, -1)[d:]
 
 
 def recurrent_mix(
@@ -144,16 +192,24 @@ def recurrent_mix(
 
     ``conv_in [T, C]``: the conv inputs; ``prepare(conv_out [T, C])`` -> per-token kernel inputs
     (every array ``[T, ...]``); ``decode(inputs[:d], ssm[:d]) -> (out, new_ssm)`` is the one-step
-    update of the decode rows; ``chunked(inputs[d:], cu_seqlens, ssm[d:]) -> (out, final_ssm,
-    chunk_states)`` the chunked scan of the prefill rows. Returns ``(core_out [T, ...] (the kernels' dtype),
-    conv_out [T, C], conv_pool, ssm_pool)``: every row's state after its span is written to
-    ``state_slots[r]`` (padding rows write the sink slot 0), then every emit's state to its slot.
-    Padding tokens of the prefill region get a zero output. Rows start from
-    :func:`initial_states` (copy-on-write of checkpoints happens here, as a read of the source);
-    paired consumer rows (``batch.pair_emit``) from their producer's in-call state (:class:`_Pairing`)."""
+    update of the decode rows; ``chunked(inputs[d:], cu_seqlens, ssm[d:], pair_chunk) -> (out,
+    final_ssm, chunk_states)`` the chunked scan of the prefill rows (``pair_chunk``: None, or per
+    prefill row the chunk whose end state it starts from, see ``kernels/layout.scan_chunks``).
+    Returns ``(core_out [T, ...] (the kernels' dtype), conv_out [T, C], conv_pool, ssm_pool)``:
+    every row's state after its span is written to ``state_slots[r]`` (padding rows write the sink
+    slot 0), then every emit's state to its slot. Padding tokens of the prefill region get a zero
+    output. Rows start from :func:`initial_states` (copy-on-write of checkpoints happens here, as a
+    read of the source); paired consumer rows (``batch.pair_emit``) from their producer's in-call
+    state (:class:`_Pairing`), in the same single pass: a consumer never pairs with another paired
+    row (the scheduler and ``build_arrays`` refuse it), so its producer's state exists when the scan
+    reaches it."""
     num_tokens, num_rows, d = conv_in.shape[0], batch.state_slots.shape[0], num_decode
     slots = batch.state_slots
     conv0, ssm = initial_states(conv_pool, ssm_pool, batch)
+    pairing = None
+    if batch.pair_emit is not None and emits is not None and num_rows > d:
+        pairing = _Pairing.of(batch, emits)
+        conv0 = pairing.conv_initial(conv_in, batch, conv0)
     conv_out, conv_new = run_conv(conv, conv_in, batch, conv0, d)
     inputs = prepare(conv_out)
     outs, states = [], []
@@ -165,68 +221,22 @@ def recurrent_mix(
         decode_src = (conv_new[:d], s, conv0[:d], ssm[:d])
     if num_rows > d:
         cu = batch.cu_seqlens[d:] - d
-        o, s, chunk_states = chunked(tuple(x[d:] for x in inputs), cu, ssm[d:])
+        pair_chunk = None
+        if pairing is not None:
+            ssm, pair_chunk = pairing.ssm_initial(ssm, states[0] if d else None, d, chunk_size, cu)
+        o, s, chunk_states = chunked(tuple(x[d:] for x in inputs), cu, ssm[d:], pair_chunk)
         outs.append(o)
         states.append(s)
-        prefill_src = (conv_in[d:], cu, conv0[d:], ssm[d:], chunk_states)
+        ssm_pre = ssm[d:]
+        if pair_chunk is not None:  # emits at offset 0 of a paired row read the state it started from
+            picked = chunk_states[jnp.clip(pair_chunk, 0, chunk_states.shape[0] - 1)]
+            ssm_pre = _pick(pair_chunk >= 0, picked, ssm_pre)
+        prefill_src = (conv_in[d:], cu, conv0[d:], ssm_pre, chunk_states)
     elif num_tokens > d:
         outs.append(jnp.zeros((num_tokens - d,) + outs[0].shape[1:], outs[0].dtype))
     core, ssm_new = jnp.concatenate(outs, axis=0), jnp.concatenate(states, axis=0)
     emitted = emitted_states(emits, d, chunk_size, decode_src, prefill_src) if emits is not None else None
-    if batch.pair_emit is not None and emits is not None and emitted is not None and num_rows > d:
-        pairing = _Pairing(conv, conv_in, batch, d, emits, chunk_size, prepare, chunked, decode_src, conv0, ssm)
-        core, conv_out, conv_new, ssm_new, emitted = jax.lax.cond(
-            jnp.any(batch.pair_emit >= 0), pairing, lambda *xs: xs, core, conv_out, conv_new, ssm_new, emitted
-        )  # a round without a paired consumer does not pay for the pairing phase
     conv_pool = conv_pool.at[slots].set(conv_new.astype(conv_pool.dtype))
     ssm_pool = ssm_pool.at[slots].set(ssm_new)
     conv_pool, ssm_pool = write_emits(conv_pool, ssm_pool, emits, emitted)
     return core, conv_out, conv_pool, ssm_pool
-
-
-class _Pairing:
-    """The pairing phase of :func:`recurrent_mix` (policy ``pair``), run after the first phase of
-    the same layer call: every paired consumer row (``pair_emit[r] >= 0``, never a decode row) starts
-    from the state its producer's emit took in the first phase (SSM and conv state at the pairing
-    depth); the conv and the chunked scan run again over the prefill region with those initial
-    states, and the paired rows' outputs, final states and emits replace the first phase's (whose
-    values for them started from a meaningless state). Unpaired rows keep the first phase's results,
-    so a producer is never affected by its partners. One phase: a consumer never pairs with another
-    paired row (the scheduler and ``build_arrays`` refuse it), so the shapes stay those of the call."""
-
-    def __init__(self, conv, conv_in, batch, d, emits, chunk_size, prepare, chunked, decode_src, conv0, ssm0):
-        self.conv, self.conv_in, self.batch, self.d, self.emits = conv, conv_in, batch, d, emits
-        self.chunk_size, self.prepare, self.chunked, self.decode_src = chunk_size, prepare, chunked, decode_src
-        self.conv0, self.ssm0 = conv0, ssm0
-
-    def __call__(self, core, conv_out, conv_new, ssm_new, emitted):
-        batch, d, emits = self.batch, self.d, self.emits
-        num_rows = batch.state_slots.shape[0]
-        paired = batch.pair_emit >= 0
-        src = jnp.clip(batch.pair_emit, 0, emits.rows.shape[0] - 1)
-
-        def pick(mask: jax.Array, new: jax.Array, old: jax.Array) -> jax.Array:
-            return jnp.where(mask.reshape((-1,) + (1,) * (old.ndim - 1)), new.astype(old.dtype), old)
-
-        conv0 = pick(paired, emitted[0][src], self.conv0)
-        ssm0 = pick(paired, emitted[1][src], self.ssm0)
-        conv_out1, conv_new1 = run_conv(self.conv, self.conv_in, batch, conv0, d)
-        inputs = self.prepare(conv_out1)
-        cu = batch.cu_seqlens[d:] - d
-        out1, final1, chunk_states1 = self.chunked(tuple(x[d:] for x in inputs), cu, ssm0[d:])
-        # the row of every token slot (padding slots after cu_seqlens[R] map to no row)
-        tok = jnp.arange(self.conv_in.shape[0])
-        row = jnp.searchsorted(batch.cu_seqlens[1:], tok, side="right")
-        tok_paired = jnp.where(row < num_rows, paired[jnp.clip(row, 0, num_rows - 1)], False)
-        core1 = jnp.concatenate([core[:d], out1.astype(core.dtype)], axis=0) if d else out1.astype(core.dtype)
-        prefill_src = (self.conv_in[d:], cu, conv0[d:], ssm0[d:], chunk_states1)
-        emitted1 = emitted_states(emits, d, self.chunk_size, self.decode_src, prefill_src)
-        emit_paired = paired[jnp.clip(emits.rows, 0, num_rows - 1)]
-        ssm1 = jnp.concatenate([ssm_new[:d], final1], axis=0) if d else final1
-        return (
-            pick(tok_paired, core1, core),
-            pick(tok_paired, conv_out1, conv_out),
-            pick(paired, conv_new1, conv_new),
-            pick(paired, ssm1, ssm_new),
-            (pick(emit_paired, emitted1[0], emitted[0]), pick(emit_paired, emitted1[1], emitted[1])),
-        )
