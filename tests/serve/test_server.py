@@ -324,12 +324,21 @@ def test_concurrent_streams_with_disconnects(server, http):
 
 
 def test_non_streaming_disconnect_aborts(server, http):
-    before = metrics(http).get("radixflow:request_success_total{finished_reason=abort}", 0)
-    body = {"model": MODEL, "prompt": ARTICLE[:20], "max_tokens": 400, "temperature": 0, "ignore_eos": True}
+    start = metrics(http)
+    before = start.get("radixflow:request_success_total{finished_reason=abort}", 0)
+    lengths = start.get("radixflow:request_success_total{finished_reason=length}", 0)
+    # 490 tokens (the most max_model_len 512 allows) take well over the client's 0.5 s; at 400
+    # tokens and a 1.5 s timeout a warm server once finished first (cold CI run, 2026-11-30)
+    body = {"model": MODEL, "prompt": ARTICLE[:20], "max_tokens": 490, "temperature": 0, "ignore_eos": True}
     with pytest.raises(httpx.ReadTimeout):  # the client gives up and closes the connection
-        httpx.post(server.url + "/v1/completions", json=body, headers=server.headers, timeout=1.5)
-    after = wait_idle(http, timeout=60)  # long before 400 tokens could have been generated
+        httpx.post(server.url + "/v1/completions", json=body, headers=server.headers, timeout=0.5)
+    deadline = time.monotonic() + 60  # the server notices the disconnect within a round or two
+    while metrics(http).get("radixflow:request_success_total{finished_reason=abort}", 0) == before:
+        assert time.monotonic() < deadline, "the disconnected request was never aborted"
+        time.sleep(0.1)
+    after = wait_idle(http, timeout=60)
     assert after["radixflow:request_success_total{finished_reason=abort}"] == before + 1
+    assert after.get("radixflow:request_success_total{finished_reason=length}", 0) == lengths
 
 
 def test_small_max_waiting_answers_429_while_admitted_complete(server, http):
