@@ -99,8 +99,8 @@ def scan_chunks(
     init = jnp.asarray(initial_state, jnp.float32)
     num_rows = init.shape[0]
     safe_row = jnp.minimum(layout.row, num_rows - 1)
-    if pair_chunk is None:
 
+    def plain() -> tuple[jnp.ndarray, jnp.ndarray]:
         def body(carry: jnp.ndarray, xs: tuple[jnp.ndarray, ...]) -> tuple[jnp.ndarray, tuple[jnp.ndarray, jnp.ndarray]]:
             first, r, *inputs = xs
             start = jnp.where(first, init[r], carry)
@@ -109,6 +109,23 @@ def scan_chunks(
 
         _, (starts, ends) = jax.lax.scan(body, jnp.zeros_like(init[0]), (layout.is_first, safe_row, *per_chunk))
         return starts, ends
+
+    if pair_chunk is None:
+        return plain()
+    # a call without a paired row (most rounds of policy pair) takes the plain scan
+    return jax.lax.cond(jnp.any(pair_chunk >= 0), lambda: _paired_scan(step, per_chunk, layout, init, pair_chunk), plain)
+
+
+def _paired_scan(
+    step: Callable[..., jnp.ndarray],
+    per_chunk: tuple[jnp.ndarray, ...],
+    layout: ChunkLayout,
+    init: jnp.ndarray,
+    pair_chunk: jnp.ndarray,
+) -> tuple[jnp.ndarray, jnp.ndarray]:
+    """:func:`scan_chunks` with paired rows: unpaired rows' chunks first, then paired rows'."""
+    num_rows = init.shape[0]
+    safe_row = jnp.minimum(layout.row, num_rows - 1)
     num_chunks = layout.row.shape[0]
     src = pair_chunk.astype(jnp.int32)
     paired = (layout.row < num_rows) & (src[safe_row] >= 0)

@@ -176,17 +176,21 @@ def _paired_in_two_calls(impl: Callable[..., Any]) -> Callable[..., Any]:
     (:func:`radixflow_jax.kernels.layout.scan_chunks`): the kernels scan rows independently, so a
     call with paired rows runs the kernel twice, the second time with every paired row's initial
     state read from the first call's chunk states (the producers are unpaired, so their states are
-    equal in both calls). Rounds without ``pair_chunk`` (every policy but ``pair``) call it once."""
+    equal in both calls). Calls without a paired row call it once."""
 
     def call(*args: Any, pair_chunk: Any = None, **kwargs: Any) -> Any:
         if pair_chunk is None:
             return impl(*args, **kwargs)
         *head, initial_state = args
-        _, _, ends = impl(*head, initial_state, **kwargs)
         src = pair_chunk.astype(jnp.int32)
-        picked = ends[jnp.clip(src, 0, ends.shape[0] - 1)]
-        init = jnp.where((src >= 0)[:, None, None, None], picked, initial_state.astype(jnp.float32))
-        return impl(*head, init, **kwargs)
+
+        def twice() -> Any:
+            _, _, ends = impl(*head, initial_state, **kwargs)
+            picked = ends[jnp.clip(src, 0, ends.shape[0] - 1)]
+            init = jnp.where((src >= 0)[:, None, None, None], picked, initial_state.astype(jnp.float32))
+            return impl(*head, init, **kwargs)
+
+        return jax.lax.cond(jnp.any(src >= 0), twice, lambda: impl(*head, initial_state, **kwargs))
 
     return call
 
