@@ -220,7 +220,8 @@ class Scheduler(PairingMixin):
         if budget[1] == 0:
             return Decision.STOP_ROUND
         match = cache.match(req.tokens, shared=False) if cache is not None else None
-        if match is not None and self.config.hybrid and match.is_consumer:
+        # attention-only models see pending KV only from rounds in flight (overlap), see _publish_in_flight_kv
+        if match is not None and match.is_consumer:
             if self.policy.pair:
                 decision = self._pair(req, match, budget, rows, stats)
                 if decision is not None:
@@ -342,6 +343,7 @@ class Scheduler(PairingMixin):
         fence = self.round_index + len(self._in_flight)
         for row in plan.rows:
             req = self.requests[row.request_id]
+            self._publish_in_flight_kv(req, row.start, row.start + len(row.tokens))
             req.num_computed = row.start + len(row.tokens)
             req.in_flight += len(row.tokens)
             req.fence = fence
@@ -349,6 +351,21 @@ class Scheduler(PairingMixin):
                 req.output.append(UNKNOWN_TOKEN)
                 req.unresolved += 1
         self._in_flight.append(plan)
+
+    def _publish_in_flight_kv(self, req: Request, start: int, end: int) -> None:
+        """Attention-only models: the full pages a launched row writes become pending KV of ``req``
+        until its commit, so a request planned while the round runs (overlap) that shares them is a
+        consumer (it waits for the commit and then hits) instead of computing the prefix cold. A
+        hybrid's rows publish theirs when their checkpoints are planted. Without overlap the round
+        commits before the next plan, so nothing planned ever sees this pending KV; the round being
+        planned never does (it is published at launch). Only a row that fills a new page publishes
+        (most decode rows do not), so the tree is walked rarely."""
+        cache, p = self.memory.cache, self.config.page_size
+        if cache is None or self.config.hybrid:
+            return
+        depth = min(end, req.num_tokens - req.unresolved) // p * p
+        if depth > start // p * p:
+            cache.plant_pending(req.tokens[:depth], depth, None, req.request_id, req.pages)
 
     @property
     def num_in_flight(self) -> int:
