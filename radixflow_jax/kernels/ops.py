@@ -192,6 +192,7 @@ def _paired_in_two_calls(impl: Callable[..., Any]) -> Callable[..., Any]:
 
         return jax.lax.cond(jnp.any(src >= 0), twice, lambda: impl(*head, initial_state, **kwargs))
 
+    call.__wrapped__ = impl  # type: ignore[attr-defined]  # the kernel it calls (introspection, tests)
     return call
 
 
