@@ -192,7 +192,7 @@ class EngineCore:
                 raise  # a broken invariant or a guard (e.g. compile after warm-up): a bug, not a device error
             return self._recover(plan, exc)
         host_s = self._host_tail + (t1 - t0) + result.build_s
-        return self._complete(plan, result, t1 - t0, host_s, False)
+        return self._complete(plan, result, t1 - t0, host_s, False, launched=False)
 
     def _step_overlapped(self) -> list[RequestOutput]:
         """Commits one round per call, as the synchronous step does: with no round in flight it first
@@ -238,6 +238,9 @@ class EngineCore:
             if _fatal(exc):
                 raise
             raise _LaunchFailed(plan, exc) from exc
+        compile_s = getattr(handle, "compile_s", 0.0)
+        if compile_s and isinstance(self.clock, ServingClock):
+            self.clock.paused_s += compile_s  # now: the round in flight commits after this
         host_s = 0.0 if prev is not None else self._host_tail + (time.perf_counter() - start)
         return _Launched(plan, handle, t1 - t0, host_s, prev is not None)
 
@@ -260,12 +263,13 @@ class EngineCore:
             self._in_flight = None
             return self._recover(launched.plan, exc), True
         host_s = launched.host_s if launched.overlapped else max(0.0, launched.host_s - result.compile_s)
-        return self._complete(launched.plan, result, launched.plan_s, host_s, launched.overlapped), False
+        return self._complete(launched.plan, result, launched.plan_s, host_s, launched.overlapped, launched=True), False
 
     def _complete(
-        self, plan: RoundPlan, result: StepResult, plan_s: float, host_s: float, overlapped: bool
+        self, plan: RoundPlan, result: StepResult, plan_s: float, host_s: float, overlapped: bool, *, launched: bool
     ) -> list[RequestOutput]:
-        """Commits a round whose result came back; returns the outputs that changed."""
+        """Commits a round whose result came back; returns the outputs that changed. ``launched``: it
+        went through ``_launch_next`` (overlap), which took its compile time off the clock already."""
         fetched = time.perf_counter()
         self._failed_in_a_row = 0
         if self._failing:  # these requests ran a round successfully: their retry count starts over
@@ -278,8 +282,8 @@ class EngineCore:
                 out = self._outputs.get(rid)
                 if rid in live and out is not None and out.logprobs is not None and out.finish_reason is None:
                     out.logprobs.append(lp)  # not for a stale row (preempted after planning, overlap)
-        if result.compile_s and isinstance(self.clock, ServingClock):
-            self.clock.paused_s += result.compile_s
+        if result.compile_s and isinstance(self.clock, ServingClock) and not launched:
+            self.clock.paused_s += result.compile_s  # (a launched round's was taken off at its launch)
         finished = self.scheduler.commit(plan, result.sampled)
         self._record(plan, result, plan_s, host_s, overlapped)
         now = self.clock()

@@ -41,7 +41,8 @@ class InFlight:
     want: list[tuple[int, int, int]]  # (array row, request id, top-k) of rows that asked for logprobs
     build_s: float
     start: float  # perf_counter when the step was dispatched
-    compile_s: float
+    compile_s: float  # first-use compiling inside launch (the engine takes it off its clock at once)
+    ready: float | None = None  # perf_counter its result was seen ready, when a later launch waited for it
 
 
 def splice_sources(plan: RoundPlan, plan_rows: np.ndarray, cu_seqlens: np.ndarray, num_tokens: int,
@@ -147,6 +148,11 @@ class ModelExecutor:
             inputs["splice_src"], inputs["prev_tokens"] = src, prev.tokens
         want = [(int(i), row.request_id, sampling[row.request_id].logprobs) for i, row in zip(arrays.plan_rows, plan.rows)
                 if row.sample and row.request_id in sampling and sampling[row.request_id].logprobs >= 0]  # fmt: skip
+        if prev is not None and not self.step.is_compiled(variant):
+            # compiling takes the host for seconds: note when the round in flight finished first, so
+            # its step time does not absorb the compile (it would otherwise end at its collect)
+            jax.block_until_ready(prev.tokens)
+            prev.ready = time.perf_counter()
         t1 = time.perf_counter()
         self.cache, (tokens, *lp) = self.step(variant, self.model.params, self.cache, inputs)
         compile_s = self.step.last_compile_s
@@ -163,7 +169,7 @@ class ModelExecutor:
         if handle.want:  # fetched only when a row asked for them
             chosen, top_ids, top_lp = (np.asarray(x) for x in jax.device_get(handle.logprobs))
             logprobs = {rid: (float(chosen[i]), top_ids[i, :k].tolist(), top_lp[i, :k].tolist()) for i, rid, k in handle.want}
-        done = time.perf_counter()
+        done = time.perf_counter() if handle.ready is None else handle.ready
         step_s = done - max(handle.start, self._last_done)
         self._last_done = done
         plan, variant = handle.plan, handle.variant

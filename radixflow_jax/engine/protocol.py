@@ -42,7 +42,10 @@ class OverlapExecutor(Executor, Protocol):
     round and returns at once with a handle; ``collect`` waits for its result. ``prev`` is the handle
     of the round launched just before, not collected yet: rows whose input is ``UNKNOWN_TOKEN`` take
     it from that round's samples on the device. A device error may surface at ``collect``.
-    ``supports_overlap`` may be False (the engine then calls ``execute``)."""
+    ``supports_overlap`` may be False (the engine then calls ``execute``). A handle may carry
+    ``compile_s``: seconds of first-use compiling spent inside ``launch``, which the engine takes off
+    its serving clock when ``launch`` returns (before it commits the round in flight); the result's
+    ``compile_s`` then repeats that figure for the round record only."""
 
     supports_overlap: bool
 

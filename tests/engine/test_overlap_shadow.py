@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import dataclasses
 import random
+import time
+import types
 from typing import Mapping
 
 import pytest
@@ -142,3 +144,49 @@ def test_attention_only_overlap_keeps_burst_reuse(policy: str) -> None:
         core.scheduler.memory.flush()
         assert core.scheduler.memory.pages.num_used == 0
     assert reuse[True] >= reuse[False] > 0, reuse
+
+
+class CompilingOnFirstUse:
+    """A JAX-free overlap executor whose second launch "compiles" for ``compile_s`` seconds (it
+    sleeps, as a lazy first-use compile holds the host), reporting it on the handle and the result."""
+
+    supports_overlap = True
+
+    def __init__(self, compile_s: float):
+        self.compile_s, self.launches = compile_s, 0
+
+    def execute(self, plan: RoundPlan, sampling) -> StepResult:
+        return self.collect(self.launch(plan, sampling))
+
+    def launch(self, plan: RoundPlan, sampling, prev: object = None) -> types.SimpleNamespace:
+        self.launches += 1
+        spent = 0.0
+        if self.launches == 2:
+            time.sleep(self.compile_s)
+            spent = self.compile_s
+        return types.SimpleNamespace(plan=plan, compile_s=spent)
+
+    def collect(self, handle: types.SimpleNamespace) -> StepResult:
+        sampled = {row.request_id: 7 for row in handle.plan.rows if row.sample}
+        return StepResult(sampled, handle.plan.num_tokens, len(handle.plan.rows), 0.0, 0.001, compile_s=handle.compile_s)
+
+    def reset(self) -> None:
+        pass
+
+
+def test_first_use_compile_inside_a_launch_is_off_the_serving_clock() -> None:
+    """Overlap: a compile inside round r+1's launch happens before round r commits; the engine takes
+    it off its serving clock when the launch returns, so requests finishing in round r do not carry
+    it in their latency (before, it came off only at r+1's commit)."""
+    config = dataclasses.replace(BASE, policy="radixflow", overlap=True)
+    executor = CompilingOnFirstUse(compile_s=0.5)
+    core = wire_engine(Wiring(config, True, (16,), 80, 16, BASE.max_model_len), lambda shapes: executor)
+    assert core.overlap
+    for i in range(2):  # the first finishes in round 1, committed after round 2's launch compiled
+        core.add_request([5 + i, 6, 7, 8], SamplingParams(max_tokens=1 + 2 * i, ignore_eos=True))
+    done = {}
+    while core.has_unfinished():
+        done.update((o.request_id, o) for o in core.step() if o.finish_time is not None)
+    assert executor.launches >= 2 and len(done) == 2
+    first = done[min(done)]
+    assert first.finish_round == 1 and first.finish_time - first.arrival_time < 0.25  # not the 0.5 s compile
