@@ -61,9 +61,12 @@ def test_radixflow_fewer_rounds_same_reuse_same_outputs(hybrid, flow_run) -> Non
 
 
 def test_attention_only_control_is_unchanged() -> None:
+    """The paper's control, on the synchronous engine as the paper's engines run: an attention-only
+    model has no pending state to wait for. (With overlap, its rounds in flight publish pending KV,
+    so it has consumers too and the policies differ: docs/results.md, section 5 notes.)"""
     control = load("tiny-qwen3")  # rounds are scheduling alone: fixed buckets, one step variant
-    n_rounds, _, _ = _stats(*_run(control, "native", bucket_mode="fixed"))
-    f_rounds, _, _ = _stats(*_run(control, "radixflow", bucket_mode="fixed"))
+    n_rounds, _, _ = _stats(*_run(control, "native", bucket_mode="fixed", overlap=False))
+    f_rounds, _, _ = _stats(*_run(control, "radixflow", bucket_mode="fixed", overlap=False))
     assert abs(f_rounds - n_rounds) <= 0.02 * n_rounds
 
 
