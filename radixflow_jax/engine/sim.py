@@ -8,8 +8,9 @@ Cost models:
     *token slot* of the variant, so padding costs as much as a real token and a filled bubble is
     free; attention, KV reads and state traffic (read, write, copy-in, checkpoint emits) over the
     real rows only; weights read once per round; the fixed per-round cost from the device spec; a
-    round with a paired consumer (policy ``pair``) pays a second chunked scan over the prefill slots
-    (the Pallas kernels run twice on a paired call; the weights are still read once);
+    round with paired consumers (policy ``pair``) pays the recurrent work of each producer's span up to
+    its pairing depth once more per paired row (the GPU kernel replays it in the paired row's
+    program; the weights are still read once);
   * :class:`CalibratedCost`: measured step times of the model executor per step variant, with a
     least-squares line over token and row slots for variants never measured.
 Sampled tokens are a fixed id, so simulated requests end by ``max_tokens`` (run with ``ignore_eos``).
@@ -42,6 +43,16 @@ class CostModel(Protocol):
     def round_time(self, plan: RoundPlan, token_slots: int, row_slots: int) -> float: ...
 
 
+def _pairing_tokens(plan: RoundPlan, slots: int) -> int:
+    """Token slots of recurrent work a round with paired rows (policy ``pair``) adds on the Pallas
+    kernels (``kernels/pallas/chunk_scan.py``), which take the cheaper of two exact forms: each
+    paired row replays its producer's span up to the pairing depth, or the scan runs twice over the
+    prefill slots."""
+    depth_of = {slot: offset for row in plan.rows for offset, slot in row.emits}
+    replayed = sum(depth_of.get(row.pair_slot, 0) for row in plan.rows if row.pair_slot is not None)
+    return min(replayed, max(slots - plan.num_decode, 0))
+
+
 @dataclasses.dataclass(frozen=True)
 class RooflineCost:
     """See the module docstring. ``overhead_s`` / ``mfu`` / ``mbu`` default to the device spec's."""
@@ -56,9 +67,7 @@ class RooflineCost:
         m, dev = self.model, self.device
         slots = max(token_slots, plan.num_tokens)
         flops = 2.0 * m.active_params * slots + m.recurrent_flops_per_token * slots
-        if any(row.pair_slot is not None for row in plan.rows):
-            # policy pair: the Pallas chunked kernels run twice over the prefill slots (kernels/ops.py)
-            flops += m.recurrent_flops_per_token * max(slots - plan.num_decode, 0)
+        flops += m.recurrent_flops_per_token * _pairing_tokens(plan, slots)
         kv_read = 0.0
         state_io = 0
         for row in plan.rows:

@@ -17,7 +17,6 @@ import os
 from typing import Any, Callable, Iterator
 
 import jax
-import jax.numpy as jnp
 
 from radixflow_jax.kernels import attention as _attention
 from radixflow_jax.kernels import conv as _conv
@@ -103,8 +102,18 @@ def _sharded(op: str, impl: Callable[..., Any]) -> Callable[..., Any]:
     def call(*args: Any, **kwargs: Any) -> Any:
         if len(args) != len(in_specs):
             raise TypeError(f"{op} per shard takes its {len(in_specs)} array arguments positionally")
-        body = functools.partial(impl, **kwargs)
-        return jax.shard_map(body, mesh=mesh, in_specs=in_specs, out_specs=out_specs, check_vma=False)(*args)
+        pair_chunk = kwargs.pop("pair_chunk", None)  # per row, replicated: an operand, not a closure
+        if pair_chunk is None:
+            body = functools.partial(impl, **kwargs)
+            return jax.shard_map(body, mesh=mesh, in_specs=in_specs, out_specs=out_specs, check_vma=False)(*args)
+
+        def paired(*operands: Any) -> Any:
+            return impl(*operands[:-1], pair_chunk=operands[-1], **kwargs)
+
+        from jax.sharding import PartitionSpec
+
+        specs = (*in_specs, PartitionSpec())
+        return jax.shard_map(paired, mesh=mesh, in_specs=specs, out_specs=out_specs, check_vma=False)(*args, pair_chunk)
 
     return call
 
@@ -168,34 +177,6 @@ JNP_ONLY = frozenset(
 )
 
 
-_PAIRED_OPS = frozenset({"gated_delta_chunked", "ssd_chunked"})
-
-
-def _paired_in_two_calls(impl: Callable[..., Any]) -> Callable[..., Any]:
-    """A Pallas chunked kernel with the ``pair_chunk`` contract of the references
-    (:func:`radixflow_jax.kernels.layout.scan_chunks`): the kernels scan rows independently, so a
-    call with paired rows runs the kernel twice, the second time with every paired row's initial
-    state read from the first call's chunk states (the producers are unpaired, so their states are
-    equal in both calls). Calls without a paired row call it once."""
-
-    def call(*args: Any, pair_chunk: Any = None, **kwargs: Any) -> Any:
-        if pair_chunk is None:
-            return impl(*args, **kwargs)
-        *head, initial_state = args
-        src = pair_chunk.astype(jnp.int32)
-
-        def twice() -> Any:
-            _, _, ends = impl(*head, initial_state, **kwargs)
-            picked = ends[jnp.clip(src, 0, ends.shape[0] - 1)]
-            init = jnp.where((src >= 0)[:, None, None, None], picked, initial_state.astype(jnp.float32))
-            return impl(*head, init, **kwargs)
-
-        return jax.lax.cond(jnp.any(src >= 0), twice, lambda: impl(*head, initial_state, **kwargs))
-
-    call.__wrapped__ = impl  # type: ignore[attr-defined]  # the kernel it calls (introspection, tests)
-    return call
-
-
 def resolve(op: str) -> Callable[..., Any]:
     """The implementation of ``op`` under the selected backend."""
     backend = selected_backend()
@@ -205,8 +186,7 @@ def resolve(op: str) -> Callable[..., Any]:
         return _FAST.get(op, _REFERENCE[op])  # ops without a faster formulation: the reference is the XLA one
     impl = _pallas_impl(op)
     if impl is not None:
-        sharded = _sharded(op, impl)
-        return _paired_in_two_calls(sharded) if op in _PAIRED_OPS else sharded
+        return _sharded(op, impl)
     if backend == "pallas":
         raise KernelUnavailableError(f"RADIXFLOW_KERNELS=pallas but no Pallas kernel for '{op}' on this platform")
     return _FAST.get(op, _REFERENCE[op])

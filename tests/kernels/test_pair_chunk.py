@@ -5,7 +5,7 @@ Oracle: the float64 per-token loops of ``test_gated_delta`` / ``test_ssd`` with 
 initial states replaced by their producers' states at the pairing depth. Cases: a consumer placed
 *before* its producer in the packed order (the scan must reorder), pairing inside the producer's
 span (on the chunk grid) and at its end (a partial last chunk), every backend that serves the op
-on CPU (reference, the faster XLA form, Pallas in interpret mode through ``ops``).
+on CPU (reference, the faster XLA form, both Pallas variants in interpret mode, and through ``ops``).
 """
 
 from __future__ import annotations
@@ -20,6 +20,8 @@ import pytest
 from radixflow_jax.kernels import fast, ops
 from radixflow_jax.kernels.gated_delta import gated_delta_chunked
 from radixflow_jax.kernels.layout import chunk_layout
+from radixflow_jax.kernels.pallas import gated_delta as pallas_gd
+from radixflow_jax.kernels.pallas import ssd as pallas_ssd
 from radixflow_jax.kernels.ssd import ssd_chunked
 from tests.kernels import test_gated_delta as gd_case
 from tests.kernels import test_ssd as ssd_case
@@ -27,21 +29,24 @@ from tests.kernels import test_ssd as ssd_case
 CHUNK = 4
 LENS = (5, 0, 1, 13, 8)  # row 3 (13 tokens: chunks at 4, 8, 12, 13) is the producer
 PAIRS = {0: (3, 13), 4: (3, 8)}  # consumer row -> (producer row, depth): span end, on the grid
+# three consumers of the whole 13-token span: replaying it (12 chunk steps) costs more than a second
+# pass over the 9 used chunks, so the GPU variant takes its two-call form
+LONG_REPLAYS = {0: (3, 13), 2: (3, 13), 4: (3, 13)}
 
 
-def _pair_chunk(lens: tuple[int, ...]) -> np.ndarray:
+def _pair_chunk(lens: tuple[int, ...], pairs: dict = PAIRS) -> np.ndarray:
     layout = chunk_layout(jnp.asarray(gd_case._cu(lens)), sum(lens) + 3, CHUNK)
     first = np.asarray(layout.first_chunk)
     out = np.full(len(lens), -1, np.int32)
-    for row, (prow, depth) in PAIRS.items():
+    for row, (prow, depth) in pairs.items():
         out[row] = first[prow] + -(-depth // CHUNK) - 1
     return out
 
 
-def _with_producer_states(init: np.ndarray, states: list) -> np.ndarray:
+def _with_producer_states(init: np.ndarray, states: list, pairs: dict = PAIRS) -> np.ndarray:
     """The oracle's initial states: every paired row takes its producer's state at the depth."""
     out = init.copy()
-    for row, (prow, depth) in PAIRS.items():
+    for row, (prow, depth) in pairs.items():
         out[row] = np.asarray(states[prow][depth], np.float32)
     return out
 
@@ -55,9 +60,9 @@ def _check(result, ref_out: np.ndarray, ref_states: list, lens: tuple[int, ...],
         np.testing.assert_allclose(chunk_states[c], ref_states[r][n], atol=tol, rtol=0)
 
 
-def _gdn_expected(inp: dict[str, np.ndarray], scale: float) -> tuple[np.ndarray, list]:
+def _gdn_expected(inp: dict[str, np.ndarray], scale: float, pairs: dict = PAIRS) -> tuple[np.ndarray, list]:
     _, states = gd_case._numpy_oracle(inp, LENS, scale)
-    paired_inp = dict(inp, init=_with_producer_states(inp["init"], states))
+    paired_inp = dict(inp, init=_with_producer_states(inp["init"], states, pairs))
     return gd_case._numpy_oracle(paired_inp, LENS, scale)
 
 
@@ -79,13 +84,13 @@ def test_gated_delta_pairs_in_one_pass(form: str) -> None:
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-6, rtol=0)
 
 
-def _ssd_inputs() -> dict[str, np.ndarray]:
-    return ssd_case.make_inputs(5, LENS, 3, heads=4, p=3, n=5, groups=2)
+def _ssd_inputs(p: int = 3, n: int = 5) -> dict[str, np.ndarray]:
+    return ssd_case.make_inputs(5, LENS, 3, heads=4, p=p, n=n, groups=2)
 
 
-def _ssd_expected(inp: dict[str, np.ndarray]) -> tuple[np.ndarray, list]:
+def _ssd_expected(inp: dict[str, np.ndarray], pairs: dict = PAIRS) -> tuple[np.ndarray, list]:
     _, states = ssd_case.numpy_oracle(inp)
-    return ssd_case.numpy_oracle(dict(inp, initial_state=_with_producer_states(inp["initial_state"], states)))
+    return ssd_case.numpy_oracle(dict(inp, initial_state=_with_producer_states(inp["initial_state"], states, pairs)))
 
 
 def test_ssd_pairs_in_one_pass() -> None:
@@ -97,8 +102,27 @@ def test_ssd_pairs_in_one_pass() -> None:
 
 
 @pytest.mark.skipif(jax.default_backend() != "cpu", reason="Pallas interpret mode on CPU")
-def test_pallas_through_ops_pairs_in_two_calls(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The Pallas kernels scan rows independently: ``ops`` runs them twice on a paired call."""
+@pytest.mark.parametrize("variant,pairs", [("gpu", PAIRS), ("gpu", LONG_REPLAYS), ("tpu", PAIRS)])
+def test_pallas_variants_pair(variant: str, pairs: dict) -> None:
+    """Both lowering variants in interpret mode: the GPU one replays the producer's chunks in the
+    paired row's program (or runs twice when that is cheaper), the TPU one runs the grid twice."""
+    pair_chunk = jnp.asarray(_pair_chunk(LENS, pairs))
+    inp = _ssd_inputs(p=4, n=8)  # power-of-two tiles for the Triton variant
+    names = ("x", "dt", "A", "B", "C", "cu_seqlens", "initial_state")
+    args = [jnp.asarray(inp[n]) for n in names]
+    result = pallas_ssd.ssd_chunked(*args, chunk_size=CHUNK, backend=variant, interpret=True, pair_chunk=pair_chunk)
+    _check(result, *_ssd_expected(inp, pairs), LENS, ssd_case.TOL)
+    g = gd_case._make_inputs(11, sum(LENS) + 3, len(LENS), 2, 4, 8, 8)
+    gargs = [jnp.asarray(a) for a in (g["q"], g["k"], g["v"], g["g"], g["beta"], gd_case._cu(LENS), g["init"])]
+    result = pallas_gd.gated_delta_chunked(
+        *gargs, chunk_size=CHUNK, scale=0.7, backend=variant, interpret=True, pair_chunk=pair_chunk
+    )
+    _check(result, *_gdn_expected(g, 0.7, pairs), LENS, gd_case.ATOL)
+
+
+@pytest.mark.skipif(jax.default_backend() != "cpu", reason="Pallas interpret mode on CPU")
+def test_pallas_through_ops_pairs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Through ``ops`` (the dispatch the model uses), forced Pallas in interpret mode."""
     monkeypatch.setenv("RADIXFLOW_KERNELS", "pallas")
     monkeypatch.setenv("RADIXFLOW_PALLAS_INTERPRET", "1")
     pair_chunk = jnp.asarray(_pair_chunk(LENS))

@@ -31,7 +31,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from radixflow_jax.kernels.layout import ChunkLayout
+from radixflow_jax.kernels.layout import ChunkLayout, effective_initial
 from radixflow_jax.kernels.pallas.common import Backend, Ref, compiler_params, is_pow2
 
 _F32 = jnp.float32
@@ -81,7 +81,10 @@ def _tpu_kernel(reset_ref: Ref, row_ref: Ref, *refs: Ref, step: Step, num_inputs
     state_ref[...] = new_state
 
 
-def _gpu_kernel(fc_ref: Ref, *refs: Ref, step: Step, num_inputs: int, num_rows: int, num_chunks: int) -> None:
+def _gpu_kernel(
+    fc_ref: Ref, rlo_ref: Ref, rhi_ref: Ref, rrow_ref: Ref, *refs: Ref,
+    step: Step, num_inputs: int, num_rows: int, num_chunks: int,
+) -> None:  # fmt: skip
     in_refs, init_ref = refs[:num_inputs], refs[num_inputs]
     o_ref, st_ref = refs[num_inputs + 1 :]
     r = pl.program_id(0)
@@ -89,13 +92,21 @@ def _gpu_kernel(fc_ref: Ref, *refs: Ref, step: Step, num_inputs: int, num_rows: 
     lo = fc_ref[r]
     hi = jnp.where(real, fc_ref[jnp.minimum(r + 1, num_rows)], lo)
 
+    def replay(c: jnp.ndarray, state: jnp.ndarray) -> jnp.ndarray:
+        return step(*(ref[c] for ref in in_refs), state)[1]
+
+    # a paired row first replays its producer's chunks up to the pairing chunk (nothing written);
+    # every other row's replay range is empty and its "producer" is itself
+    start = init_ref[jnp.minimum(rrow_ref[r], num_rows - 1)].astype(_F32)
+    start = jax.lax.fori_loop(rlo_ref[r], rhi_ref[r], replay, start)
+
     def body(c: jnp.ndarray, state: jnp.ndarray) -> jnp.ndarray:
         out, new_state = step(*(ref[c] for ref in in_refs), state)
         o_ref[c] = out.astype(o_ref.dtype)
         st_ref[c] = new_state
         return new_state
 
-    jax.lax.fori_loop(lo, hi, body, init_ref[jnp.minimum(r, num_rows - 1)].astype(_F32))
+    jax.lax.fori_loop(lo, hi, body, start)
     o_zero = jnp.zeros(o_ref.shape[1:], o_ref.dtype)
     st_zero = jnp.zeros(st_ref.shape[1:], st_ref.dtype)
 
@@ -172,7 +183,7 @@ def _gpu_call(
         ),
         out_shape=out_shape,
         grid=(plan.num_rows + 1, plan.num_heads, plan.num_blocks),
-        in_specs=[pl.BlockSpec((plan.num_rows + 1,), lambda r, h, j: (0,))]
+        in_specs=[pl.BlockSpec((plan.num_rows + 1,), lambda r, h, j: (0,))] * 4  # first chunks, replay lo/hi/row
         + [in_spec(x, t) for x, t in zip(inputs, plan.in_tails)]
         + [pl.BlockSpec((plan.num_rows, None, *plan.state_tail), lambda r, h, j: (0, h, *_tail_index(split, j)))],
         out_specs=[
@@ -198,8 +209,16 @@ def chunk_scan(
     backend: Backend,
     interpret: bool,
     name: str,
+    pair_chunk: jnp.ndarray | None = None,
 ) -> tuple[jnp.ndarray, jnp.ndarray]:
-    """Runs ``step`` over all chunks; see the module docstring. The output's last dim is split."""
+    """Runs ``step`` over all chunks; see the module docstring. The output's last dim is split.
+
+    ``pair_chunk int32 [R]`` (policy ``pair``): row ``r`` with ``pair_chunk[r] >= 0`` starts from
+    the state after chunk ``pair_chunk[r]``, which belongs to another, unpaired row of the call (see
+    ``kernels/layout.scan_chunks``). ``"gpu"``: the paired row's program replays its producer's chunks
+    up to that one before its own (rows run in parallel, so no program waits for another).
+    ``"tpu"``: the grid scans chunks in order with one state scratch, so a call with a paired row
+    runs twice, the second time from the first call's chunk states; a call without one runs once."""
     num_rows, num_heads = initial_state.shape[:2]
     state_shape = initial_state.shape[2:]
     num_chunks, chunk = inputs[0].array.shape[1], inputs[0].array.shape[2]
@@ -224,14 +243,45 @@ def chunk_scan(
     if backend == "tpu":
         reset = (layout.is_first | (jnp.arange(num_chunks) == 0)).astype(jnp.int32)  # chunk 0 always resets
         row = jnp.minimum(layout.row, num_rows - 1).astype(jnp.int32)
-        out, states = _tpu_call(step, inputs, plan, out_shape, name, interpret)(reset, row, *arrays, init)
-    else:
-        out, states = _gpu_call(step, inputs, plan, out_shape, name, interpret)(layout.first_chunk, *arrays, init)
-    return out, states
+        call = _tpu_call(step, inputs, plan, out_shape, name, interpret)
+        if pair_chunk is None:
+            return call(reset, row, *arrays, init)
+
+        def twice() -> tuple[jnp.ndarray, jnp.ndarray]:
+            _, first = call(reset, row, *arrays, init)
+            return call(reset, row, *arrays, effective_initial(init, first, pair_chunk))
+
+        return jax.lax.cond(jnp.any(pair_chunk >= 0), twice, lambda: call(reset, row, *arrays, init))
+    call = _gpu_call(step, inputs, plan, out_shape, name, interpret)
+    none = jnp.zeros((num_rows + 1,), jnp.int32)
+    itself = jnp.minimum(jnp.arange(num_rows + 1, dtype=jnp.int32), num_rows - 1)
+    if pair_chunk is None:
+        return call(layout.first_chunk, none, none, itself, *arrays, init)
+    src = jnp.concatenate([pair_chunk.astype(jnp.int32), jnp.full((1,), -1, jnp.int32)])
+    paired = src >= 0
+    safe = jnp.clip(src, 0, num_chunks - 1)
+    prow = jnp.minimum(layout.row[safe], num_rows - 1)
+    lo = jnp.where(paired, layout.first_chunk[prow], 0)
+    hi = jnp.where(paired, safe + 1, 0)
+
+    def replayed() -> tuple[jnp.ndarray, jnp.ndarray]:
+        return call(layout.first_chunk, lo, hi, jnp.where(paired, prow, itself), *arrays, init)
+
+    def twice() -> tuple[jnp.ndarray, jnp.ndarray]:
+        _, first = call(layout.first_chunk, none, none, itself, *arrays, init)
+        return call(layout.first_chunk, none, none, itself, *arrays, effective_initial(init, first, pair_chunk))
+
+    # the cheaper exact form: replays cost the producers' chunks once more per paired row, a second
+    # call every used chunk (a call without a paired row replays nothing: replayed() is the plain call)
+    return jax.lax.cond(jnp.sum(hi - lo) <= layout.first_chunk[num_rows], replayed, twice)
 
 
-def final_states(chunk_states: jnp.ndarray, layout: ChunkLayout, initial_state: jnp.ndarray) -> jnp.ndarray:
-    """Each row's state after its last chunk, or its initial state when it has no chunk."""
+def final_states(
+    chunk_states: jnp.ndarray, layout: ChunkLayout, initial_state: jnp.ndarray, pair_chunk: jnp.ndarray | None = None
+) -> jnp.ndarray:
+    """Each row's state after its last chunk, or its initial state (a paired row's: its producer's
+    chunk state) when it has no chunk."""
     first = layout.first_chunk
     has = (first[1:] > first[:-1])[:, None, None, None]
-    return jnp.where(has, chunk_states[jnp.maximum(first[1:] - 1, 0)], initial_state.astype(_F32))
+    init = effective_initial(initial_state, chunk_states, pair_chunk)
+    return jnp.where(has, chunk_states[jnp.maximum(first[1:] - 1, 0)], init)

@@ -129,12 +129,14 @@ def gated_delta_chunked(
     backend: Backend | None = None,
     interpret: bool = False,
     block_v: int | None = None,
+    pair_chunk: jnp.ndarray | None = None,
 ) -> tuple[jnp.ndarray, jnp.ndarray, jnp.ndarray]:
     """Chunked gated delta rule over a packed batch, recurrence in Pallas.
 
     Returns ``(out [T, Hv, dv] in v.dtype, final_state [R, Hv, dk, dv] f32,
     chunk_states [num_chunks, Hv, dk, dv] f32)``. ``block_v`` splits ``dv`` across grid programs
     (default: all of ``dv``); ``backend``/``interpret`` pick the lowering variant (module docstring).
+    ``pair_chunk``: the reference's contract (``kernels/gated_delta.py``), served as ``chunk_scan`` says.
     """
     backend = resolve_backend(backend, interpret)
     num_tokens, dk, dv = v.shape[0], q.shape[-1], v.shape[-1]
@@ -166,6 +168,7 @@ def gated_delta_chunked(
         backend=backend,
         interpret=interpret,
         name="gated_delta_chunked",
+        pair_chunk=pair_chunk,
     )
     out = scatter_chunks(jnp.moveaxis(out, 0, 2), layout, num_tokens)
-    return out, final_states(states, layout, init), states
+    return out, final_states(states, layout, init, pair_chunk), states

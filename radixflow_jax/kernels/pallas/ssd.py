@@ -84,12 +84,14 @@ def ssd_chunked(
     backend: Backend | None = None,
     interpret: bool = False,
     block_p: int | None = None,
+    pair_chunk: jnp.ndarray | None = None,
 ) -> tuple[jnp.ndarray, jnp.ndarray, jnp.ndarray]:
     """Chunked SSD over a packed batch, recurrence in Pallas.
 
     x [T, H, P]; dt [T, H]; A [H]; B, C [T, G, N]; cu_seqlens int32 [R + 1]; initial_state f32
     [R, H, P, N]. Returns ``(y [T, H, P] in x's dtype, final_state f32 [R, H, P, N],
     chunk_states f32 [num_chunks, H, P, N])``. ``block_p`` splits ``P`` across grid programs.
+    ``pair_chunk``: the reference's contract (``kernels/ssd.py``), served as ``chunk_scan`` says.
     """
     _check_shapes(x, dt, A, B, C)
     backend = resolve_backend(backend, interpret)
@@ -125,6 +127,7 @@ def ssd_chunked(
         backend=backend,
         interpret=interpret,
         name="ssd_chunked",
+        pair_chunk=pair_chunk,
     )
     y = scatter_chunks(jnp.moveaxis(y, 0, 2), layout, num_tokens)
-    return y, final_states(states, layout, init), states
+    return y, final_states(states, layout, init, pair_chunk), states
