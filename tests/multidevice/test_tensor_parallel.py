@@ -234,3 +234,24 @@ def test_pallas_refused_where_heads_are_not_self_contained(models: dict[str, Loa
     assert step_kernels(shard_model(models["gdn"], 4), "auto") == "xla"  # auto: the forms that can run
     assert step_kernels(shard_model(models["gdn"], 2), "pallas") == "pallas"
     assert step_kernels(models["gdn"], "pallas") == "pallas"
+
+
+def test_pallas_pair_chunk_per_shard(monkeypatch) -> None:
+    """``pair_chunk`` (policy ``pair``) reaches the Pallas kernels inside ``shard_map`` as a
+    replicated operand: per-shard results equal the one-device reference's."""
+    from jax.sharding import Mesh
+
+    from radixflow_jax.kernels import ops
+    from radixflow_jax.kernels.ssd import ssd_chunked
+    from tests.kernels.test_pair_chunk import CHUNK, LENS, _pair_chunk, _ssd_inputs
+
+    monkeypatch.setenv("RADIXFLOW_PALLAS_INTERPRET", "1")
+    inp = _ssd_inputs(p=4, n=8)
+    args = [jnp.asarray(inp[k]) for k in ("x", "dt", "A", "B", "C", "cu_seqlens", "initial_state")]
+    pair_chunk = jnp.asarray(_pair_chunk(LENS))
+    want = ssd_chunked(*args, chunk_size=CHUNK, pair_chunk=pair_chunk)
+    mesh = Mesh(np.asarray(jax.devices()[:2]), ("tensor",))
+    with ops.use_backend("pallas"), ops.per_shard(mesh, "tensor"):
+        got = jax.jit(lambda *a: ops.ssd_chunked(*a, chunk_size=CHUNK, pair_chunk=pair_chunk))(*args)
+    for g, w in zip(got[:2], want[:2]):  # outputs and final states (unused chunk states are junk)
+        assert np.max(np.abs(np.asarray(g) - np.asarray(w))) <= 1e-4
