@@ -10,7 +10,6 @@ import shutil
 import pytest
 
 from radixflow_jax import LLM, SamplingParams, UnsupportedParameterError
-from radixflow_jax.models.api import load
 
 SMALL = dict(max_num_seqs=4, max_num_batched_tokens=64, max_model_len=512, warmup=False)
 PROMPT = list(range(30, 70))

@@ -3,7 +3,6 @@ from the round records, a line for variants never measured, nothing invented bef
 
 from __future__ import annotations
 
-import dataclasses
 
 from radixflow_jax.engine.core import RoundRecord
 from radixflow_jax.engine.roundcost import MeasuredRoundCost
