@@ -38,7 +38,7 @@ def test_medians_per_variant_and_kind_read_incrementally() -> None:
     records += [_record(3, 32, 2, 3.0), _record(4, 32, 2, 4.0)]  # the window keeps the last 3
     assert cost(_rows(32, 2)) == 3.0
     records += [_record(5, 32, 2, 7.0, paired=1)]
-    assert cost(_rows(32, 2, paired=True)) == 7.0  # a round with the pairing phase is its own kind
+    assert cost(_rows(32, 2, paired=True)) == 7.0  # a round with a paired consumer is its own kind
     assert cost(_rows(32, 2)) == 3.0
     del records[:4]  # an owner trimming the list loses nothing already read
     records.append(_record(6, 32, 2, 3.5))
