@@ -9,8 +9,7 @@ Cost models:
     free; attention, KV reads and state traffic (read, write, copy-in, checkpoint emits) over the
     real rows only; weights read once per round; the fixed per-round cost from the device spec; a
     round with paired consumers (policy ``pair``) pays the recurrent work of each producer's span up to
-    its pairing depth once more per paired row (the GPU kernel replays it in the paired row's
-    program; the weights are still read once);
+    its deepest pairing depth once more (the GPU kernel's pre-pass; the weights are still read once);
   * :class:`CalibratedCost`: measured step times of the model executor per step variant, with a
     least-squares line over token and row slots for variants never measured.
 Sampled tokens are a fixed id, so simulated requests end by ``max_tokens`` (run with ``ignore_eos``).
@@ -43,14 +42,17 @@ class CostModel(Protocol):
     def round_time(self, plan: RoundPlan, token_slots: int, row_slots: int) -> float: ...
 
 
-def _pairing_tokens(plan: RoundPlan, slots: int) -> int:
-    """Token slots of recurrent work a round with paired rows (policy ``pair``) adds on the Pallas
-    kernels (``kernels/pallas/chunk_scan.py``), which take the cheaper of two exact forms: each
-    paired row replays its producer's span up to the pairing depth, or the scan runs twice over the
-    prefill slots."""
-    depth_of = {slot: offset for row in plan.rows for offset, slot in row.emits}
-    replayed = sum(depth_of.get(row.pair_slot, 0) for row in plan.rows if row.pair_slot is not None)
-    return min(replayed, max(slots - plan.num_decode, 0))
+def _pairing_tokens(plan: RoundPlan) -> int:
+    """Token slots of recurrent work a round with paired rows (policy ``pair``) adds on the GPU
+    Pallas kernel (``kernels/pallas/chunk_scan.py``): a pre-pass over each producer's span up to its
+    deepest pairing depth, once per producer however many rows pair with it."""
+    depth_of = {slot: (row.request_id, offset) for row in plan.rows for offset, slot in row.emits}
+    deepest: dict[int, int] = {}
+    for row in plan.rows:
+        if row.pair_slot is not None and row.pair_slot in depth_of:
+            producer, offset = depth_of[row.pair_slot]
+            deepest[producer] = max(deepest.get(producer, 0), offset)
+    return sum(deepest.values())
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,7 +69,7 @@ class RooflineCost:
         m, dev = self.model, self.device
         slots = max(token_slots, plan.num_tokens)
         flops = 2.0 * m.active_params * slots + m.recurrent_flops_per_token * slots
-        flops += m.recurrent_flops_per_token * _pairing_tokens(plan, slots)
+        flops += m.recurrent_flops_per_token * _pairing_tokens(plan)
         kv_read = 0.0
         state_io = 0
         for row in plan.rows:

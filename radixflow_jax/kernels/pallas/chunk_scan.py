@@ -82,23 +82,15 @@ def _tpu_kernel(reset_ref: Ref, row_ref: Ref, *refs: Ref, step: Step, num_inputs
 
 
 def _gpu_kernel(
-    fc_ref: Ref, rlo_ref: Ref, rhi_ref: Ref, rrow_ref: Ref, *refs: Ref,
-    step: Step, num_inputs: int, num_rows: int, num_chunks: int,
-) -> None:  # fmt: skip
+    fc_ref: Ref, lo_ref: Ref, hi_ref: Ref, *refs: Ref, step: Step, num_inputs: int, num_rows: int, num_chunks: int
+) -> None:
     in_refs, init_ref = refs[:num_inputs], refs[num_inputs]
     o_ref, st_ref = refs[num_inputs + 1 :]
     r = pl.program_id(0)
     real = r < num_rows
-    lo = fc_ref[r]
-    hi = jnp.where(real, fc_ref[jnp.minimum(r + 1, num_rows)], lo)
-
-    def replay(c: jnp.ndarray, state: jnp.ndarray) -> jnp.ndarray:
-        return step(*(ref[c] for ref in in_refs), state)[1]
-
-    # a paired row first replays its producer's chunks up to the pairing chunk (nothing written);
-    # every other row's replay range is empty and its "producer" is itself
-    start = init_ref[jnp.minimum(rrow_ref[r], num_rows - 1)].astype(_F32)
-    start = jax.lax.fori_loop(rlo_ref[r], rhi_ref[r], replay, start)
+    lo = lo_ref[r]  # row r's chunks [lo, hi): all of them, or (policy pair's pre-pass) a prefix or none
+    hi = jnp.where(real, hi_ref[r], lo)
+    start = init_ref[jnp.minimum(r, num_rows - 1)].astype(_F32)
 
     def body(c: jnp.ndarray, state: jnp.ndarray) -> jnp.ndarray:
         out, new_state = step(*(ref[c] for ref in in_refs), state)
@@ -183,7 +175,7 @@ def _gpu_call(
         ),
         out_shape=out_shape,
         grid=(plan.num_rows + 1, plan.num_heads, plan.num_blocks),
-        in_specs=[pl.BlockSpec((plan.num_rows + 1,), lambda r, h, j: (0,))] * 4  # first chunks, replay lo/hi/row
+        in_specs=[pl.BlockSpec((plan.num_rows + 1,), lambda r, h, j: (0,))] * 3  # first chunks, chunk ranges
         + [in_spec(x, t) for x, t in zip(inputs, plan.in_tails)]
         + [pl.BlockSpec((plan.num_rows, None, *plan.state_tail), lambda r, h, j: (0, h, *_tail_index(split, j)))],
         out_specs=[
@@ -215,10 +207,11 @@ def chunk_scan(
 
     ``pair_chunk int32 [R]`` (policy ``pair``): row ``r`` with ``pair_chunk[r] >= 0`` starts from
     the state after chunk ``pair_chunk[r]``, which belongs to another, unpaired row of the call (see
-    ``kernels/layout.scan_chunks``). ``"gpu"``: the paired row's program replays its producer's chunks
-    up to that one before its own (rows run in parallel, so no program waits for another).
-    ``"tpu"``: the grid scans chunks in order with one state scratch, so a call with a paired row
-    runs twice, the second time from the first call's chunk states; a call without one runs once."""
+    ``kernels/layout.scan_chunks``). ``"gpu"``: rows run in parallel programs, so no program can wait
+    for another; a call with a paired row first runs a *pre-pass* over only the producers' chunks up
+    to their deepest pairing chunk (every other program idles), then the full call with each paired
+    row starting from the pre-pass's chunk state. ``"tpu"``: the grid scans every chunk in order with
+    one state scratch, so a call with a paired row runs twice in full. A call without one runs once."""
     num_rows, num_heads = initial_state.shape[:2]
     state_shape = initial_state.shape[2:]
     num_chunks, chunk = inputs[0].array.shape[1], inputs[0].array.shape[2]
@@ -253,27 +246,21 @@ def chunk_scan(
 
         return jax.lax.cond(jnp.any(pair_chunk >= 0), twice, lambda: call(reset, row, *arrays, init))
     call = _gpu_call(step, inputs, plan, out_shape, name, interpret)
-    none = jnp.zeros((num_rows + 1,), jnp.int32)
-    itself = jnp.minimum(jnp.arange(num_rows + 1, dtype=jnp.int32), num_rows - 1)
+    fc = layout.first_chunk
+    ends = jnp.concatenate([fc[1:], fc[num_rows:]])  # program R's range is empty
     if pair_chunk is None:
-        return call(layout.first_chunk, none, none, itself, *arrays, init)
-    src = jnp.concatenate([pair_chunk.astype(jnp.int32), jnp.full((1,), -1, jnp.int32)])
-    paired = src >= 0
-    safe = jnp.clip(src, 0, num_chunks - 1)
-    prow = jnp.minimum(layout.row[safe], num_rows - 1)
-    lo = jnp.where(paired, layout.first_chunk[prow], 0)
-    hi = jnp.where(paired, safe + 1, 0)
+        return call(fc, fc, ends, *arrays, init)
+    src = pair_chunk.astype(jnp.int32)
+    producer = jnp.minimum(layout.row[jnp.clip(src, 0, num_chunks - 1)], num_rows - 1)
+    # each producer's deepest pairing chunk + 1; 0 for a row nobody pairs with (its range stays empty)
+    deepest = jnp.zeros((num_rows + 1,), jnp.int32).at[jnp.where(src >= 0, producer, num_rows)].max(src + 1)
+    pre_hi = jnp.where(deepest > 0, deepest, fc)
 
-    def replayed() -> tuple[jnp.ndarray, jnp.ndarray]:
-        return call(layout.first_chunk, lo, hi, jnp.where(paired, prow, itself), *arrays, init)
+    def paired() -> tuple[jnp.ndarray, jnp.ndarray]:
+        _, first = call(fc, fc, pre_hi, *arrays, init)  # the producers' prefixes only
+        return call(fc, fc, ends, *arrays, effective_initial(init, first, pair_chunk))
 
-    def twice() -> tuple[jnp.ndarray, jnp.ndarray]:
-        _, first = call(layout.first_chunk, none, none, itself, *arrays, init)
-        return call(layout.first_chunk, none, none, itself, *arrays, effective_initial(init, first, pair_chunk))
-
-    # the cheaper exact form: replays cost the producers' chunks once more per paired row, a second
-    # call every used chunk (a call without a paired row replays nothing: replayed() is the plain call)
-    return jax.lax.cond(jnp.sum(hi - lo) <= layout.first_chunk[num_rows], replayed, twice)
+    return jax.lax.cond(jnp.any(src >= 0), paired, lambda: call(fc, fc, ends, *arrays, init))
 
 
 def final_states(
