@@ -37,13 +37,27 @@ def num_chunks_for(num_tokens: int, num_rows: int, chunk_size: int) -> int:
     return -(-num_tokens // chunk_size) + num_rows
 
 
+def first_chunks(cu_seqlens: jnp.ndarray, chunk_size: int) -> jnp.ndarray:
+    """``[R + 1]``: the index of each row's first chunk (cumulative; the last entry counts them all)."""
+    cu = cu_seqlens.astype(jnp.int32)
+    per_row = (cu[1:] - cu[:-1] + chunk_size - 1) // chunk_size
+    return jnp.concatenate([jnp.zeros((1,), jnp.int32), jnp.cumsum(per_row).astype(jnp.int32)])
+
+
+def chunk_ending_at(cu_seqlens: jnp.ndarray, rows: jnp.ndarray, offsets: jnp.ndarray, chunk_size: int) -> jnp.ndarray:
+    """The chunk whose end state is row ``rows[m]``'s state after ``offsets[m] > 0`` tokens of its span
+    (``offsets`` on the chunk grid or the span end); -1 where ``offsets[m] == 0`` (no chunk holds the
+    initial state)."""
+    chunk = first_chunks(cu_seqlens, chunk_size)[rows] + (offsets + chunk_size - 1) // chunk_size - 1
+    return jnp.where(offsets > 0, chunk, -1)
+
+
 def chunk_layout(cu_seqlens: jnp.ndarray, num_tokens: int, chunk_size: int) -> ChunkLayout:
     """Computes the chunk layout of a packed batch (traceable; shapes depend only on statics)."""
     cu = cu_seqlens.astype(jnp.int32)
     num_rows = cu.shape[0] - 1
     lens = cu[1:] - cu[:-1]
-    per_row = (lens + chunk_size - 1) // chunk_size
-    first_chunk = jnp.concatenate([jnp.zeros((1,), jnp.int32), jnp.cumsum(per_row).astype(jnp.int32)])
+    first_chunk = first_chunks(cu, chunk_size)
     n = num_chunks_for(num_tokens, num_rows, chunk_size)
     idx = jnp.arange(n, dtype=jnp.int32)
     row = jnp.searchsorted(first_chunk[1:], idx, side="right").astype(jnp.int32)

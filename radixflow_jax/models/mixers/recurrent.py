@@ -17,6 +17,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from radixflow_jax.kernels import ops
+from radixflow_jax.kernels.layout import chunk_ending_at, effective_initial
 from radixflow_jax.models.batch import Batch
 
 
@@ -89,9 +90,7 @@ def emitted_states(
         rows = jnp.clip(emits.rows - num_decode, 0, conv0.shape[0] - 1)
         lens = cu[1:] - cu[:-1]
         offsets = jnp.clip(emits.offsets, 0, lens[rows])
-        per_row = (lens + chunk_size - 1) // chunk_size
-        first_chunk = jnp.concatenate([jnp.zeros((1,), jnp.int32), jnp.cumsum(per_row).astype(jnp.int32)])
-        chunk = jnp.clip(first_chunk[rows] + (offsets + chunk_size - 1) // chunk_size - 1, 0, chunk_states.shape[0] - 1)
+        chunk = jnp.clip(chunk_ending_at(cu, rows, offsets, chunk_size), 0, chunk_states.shape[0] - 1)
         at_start = (offsets == 0).reshape((-1,) + (1,) * (ssm0.ndim - 1))
         convs.append(ops.conv_states_at(x, cu, conv0, rows, offsets))
         ssms.append(jnp.where(at_start, ssm0[rows], chunk_states[chunk]))
@@ -167,11 +166,8 @@ class _Pairing(NamedTuple):
             direct = jnp.where(((self.prow < d) & (self.depth > 0)).reshape((-1,) + (1,) * (ssm0.ndim - 1)), after_one, direct)
         in_scan = self.paired & (self.prow >= d) & (self.depth > 0)
         ssm0 = _pick(self.paired & ~in_scan, direct, ssm0)
-        lens = cu_prefill[1:] - cu_prefill[:-1]
-        per_row = (lens + chunk_size - 1) // chunk_size
-        first_chunk = jnp.concatenate([jnp.zeros((1,), jnp.int32), jnp.cumsum(per_row).astype(jnp.int32)])
-        local = jnp.clip(self.prow - d, 0, lens.shape[0] - 1)
-        chunk = first_chunk[local] + (self.depth + chunk_size - 1) // chunk_size - 1
+        local = jnp.clip(self.prow - d, 0, cu_prefill.shape[0] - 2)
+        chunk = chunk_ending_at(cu_prefill, local, self.depth, chunk_size)
         return ssm0, jnp.where(in_scan, chunk, -1)[d:]
 
 
@@ -227,11 +223,8 @@ def recurrent_mix(
         o, s, chunk_states = chunked(tuple(x[d:] for x in inputs), cu, ssm[d:], pair_chunk)
         outs.append(o)
         states.append(s)
-        ssm_pre = ssm[d:]
-        if pair_chunk is not None:  # emits at offset 0 of a paired row read the state it started from
-            picked = chunk_states[jnp.clip(pair_chunk, 0, chunk_states.shape[0] - 1)]
-            ssm_pre = _pick(pair_chunk >= 0, picked, ssm_pre)
-        prefill_src = (conv_in[d:], cu, conv0[d:], ssm_pre, chunk_states)
+        # emits at offset 0 of a paired row read the state it started from
+        prefill_src = (conv_in[d:], cu, conv0[d:], effective_initial(ssm[d:], chunk_states, pair_chunk), chunk_states)
     elif num_tokens > d:
         outs.append(jnp.zeros((num_tokens - d,) + outs[0].shape[1:], outs[0].dtype))
     core, ssm_new = jnp.concatenate(outs, axis=0), jnp.concatenate(states, axis=0)
