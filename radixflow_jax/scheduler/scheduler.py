@@ -35,8 +35,9 @@ from radixflow_jax.cache import CacheConfig, PagePool, RadixCache, SlotPool, pla
 from radixflow_jax.scheduler.admission import QUEUE_ORDERS, Decision, get_policy
 from radixflow_jax.scheduler.lookahead import LookaheadConfig, WaitingIndex, placements
 from radixflow_jax.scheduler.memory import Memory
+from radixflow_jax.scheduler.overlap import OverlapMixin
 from radixflow_jax.scheduler.pairing import PairingMixin
-from radixflow_jax.scheduler.plan import UNKNOWN_TOKEN, RoundPlan, RoundStats, RowPlan
+from radixflow_jax.scheduler.plan import RoundPlan, RoundStats, RowPlan
 from radixflow_jax.scheduler.request import Request, RequestStatus, drop_in_flight
 
 
@@ -69,7 +70,7 @@ class SchedulerConfig:
         placement.spacing(self.grid, self.grid, interval=self.checkpoint_interval)  # validates the interval
 
 
-class Scheduler(PairingMixin):
+class Scheduler(PairingMixin, OverlapMixin):
     def __init__(self, config: SchedulerConfig, num_pages: int, num_slots: int):
         self.config = config
         self.policy = get_policy(config.policy)
@@ -333,68 +334,6 @@ class Scheduler(PairingMixin):
         """Nothing runs and the head cannot get memory: flush the cache so the next round admits it
         (``add`` refused requests that could never fit, so this always makes progress)."""
         self.memory.flush()
-
-    # ----------------------------------------------------------------- commit fence
-    # ----------------------------------------------------------------- overlap
-    def launch(self, plan: RoundPlan) -> None:
-        """The host side of a round whose result is not known yet (overlap, see the module docstring):
-        each row's request advances past its span and a sampling row appends ``UNKNOWN_TOKEN``.
-        ``commit(plan, ...)`` must follow, in launch order."""
-        fence = self.round_index + len(self._in_flight)
-        for row in plan.rows:
-            req = self.requests[row.request_id]
-            self._publish_in_flight_kv(req, row.start, row.start + len(row.tokens))
-            req.num_computed = row.start + len(row.tokens)
-            req.in_flight += len(row.tokens)
-            req.fence = fence
-            if row.sample:
-                req.output.append(UNKNOWN_TOKEN)
-                req.unresolved += 1
-        self._in_flight.append(plan)
-
-    def _publish_in_flight_kv(self, req: Request, start: int, end: int) -> None:
-        """Attention-only models: the full pages a launched row writes become pending KV of ``req``
-        until its commit, so a request planned while the round runs (overlap) that shares them is a
-        consumer (it waits for the commit and then hits) instead of computing the prefix cold. A
-        hybrid's rows publish theirs when their checkpoints are planted. Without overlap the round
-        commits before the next plan, so nothing planned ever sees this pending KV; the round being
-        planned never does (it is published at launch). Only a row that fills a new page publishes
-        (most decode rows do not), so the tree is walked rarely."""
-        cache, p = self.memory.cache, self.config.page_size
-        if cache is None or self.config.hybrid:
-            return
-        depth = min(end, req.num_tokens - req.unresolved) // p * p
-        if depth > start // p * p:
-            cache.plant_pending(req.tokens[:depth], depth, None, req.request_id, req.pages)
-
-    @property
-    def num_in_flight(self) -> int:
-        """Rounds launched and not committed."""
-        return len(self._in_flight)
-
-    @property
-    def fenced(self) -> tuple[Request, ...]:
-        """Finished requests whose pages and slot wait for the commit fence of a round in flight."""
-        return tuple(req for req, _ in self._fenced)
-
-    def plants_on_unknown(self) -> bool:
-        """Whether some running request's next decode row would plant a checkpoint on a path that ends
-        in a token a round in flight samples (the engine then commits that round before planning)."""
-        g = self.config.grid
-        for req in self.running:
-            q = req.num_computed
-            if req.unresolved and req.remaining == 1 and (q + 1) % g == 0:
-                if placements(self._lookahead, req, q, q + 1, None, WaitingIndex(g)):
-                    return True
-        return False
-
-    def drop_in_flight(self) -> None:
-        """A launched round failed: every round in flight is void. Releases the fenced requests; the
-        caller requeues the running ones (``requeue_running``), which drops their uncommitted work."""
-        self._in_flight.clear()
-        fenced, self._fenced = self._fenced, []
-        for req, _ in fenced:
-            self.memory.release(req, keep_prefix=False)
 
     # ----------------------------------------------------------------- commit fence
     def commit(self, plan: RoundPlan, sampled: dict[int, int]) -> list[Request]:
