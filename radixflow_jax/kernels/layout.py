@@ -127,7 +127,8 @@ def scan_chunks(
     if pair_chunk is None:
         return plain()
     # a call without a paired row (most rounds of policy pair) takes the plain scan
-    return jax.lax.cond(jnp.any(pair_chunk >= 0), lambda: _paired_scan(step, per_chunk, layout, init, pair_chunk), plain)
+    paired = lambda: _paired_scan(step, per_chunk, layout, init, safe_row, pair_chunk)  # noqa: E731
+    return jax.lax.cond(jnp.any(pair_chunk >= 0), paired, plain)
 
 
 def _paired_scan(
@@ -135,12 +136,11 @@ def _paired_scan(
     per_chunk: tuple[jnp.ndarray, ...],
     layout: ChunkLayout,
     init: jnp.ndarray,
+    safe_row: jnp.ndarray,
     pair_chunk: jnp.ndarray,
 ) -> tuple[jnp.ndarray, jnp.ndarray]:
     """:func:`scan_chunks` with paired rows: unpaired rows' chunks first, then paired rows'."""
-    num_rows = init.shape[0]
-    safe_row = jnp.minimum(layout.row, num_rows - 1)
-    num_chunks = layout.row.shape[0]
+    num_rows, num_chunks = init.shape[0], layout.row.shape[0]
     src = pair_chunk.astype(jnp.int32)
     paired = (layout.row < num_rows) & (src[safe_row] >= 0)
     order = jnp.argsort(paired.astype(jnp.int32), stable=True).astype(jnp.int32)
