@@ -74,6 +74,7 @@ class RoundRecord:
     num_decode: int = 0  # one-token rows of the plan
     consumers_paired: int = 0  # consumers admitted into their producer's round (policy pair)
     fill_declined: int = 0  # fill requests pair's cost rule kept out of the round
+    pairs_declined: int = 0  # consumers pair's cost rule left waiting instead of pairing
     decode_slots: int = 0  # the variant's decode region (rows taking the one-step updates)
     # host time on the critical path: from the previous round's result to this round's dispatch, the
     # host work done while no round was in flight (commit of the previous round, plan, build); 0 when

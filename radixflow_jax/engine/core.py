@@ -395,6 +395,7 @@ class EngineCore:
                 decode_slots=result.decode_slots,
                 consumers_paired=st.consumers_paired,
                 fill_declined=st.fill_declined,
+                pairs_declined=st.pairs_declined,
                 host_s=host_s,
                 overlapped=overlapped,
             )

@@ -28,8 +28,8 @@ class PairingMixin(_Base):
     def _pair(self, req: Request, match, budget: list[int], rows: list[RowPlan], stats: RoundStats) -> Decision | None:
         """Policy ``pair``: admits consumer ``req`` into the round being planned when its producer has
         an unpaired row in it that emits the pending checkpoint (so the step computes that state
-        before the consumer's rows need it). ``None``: no pairing possible, the caller waits as in
-        ``radixflow``. The consumer takes its own reference on the producer's first ``depth / page``
+        before the consumer's rows need it). ``None``: no pairing possible, or :meth:`_pairing_pays`
+        declines it; the caller waits as in ``radixflow``. The consumer takes its own reference on the producer's first ``depth / page``
         pages (paired pending KV) and a paired reference in the cache (rolled back if the producer is
         aborted or preempted before its round commits)."""
         cache, memory, cfg = self.memory.cache, self.memory, self.config
@@ -43,6 +43,10 @@ class PairingMixin(_Base):
             return None  # planted by an earlier, uncommitted round, or the producer is paired itself
         span = self._span(depth, req.num_tokens - depth, budget[0])
         if span == 0 or depth >= req.num_tokens:
+            return None
+        candidate = RowPlan(req.request_id, req.tokens[depth : depth + span], depth, (), 0, None, (), True, slot_of)
+        if not self._pairing_pays(req, candidate, rows):
+            stats.pairs_declined += 1
             return None
         slot = memory.alloc_slot()
         if slot is None:
@@ -64,6 +68,22 @@ class PairingMixin(_Base):
         budget[0] -= span
         budget[1] -= 1
         return Decision.ADMIT
+
+    def _pairing_pays(self, req: Request, row: RowPlan, rows: list[RowPlan]) -> bool:
+        """The fill rule's test for a paired consumer (it, too, is work native would not admit this
+        round). Pairing that fits the round's padding costs nothing. Otherwise pair when the time the
+        consumer's row adds to the round, paid by every request already in it, is smaller than the
+        round of waiting (this round's time) it saves: the consumer's own (unlike a fill, it is
+        *blocked*: under radixflow it waits one round) and its waiting siblings' (they pair with it,
+        or read its checkpoints, a round earlier). Declined, it waits as in radixflow."""
+        if not rows or self.round_cost is None:
+            return True
+        base = self.round_cost(rows)
+        cost = self.round_cost([*rows, row])
+        if cost <= base:
+            return True
+        served = 1 + sum(1 for _ in self._waiting_index.siblings(req))
+        return (cost - base) * len(rows) < base * served
 
     def _fill_pays(self, req: Request, rows: list[RowPlan], budget: list[int], following: Sequence[Request]) -> bool:
         """Policy pair's cost-aware fill rule, for a request scanned after a consumer was skipped or

@@ -57,6 +57,7 @@ class RoundStats:
     consumers_waiting: int = 0  # consumers that got WAIT_LOCAL (radixflow)
     consumers_paired: int = 0  # consumers admitted into their producer's round (pair)
     fill_declined: int = 0  # fill requests the pair policy's cost rule kept out of the round
+    pairs_declined: int = 0  # consumers the pair policy's cost rule left waiting instead of pairing
     stopped_by_consumer: bool = False
     stopped_by_memory: bool = False
     shadow_tokens: int = 0  # tokens admissible requests behind a consumer stop would have brought

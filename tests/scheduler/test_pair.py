@@ -125,3 +125,30 @@ def test_fill_whose_slack_carries_followers_is_admitted() -> None:
     # jump serves those two a round earlier, which outweighs what it costs the two already in it
     plan = _fill_round([60, 10, 10])
     assert plan.stats.fill_declined == 0 and sorted(r.request_id for r in plan.rows) == [0, 1, 2, 3, 4]
+
+
+def _pair_round(num_consumers: int):
+    """Producer (43 tokens) and an unrelated 20-token request fill a 64-slot round; each consumer's
+    3 tokens would grow it to 128 slots."""
+    cfg = SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=256, page_size=4, grid=8, hybrid=True, policy="pair")
+    s = Scheduler(cfg, num_pages=120, num_slots=24)
+    s.round_cost = _bucketed_cost
+    s.add(Request(0, PREFIX + (1, 2, 3), 1))
+    s.add(Request(1, tuple(range(5000, 5020)), 1))
+    for i in range(num_consumers):
+        s.add(Request(2 + i, PREFIX + (10 + i, 11, 12), 1))
+    return s.schedule()
+
+
+def test_lone_consumer_growing_the_round_waits() -> None:
+    # the jump (64 -> 128 slots) is paid by the 2 rows in the round and saves only the consumer's own round
+    plan = _pair_round(1)
+    assert plan.stats.pairs_declined == 1 and plan.stats.consumers_paired == 0
+    assert plan.stats.consumers_waiting == 1 and [r.request_id for r in plan.rows] == [0, 1]
+
+
+def test_consumer_whose_waiting_siblings_are_served_pairs() -> None:
+    # with two siblings waiting the jump saves three consumers a round; the siblings then ride its slack
+    plan = _pair_round(3)
+    assert plan.stats.pairs_declined == 0 and plan.stats.consumers_paired == 3
+    assert sorted(r.request_id for r in plan.rows) == [0, 1, 2, 3, 4]
