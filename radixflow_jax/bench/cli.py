@@ -1,10 +1,10 @@
 """``radixflow bench``: one workload, several policies side by side, one table (and JSON / plots).
 
 With no arguments: the ``tiny-qwen3.5`` preset on the model executor, the ``race`` workload in
-per-article bursts, ``native`` vs ``radixflow``, one run each. ``--repeats N`` interleaves N runs per
-policy and reports medians (use 3 or more for a wall-clock comparison on a shared machine; it is
-not the default because one repeat of the default bench already takes about 4 CPU-minutes, most of
-it compiling step variants; the simulated executor is deterministic).
+per-article bursts, ``native``, ``radixflow`` and ``pair``, one run each. ``--repeats N``
+interleaves N runs per policy and reports medians (use 3 or more for a wall-clock comparison on a
+shared machine; it is not the default because one repeat of the default bench already takes about
+4 CPU-minutes cold, most of it compiling step variants; the simulated executor is deterministic).
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--executor", choices=("model", "sim"), default=None, help="default: sim for a spec name")
     p.add_argument("--device", default="h200", help=f"sim device: {', '.join(DEVICE_SPECS)}")
     p.add_argument("--workload", default="race", help=f"{', '.join(WORKLOADS)} or a .jsonl file")
-    p.add_argument("--policies", default="native,radixflow")
+    p.add_argument("--policies", default="native,radixflow,pair")
     p.add_argument("--num-requests", type=int, default=None)
     p.add_argument("--arrival", default="burst", choices=ARRIVALS)
     p.add_argument("--rate", type=float, default=None, help="burst, sessions: articles/s; poisson: requests/s")

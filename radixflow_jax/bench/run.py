@@ -25,7 +25,7 @@ class BenchConfig:
     """``buckets`` / ``overhead_s``: the simulated executor's step shapes and per-round cost
     (``None``: the device spec's)."""
 
-    policies: tuple[str, ...] = ("native", "radixflow")
+    policies: tuple[str, ...] = ("native", "radixflow", "pair")
     engine: EngineConfig = EngineConfig()
     buckets: str = "pow2"
     overhead_s: float | None = None

@@ -22,7 +22,7 @@ class EngineConfig:
     num_kv_pages: int | None = None
     num_state_slots: int | None = None
     max_model_len: int | None = None
-    policy: str = "radixflow"
+    policy: str = "pair"
     queue_order: str = "fcfs"
     enable_prefix_cache: bool = True
     max_consumer_wait: int = 16

@@ -28,7 +28,7 @@ from radixflow_jax.engine.shadow import token_for
 @dataclasses.dataclass(frozen=True)
 class SoakConfig:
     requests: int = 100_000
-    policy: str = "radixflow"
+    policy: str = "pair"
     seed: int = 0
     per_round: float = 1.2  # mean arrivals per round
     abort_rate: float = 0.1  # share of requests aborted at a random later round

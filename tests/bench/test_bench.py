@@ -97,12 +97,12 @@ def test_cli_json_schema_sim(tmp_path, capsys) -> None:
                    "--plot", plot, "--no-progress"])  # fmt: skip
     assert rc == 0
     table = capsys.readouterr().out
-    assert "radixflow vs native" in table
+    assert "radixflow vs native" in table and "pair vs native" in table
     data = json.load(open(out))
     assert data["config"]["executor"] == "sim" and data["config"]["model"] == "qwen3.5-4b"
     keys = {"policy", "rounds", "mean_latency_s", "p50_latency_s", "p99_latency_s", "mean_ttft_s", "reuse",
             "bubble_tokens", "padding_tokens", "completed", "num_requests", "throughput_tok_s"}  # fmt: skip
-    assert [r["policy"] for r in data["runs"]] == ["native", "radixflow"]
+    assert [r["policy"] for r in data["runs"]] == ["native", "radixflow", "pair"]  # the default policies
     for run in data["runs"]:
         assert keys <= set(run) and run["completed"] == run["num_requests"] == 200
     assert data["runs"][1]["rounds"] < data["runs"][0]["rounds"]

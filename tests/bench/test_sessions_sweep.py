@@ -88,7 +88,7 @@ def test_cli_repeats_utilization_and_sweep(tmp_path, capsys) -> None:
     text = capsys.readouterr().out
     assert "util" in text and "2 repeats" in text
     data = json.load(open(out))
-    assert [r["policy"] for r in data["runs"]] == ["native", "radixflow"]
+    assert [r["policy"] for r in data["runs"]] == ["native", "radixflow", "pair"]  # the default policies
     for run in data["runs"]:
         assert 0 < run["utilization"] <= 1 and run["spread"]["rounds"][0] <= run["rounds"]
         reps = data["repeats"][run["policy"]]

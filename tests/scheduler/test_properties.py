@@ -2,8 +2,9 @@
 between ``schedule()`` and ``commit()``, while the round runs) and tiny pools, under every policy.
 The tree and pool invariants hold after every plan and every commit, every accepted request
 finishes, no page or slot leaks, a paired consumer (policy ``pair``) starts from an emit of an
-unpaired row of its own round and is never committed after its producer left, and RadixFlow's reuse is never lower than native's by more than
-one request's prefix."""
+unpaired row of its own round and is never committed after its producer left, and RadixFlow's
+reuse is never lower than native's by more than one request's prefix. ``pair+cost``: policy
+``pair`` with a round cost, so its fill and pairing rules decline too."""
 
 from __future__ import annotations
 
@@ -40,9 +41,20 @@ def _check(s: Scheduler) -> None:
         s.memory.cache.check_invariants()
 
 
+def _padded_cost(rows) -> float:
+    """A round cost that jumps at powers of two of the round's tokens (so pair's fill and pairing
+    rules both admit and decline)."""
+    tokens = sum(len(r.tokens) for r in rows)
+    return 1.0 + max(8, 1 << max(tokens - 1, 0).bit_length())
+
+
 def _run(policy: str, reqs, pages: int, slots: int) -> tuple[Scheduler, set[int]]:
-    cfg = SchedulerConfig(max_num_seqs=3, max_num_batched_tokens=48, page_size=4, grid=8, hybrid=True, policy=policy)
+    costed = policy == "pair+cost"
+    cfg = SchedulerConfig(max_num_seqs=3, max_num_batched_tokens=48, page_size=4, grid=8, hybrid=True,
+                          policy="pair" if costed else policy)  # fmt: skip
     s = Scheduler(cfg, num_pages=pages, num_slots=slots)
+    if costed:
+        s.round_cost = _padded_cost
     accepted: set[int] = set()
     for round_index in range(400):
         for rid, prompt, max_tokens, arrival, _ in reqs:
@@ -85,7 +97,7 @@ def _run(policy: str, reqs, pages: int, slots: int) -> tuple[Scheduler, set[int]
 def test_both_policies_finish_everything_without_leaks(data) -> None:
     reqs, pages, slots = data
     reuse = {}
-    for policy in ("native", "radixflow", "pair"):
+    for policy in ("native", "radixflow", "pair", "pair+cost"):
         s, accepted = _run(policy, reqs, pages, slots)
         for rid in accepted:
             req = s.requests[rid]
@@ -101,3 +113,4 @@ def test_both_policies_finish_everything_without_leaks(data) -> None:
         longest = max(len(p) for _, p, *_ in reqs)
         assert reuse["radixflow"] >= reuse["native"] - longest
         assert reuse["pair"] >= reuse["native"] - longest
+        assert reuse["pair+cost"] >= reuse["native"] - longest
