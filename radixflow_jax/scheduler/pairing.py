@@ -29,9 +29,9 @@ class PairingMixin(_Base):
         """Policy ``pair``: admits consumer ``req`` into the round being planned when its producer has
         an unpaired row in it that emits the pending checkpoint (so the step computes that state
         before the consumer's rows need it). ``None``: no pairing possible, or :meth:`_pairing_pays`
-        declines it; the caller waits as in ``radixflow``. The consumer takes its own reference on the producer's first ``depth / page``
-        pages (paired pending KV) and a paired reference in the cache (rolled back if the producer is
-        aborted or preempted before its round commits)."""
+        declines it; the caller waits as in ``radixflow``. The consumer takes its own reference on
+        the producer's first ``depth / page`` pages (paired pending KV) and a paired reference in the
+        cache (rolled back if the producer is aborted or preempted before its round commits)."""
         cache, memory, cfg = self.memory.cache, self.memory, self.config
         node, depth = match.checkpoint_node, match.checkpoint_depth
         producer = self.requests.get(match.producer_id)
