@@ -23,7 +23,7 @@ import platform
 from typing import Sequence
 
 from radixflow_jax.bench.driver import RunResult
-from radixflow_jax.bench.run import BenchConfig, relative_change, run_model, run_sim
+from radixflow_jax.bench.run import BenchConfig, model_runner, relative_change, run_policies, run_sim
 from radixflow_jax.bench.workloads import WorkloadSpec, generate
 from radixflow_jax.engine.core import EngineConfig
 from radixflow_jax.paths import xla_cache_dir
@@ -147,14 +147,16 @@ def main() -> None:
 
 TINY_HEAD = (
     "| model | workload | rounds native | rounds radixflow | Δ rounds | mean lat native (s) | mean lat radixflow (s) "
-    f"| Δ latency | reuse native | reuse radixflow | {PAIR_HEAD} |\n" + "|---" * 15 + "|"
+    f"| Δ latency | reuse native | reuse radixflow | {PAIR_HEAD} | mean lat min-max native / radixflow / pair (s) |\n"
+    + "|---" * 16 + "|"
 )
 TINY_REPEATS = 3  # wall-clock latencies: medians of interleaved runs (rounds and reuse are deterministic)
 
 
 def tiny_rows() -> list[str]:
     """Section 5: the model executor on the tiny presets (CPU), medians of ``TINY_REPEATS``
-    interleaved runs per policy; prints the load average before and after."""
+    interleaved runs per policy, with the min-max of their mean latencies; prints the load average
+    before and after."""
     print(f"load average before: {'/'.join(f'{x:.2f}' for x in os.getloadavg())}", flush=True)
     rows = []
     cache_dir = xla_cache_dir()  # compiled steps persist
@@ -164,11 +166,14 @@ def tiny_rows() -> list[str]:
     )
     requests = generate(WorkloadSpec("race", num_requests=32, arrival="burst", rate=50.0, seed=0))
     for name in TINY:
-        nat, flow, pair = run_model(name, requests, BenchConfig(policies=POLICIES, engine=tiny_engine), repeats=TINY_REPEATS)
+        cfg = BenchConfig(policies=POLICIES, engine=tiny_engine)
+        reps, _ = run_policies(model_runner(name, requests, cfg), cfg, TINY_REPEATS)
+        nat, flow, pair = (r.median for r in reps)
+        spreads = " / ".join("{:.3f}-{:.3f}".format(*r.spread["mean_latency_s"]) for r in reps)
         rows.append(
             f"| {name} | race burst @50/s, 32 req | {nat.rounds} | {flow.rounds} | {_pct(nat, flow, 'rounds')} | "
             f"{nat.mean_latency_s:.3f} | {flow.mean_latency_s:.3f} | {_pct(nat, flow, 'mean_latency_s')} | "
-            f"{nat.reuse:.1%} | {flow.reuse:.1%} | {_pair_cells(nat, flow, pair)} |"
+            f"{nat.reuse:.1%} | {flow.reuse:.1%} | {_pair_cells(nat, flow, pair)} | {spreads} |"
         )
         print(rows[-1], flush=True)
     print(f"load average after: {'/'.join(f'{x:.2f}' for x in os.getloadavg())}", flush=True)
