@@ -82,8 +82,7 @@ class PairingMixin(_Base):
         cost = self.round_cost([*rows, row])
         if cost <= base:
             return True
-        served = 1 + sum(1 for _ in self._waiting_index.siblings(req))
-        return (cost - base) * len(rows) < base * served
+        return _pays(base, cost, len(rows), 1 + sum(1 for _ in self._waiting_index.siblings(req)))
 
     def _fill_pays(self, req: Request, rows: list[RowPlan], budget: list[int], following: Sequence[Request]) -> bool:
         """Policy pair's cost-aware fill rule, for a request scanned after a consumer was skipped or
@@ -129,7 +128,7 @@ class PairingMixin(_Base):
             group_tokens += len(other_row.tokens)
         served = {r.request_id for r in group[1:]}  # the followers, not the fill itself
         served.update(sib.request_id for member in group for sib in self._waiting_index.siblings(member))
-        return (cost - base) * len(rows) < base * len(served)
+        return _pays(base, cost, len(rows), len(served))
 
     def _fill_row(self, req: Request, tokens_left: int) -> RowPlan | None:
         """The row ``req`` would get if admitted now with ``tokens_left`` tokens of budget (no pages,
@@ -162,3 +161,10 @@ class PairingMixin(_Base):
             partner.status, partner.num_computed, partner.cached_tokens = RequestStatus.WAITING, 0, 0
             partner.rolled_back += 1
             self.waiting.appendleft(partner)
+
+
+def _pays(base: float, cost: float, in_round: int, served: int) -> bool:
+    """The cost rule shared by fills and pairing: growing a round of time ``base`` to ``cost``
+    delays each of the ``in_round`` requests already in it by the difference; it pays when that is
+    less than the round of waiting (``base``) it saves each of the ``served`` requests."""
+    return (cost - base) * in_round < base * served
