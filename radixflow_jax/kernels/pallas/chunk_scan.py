@@ -82,13 +82,13 @@ def _tpu_kernel(reset_ref: Ref, row_ref: Ref, *refs: Ref, step: Step, num_inputs
 
 
 def _gpu_kernel(
-    fc_ref: Ref, lo_ref: Ref, hi_ref: Ref, *refs: Ref, step: Step, num_inputs: int, num_rows: int, num_chunks: int
+    fc_ref: Ref, hi_ref: Ref, *refs: Ref, step: Step, num_inputs: int, num_rows: int, num_chunks: int
 ) -> None:
     in_refs, init_ref = refs[:num_inputs], refs[num_inputs]
     o_ref, st_ref = refs[num_inputs + 1 :]
     r = pl.program_id(0)
     real = r < num_rows
-    lo = lo_ref[r]  # row r's chunks [lo, hi): all of them, or (policy pair's pre-pass) a prefix or none
+    lo = fc_ref[r]  # row r's chunks [lo, hi): all of them, or (policy pair's pre-pass) a prefix or none
     hi = jnp.where(real, hi_ref[r], lo)
     start = init_ref[jnp.minimum(r, num_rows - 1)].astype(_F32)
 
@@ -175,7 +175,7 @@ def _gpu_call(
         ),
         out_shape=out_shape,
         grid=(plan.num_rows + 1, plan.num_heads, plan.num_blocks),
-        in_specs=[pl.BlockSpec((plan.num_rows + 1,), lambda r, h, j: (0,))] * 3  # first chunks, chunk ranges
+        in_specs=[pl.BlockSpec((plan.num_rows + 1,), lambda r, h, j: (0,))] * 2  # first chunks, range ends
         + [in_spec(x, t) for x, t in zip(inputs, plan.in_tails)]
         + [pl.BlockSpec((plan.num_rows, None, *plan.state_tail), lambda r, h, j: (0, h, *_tail_index(split, j)))],
         out_specs=[
@@ -249,7 +249,7 @@ def chunk_scan(
     fc = layout.first_chunk
     ends = jnp.concatenate([fc[1:], fc[num_rows:]])  # program R's range is empty
     if pair_chunk is None:
-        return call(fc, fc, ends, *arrays, init)
+        return call(fc, ends, *arrays, init)
     src = pair_chunk.astype(jnp.int32)
     producer = jnp.minimum(layout.row[jnp.clip(src, 0, num_chunks - 1)], num_rows - 1)
     # each producer's deepest pairing chunk + 1; 0 for a row nobody pairs with (its range stays empty)
@@ -257,10 +257,10 @@ def chunk_scan(
     pre_hi = jnp.where(deepest > 0, deepest, fc)
 
     def paired() -> tuple[jnp.ndarray, jnp.ndarray]:
-        _, first = call(fc, fc, pre_hi, *arrays, init)  # the producers' prefixes only
-        return call(fc, fc, ends, *arrays, effective_initial(init, first, pair_chunk))
+        _, first = call(fc, pre_hi, *arrays, init)  # the producers' prefixes only
+        return call(fc, ends, *arrays, effective_initial(init, first, pair_chunk))
 
-    return jax.lax.cond(jnp.any(src >= 0), paired, lambda: call(fc, fc, ends, *arrays, init))
+    return jax.lax.cond(jnp.any(src >= 0), paired, lambda: call(fc, ends, *arrays, init))
 
 
 def final_states(
