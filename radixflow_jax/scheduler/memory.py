@@ -66,7 +66,7 @@ class Memory:
         of the least recently used first; never a pending or locked one); when none is left the rest
         of the list (the least important positions) is skipped. A refused plant (a checkpoint is
         already there, or another producer's pending KV is on the way) is neither."""
-        if self.cache is None or self.slots is None:
+        if self.cache is None or self.slots is None or not placements:
             return [], 0
         planted = []
         tokens = req.tokens

@@ -60,6 +60,15 @@ class Request:
     def tokens(self) -> tuple[int, ...]:
         return self.prompt + tuple(self.output)
 
+    def token_span(self, start: int, end: int) -> tuple[int, ...]:
+        """``tokens[start:end]`` without building the whole sequence (a decode row's one token)."""
+        p = len(self.prompt)
+        if start >= p:
+            return tuple(self.output[start - p : end - p])
+        if end <= p:
+            return self.prompt[start:end]
+        return self.prompt[start:] + tuple(self.output[: end - p])
+
     @property
     def num_tokens(self) -> int:
         return len(self.prompt) + len(self.output)

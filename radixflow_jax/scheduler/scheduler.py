@@ -157,7 +157,7 @@ class Scheduler(PairingMixin, OverlapMixin):
         stats.checkpoints_skipped += skipped
         return RowPlan(
             request_id=req.request_id,
-            tokens=req.tokens[start : start + span],
+            tokens=req.token_span(start, start + span),
             start=start,
             pages=tuple(req.pages),
             slot=req.slot or 0,
