@@ -189,3 +189,14 @@ class LLM:
         for replica, r in rids:
             self.replicas.engines[replica].forget(r)
         return outputs
+
+    def reset_prefix_cache(self) -> bool:
+        """Drops every cached prefix (KV pages and checkpoints) of every replica, so the next
+        ``generate`` computes from scratch (for benchmarks that repeat a workload). Between
+        ``generate`` calls nothing is running, so the caches end empty; returns True then."""
+        empty = True
+        for engine in self.replicas.engines:
+            memory = engine.scheduler.memory
+            memory.flush()
+            empty &= memory.pages.num_used == 0 and (memory.slots is None or memory.slots.num_used == 0)
+        return empty

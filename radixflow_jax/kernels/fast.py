@@ -8,7 +8,10 @@ and is tested against it (``tests/kernels/test_fast.py``); ``kernels/ops.py`` pi
   a triangular-solve op (which XLA:CPU runs as a slow batched loop): the diagonal ``16 x 16`` blocks
   are inverted by a forward substitution over whole rows (15 loop steps, each one batched
   matrix-vector product over every block of every chunk and head), and the blocks are combined by
-  block forward substitution, so everything is batched matmuls.
+  block forward substitution, so everything is batched matmuls. It runs in sub-chunks of
+  ``SUB_CHUNK`` (32) tokens inside the contract's 64-token chunks: the intra-chunk terms grow
+  with the chunk's square and short rows fill a 64-token chunk only partly; the chunk states are
+  read back in the contract's layout.
 * :func:`paged_attention`: queries are grouped in blocks of consecutive tokens of one row
   (``block_q``, the chunk layout of ``kernels/layout``), and each loop step reads
   ``pages_per_step`` pages *per block* instead of one page per token: a prefill row's pages are read
@@ -24,7 +27,7 @@ import jax.numpy as jnp
 from radixflow_jax.kernels import gated_delta as _gd
 from radixflow_jax.kernels import attention as _attn
 from radixflow_jax.kernels.attention import _NEG, _column_range, _soft_cap, positions_from_batch
-from radixflow_jax.kernels.layout import chunk_layout, gather_chunks, scatter_chunks
+from radixflow_jax.kernels.layout import chunk_ending_at, chunk_layout, gather_chunks, scatter_chunks
 
 _HI = jax.lax.Precision.HIGHEST
 _F32 = jnp.float32
@@ -60,6 +63,9 @@ def unit_lower_solve(system: jnp.ndarray, rhs: jnp.ndarray, block: int = 16) -> 
     return jnp.concatenate(parts, axis=-2)
 
 
+SUB_CHUNK = 32  # measured 2026-12-01 (docs/performance.md): 32 beat 64 and 16 on 4x256, 32x32 and 64x32 rows
+
+
 def gated_delta_chunked(
     q: jnp.ndarray,
     k: jnp.ndarray,
@@ -72,11 +78,38 @@ def gated_delta_chunked(
     chunk_size: int = 64,
     scale: float | None = None,
     pair_chunk: jnp.ndarray | None = None,
+    sub_chunk: int = SUB_CHUNK,
 ) -> tuple[jnp.ndarray, jnp.ndarray, jnp.ndarray]:
-    """:func:`radixflow_jax.kernels.gated_delta.gated_delta_chunked` without a triangular solve."""
-    return _gd.chunked_with_solver(
-        q, k, v, g, beta, cu_seqlens, initial_state, chunk_size, scale, unit_lower_solve, pair_chunk
+    """:func:`radixflow_jax.kernels.gated_delta.gated_delta_chunked` without a triangular solve,
+    computed in chunks of ``sub_chunk`` tokens when that divides ``chunk_size`` (the contract's
+    chunk): the intra-chunk work grows with the chunk's square, and a short row (a 32-token
+    suffix) fills half of a 64-token chunk. The outputs keep the contract's ``chunk_size`` layout:
+    ``chunk_states[c]`` is the state after chunk ``c`` of ``chunk_layout(cu_seqlens, T,
+    chunk_size)``, read from the sub-chunk that ends at the same token (every chunk end is a
+    sub-chunk end), and ``pair_chunk`` names chunks of that layout too."""
+    if sub_chunk >= chunk_size or chunk_size % sub_chunk:
+        return _gd.chunked_with_solver(
+            q, k, v, g, beta, cu_seqlens, initial_state, chunk_size, scale, unit_lower_solve, pair_chunk
+        )
+    num_tokens = v.shape[0]
+    layout = chunk_layout(cu_seqlens, num_tokens, chunk_size)
+
+    def as_sub(chunk: jnp.ndarray) -> jnp.ndarray:
+        """The sub-chunk ending where contract chunk ``chunk`` ends (``chunk`` must be used)."""
+        row = jnp.minimum(layout.row[chunk], cu_seqlens.shape[0] - 2)
+        end = layout.start[chunk] + layout.length[chunk] - cu_seqlens[row]
+        return chunk_ending_at(cu_seqlens, row, jnp.maximum(end, 1), sub_chunk)
+
+    sub_pair = None
+    if pair_chunk is not None:
+        src = jnp.clip(pair_chunk, 0, layout.row.shape[0] - 1)
+        sub_pair = jnp.where(pair_chunk >= 0, as_sub(src), -1)
+    out, final, sub_ends = _gd.chunked_with_solver(
+        q, k, v, g, beta, cu_seqlens, initial_state, sub_chunk, scale, unit_lower_solve, sub_pair
     )
+    used = layout.length > 0  # unused chunks keep a finite placeholder: sub-chunk 0's end state
+    idx = jnp.where(used, as_sub(jnp.arange(layout.row.shape[0])), 0)
+    return out, final, sub_ends[jnp.clip(idx, 0, sub_ends.shape[0] - 1)]
 
 
 # --------------------------------------------------------------------------------- attention

@@ -268,3 +268,7 @@ def test_prefix_sharing_reports_cached_tokens(llm: LLM) -> None:
     assert first.cached_tokens == 0
     assert 128 <= second.cached_tokens <= 200
     assert second.prompt_tokens == 204
+    assert llm.reset_prefix_cache()  # the cache is empty: the same prompt computes from scratch
+    again = llm.generate([prefix + [21, 22, 23, 24]], _greedy(3))[0]
+    assert again.cached_tokens == 0
+    assert again.token_ids == second.token_ids

@@ -14,7 +14,7 @@ from radixflow_jax.kernels import fast, ops
 from radixflow_jax.kernels.attention import attention_naive, paged_attention
 from radixflow_jax.kernels.gated_delta import gated_delta_chunked
 from tests.kernels.test_attention import LONG, MIXED, make_batch, max_diff
-from tests.kernels.test_gated_delta import LENS, PAD, _check_against_oracle, _cu, _make_inputs
+from tests.kernels.test_gated_delta import LENS, PAD, _check_against_oracle, _cu, _make_inputs, _used_chunks
 
 
 @pytest.mark.parametrize("c,block", [(64, 16), (8, 16)])
@@ -30,16 +30,26 @@ def test_unit_lower_solve_equals_triangular_solve(c: int, block: int) -> None:
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=2e-4, rtol=1e-4)
 
 
-@pytest.mark.parametrize("chunk_size,hk,hv,dk,dv", [(4, 2, 4, 8, 6), (64, 1, 2, 8, 8)])
-def test_gated_delta_fast_matches_oracle_and_reference(chunk_size: int, hk: int, hv: int, dk: int, dv: int) -> None:
+@pytest.mark.parametrize(
+    "chunk_size,sub_chunk,hk,hv,dk,dv",
+    [(4, 4, 2, 4, 8, 6), (4, 2, 2, 4, 8, 6), (64, 64, 1, 2, 8, 8), (64, fast.SUB_CHUNK, 1, 2, 8, 8)],
+    ids=["chunk4", "chunk4-sub2", "chunk64", "chunk64-sub"],
+)
+def test_gated_delta_fast_matches_oracle_and_reference(
+    chunk_size: int, sub_chunk: int, hk: int, hv: int, dk: int, dv: int
+) -> None:
+    """Also in sub-chunks: ``chunk_states`` stays in the contract's layout (``_check_against_oracle``
+    compares every used chunk's state with the oracle's state at that chunk's end)."""
     lens = LENS + ((70,) if chunk_size == 64 else ())
     inp = _make_inputs(3, sum(lens) + PAD, len(lens), hk, hv, dk, dv)
     args = (inp["q"], inp["k"], inp["v"], inp["g"], inp["beta"], jnp.asarray(_cu(lens)), inp["init"])
-    got = jax.jit(functools.partial(fast.gated_delta_chunked, chunk_size=chunk_size))(*args)
+    got = jax.jit(functools.partial(fast.gated_delta_chunked, chunk_size=chunk_size, sub_chunk=sub_chunk))(*args)
     _check_against_oracle(got, inp, lens, chunk_size, dk**-0.5)
     ref = jax.jit(functools.partial(gated_delta_chunked, chunk_size=chunk_size))(*args)
-    for a, b in zip(got, ref):
+    for a, b in zip(got[:2], ref[:2]):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-4, rtol=0)
+    used = [c for c, _, _ in _used_chunks(lens, chunk_size)]  # unused chunks: any finite placeholder
+    np.testing.assert_allclose(np.asarray(got[2])[used], np.asarray(ref[2])[used], atol=1e-4, rtol=0)
 
 
 @pytest.mark.parametrize(

@@ -65,7 +65,12 @@ def _gdn_expected(inp: dict[str, np.ndarray], scale: float, pairs: dict = PAIRS)
     return gd_case._numpy_oracle(paired_inp, LENS, scale)
 
 
-GDN_FORMS = {"reference": gated_delta_chunked, "fast": fast.gated_delta_chunked}
+GDN_FORMS = {
+    "reference": gated_delta_chunked,
+    "fast": fast.gated_delta_chunked,
+    # in sub-chunks of 2: pair_chunk and chunk_states are translated between the two layouts
+    "fast-sub2": functools.partial(fast.gated_delta_chunked, sub_chunk=2),
+}
 
 
 @pytest.mark.parametrize("form", sorted(GDN_FORMS))
