@@ -104,8 +104,8 @@ def _cases(
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--prefill", type=int, default=2048)
-    ap.add_argument("--rows", type=int, default=2)
+    ap.add_argument("--prefill", type=int, default=None, help="tokens per prefill row (2048; 256 with --small)")
+    ap.add_argument("--rows", type=int, default=None, help="prefill rows (2; 4 with --small)")
     ap.add_argument("--decode-rows", type=int, default=64)
     ap.add_argument("--device", default="h200", help="roofline reference (datasheet peaks)")
     ap.add_argument("--dtype", default="bfloat16", choices=("float32", "bfloat16"))
@@ -113,7 +113,9 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=9)
     args = ap.parse_args()
     if args.small:
-        args.prefill, args.rows, args.dtype = 256, 4, "float32"
+        args.dtype = "float32"
+    args.prefill = args.prefill or (256 if args.small else 2048)
+    args.rows = args.rows or (4 if args.small else 2)
     platform = jax.default_backend()
     dev = get_device_spec(args.device)
     dtype = jnp.bfloat16 if args.dtype == "bfloat16" else jnp.float32
