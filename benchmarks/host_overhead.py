@@ -136,7 +136,9 @@ def add_requests(bench: Bench, s: Setup, max_tokens: int) -> None:
 
 # ------------------------------------------------------------------------------------- rounds
 def build(bench: Bench, plan: RoundPlan) -> StepArrays:
-    variant = bench.shapes.select(plan.num_tokens, len(plan.rows), num_decode=plan.num_decode)
+    variant = bench.shapes.select(
+        plan.num_tokens, len(plan.rows), num_decode=plan.num_decode, num_emits=plan.num_emits
+    )
     return build_arrays(plan, variant, page_size=PAGE_SIZE, max_pages=bench.shapes.max_pages_per_row,
                         sampling=bench.sampling)  # fmt: skip
 

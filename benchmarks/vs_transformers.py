@@ -167,7 +167,7 @@ class VariantRecorder:
     def execute(self, plan: RoundPlan, sampling: Mapping[int, SamplingRow]) -> StepResult:
         from radixflow_jax.engine.protocol import StepResult
 
-        v = self.shapes.select(plan.num_tokens, len(plan.rows), num_decode=plan.num_decode)
+        v = self.shapes.select(plan.num_tokens, len(plan.rows), num_decode=plan.num_decode, num_emits=plan.num_emits)
         self.variants.add(v)
         return StepResult({r.request_id: 1 for r in plan.rows if r.sample}, v.num_tokens, v.num_rows, 0.0, 0.0)
 

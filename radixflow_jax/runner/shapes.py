@@ -22,7 +22,12 @@ Buckets per region (``mode``):
 
 Variants compile lazily on first use (persistent XLA cache) or all at warm-up; ``variants()``
 lists the whole set. ``max_emits`` (checkpoint writes per round) follows the variant: each row
-emits at most ``span / grid + 1`` checkpoints.
+emits at most ``span / grid + 1`` checkpoints. A decode-only round also has a variant with room
+for only ``FEW_EMITS`` checkpoint writes, taken when its plan emits no more: the recurrent layers
+compute and write every emit entry, padding included, and a decode row crosses a grid point once
+every ``grid`` tokens, so most decode rounds emit nothing (29 of 29 full decode rounds of
+``benchmarks/vs_transformers.py``). Measured inside the compiled 64-row decode round of that
+workload (2026-12-01, docs/performance.md): 65 entries cost 6 ms of about 80 more than 4 do.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ import bisect
 import dataclasses
 
 MODES = ("fine", "pow2", "fixed")
+FEW_EMITS = 4  # the small emit bucket of decode-only variants (staggered rows cross ~rows/grid grid points a round)
 
 
 def powers_of_two(lo: int, hi: int) -> tuple[int, ...]:
@@ -142,13 +148,18 @@ class ShapeConfig:
         return tuple(out) + (self.max_rows,)
 
     # ------------------------------------------------------------------------------ variants
-    def _variant(self, decode: int, prefill_tokens: int, prefill_rows: int) -> Variant:
+    def _variant(self, decode: int, prefill_tokens: int, prefill_rows: int, num_emits: int | None = None) -> Variant:
+        """``num_emits``: the round's checkpoint writes; a decode-only round that has at most
+        ``FEW_EMITS`` gets the small emit bucket (None: the full one)."""
         tokens, rows = decode + prefill_tokens, decode + prefill_rows
-        return Variant(tokens, rows, decode, max_emits=rows + tokens // self.grid)
+        full = rows + tokens // self.grid
+        few = prefill_rows == 0 and num_emits is not None and num_emits <= FEW_EMITS < full
+        return Variant(tokens, rows, decode, max_emits=FEW_EMITS if few else full)
 
     def variants(self) -> list[Variant]:
         """Every variant a round can need (what ``warmup="all"`` compiles)."""
-        out = [self._variant(n, 0, 0) for n in self.decode_buckets]
+        decode_only = [self._variant(n, 0, 0, e) for n in self.decode_buckets for e in (0, None)]
+        out = list(dict.fromkeys(decode_only))  # a small decode bucket has no separate few-emit variant
         rows, tokens = self.row_buckets, self.token_buckets
         for d in self.mixed_decode_buckets:
             for i, r in enumerate(rows):
@@ -157,11 +168,13 @@ class ShapeConfig:
         return out
 
     def select(
-        self, num_tokens: int, num_rows: int, all_decode: bool = False, *, num_decode: int | None = None
-    ) -> Variant:
+        self, num_tokens: int, num_rows: int, all_decode: bool = False, *, num_decode: int | None = None,
+        num_emits: int | None = None,
+    ) -> Variant:  # fmt: skip
         """The smallest variant holding a round of ``num_tokens`` tokens in ``num_rows`` rows, of
         which the first ``num_decode`` are one-token rows (``all_decode``: every row is; without
-        either, the round is treated as prefill only)."""
+        either, the round is treated as prefill only) and which writes ``num_emits`` checkpoints
+        (None: as many as any round of that shape can)."""
         if num_rows > self.max_rows or num_tokens > self.max_tokens:
             raise ValueError(f"round of {num_tokens} tokens / {num_rows} rows exceeds the budgets")
         d = num_rows if all_decode and num_decode is None else (num_decode or 0)
@@ -169,7 +182,7 @@ class ShapeConfig:
             raise ValueError(f"{d} decode rows do not fit a round of {num_tokens} tokens / {num_rows} rows")
         p, tp = num_rows - d, num_tokens - d
         if p == 0 and self.mode != "fixed":
-            return self._variant(_first_at_least(self.decode_buckets, d), 0, 0)
+            return self._variant(_first_at_least(self.decode_buckets, d), 0, 0, num_emits)
         rows = _first_at_least(self.row_buckets, p)
         tokens = _first_at_least(self.token_buckets, tp)
         return self._variant(_first_at_least(self.mixed_decode_buckets, d), tokens, rows)

@@ -81,5 +81,10 @@ class RoundPlan:
         return sum(len(r.tokens) for r in self.rows)
 
     @property
+    def num_emits(self) -> int:
+        """Checkpoint writes of the round (the step's emit entries it fills)."""
+        return sum(len(r.emits) for r in self.rows)
+
+    @property
     def is_empty(self) -> bool:
         return not self.rows

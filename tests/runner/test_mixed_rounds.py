@@ -8,7 +8,7 @@ import pytest
 
 from radixflow_jax import LLM, SamplingParams
 from radixflow_jax.runner.inputs import build_arrays
-from radixflow_jax.runner.shapes import MODES, ShapeConfig, Variant, fine_ladder
+from radixflow_jax.runner.shapes import FEW_EMITS, MODES, ShapeConfig, Variant, fine_ladder
 from radixflow_jax.scheduler.plan import RoundPlan, RoundStats, RowPlan
 from tests.engine.workloads import SMALL, shared_prefix_prompts
 
@@ -31,11 +31,39 @@ def test_select_puts_decode_rows_in_the_decode_region() -> None:
         s = ShapeConfig(max_tokens=128, max_rows=8, max_pages_per_row=8, grid=16, mode=mode)
         every = set(s.variants())
         for tokens, rows, decode in [(1, 1, 1), (8, 8, 8), (128, 8, 0), (100, 8, 7), (9, 3, 1), (17, 2, 0)]:
-            assert s.select(tokens, rows, num_decode=decode) in every, (mode, tokens, rows, decode)
+            for emits in (None, 0, FEW_EMITS, FEW_EMITS + 1):
+                assert s.select(tokens, rows, num_decode=decode, num_emits=emits) in every, (mode, tokens, rows, decode)
     assert len(ShapeConfig(128, 8, 8, 16, mode="fixed").variants()) == 1
     with pytest.raises(ValueError, match="bucket mode"):
         ShapeConfig(128, 8, 8, 16, mode="powers")
     assert fine_ladder(16, 1024, 64) == (16, 32, 64, 96, 128, 192, 256, 384, 512, 768, 1024)
+
+
+def test_decode_rounds_that_emit_little_take_the_small_emit_bucket() -> None:
+    """A decode-only round with at most FEW_EMITS checkpoint writes runs in a variant with that
+    many emit entries; more writes, or any prefill row, keep the full count. A decode row emits
+    only after its one token (the model reads no decode row's initial state for an emit)."""
+    shapes = ShapeConfig(max_tokens=1024, max_rows=64, max_pages_per_row=32, grid=64)
+    full = shapes.select(64, 64, num_decode=64)
+    assert full.max_emits == 65
+    for emits in (0, FEW_EMITS):
+        few = shapes.select(64, 64, num_decode=64, num_emits=emits)
+        assert few == Variant(64, 64, 64, max_emits=FEW_EMITS)
+    assert shapes.select(64, 64, num_decode=64, num_emits=FEW_EMITS + 1) == full
+    assert shapes.select(48 + 40, 49, num_decode=48, num_emits=0).max_emits > FEW_EMITS  # mixed: unchanged
+    assert shapes.select(2, 2, num_decode=2, num_emits=0).max_emits == 2  # already smaller than the bucket
+    # a plan with more emits than its variant holds is refused before anything is written
+    rows = tuple(_row(i, [5], 3, [i], i + 1, emits=((1, 100 + i),)) for i in range(FEW_EMITS + 1))
+    plan = RoundPlan(rows, len(rows), RoundStats())
+    small = shapes.select(plan.num_tokens, len(rows), num_decode=len(rows), num_emits=FEW_EMITS)
+    with pytest.raises(ValueError, match="emits"):
+        build_arrays(plan, small, page_size=PAGE, max_pages=32, sampling={})
+    fitting = shapes.select(plan.num_tokens, len(rows), num_decode=len(rows), num_emits=plan.num_emits)
+    built = build_arrays(plan, fitting, page_size=PAGE, max_pages=32, sampling={})
+    assert (built.emit_slots > 0).sum() == FEW_EMITS + 1
+    at_start = RoundPlan((_row(0, [5], 3, [0], 1, emits=((0, 100),)),), 1, RoundStats())
+    with pytest.raises(ValueError, match="after its one token"):
+        build_arrays(at_start, shapes.select(1, 1, num_decode=1), page_size=PAGE, max_pages=32, sampling={})
 
 
 def test_mixed_layout_pads_the_decode_region() -> None:

@@ -58,7 +58,7 @@ def run_conv(
 class Emits(NamedTuple):
     """Checkpoints a call writes: the state of row ``rows[m]`` after ``offsets[m]`` tokens of its
     span goes to slot ``slots[m]``. Offsets of prefill rows are 0, a multiple of the kernel chunk, or
-    the span length; a decode row's offset is 1. Padding entries write slot 0."""
+    the span length; a decode row's offset is always 1. Padding entries write slot 0."""
 
     rows: jax.Array  # int32 [M]
     offsets: jax.Array  # int32 [M]
@@ -69,22 +69,23 @@ def emitted_states(
     emits: Emits,
     num_decode: int,
     chunk_size: int,
-    decode: tuple[jax.Array, jax.Array, jax.Array, jax.Array] | None,
+    decode: tuple[jax.Array, jax.Array] | None,
     prefill: tuple[jax.Array, jax.Array, jax.Array, jax.Array, jax.Array] | None,
 ) -> tuple[jax.Array, jax.Array]:
     """``(conv [M, K-1, C], ssm [M, ...])`` of every emit.
 
-    ``decode``: the decode rows' new and initial ``(conv, ssm, conv0, ssm0)``; ``prefill``: ``(conv inputs [Tp, C],
+    ``decode``: the decode rows' new ``(conv, ssm)``: a decode row emits only after its one token
+    (offset 1, ``runner/inputs.build_arrays`` refuses anything else), so its initial state is never
+    read here and XLA may fuse the read of it into the one-step update; padding entries (row 0,
+    offset 0) write the sink slot and may read anything. ``prefill``: ``(conv inputs [Tp, C],
     cu_seqlens [Rp+1], initial conv [Rp, ...], initial ssm [Rp, ...], chunk_states [Nc, ...])`` of the
     prefill rows (row ``r`` of the batch is prefill row ``r - num_decode``)."""
     convs, ssms, use_decode = [], [], emits.rows < num_decode
     if decode is not None:
-        # a one-token row's state after 1 token is its new state; after 0 tokens its initial one
         idx = jnp.clip(emits.rows, 0, num_decode - 1)
-        conv_new, ssm_new, conv_init, ssm_init = decode
-        first = emits.offsets == 0
-        convs.append(jnp.where(first.reshape((-1, 1, 1)), conv_init[idx], conv_new[idx]))
-        ssms.append(jnp.where(first.reshape((-1,) + (1,) * (ssm_new.ndim - 1)), ssm_init[idx], ssm_new[idx]))
+        conv_new, ssm_new = decode
+        convs.append(conv_new[idx])
+        ssms.append(ssm_new[idx])
     if prefill is not None:
         x, cu, conv0, ssm0, chunk_states = prefill
         rows = jnp.clip(emits.rows - num_decode, 0, conv0.shape[0] - 1)
@@ -214,7 +215,7 @@ def recurrent_mix(
         o, s = decode(tuple(x[:d] for x in inputs), ssm[:d])
         outs.append(o)
         states.append(s)
-        decode_src = (conv_new[:d], s, conv0[:d], ssm[:d])
+        decode_src = (conv_new[:d], s)
     if num_rows > d:
         cu = batch.cu_seqlens[d:] - d
         pair_chunk = None
