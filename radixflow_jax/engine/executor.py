@@ -129,7 +129,9 @@ class ModelExecutor:
     def launch(self, plan: RoundPlan, sampling: Mapping[int, SamplingRow], prev: InFlight | None = None) -> InFlight:
         """Builds the round's arrays and dispatches the step; does not wait for the device."""
         t0 = time.perf_counter()
-        variant = self.shapes.select(plan.num_tokens, len(plan.rows), num_decode=plan.num_decode, num_emits=plan.num_emits)
+        variant = self.shapes.select(
+            plan.num_tokens, len(plan.rows), num_decode=plan.num_decode, num_emits=plan.num_emits
+        )
         arrays = build_arrays(
             plan, variant, page_size=self.page_size, max_pages=self.shapes.max_pages_per_row, sampling=sampling,
             penalty_window=self.penalty_window,

@@ -165,7 +165,9 @@ def build_arrays(
     emits = [(i, offset, slot) for i, row in enumerate(rows) for offset, slot in row.emits]
     for i, offset, _ in emits:
         if i < variant.num_decode and offset != 1:  # the model reads only a decode row's new state
-            raise ValueError(f"request {rows[i].request_id}: a decode row emits after its one token, not at offset {offset}")
+            raise ValueError(
+                f"request {rows[i].request_id}: a decode row emits after its one token, not at offset {offset}"
+            )
     if emits:
         a.emit_rows[: len(emits)], a.emit_offsets[: len(emits)], a.emit_slots[: len(emits)] = zip(*emits)
     emit_of = {slot: j for j, (_, _, slot) in enumerate(emits)}
