@@ -1,7 +1,8 @@
 """Property tests of the scheduler without a model: random arrivals, shared prefixes, aborts (also
 between ``schedule()`` and ``commit()``, while the round runs) and tiny pools, under every policy.
 The tree and pool invariants hold after every plan and every commit, every accepted request
-finishes, no page or slot leaks, a paired consumer (policy ``pair``) starts from an emit of an
+finishes, no page or slot leaks, every checkpoint a row emits lies inside its span (a decode row's
+after its one token, which the step relies on), a paired consumer (policy ``pair``) starts from an emit of an
 unpaired row of its own round and is never committed after its producer left, and RadixFlow's
 reuse is never lower than native's by more than one request's prefix. ``pair+cost``: policy
 ``pair`` with a round cost, so its fill and pairing rules decline too."""
@@ -73,6 +74,8 @@ def _run(policy: str, reqs, pages: int, slots: int) -> tuple[Scheduler, set[int]
         _check(s)
         for row in plan.rows:  # a source checkpoint is one the tree holds (committed), never a free slot
             assert row.copy_from is None or s.memory.slots.refcount(row.copy_from) > 0
+        for row in plan.rows:  # checkpoints lie inside (start, end]: a one-token row emits after its token
+            assert all(0 < offset <= len(row.tokens) for offset, _ in row.emits)
         emitted_by = {slot: row for row in plan.rows if row.pair_slot is None for _, slot in row.emits}
         for row in plan.rows:  # a paired consumer starts from an unpaired row's emit in this very round
             if row.pair_slot is not None:
