@@ -1,0 +1,153 @@
+"""Where one full decode round of ``benchmarks/vs_transformers.py`` spends its time, measured inside
+the compiled step.
+
+What is measured
+  * The vs_transformers model and workload (prefix cache on) run once through ``LLM.generate``; the
+    inputs of the first round whose rows are all decode rows and fill the row budget are captured.
+  * The step variant of that round is compiled once as it is and once per *ablation*: one part of
+    the model replaced by a trivial stand-in while tracing (the program then does not compute that
+    part). Every program runs on the captured inputs, interleaved rep by rep (``--reps`` reps of 3
+    calls each, after one untimed call); medians and min-max in ms, and each median's change
+    against the program as it is. The outputs of an ablated program are meaningless; only its time
+    is read.
+  * Parts are not additive on XLA:CPU (fusions and the thunk runtime's concurrency change with the
+    program), so read each line as "the round without this part", not as the part's own cost.
+
+Ablations: ``recurrent`` (the recurrent part of every Gated DeltaNet layer: state reads, conv,
+delta rule, write-back, checkpoint emits; projections kept), ``emits`` (checkpoint writes only),
+``delta-rule`` (the one-step update's arithmetic; states pass through), ``conv`` (the one-step conv
+update), ``attention`` (decode attention over the paged KV), ``mlp`` (every dense MLP).
+
+Run (from the repository root, with the venv active; about a minute on 2 cores)::
+
+    python benchmarks/round_ablation.py
+    python benchmarks/round_ablation.py --ablations recurrent,emits --reps 31
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import statistics
+import sys
+import tempfile
+import time
+from typing import Any, Callable, Iterator
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import vs_transformers as vt  # noqa: E402
+
+
+@contextlib.contextmanager
+def _patched(obj: Any, name: str, value: Any) -> Iterator[None]:
+    old = getattr(obj, name)
+    setattr(obj, name, value)
+    try:
+        yield
+    finally:
+        setattr(obj, name, old)
+
+
+def ablations() -> dict[str, Callable[[], contextlib.AbstractContextManager]]:
+    from radixflow_jax.kernels import ops
+    from radixflow_jax.models import layers
+    from radixflow_jax.models.mixers import gdn, recurrent
+
+    def no_recurrent(conv, conv_in, batch, conv_pool, ssm_pool, num_decode, emits, chunk, prepare, decode, chunked):
+        return prepare(conv_in)[2], conv_in, conv_pool, ssm_pool
+
+    return {
+        "as is": contextlib.nullcontext,
+        "recurrent": lambda: _patched(gdn, "recurrent_mix", no_recurrent),
+        "emits": lambda: _patched(recurrent, "write_emits", lambda conv, ssm, emits, states: (conv, ssm)),
+        "delta-rule": lambda: _patched(ops, "gated_delta_decode", lambda q, k, v, g, b, s, **kw: (v + 0 * q.sum(), s)),
+        "conv": lambda: _patched(ops, "causal_conv1d_update", lambda x, w, b, s, **kw: (x, s)),
+        "attention": lambda: _patched(ops, "paged_attention", lambda q, *a, **kw: q * 1.0),
+        "mlp": lambda: _patched(layers.Mlp, "__call__", lambda self, x: x * 1.0),
+    }
+
+
+def capture(args: argparse.Namespace) -> tuple[Any, Any, dict[str, np.ndarray]]:
+    """``(llm, variant, inputs)`` of the workload's first full decode round."""
+    from radixflow_jax import LLM, SamplingParams
+    from radixflow_jax.runner import step as step_module
+
+    w, shape = vt.resolve(args)
+    vt.configure_jax(args.jax_cache)
+    model_dir = vt.write_model(shape, tempfile.mkdtemp(), args.seed, args.head_std)
+    prompts = vt.make_prompts(w, vt.vocab_of(model_dir))
+    params = SamplingParams(max_tokens=w.output_len, ignore_eos=True)
+    llm = LLM(
+        model_dir, dtype="float32", max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_batched_tokens,
+        max_model_len=w.prefix_len + w.suffix_len + w.output_len, warmup=False,
+    )  # fmt: skip
+    llm.engine.executor.warmup(vt.planned_variants(llm, prompts, params))
+    captured: dict[str, Any] = {}
+    call = step_module.CompiledStep.__call__
+    full = min(args.max_num_seqs, w.requests)
+
+    def spy(self: Any, variant: Any, p: Any, cache: Any, arrays: dict[str, Any]) -> Any:
+        if variant.num_decode == variant.num_rows == full and "variant" not in captured:
+            captured["variant"], captured["inputs"] = variant, {k: np.asarray(x) for k, x in arrays.items()}
+        return call(self, variant, p, cache, arrays)
+
+    with _patched(step_module.CompiledStep, "__call__", spy):
+        llm.generate(prompts, params)
+    if "variant" not in captured:
+        raise SystemExit(f"no round with {full} decode rows in this workload")
+    return llm, captured["variant"], captured["inputs"]
+
+
+def main(argv: list[str] | None = None) -> None:
+    import jax
+
+    from radixflow_jax.runner.step import CompiledStep
+
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--ablations", default=",".join(list(ablations())[1:]), help="comma-separated, see above")
+    p.add_argument("--reps", type=int, default=21)
+    own, rest = p.parse_known_args(argv)
+    args = vt.parse_args(rest)  # the vs_transformers workload and model options
+    table = ablations()
+    names = ["as is"] + [n for n in own.ablations.split(",") if n and n != "as is"]
+    unknown = [n for n in names if n not in table]
+    if unknown:
+        raise SystemExit(f"unknown ablations {unknown}; choose from {', '.join(table)}")
+    llm, variant, inputs = capture(args)
+    ex = llm.engine.executor
+    programs = {}
+    for name in names:
+        with table[name]():
+            step = CompiledStep(ex.model.graphdef, ex.model.params, ex.cache, ex.shapes, ex.step.kernels, ex.penalty_window)
+            programs[name] = step._compile(variant)
+    device_inputs = {k: jax.device_put(x) for k, x in inputs.items()}
+    cache, params = ex.cache, ex.model.params
+    times: dict[str, list[float]] = {n: [] for n in names}
+    load_before = os.getloadavg()
+    for _ in range(own.reps):
+        for name, fn in programs.items():
+            cache, out = fn(params, cache, device_inputs)
+            jax.block_until_ready(out)
+            start = time.perf_counter()
+            for _ in range(3):
+                cache, out = fn(params, cache, device_inputs)
+            jax.block_until_ready(out)
+            times[name].append((time.perf_counter() - start) / 3 * 1e3)
+    ex.cache = cache
+    print(f"round: {variant} (decode rows {variant.num_decode}), {own.reps} reps of 3 calls, interleaved")
+    base = statistics.median(times["as is"])
+    print(f"{'without':12s} {'median ms':>10s} {'min-max ms':>14s} {'change ms':>10s}")
+    for name, ts in times.items():
+        med = statistics.median(ts)
+        print(f"{name:12s} {med:10.1f} {min(ts):6.1f}-{max(ts):<7.1f} {med - base:+10.1f}")
+    after = os.getloadavg()
+    print(f"load average (1/5/15 min) before {'/'.join(f'{x:.1f}' for x in load_before)}, "
+          f"after {'/'.join(f'{x:.1f}' for x in after)}")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
