@@ -11,6 +11,9 @@ which is what a 2-core CPU can time in a minute. On CPU Pallas does not run (int
 correctness tool, not a speed one) and the script says so.
 
     python benchmarks/kernels.py [--small] [--prefill 2048] [--rows 4] [--decode-rows 64] [--device h200]
+
+``--sub-chunks 64,16`` also times the xla Gated DeltaNet kernel at those sub-chunk sizes
+(``xla/subN``; 64 is the form before sub-chunks), interleaved with the others.
 """
 
 from __future__ import annotations
@@ -18,6 +21,8 @@ from __future__ import annotations
 import argparse
 import os
 import time
+from functools import partial
+from types import SimpleNamespace
 from typing import Callable
 
 import jax
@@ -111,6 +116,8 @@ def main() -> None:
     ap.add_argument("--dtype", default="bfloat16", choices=("float32", "bfloat16"))
     ap.add_argument("--small", action="store_true", help="the vs_transformers model's sizes (CPU-friendly)")
     ap.add_argument("--reps", type=int, default=9)
+    ap.add_argument("--sub-chunks", default="64", help="also time the xla GDN kernel in these sub-chunk sizes "
+                    "(64: the form before sub-chunks; '' for none)")  # fmt: skip
     args = ap.parse_args()
     if args.small:
         args.dtype = "float32"
@@ -124,6 +131,9 @@ def main() -> None:
                       "paged_attention (prefill)": attention},
         "xla": {"gated_delta_chunked": fast, "paged_attention (decode)": fast, "paged_attention (prefill)": fast},
     }  # fmt: skip
+    for size in filter(None, args.sub_chunks.split(",")):  # side by side with the default sub-chunk size
+        sized = partial(fast.gated_delta_chunked, sub_chunk=int(size))
+        impls[f"xla/sub{int(size)}"] = {"gated_delta_chunked": SimpleNamespace(gated_delta_chunked=sized)}
     if platform in ("tpu", "gpu", "cuda", "rocm"):
         from radixflow_jax.kernels.pallas import gated_delta as pg, paged_attention as pa, ssd as ps
 

@@ -57,8 +57,8 @@ def placements(
     cfg: LookaheadConfig, req: Request, start: int, end: int, branch_len: int | None, index: WaitingIndex
 ) -> list[placement.Placement]:
     """Where ``req``'s span ``[start, end)`` plants checkpoints (rules in ``cache/placement.py``)."""
-    if not cfg.hybrid or end // cfg.grid == max(start, 0) // cfg.grid:
-        return []  # every placement is a grid multiple in (start, end]: most decode spans have none
+    if not cfg.hybrid or not placement.has_grid_position(start, end, cfg.grid):
+        return []  # most decode spans: nothing to place, no spacing or look-ahead to compute
     prompt_len = len(req.prompt)
     every = placement.spacing(prompt_len, cfg.grid, interval=cfg.checkpoint_interval, max_checkpoints=cfg.max_checkpoints)
     if not cfg.branch_checkpoints:
