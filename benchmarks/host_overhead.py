@@ -43,6 +43,7 @@ import numpy as np
 
 from radixflow_jax.runner.inputs import GREEDY, SamplingRow, StepArrays, build_arrays
 from radixflow_jax.runner.shapes import ShapeConfig
+from radixflow_jax.runner.window import select_round
 from radixflow_jax.scheduler.plan import RoundPlan
 from radixflow_jax.scheduler.request import Request
 from radixflow_jax.scheduler.scheduler import Scheduler, SchedulerConfig
@@ -81,6 +82,7 @@ class Bench:
     shapes: ShapeConfig
     sampling: dict[int, SamplingRow]
     rng: np.random.Generator
+    num_slots: int  # the device pool's, as the executor sizes it (the decode window must fit)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -119,7 +121,7 @@ def make_bench(s: Setup, ramp_rounds: int = 1000) -> Bench:
     shapes = ShapeConfig(max_tokens=s.max_batched_tokens, max_rows=s.running,
                          max_pages_per_row=math.ceil(model_len / PAGE_SIZE), grid=GRID)  # fmt: skip
     rng = np.random.default_rng(s.seed)
-    bench = Bench(Scheduler(config, num_pages=pages, num_slots=slots), shapes, {}, rng)
+    bench = Bench(Scheduler(config, num_pages=pages, num_slots=slots), shapes, {}, rng, max(slots, s.running + 1))
     add_requests(bench, s, max_tokens=model_len - s.prompt_len)
     return bench
 
@@ -136,11 +138,9 @@ def add_requests(bench: Bench, s: Setup, max_tokens: int) -> None:
 
 # ------------------------------------------------------------------------------------- rounds
 def build(bench: Bench, plan: RoundPlan) -> StepArrays:
-    variant = bench.shapes.select(
-        plan.num_tokens, len(plan.rows), num_decode=plan.num_decode, num_emits=plan.num_emits
-    )
+    variant, decode = select_round(plan, bench.shapes, bench.num_slots)
     return build_arrays(plan, variant, page_size=PAGE_SIZE, max_pages=bench.shapes.max_pages_per_row,
-                        sampling=bench.sampling)  # fmt: skip
+                        sampling=bench.sampling, decode=decode)  # fmt: skip
 
 
 def commit(bench: Bench, plan: RoundPlan) -> None:

@@ -153,8 +153,9 @@ def make_prompts(w: Workload, vocab: int) -> list[list[int]]:
 class VariantRecorder:
     """An executor that runs nothing: records the step variant each round selects, samples id 1."""
 
-    def __init__(self, shapes: ShapeConfig, supports_overlap: bool):
+    def __init__(self, shapes: ShapeConfig, supports_overlap: bool, num_slots: int):
         self.shapes = shapes
+        self.num_slots = num_slots  # the device pool's (the decode window is fitted into it)
         self.variants: set[Variant] = set()
         self.supports_overlap = supports_overlap  # plan as the real engine does (overlap changes the rounds)
 
@@ -167,7 +168,9 @@ class VariantRecorder:
     def execute(self, plan: RoundPlan, sampling: Mapping[int, SamplingRow]) -> StepResult:
         from radixflow_jax.engine.protocol import StepResult
 
-        v = self.shapes.select(plan.num_tokens, len(plan.rows), num_decode=plan.num_decode, num_emits=plan.num_emits)
+        from radixflow_jax.runner.window import select_round
+
+        v, _ = select_round(plan, self.shapes, self.num_slots)
         self.variants.add(v)
         return StepResult({r.request_id: 1 for r in plan.rows if r.sample}, v.num_tokens, v.num_rows, 0.0, 0.0)
 
@@ -177,7 +180,8 @@ def planned_variants(llm: LLM, prompts: Sequence[Sequence[int]], params: Samplin
     executor. With EOS ignored the plan does not depend on the sampled ids."""
     from radixflow_jax.engine.wiring import wire_engine
 
-    recorder = VariantRecorder(llm.engine.executor.shapes, llm.engine.overlap)
+    ex = llm.engine.executor
+    recorder = VariantRecorder(ex.shapes, llm.engine.overlap, ex.num_slots)
     dry = wire_engine(llm.engine.wiring, lambda shapes: recorder)
     for ids in prompts:
         dry.add_request(ids, params)

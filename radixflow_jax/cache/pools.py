@@ -17,6 +17,7 @@ short it returns ``None`` and changes nothing, so a short pool defers admission 
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Iterable
 
 __all__ = ["InvariantError", "PagePool", "SlotPool", "RESERVED_ID"]
@@ -80,10 +81,17 @@ class _RefCountPool:
             raise ValueError(f"cannot allocate a negative number of {self._what}s: {n}")
         if n > len(self._free):
             return None
-        ids = [self._free.pop() for _ in range(n)]
+        ids = self._take(n)
         for i in ids:
             self._refcount[i] = 1
         return ids
+
+    def _take(self, n: int) -> list[int]:
+        """Removes ``n <= num_free`` ids from the free list (a stack: the last freed first)."""
+        return [self._free.pop() for _ in range(n)]
+
+    def _put(self, i: int) -> None:
+        self._free.append(i)
 
     def incref(self, i: int) -> None:
         """Take one more reference to an owned id. Raises on a free id (no resurrection)."""
@@ -102,7 +110,7 @@ class _RefCountPool:
             raise ValueError(f"decref of free {self._what} {i} (refcount would go below zero)")
         self._refcount[i] -= 1
         if self._refcount[i] == 0:
-            self._free.append(i)
+            self._put(i)
             return True
         return False
 
@@ -144,9 +152,37 @@ class PagePool(_RefCountPool):
 
 
 class SlotPool(_RefCountPool):
-    """Recurrent-state slots ``1 .. num_slots - 1``; slot 0 is the dummy slot of padding rows."""
+    """Recurrent-state slots ``1 .. num_slots - 1``; slot 0 is the dummy slot of padding rows.
+
+    Two ends: :meth:`alloc` hands out the *lowest* free slots (a running request's slot) and
+    :meth:`alloc_high` the *highest* (a checkpoint's). So the slots of the running requests stay
+    packed at the low end, and a round's decode rows span a window of about as many slots as there
+    are rows (the model reads and writes that window in place, ``runner/window.py``), while
+    checkpoints fill the pool from the top. The free list is kept sorted."""
 
     _what = "slot"
 
     def __init__(self, num_slots: int) -> None:
         super().__init__(num_slots)
+        self._free.reverse()  # ascending
+        self._high = False
+
+    def alloc_high(self, n: int) -> list[int] | None:
+        """Like :meth:`alloc`, from the highest free slots."""
+        self._high = True
+        try:
+            return self.alloc(n)
+        finally:
+            self._high = False
+
+    def _take(self, n: int) -> list[int]:
+        if self._high:
+            ids = self._free[len(self._free) - n :][::-1]
+            del self._free[len(self._free) - n :]
+        else:
+            ids = self._free[:n]
+            del self._free[:n]
+        return ids
+
+    def _put(self, i: int) -> None:
+        bisect.insort(self._free, i)

@@ -24,6 +24,7 @@ from radixflow_jax.models.batch import init_cache
 from radixflow_jax.runner.inputs import SamplingRow, build_arrays
 from radixflow_jax.runner.shapes import ShapeConfig, Variant
 from radixflow_jax.runner.step import CompiledStep, out_rows, splice_defaults
+from radixflow_jax.runner.window import select_round
 from radixflow_jax.engine.protocol import StepResult
 from radixflow_jax.scheduler.plan import UNKNOWN_TOKEN, RoundPlan
 
@@ -88,9 +89,12 @@ class ModelExecutor:
         self.model = model
         self.shapes = shapes
         self.page_size = page_size
-        self.pool_sizes = (num_pages, num_slots)
+        # the device state pools hold at least one decode window of max_rows slots past slot 0 (the
+        # host pool may be smaller: window positions past its ids are padding, runner/window.py)
+        self.num_slots = max(num_slots, shapes.max_rows + 1)
+        self.pool_sizes = (num_pages, self.num_slots)
         self.cache = model.place_cache(init_cache(
-            model.config, num_pages=num_pages, page_size=page_size, num_slots=num_slots, dtype=model.dtype
+            model.config, num_pages=num_pages, page_size=page_size, num_slots=self.num_slots, dtype=model.dtype
         ))  # fmt: skip
         self.penalty_window = penalty_window
         self._neutral_ctx: dict[object, tuple[jax.Array, jax.Array]] = {}  # per variant: unpenalised context arrays
@@ -129,12 +133,10 @@ class ModelExecutor:
     def launch(self, plan: RoundPlan, sampling: Mapping[int, SamplingRow], prev: InFlight | None = None) -> InFlight:
         """Builds the round's arrays and dispatches the step; does not wait for the device."""
         t0 = time.perf_counter()
-        variant = self.shapes.select(
-            plan.num_tokens, len(plan.rows), num_decode=plan.num_decode, num_emits=plan.num_emits
-        )
+        variant, decode = select_round(plan, self.shapes, self.num_slots)
         arrays = build_arrays(
             plan, variant, page_size=self.page_size, max_pages=self.shapes.max_pages_per_row, sampling=sampling,
-            penalty_window=self.penalty_window,
+            penalty_window=self.penalty_window, decode=decode,
         )  # fmt: skip
         inputs = arrays.as_dict()
         if self.penalty_window and self.step.single_device and not arrays.presence.any() and not arrays.frequency.any() and (arrays.repetition == 1).all():

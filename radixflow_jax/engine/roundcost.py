@@ -22,7 +22,8 @@ from typing import Sequence
 from radixflow_jax.engine.core import RoundRecord
 from radixflow_jax.engine.sim import CalibratedCost
 from radixflow_jax.runner.shapes import ShapeConfig
-from radixflow_jax.scheduler.plan import RowPlan
+from radixflow_jax.runner.window import variant_for
+from radixflow_jax.scheduler.plan import RoundPlan, RoundStats, RowPlan
 
 Key = tuple[int, int, int, bool]  # token slots, row slots, decode slots, paired
 
@@ -61,9 +62,8 @@ class MeasuredRoundCost:
         return {key: statistics.median(times) for key, times in self._times.items()}
 
     def key(self, rows: Sequence[RowPlan]) -> Key:
-        num_decode = sum(1 for r in rows if r.is_decode)
-        tokens = sum(len(r.tokens) for r in rows)
-        v = self.shapes.select(tokens, len(rows), num_decode=num_decode)
+        plan = RoundPlan(rows=tuple(rows), num_decode=sum(1 for r in rows if r.is_decode), stats=RoundStats())
+        v, _ = variant_for(plan, self.shapes)
         return v.num_tokens, v.num_rows, v.num_decode, any(r.pair_slot is not None for r in rows)
 
     def __call__(self, rows: Sequence[RowPlan]) -> float:

@@ -24,6 +24,7 @@ from radixflow_jax.engine.protocol import StepResult
 from radixflow_jax.engine.specs import DeviceSpec, ModelSpec
 from radixflow_jax.runner.inputs import SamplingRow
 from radixflow_jax.runner.shapes import ShapeConfig, powers_of_two
+from radixflow_jax.runner.window import variant_for
 from radixflow_jax.scheduler.plan import RoundPlan, RoundStats, RowPlan
 
 
@@ -213,7 +214,7 @@ class SimExecutor:
             token_slots, row_slots = self.shapes.select(plan.num_tokens, len(plan.rows), all_decode)
         elif self.shapes is not None:
             # the runner's variants: the same decode region the model executor selects
-            variant = self.shapes.select(plan.num_tokens, len(plan.rows), num_decode=plan.num_decode)
+            variant, _ = variant_for(plan, self.shapes)
             token_slots, row_slots = variant.num_tokens, variant.num_rows
         else:
             token_slots, row_slots = plan.num_tokens, len(plan.rows)

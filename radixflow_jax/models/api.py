@@ -137,6 +137,7 @@ class LoadedModel:
             page_table=jnp.arange(1, num_pages + 1, dtype=jnp.int32)[None, :],
             slot_mapping=jnp.asarray(slots),
             state_slots=jnp.asarray([1], jnp.int32),
+            decode_base=jnp.asarray(1, jnp.int32),
         )
         logits, seq.cache = self._forward(self.params, jnp.asarray(tokens), batch, seq.cache, num_decode=num_decode)
         seq.length += n

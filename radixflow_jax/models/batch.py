@@ -3,14 +3,16 @@
 A call processes a *packed ragged batch*: ``T`` token slots and ``R`` request rows. Row ``r`` owns
 packed tokens ``cu_seqlens[r]:cu_seqlens[r+1]``; slots after ``cu_seqlens[R]`` are padding. The first
 ``num_decode`` rows (a static count) are one-token decode rows owning the first ``num_decode``
-token slots; they take the recurrent one-step update instead of the chunked scan.
+token slots; they take the recurrent one-step update instead of the chunked scan, on the states of
+one contiguous window of slots (``decode_base``: decode row ``r`` runs in slot ``decode_base + r``).
 
 Invariants (the runner guarantees them, the model relies on them):
   * ``kv_lens[r]`` is row r's context length *including* this span; its KV for positions
     ``< kv_lens[r] - span_len`` is already in the pages named by ``page_table[r]``.
   * ``slot_mapping[t] = page * page_size + offset`` of token t's KV; padding tokens map into the
     reserved page 0. ``state_slots[r]`` names row r's recurrent state slot; padding rows use the
-    reserved slot 0. No two real rows of one call share a state slot.
+    reserved slot 0. No two real rows of one call share a state slot. A real decode row ``r`` has
+    ``state_slots[r] == decode_base + r``; a decode row whose slot differs is padding.
   * Recurrent states are float32; conv states hold the last ``K - 1`` conv inputs, oldest first.
 """
 
@@ -30,7 +32,9 @@ class Batch(NamedTuple):
     from a zero state where ``fresh[r]``; without them a row starts from ``state_slots[r]``.
     ``pair_emit`` (optional, policy ``pair``): a row with ``pair_emit[r] >= 0`` is a paired consumer
     (a prefill row); its initial state is the state the round's emit ``pair_emit[r]`` takes from an
-    unpaired row of the same call, and its KV pages below its span are that producer's."""
+    unpaired row of the same call, and its KV pages below its span are that producer's.
+    ``decode_base`` (int32 scalar, required when the call has decode rows): the slot of decode row
+    0; the decode rows' states are the pools' window ``[decode_base, decode_base + num_decode)``."""
 
     cu_seqlens: jax.Array  # int32 [R + 1]
     kv_lens: jax.Array  # int32 [R]
@@ -40,6 +44,7 @@ class Batch(NamedTuple):
     source_slots: jax.Array | None = None  # int32 [R]
     fresh: jax.Array | None = None  # bool [R]
     pair_emit: jax.Array | None = None  # int32 [R]: paired consumer rows start from emit pair_emit[r]; -1: no
+    decode_base: jax.Array | None = None  # int32 []: decode row r runs in state slot decode_base + r
 
 
 class ModelCache(NamedTuple):

@@ -1,10 +1,12 @@
 """Turn a round plan into the fixed-shape numpy arrays of one step (host side, no JAX).
 
-Layout (``runner/shapes.py``): the plan's leading one-token rows (up to the variant's
-``num_decode``) fill the decode region, rows ``[:num_decode]`` owning token slots ``[:num_decode]``;
-decode slots they leave free hold *padding decode rows* (one token, id 0, at position 0 of page 0,
-state slot 0). The other rows pack their spans into the prefill region from token slot
-``num_decode`` on; prefill rows left free are empty spans at the end.
+Layout (``runner/shapes.py``, ``runner/window.py``): the decode region's rows are the plan's
+windowable one-token rows of the round's :class:`~radixflow_jax.runner.window.DecodePlacement`,
+row ``slot - base`` each (``decode_base = base``), rows ``[:num_decode]`` owning token slots
+``[:num_decode]``; decode positions they leave free hold *padding decode rows* (one token, id 0, at
+position 0 of page 0, state slot 0). The other rows, in plan order, pack their spans into the
+prefill region from token slot ``num_decode`` on; prefill rows left free are empty spans at the
+end.
 
 Padding rules (DESIGN.md section 4): padding tokens write their KV into the reserved page 0,
 padding rows run in the reserved state slot 0 and copy slot 0 onto itself, padding emits write
@@ -20,6 +22,7 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from radixflow_jax.runner.shapes import Variant
+from radixflow_jax.runner.window import DecodePlacement, place_decode
 from radixflow_jax.scheduler.plan import RoundPlan, RoundStats, RowPlan
 
 
@@ -77,6 +80,7 @@ class StepArrays:
     ctx_out: np.ndarray  # bool [R, W]: the entry is a generated token
     want_logprobs: np.ndarray  # bool [R]: the row asked for logprobs (the step skips them when none did)
     pair_emit: np.ndarray  # int32 [R]: a paired consumer's initial state is emit pair_emit[r]; -1 = unpaired
+    decode_base: np.ndarray  # int32 []: decode row r runs in state slot decode_base + r
     plan_rows: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0, np.int64))
     """host only: the array row of each plan row (``sampled[plan_rows[i]]`` belongs to ``plan.rows[i]``)"""
 
@@ -90,15 +94,21 @@ _PAD_DECODE = RowPlan(-1, (0,), 0, (0,), 0, None, (), False)  # one token at pos
 
 def build_arrays(
     plan: RoundPlan, variant: Variant, *, page_size: int, max_pages: int, sampling: Mapping[int, SamplingRow],
-    penalty_window: int = 0,
+    penalty_window: int = 0, decode: DecodePlacement | None = None,
 ) -> StepArrays:
-    """``penalty_window``: width ``W`` of the penalty context arrays (0: penalties unavailable)."""
+    """``penalty_window``: width ``W`` of the penalty context arrays (0: penalties unavailable);
+    ``decode``: the round's decode placement (``runner/window.select_round``; None: placed here,
+    with ``base`` the lowest decode slot, which the caller must know fits its pool)."""
     t, r, m = variant.num_tokens, variant.num_rows, variant.max_emits
-    # the decode region takes the plan's leading one-token rows (at most num_decode of them)
-    d = 0
-    while d < min(plan.num_decode, variant.num_decode) and plan.rows[d].is_decode:
-        d += 1
-    prefill = plan.rows[d:]
+    if decode is None:
+        decode = place_decode(plan, variant.num_decode)
+    d = len(decode.rows)
+    if d > variant.num_decode or any(not 0 <= plan.rows[i].slot - decode.base < variant.num_decode for i in decode.rows):
+        raise ValueError(f"decode rows of slots {[plan.rows[i].slot for i in decode.rows]} do not fit the window "
+                         f"of {variant.num_decode} slots from {decode.base}")  # fmt: skip
+    in_window = set(decode.rows)
+    order = [i for i in range(len(plan.rows)) if i not in in_window]
+    prefill = tuple(plan.rows[i] for i in order)
     # checked before filling: an oversized plan must raise this, not an index/broadcast error halfway
     prefill_tokens = sum(len(row.tokens) for row in prefill)
     num_emits = sum(len(row.emits) for row in plan.rows)
@@ -132,8 +142,12 @@ def build_arrays(
         ctx_out=np.zeros((r, penalty_window), np.bool_),
         want_logprobs=np.zeros(r, np.bool_),
         pair_emit=np.full(r, -1, np.int32),
+        decode_base=np.asarray(decode.base, np.int32),
     )
-    rows = plan.rows[:d] + (_PAD_DECODE,) * (variant.num_decode - d) + prefill
+    region = [_PAD_DECODE] * variant.num_decode
+    for i in decode.rows:
+        region[plan.rows[i].slot - decode.base] = plan.rows[i]
+    rows = tuple(region) + prefill
     nr = len(rows)
     lens = [len(row.tokens) for row in rows]
     starts = [row.start for row in rows]
@@ -174,7 +188,7 @@ def build_arrays(
     for i, row in enumerate(rows):
         if row.pair_slot is not None:
             j = emit_of.get(row.pair_slot)
-            if j is None or rows[emits[j][0]].pair_slot is not None or i < d:
+            if j is None or rows[emits[j][0]].pair_slot is not None or i < variant.num_decode:
                 raise ValueError(
                     f"request {row.request_id} pairs with checkpoint slot {row.pair_slot}, which no unpaired "
                     "prefill row of the round emits"
@@ -200,7 +214,11 @@ def build_arrays(
             a.ctx_ids[i, :n_prompt] = p.prompt
             a.ctx_ids[i, n_prompt : n_prompt + n_out] = p.output
             a.ctx_out[i, n_prompt : n_prompt + n_out] = True
-    a.plan_rows = np.concatenate([np.arange(d), np.arange(variant.num_decode, variant.num_decode + len(prefill))])
+    plan_rows = np.zeros(len(plan.rows), np.int64)
+    for i in decode.rows:
+        plan_rows[i] = plan.rows[i].slot - decode.base
+    plan_rows[order] = np.arange(variant.num_decode, variant.num_decode + len(prefill))
+    a.plan_rows = plan_rows
     return a
 
 

@@ -67,7 +67,8 @@ def make_step(graphdef: nnx.GraphDef, num_decode: int, num_out: int) -> Callable
         # copy-on-write of source checkpoints: each recurrent layer reads a row's initial state from
         # copy_src (zero for rows that start a sequence) and writes its result to state_slots
         batch = Batch(a["cu_seqlens"], a["kv_lens"], a["page_table"], a["slot_mapping"], a["state_slots"],
-                      source_slots=a["copy_src"], fresh=a["kv_lens"] == span, pair_emit=a["pair_emit"])  # fmt: skip
+                      source_slots=a["copy_src"], fresh=a["kv_lens"] == span, pair_emit=a["pair_emit"],
+                      decode_base=a["decode_base"])  # fmt: skip
         emits = Emits(a["emit_rows"], a["emit_offsets"], a["emit_slots"])
         hidden, cache = model(input_ids, batch, cache, num_decode=num_decode, emits=emits)
         logits = model.logits(hidden[a["logits_index"]]).astype(jnp.float32)
@@ -100,6 +101,7 @@ def array_specs(
         "presence": ((r,), f32), "frequency": ((r,), f32), "repetition": ((r,), f32),
         "ctx_ids": ((r, w), i32), "ctx_out": ((r, w), jnp.bool_), "want_logprobs": ((r,), jnp.bool_),
         "pair_emit": ((r,), i32), "splice_src": ((t,), i32), "prev_tokens": ((max(num_out, r),), i32),
+        "decode_base": ((), i32),
     }  # fmt: skip
     return {k: jax.ShapeDtypeStruct(s, d) for k, (s, d) in shapes.items()}
 

@@ -40,13 +40,16 @@ class Memory:
             ids = self.pages.alloc(n)
         return ids
 
-    def alloc_slot(self) -> int | None:
+    def alloc_slot(self, *, checkpoint: bool = False) -> int | None:
+        """A request's slot (the lowest free one) or, with ``checkpoint``, a checkpoint's (the
+        highest free one; ``cache/pools.SlotPool``), evicting committed checkpoints when short."""
         if self.slots is None:
             return None
-        ids = self.slots.alloc(1)
+        alloc = self.slots.alloc_high if checkpoint else self.slots.alloc
+        ids = alloc(1)
         if ids is None and self.cache is not None:
             self.evicted_slots += self.cache.evict_states(max(1, self.slots.capacity // 32))
-            ids = self.slots.alloc(1)
+            ids = alloc(1)
         return ids[0] if ids else None
 
     def ensure_pages(self, req: Request, num_tokens: int) -> bool:
@@ -71,7 +74,7 @@ class Memory:
         planted = []
         tokens = req.tokens
         for i, placement in enumerate(placements):
-            slot = self.alloc_slot()
+            slot = self.alloc_slot(checkpoint=True)
             if slot is None:
                 return sorted(planted), len(placements) - i
             node = self.cache.plant_pending(

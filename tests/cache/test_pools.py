@@ -80,15 +80,32 @@ def test_bad_sizes_and_types():
         PagePool(3).incref(True)
 
 
+def test_slot_pool_hands_request_slots_low_and_checkpoint_slots_high():
+    pool = SlotPool(9)
+    assert pool.alloc(2) == [1, 2] and pool.alloc_high(2) == [8, 7]
+    assert pool.alloc(1) == [3]
+    pool.release([2, 8])
+    assert pool.alloc(1) == [2] and pool.alloc_high(1) == [8]  # the lowest / highest free, not the last freed
+    assert pool.alloc_high(3) == [6, 5, 4] and pool.alloc(1) is None and pool.alloc_high(1) is None
+    pool.check_invariants()
+
+
 @settings(max_examples=150, deadline=None)
-@given(size=st.integers(1, 8), ops=st.lists(st.tuples(st.sampled_from("aid"), st.integers(0, 8)), max_size=60))
-def test_pool_matches_a_model(size, ops):
-    """Random alloc/incref/decref against a dict model: counts, free xor owned, never negative."""
-    pool = PagePool(size)
+@given(
+    size=st.integers(1, 8), slots=st.booleans(),
+    ops=st.lists(st.tuples(st.sampled_from("ahid"), st.integers(0, 8)), max_size=60),
+)  # fmt: skip
+def test_pool_matches_a_model(size, slots, ops):
+    """Random alloc/incref/decref against a dict model: counts, free xor owned, never negative;
+    a slot pool's low and high ends hand out the lowest and highest free ids."""
+    pool = SlotPool(size) if slots else PagePool(size)
     model: dict[int, int] = {}
     for op, arg in ops:
-        if op == "a":
-            got = pool.alloc(arg)
+        if op in "ah":
+            free = sorted(set(range(1, size)) - set(model))
+            got = pool.alloc_high(arg) if op == "h" and slots else pool.alloc(arg)
+            if slots and got is not None:
+                assert sorted(got) == (free[len(free) - arg :] if op == "h" else free[:arg])
             if arg > size - 1 - len(model):
                 assert got is None
             else:

@@ -42,7 +42,7 @@ def test_shapes_depend_only_on_the_variant(arrays) -> None:
         "tokens": (16,), "cu_seqlens": (5,), "kv_lens": (4,), "page_table": (4, MAX_PAGES), "slot_mapping": (16,),
         "state_slots": (4,), "copy_src": (4,), "emit_rows": (6,), "emit_offsets": (6,), "emit_slots": (6,),
         "logits_index": (4,), "temperature": (4,), "top_k": (4,), "top_p": (4,), "min_p": (4,), "seed": (4,),
-        "position": (4,), "presence": (4,), "frequency": (4,), "repetition": (4,), "ctx_ids": (4, 0), "ctx_out": (4, 0), "want_logprobs": (4,), "pair_emit": (4,),
+        "position": (4,), "presence": (4,), "frequency": (4,), "repetition": (4,), "ctx_ids": (4, 0), "ctx_out": (4, 0), "want_logprobs": (4,), "pair_emit": (4,), "decode_base": (),
     }  # fmt: skip
     assert {k: v.shape for k, v in d.items()} == expected
     assert d["seed"].dtype == np.uint32

@@ -4,8 +4,9 @@ prefill rows (packed chunked scan), writes every row's state back to its slot an
 requested checkpoints. The mixers only say how conv outputs become kernel inputs and which kernels
 run, so checkpoint correctness lives here, once.
 
-Rows ``[:num_decode]`` own the first ``num_decode`` token slots, one token each; the rest of the
-rows form a packed ragged batch over the remaining slots (see ``models/batch.py``).
+Rows ``[:num_decode]`` own the first ``num_decode`` token slots, one token each, and run in the
+contiguous slot window ``[decode_base, decode_base + num_decode)`` (:class:`DecodeWindow`); the
+rest of the rows form a packed ragged batch over the remaining slots (see ``models/batch.py``).
 """
 
 from __future__ import annotations
@@ -111,20 +112,62 @@ def write_emits(
     return conv_pool.at[emits.slots].set(conv.astype(conv_pool.dtype)), ssm_pool.at[emits.slots].set(ssm)
 
 
-def initial_states(conv_pool: jax.Array, ssm_pool: jax.Array, batch: Batch) -> tuple[jax.Array, jax.Array]:
-    """Every row's ``(conv, ssm)`` state before its span: read from ``source_slots`` (or
-    ``state_slots``), zero for ``fresh`` rows. All reads of a layer happen before its writes."""
-    src = batch.state_slots if batch.source_slots is None else batch.source_slots
+def initial_states(
+    conv_pool: jax.Array, ssm_pool: jax.Array, batch: Batch, first: int = 0
+) -> tuple[jax.Array, jax.Array]:
+    """The ``(conv, ssm)`` state of rows ``[first:]`` before their spans: read from ``source_slots``
+    (or ``state_slots``), zero for ``fresh`` rows. All reads of a layer happen before its writes."""
+    src = (batch.state_slots if batch.source_slots is None else batch.source_slots)[first:]
     conv0, ssm0 = conv_pool[src], ssm_pool[src]
     if batch.fresh is not None:
-        conv0 = jnp.where(batch.fresh[:, None, None], jnp.zeros((), conv0.dtype), conv0)
-        ssm0 = jnp.where(batch.fresh.reshape((-1,) + (1,) * (ssm0.ndim - 1)), 0.0, ssm0)
+        fresh = batch.fresh[first:]
+        conv0 = jnp.where(fresh[:, None, None], jnp.zeros((), conv0.dtype), conv0)
+        ssm0 = jnp.where(fresh.reshape((-1,) + (1,) * (ssm0.ndim - 1)), 0.0, ssm0)
     return conv0, ssm0
 
 
-Inputs = tuple[jax.Array, ...]
-DecodeFn = Callable[[Inputs, jax.Array], tuple[jax.Array, jax.Array]]
-ChunkedFn = Callable[[Inputs, jax.Array, jax.Array, "jax.Array | None"], tuple[jax.Array, jax.Array, jax.Array]]
+class DecodeWindow(NamedTuple):
+    """The decode region's states, read in place: decode row ``r`` runs in slot ``base + r``
+    (``Batch.decode_base``), so its states are one contiguous window of each pool, read by the
+    one-step update without a gather. A decode-only call writes the window back in place
+    (:meth:`write`); a call that also has prefill rows writes every row with one scatter after all
+    of its reads (XLA then updates the donated pools in place; an in-place window write before the
+    prefill rows' reads would make it copy the pools). On a 64-row decode round of
+    ``benchmarks/vs_transformers.py`` this took the round from about 70 to about 47 ms (2026-12-01,
+    docs/performance.md). A decode row is real exactly when ``state_slots[r] == base + r``; a
+    padding decode row leaves its window slot's state as it was (the window write puts it back, the
+    scatter sends it to the sink slot 0), so it never changes a slot some other row or checkpoint
+    owns. Decode rows never start from another slot's checkpoint and are never fresh (the runner
+    puts such one-token rows in the prefill region, ``runner/window.py``)."""
+
+    base: jax.Array  # int32 scalar
+    real: jax.Array  # bool [d]
+    conv: jax.Array  # [d, K-1, C]: the window of the conv pool
+    ssm: jax.Array  # [d, ...]: the window of the state pool
+
+    @staticmethod
+    def read(conv_pool: jax.Array, ssm_pool: jax.Array, batch: Batch, d: int) -> "DecodeWindow":
+        if batch.decode_base is None:
+            raise ValueError("a call with decode rows needs Batch.decode_base (the slot of decode row 0)")
+        if d > ssm_pool.shape[0]:
+            raise ValueError(f"a decode region of {d} rows does not fit a pool of {ssm_pool.shape[0]} slots")
+        base = jnp.clip(jnp.asarray(batch.decode_base, jnp.int32), 0, ssm_pool.shape[0] - d)
+        real = batch.state_slots[:d] == base + jnp.arange(d, dtype=jnp.int32)
+        return DecodeWindow(
+            base, real, jax.lax.dynamic_slice_in_dim(conv_pool, base, d, 0), jax.lax.dynamic_slice_in_dim(ssm_pool, base, d, 0)
+        )
+
+    def write(
+        self, conv_pool: jax.Array, ssm_pool: jax.Array, conv_new: jax.Array, ssm_new: jax.Array
+    ) -> tuple[jax.Array, jax.Array]:
+        """The pools with the real decode rows' new states in their window slots (in place; only
+        when nothing else of the call reads the pools afterwards)."""
+        conv = _pick(self.real, conv_new, self.conv)
+        ssm = _pick(self.real, ssm_new, self.ssm)
+        return (
+            jax.lax.dynamic_update_slice_in_dim(conv_pool, conv, self.base, 0),
+            jax.lax.dynamic_update_slice_in_dim(ssm_pool, ssm, self.base, 0),
+        )
 
 
 def _pick(mask: jax.Array, new: jax.Array, old: jax.Array) -> jax.Array:
@@ -157,19 +200,21 @@ class _Pairing(NamedTuple):
     def ssm_initial(
         self, ssm0: jax.Array, decode_new: jax.Array | None, d: int, chunk_size: int, cu_prefill: jax.Array
     ) -> tuple[jax.Array, jax.Array]:
-        """``(ssm0, pair_chunk [R - d])``: a paired row whose producer is a decode row or pairs at
-        depth 0 gets its state here; one that pairs inside a prefill producer's span gets the index
-        of the producer's chunk ending at ``depth`` (``depth`` is on the chunk grid or the span end),
-        which the chunked scan starts it from."""
-        direct = ssm0[self.prow]
+        """``(ssm0, pair_chunk)`` of the prefill rows (``ssm0 [R - d]``; ``decode_new``: the decode
+        rows' new states, or None): a paired row whose producer is a decode row (which emits only
+        after its one token) or pairs at depth 0 gets its state here; one that pairs inside a
+        prefill producer's span gets the index of the producer's chunk ending at ``depth``
+        (``depth`` is on the chunk grid or the span end), which the chunked scan starts it from."""
+        prow, depth, paired = self.prow[d:], self.depth[d:], self.paired[d:]
+        local = jnp.clip(prow - d, 0, ssm0.shape[0] - 1)
+        direct = ssm0[local]
         if decode_new is not None:
-            after_one = decode_new[jnp.clip(self.prow, 0, d - 1)]
-            direct = jnp.where(((self.prow < d) & (self.depth > 0)).reshape((-1,) + (1,) * (ssm0.ndim - 1)), after_one, direct)
-        in_scan = self.paired & (self.prow >= d) & (self.depth > 0)
-        ssm0 = _pick(self.paired & ~in_scan, direct, ssm0)
-        local = jnp.clip(self.prow - d, 0, cu_prefill.shape[0] - 2)
-        chunk = chunk_ending_at(cu_prefill, local, self.depth, chunk_size)
-        return ssm0, jnp.where(in_scan, chunk, -1)[d:]
+            after_one = decode_new[jnp.clip(prow, 0, d - 1)]
+            direct = jnp.where((prow < d).reshape((-1,) + (1,) * (ssm0.ndim - 1)), after_one, direct)
+        in_scan = paired & (prow >= d) & (depth > 0)
+        ssm0 = _pick(paired & ~in_scan, direct, ssm0)
+        chunk = chunk_ending_at(cu_prefill, local, depth, chunk_size)
+        return ssm0, jnp.where(in_scan, chunk, -1)
 
 
 def recurrent_mix(
@@ -193,44 +238,53 @@ def recurrent_mix(
     final_ssm, chunk_states)`` the chunked scan of the prefill rows (``pair_chunk``: None, or per
     prefill row the chunk whose end state it starts from, see ``kernels/layout.scan_chunks``).
     Returns ``(core_out [T, ...] (the kernels' dtype), conv_out [T, C], conv_pool, ssm_pool)``:
-    every row's state after its span is written to ``state_slots[r]`` (padding rows write the sink
-    slot 0), then every emit's state to its slot. Padding tokens of the prefill region get a zero
-    output. Rows start from :func:`initial_states` (copy-on-write of checkpoints happens here, as a
-    read of the source); paired consumer rows (``batch.pair_emit``) from their producer's in-call
-    state (:class:`_Pairing`), in the same single pass: a consumer never pairs with another paired
+    every row's state after its span goes to its slot (:class:`DecodeWindow` says how: the
+    decode rows' window, the prefill rows' ``state_slots[r]``; padding rows change nothing but the
+    sink slot 0), then every emit's state to its slot. Padding tokens of the prefill region get a
+    zero output. Prefill rows start from :func:`initial_states` (copy-on-write of checkpoints
+    happens here, as a read of the source, before any write); paired consumer rows
+    (``batch.pair_emit``) from their producer's in-call state (:class:`_Pairing`), in the same single pass: a consumer never pairs with another paired
     row (the scheduler and ``build_arrays`` refuse it), so its producer's state exists when the scan
     reaches it."""
     num_tokens, num_rows, d = conv_in.shape[0], batch.state_slots.shape[0], num_decode
-    slots = batch.state_slots
-    conv0, ssm = initial_states(conv_pool, ssm_pool, batch)
+    window = DecodeWindow.read(conv_pool, ssm_pool, batch, d) if d else None
+    conv0_p = ssm_p = None
+    if num_rows > d:
+        conv0_p, ssm_p = initial_states(conv_pool, ssm_pool, batch, d)
+    conv0 = jnp.concatenate([x for x in (window.conv if window else None, conv0_p) if x is not None], axis=0)
     pairing = None
     if batch.pair_emit is not None and emits is not None and num_rows > d:
         pairing = _Pairing.of(batch, emits)
         conv0 = pairing.conv_initial(conv_in, batch, conv0)
     conv_out, conv_new = run_conv(conv, conv_in, batch, conv0, d)
     inputs = prepare(conv_out)
-    outs, states = [], []
-    decode_src = prefill_src = None
-    if d:
-        o, s = decode(tuple(x[:d] for x in inputs), ssm[:d])
+    outs = []
+    decode_new = None
+    if window is not None:
+        o, decode_new = decode(tuple(x[:d] for x in inputs), window.ssm)
         outs.append(o)
-        states.append(s)
-        decode_src = (conv_new[:d], s)
+    prefill_src = None
     if num_rows > d:
         cu = batch.cu_seqlens[d:] - d
         pair_chunk = None
         if pairing is not None:
-            ssm, pair_chunk = pairing.ssm_initial(ssm, states[0] if d else None, d, chunk_size, cu)
-        o, s, chunk_states = chunked(tuple(x[d:] for x in inputs), cu, ssm[d:], pair_chunk)
+            ssm_p, pair_chunk = pairing.ssm_initial(ssm_p, decode_new, d, chunk_size, cu)
+        o, final, chunk_states = chunked(tuple(x[d:] for x in inputs), cu, ssm_p, pair_chunk)
         outs.append(o)
-        states.append(s)
         # emits at offset 0 of a paired row read the state it started from
-        prefill_src = (conv_in[d:], cu, conv0[d:], effective_initial(ssm[d:], chunk_states, pair_chunk), chunk_states)
+        prefill_src = (conv_in[d:], cu, conv0[d:], effective_initial(ssm_p, chunk_states, pair_chunk), chunk_states)
     elif num_tokens > d:
         outs.append(jnp.zeros((num_tokens - d,) + outs[0].shape[1:], outs[0].dtype))
-    core, ssm_new = jnp.concatenate(outs, axis=0), jnp.concatenate(states, axis=0)
-    emitted = emitted_states(emits, d, chunk_size, decode_src, prefill_src) if emits is not None else None
-    conv_pool = conv_pool.at[slots].set(conv_new.astype(conv_pool.dtype))
-    ssm_pool = ssm_pool.at[slots].set(ssm_new)
-    conv_pool, ssm_pool = write_emits(conv_pool, ssm_pool, emits, emitted)
+    core = jnp.concatenate(outs, axis=0)
+    if num_rows == d:  # decode only: the window in place
+        conv_pool, ssm_pool = window.write(conv_pool, ssm_pool, conv_new, decode_new)
+    else:  # one scatter after every read (a padding decode row writes the sink slot 0)
+        ssm_new = final if window is None else jnp.concatenate([decode_new, final], axis=0)
+        conv_pool = conv_pool.at[batch.state_slots].set(conv_new.astype(conv_pool.dtype))
+        ssm_pool = ssm_pool.at[batch.state_slots].set(ssm_new)
+    if emits is not None:
+        # a decode row emits after its one token: its new state (not a read of the written pool)
+        decode_src = (conv_new[:d], decode_new) if window is not None else None
+        emitted = emitted_states(emits, d, chunk_size, decode_src, prefill_src)
+        conv_pool, ssm_pool = write_emits(conv_pool, ssm_pool, emits, emitted)
     return core, conv_out, conv_pool, ssm_pool
