@@ -21,13 +21,17 @@ and is tested against it (``tests/kernels/test_fast.py``); ``kernels/ops.py`` pi
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 
 from radixflow_jax.kernels import gated_delta as _gd
 from radixflow_jax.kernels import attention as _attn
 from radixflow_jax.kernels.attention import _NEG, _column_range, _soft_cap, positions_from_batch
-from radixflow_jax.kernels.layout import chunk_ending_at, chunk_layout, gather_chunks, scatter_chunks
+from radixflow_jax.kernels.layout import (
+    chunk_ending_at, chunk_layout, effective_initial, gather_chunks, scan_chunks, scatter_chunks,
+)
 
 _HI = jax.lax.Precision.HIGHEST
 _F32 = jnp.float32
@@ -64,6 +68,46 @@ def unit_lower_solve(system: jnp.ndarray, rhs: jnp.ndarray, block: int = 16) -> 
 
 
 SUB_CHUNK = 32  # measured 2026-12-01 (docs/performance.md): 32 beat 64 and 16 on 4x256, 32x32 and 64x32 rows
+def _used_terms(
+    chunks: list[jnp.ndarray], used: jnp.ndarray, num_tokens: int, chunk_size: int, scale: float
+) -> _gd._ChunkTerms:
+    """The UT transform's per-chunk terms, computed for the chunks a round uses: a layout of ``T``
+    tokens in ``R`` rows has ``ceil(T / C) + R`` chunks and numbers the used ones first, so the
+    first ``ceil(T / C)`` are computed always and the other ``R`` only when more than that many are
+    used (rows that end off the chunk grid); otherwise they stay zero (unused chunks are only
+    required to be finite). Only for rounds of short rows (the ``R`` possible partial chunks at
+    least half of the ``ceil(T / C)``, i.e. rows of about two chunks or less): 64 rows of 32 tokens
+    use half of their chunks and the kernel took 62.2 instead of 82.9 ms (32 x 32: 28.8 against
+    36.6), while on 4 rows of 288 tokens the split took 21.8 against 17.1 ms (medians of 11-21,
+    interleaved, 2026-12-01, docs/performance.md)."""
+    terms = functools.partial(_gd._chunk_terms, scale=scale, solve=unit_lower_solve)
+    dense = min(-(-num_tokens // chunk_size), chunks[0].shape[0])
+    if 2 * (chunks[0].shape[0] - dense) < dense:  # long rows: the split measured slower than no split
+        return terms(*chunks)
+    head, rest = terms(*(x[:dense] for x in chunks)), [x[dense:] for x in chunks]
+    zeros = jax.tree.map(jnp.zeros_like, jax.eval_shape(terms, *rest))
+    tail = jax.lax.cond(used > dense, lambda: terms(*rest), lambda: zeros)
+    return jax.tree.map(lambda h, t: jnp.concatenate([h, t]), head, tail)
+
+
+def _chunked(
+    q: jnp.ndarray, k: jnp.ndarray, v: jnp.ndarray, g: jnp.ndarray, beta: jnp.ndarray, cu_seqlens: jnp.ndarray,
+    initial_state: jnp.ndarray, chunk_size: int, scale: float | None, pair_chunk: jnp.ndarray | None,
+) -> tuple[jnp.ndarray, jnp.ndarray, jnp.ndarray]:  # fmt: skip
+    """``kernels/gated_delta.chunked_with_solver`` with the solve of :func:`unit_lower_solve` and
+    the intra-chunk terms of the used chunks only (:func:`_used_terms`)."""
+    num_tokens = v.shape[0]
+    scale = _gd._resolve_scale(scale, q.shape[-1])
+    layout = chunk_layout(cu_seqlens, num_tokens, chunk_size)
+    chunks = [_gd._to_chunks(x, layout, chunk_size) for x in _gd._prepare(q, k, v, g, beta)]
+    terms = _used_terms(chunks, layout.first_chunk[-1], num_tokens, chunk_size, scale)
+    init = initial_state.astype(_F32)
+    step = lambda start, mul, add: _gd._mm("hkj,hjv->hkv", mul, start) + add  # noqa: E731
+    starts, ends = scan_chunks(step, (terms.state_mul, terms.state_add), layout, init, pair_chunk)
+    out = terms.out_bias + _gd._mm("nhck,nhkv->nhcv", terms.out_read, starts)
+    out = scatter_chunks(jnp.moveaxis(out, 2, 1), layout, num_tokens).astype(v.dtype)
+    final = _gd._final_states(ends, layout, effective_initial(init, ends, pair_chunk), cu_seqlens)
+    return out, final, ends
 
 
 def gated_delta_chunked(
@@ -88,9 +132,7 @@ def gated_delta_chunked(
     chunk_size)``, read from the sub-chunk that ends at the same token (every chunk end is a
     sub-chunk end), and ``pair_chunk`` names chunks of that layout too."""
     if sub_chunk >= chunk_size or chunk_size % sub_chunk:
-        return _gd.chunked_with_solver(
-            q, k, v, g, beta, cu_seqlens, initial_state, chunk_size, scale, unit_lower_solve, pair_chunk
-        )
+        return _chunked(q, k, v, g, beta, cu_seqlens, initial_state, chunk_size, scale, pair_chunk)
     num_tokens = v.shape[0]
     layout = chunk_layout(cu_seqlens, num_tokens, chunk_size)
 
@@ -104,9 +146,7 @@ def gated_delta_chunked(
     if pair_chunk is not None:
         src = jnp.clip(pair_chunk, 0, layout.row.shape[0] - 1)
         sub_pair = jnp.where(pair_chunk >= 0, as_sub(src), -1)
-    out, final, sub_ends = _gd.chunked_with_solver(
-        q, k, v, g, beta, cu_seqlens, initial_state, sub_chunk, scale, unit_lower_solve, sub_pair
-    )
+    out, final, sub_ends = _chunked(q, k, v, g, beta, cu_seqlens, initial_state, sub_chunk, scale, sub_pair)
     used = layout.length > 0  # unused chunks keep a finite placeholder: sub-chunk 0's end state
     idx = jnp.where(used, as_sub(jnp.arange(layout.row.shape[0])), 0)
     return out, final, sub_ends[jnp.clip(idx, 0, sub_ends.shape[0] - 1)]

@@ -52,6 +52,21 @@ def test_gated_delta_fast_matches_oracle_and_reference(
     np.testing.assert_allclose(np.asarray(got[2])[used], np.asarray(ref[2])[used], atol=1e-4, rtol=0)
 
 
+@pytest.mark.parametrize("sub_chunk", [4, 2])
+@pytest.mark.parametrize("lens", [(4, 4, 8, 4, 0), (4, 5, 1, 4, 3)], ids=["on-grid", "off-grid"])
+def test_gated_delta_fast_short_rows(lens: tuple[int, ...], sub_chunk: int) -> None:
+    """Rounds of short rows compute the intra-chunk terms of the first ``ceil(T / C)`` chunks and
+    the rest only when a row ends off the grid (``fast._used_terms``): both cases against the oracle
+    and the reference."""
+    inp = _make_inputs(5, sum(lens) + PAD, len(lens), 2, 4, 8, 6)
+    args = (inp["q"], inp["k"], inp["v"], inp["g"], inp["beta"], jnp.asarray(_cu(lens)), inp["init"])
+    got = jax.jit(functools.partial(fast.gated_delta_chunked, chunk_size=4, sub_chunk=sub_chunk))(*args)
+    _check_against_oracle(got, inp, lens, 4, 8**-0.5)
+    ref = jax.jit(functools.partial(gated_delta_chunked, chunk_size=4))(*args)
+    for a, b in zip(got[:2], ref[:2]):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-4, rtol=0)
+
+
 @pytest.mark.parametrize(
     "rows,window,cap,block_q",
     [(MIXED, None, None, None), (MIXED, 3, 1.5, 2), (LONG, 5, None, 2), (((1, 9), (1, 13), (1, 1)), None, 2.0, None)],
