@@ -133,6 +133,7 @@ _REFERENCE: dict[str, Callable[..., Any]] = {
 
 _FAST: dict[str, Callable[..., Any]] = {
     "gated_delta_chunked": _fast.gated_delta_chunked,
+    "gated_delta_decode": _fast.gated_delta_decode,
     "paged_attention": _fast.paged_attention,
 }
 
@@ -171,7 +172,8 @@ def _pallas_impl(op: str) -> Callable[..., Any] | None:
 
 
 # Ops that are jnp under every backend by design (see ``_pallas_impl``): forcing ``pallas`` does not
-# make them fail, because there is no Pallas kernel to prefer.
+# make them fail, because there is no Pallas kernel to prefer; backends other than ``reference``
+# serve them with their faster XLA formulation where one exists.
 JNP_ONLY = frozenset(
     {"gated_delta_decode", "ssd_decode", "causal_conv1d", "causal_conv1d_update", "conv_states_at", "write_kv"}
 )
@@ -180,8 +182,10 @@ JNP_ONLY = frozenset(
 def resolve(op: str) -> Callable[..., Any]:
     """The implementation of ``op`` under the selected backend."""
     backend = selected_backend()
-    if backend == "reference" or op in JNP_ONLY:
+    if backend == "reference":
         return _REFERENCE[op]
+    if op in JNP_ONLY:
+        return _FAST.get(op, _REFERENCE[op])
     if backend == "xla":
         return _FAST.get(op, _REFERENCE[op])  # ops without a faster formulation: the reference is the XLA one
     impl = _pallas_impl(op)

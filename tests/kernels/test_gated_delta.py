@@ -14,6 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from radixflow_jax.kernels import fast
 from radixflow_jax.kernels.gated_delta import gated_delta_chunked, gated_delta_decode, gated_delta_naive
 from radixflow_jax.kernels.layout import num_chunks_for
 
@@ -137,10 +138,11 @@ def test_two_spans_equal_one_span() -> None:
     np.testing.assert_allclose(final2, whole_final, atol=ATOL, rtol=0)
 
 
-def test_decode_matches_naive_step() -> None:
+@pytest.mark.parametrize("impl", [gated_delta_decode, fast.gated_delta_decode], ids=["reference", "fast"])
+def test_decode_matches_naive_step(impl) -> None:
     rows = 3
     inp = _make_inputs(7, rows, rows, 2, 4, 8, 6)
-    out, state = jax.jit(gated_delta_decode)(inp["q"], inp["k"], inp["v"], inp["g"], inp["beta"], inp["init"])
+    out, state = jax.jit(impl)(inp["q"], inp["k"], inp["v"], inp["g"], inp["beta"], inp["init"])
     lens = (1,) * rows
     ref_out, ref_final, _ = _run(gated_delta_naive, inp, lens, 4, None)
     np.testing.assert_allclose(out, ref_out, atol=ATOL, rtol=0)

@@ -53,12 +53,13 @@ def test_interpret_env_resolves_to_pallas(monkeypatch: pytest.MonkeyPatch, op: s
 
 
 def test_decode_and_conv_ops_stay_jnp_under_every_backend(monkeypatch: pytest.MonkeyPatch) -> None:
-    """They have no Pallas kernel by design, so forcing pallas serves them with jnp (the whole model
-    can run under RADIXFLOW_KERNELS=pallas)."""
+    """They have no Pallas kernel by design, so forcing pallas serves them with jnp, the faster XLA
+    formulation where one exists (the whole model can run under RADIXFLOW_KERNELS=pallas)."""
     monkeypatch.setenv("RADIXFLOW_KERNELS", "pallas")
     monkeypatch.setenv("RADIXFLOW_PALLAS_INTERPRET", "1")
     for op in sorted(ops.JNP_ONLY):
-        assert ops.resolve(op) is ops._REFERENCE[op]
+        assert ops.resolve(op) is ops._FAST.get(op, ops._REFERENCE[op])
+    assert ops.resolve("gated_delta_decode") is ops._FAST["gated_delta_decode"]
 
 
 def test_ops_call_runs_the_interpreted_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
