@@ -126,12 +126,16 @@ class ShapeConfig:
 
     @property
     def decode_buckets(self) -> tuple[int, ...]:
-        """Decode-region sizes of decode-only rounds."""
+        """Decode-region sizes of decode-only rounds, from 2 rows (where ``max_rows`` allows): in
+        a one-row decode variant XLA folds the state reads and writes into single slices and
+        then copies every state pool (the compiled program holds one copy per pool, 2026-12-01;
+        ``tests/engine/test_compile_guard.py``), while a padding row costs one token."""
         if self.mode == "fixed":
             return ()
+        lo = min(2, self.max_rows)
         if self.mode == "pow2":
-            return powers_of_two(1, self.max_rows)
-        return fine_ladder(1, self.max_rows, 16)
+            return powers_of_two(lo, self.max_rows)
+        return fine_ladder(lo, self.max_rows, 16)
 
     @property
     def mixed_decode_buckets(self) -> tuple[int, ...]:

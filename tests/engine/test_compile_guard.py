@@ -84,6 +84,19 @@ def run(core: EngineCore, seed: int) -> dict[str, int]:
     return {"cached": sum(o.cached_tokens for o in outs), "aborted": aborted}
 
 
+def test_no_variant_copies_a_state_pool(core: EngineCore) -> None:
+    """The donated recurrent-state pools are updated in place in every compiled variant: its
+    optimised program holds no copy of a pool (a property of the program, not a timing). A read of
+    a pool ordered after an in-place write of it (e.g. the decode window's, ``DecodeWindow``) would
+    make XLA copy the whole pool in every layer of every round."""
+    ex = core.executor
+    pools = {f"{x.dtype}[{','.join(map(str, x.shape))}]".replace("float32", "f32") for x in ex.cache.conv + ex.cache.ssm}
+    for variant, compiled in ex.step._compiled.items():
+        entry = compiled.as_text().split("\nENTRY ", 1)[1]
+        copies = [line for line in entry.splitlines() if " copy(" in line and any(f"= {p}" in line for p in pools)]
+        assert not copies, (variant, copies[:2])
+
+
 def test_no_compiles_after_warmup_radixflow(core: EngineCore) -> None:
     step = core.executor.step
     compiled = step.num_compiles

@@ -170,6 +170,24 @@ class DecodeWindow(NamedTuple):
         )
 
 
+    def copy_emits(self, conv_pool: jax.Array, ssm_pool: jax.Array, emits: Emits) -> tuple[jax.Array, jax.Array]:
+        """Writes every emit of a decode-only call after :meth:`write`: the state of decode row
+        ``rows[m]`` (its new state, in its window slot) copied slot to slot, one emit per loop step,
+        so each read of the pool is ordered before its write and the pools stay in place (a gather
+        of the emitted states fused into one scatter would read the pool it writes, and XLA copies
+        the pool then). Padding entries copy into the sink slot 0."""
+        d = self.real.shape[0]
+        src = self.base + jnp.clip(emits.rows, 0, d - 1)
+
+        def one(m: jax.Array, pools: tuple[jax.Array, jax.Array]) -> tuple[jax.Array, jax.Array]:
+            return tuple(
+                jax.lax.dynamic_update_slice_in_dim(p, jax.lax.dynamic_slice_in_dim(p, src[m], 1, 0), emits.slots[m], 0)
+                for p in pools
+            )
+
+        return jax.lax.fori_loop(0, emits.rows.shape[0], one, (conv_pool, ssm_pool))
+
+
 def _pick(mask: jax.Array, new: jax.Array, old: jax.Array) -> jax.Array:
     return jnp.where(mask.reshape((-1,) + (1,) * (old.ndim - 1)), new.astype(old.dtype), old)
 
@@ -282,8 +300,9 @@ def recurrent_mix(
         ssm_new = final if window is None else jnp.concatenate([decode_new, final], axis=0)
         conv_pool = conv_pool.at[batch.state_slots].set(conv_new.astype(conv_pool.dtype))
         ssm_pool = ssm_pool.at[batch.state_slots].set(ssm_new)
-    if emits is not None:
-        # a decode row emits after its one token: its new state (not a read of the written pool)
+    if emits is not None and num_rows == d:
+        conv_pool, ssm_pool = window.copy_emits(conv_pool, ssm_pool, emits)
+    elif emits is not None:  # a decode row emits after its one token: its new state
         decode_src = (conv_new[:d], decode_new) if window is not None else None
         emitted = emitted_states(emits, d, chunk_size, decode_src, prefill_src)
         conv_pool, ssm_pool = write_emits(conv_pool, ssm_pool, emits, emitted)
