@@ -77,16 +77,19 @@ class _RefCountPool:
 
     def alloc(self, n: int) -> list[int] | None:
         """``n`` fresh ids with refcount 1 each, or ``None`` (and no change at all) when short."""
+        return self._alloc(n, high=False)
+
+    def _alloc(self, n: int, *, high: bool) -> list[int] | None:
         if n < 0:
             raise ValueError(f"cannot allocate a negative number of {self._what}s: {n}")
         if n > len(self._free):
             return None
-        ids = self._take(n)
+        ids = self._take(n, high)
         for i in ids:
             self._refcount[i] = 1
         return ids
 
-    def _take(self, n: int) -> list[int]:
+    def _take(self, n: int, high: bool) -> list[int]:
         """Removes ``n <= num_free`` ids from the free list (a stack: the last freed first)."""
         return [self._free.pop() for _ in range(n)]
 
@@ -165,18 +168,13 @@ class SlotPool(_RefCountPool):
     def __init__(self, num_slots: int) -> None:
         super().__init__(num_slots)
         self._free.reverse()  # ascending
-        self._high = False
 
     def alloc_high(self, n: int) -> list[int] | None:
         """Like :meth:`alloc`, from the highest free slots."""
-        self._high = True
-        try:
-            return self.alloc(n)
-        finally:
-            self._high = False
+        return self._alloc(n, high=True)
 
-    def _take(self, n: int) -> list[int]:
-        if self._high:
+    def _take(self, n: int, high: bool) -> list[int]:
+        if high:
             ids = self._free[len(self._free) - n :][::-1]
             del self._free[len(self._free) - n :]
         else:

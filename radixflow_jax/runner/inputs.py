@@ -103,7 +103,8 @@ def build_arrays(
     if decode is None:
         decode = place_decode(plan, variant.num_decode)
     d = len(decode.rows)
-    if d > variant.num_decode or any(not 0 <= plan.rows[i].slot - decode.base < variant.num_decode for i in decode.rows):
+    fits = all(0 <= plan.rows[i].slot - decode.base < variant.num_decode for i in decode.rows)
+    if d > variant.num_decode or not fits:
         raise ValueError(f"decode rows of slots {[plan.rows[i].slot for i in decode.rows]} do not fit the window "
                          f"of {variant.num_decode} slots from {decode.base}")  # fmt: skip
     in_window = set(decode.rows)

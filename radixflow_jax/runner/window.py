@@ -35,7 +35,8 @@ def windowable(row: RowPlan) -> bool:
 @dataclasses.dataclass(frozen=True)
 class DecodePlacement:
     """``base``: the slot of decode row 0; ``rows``: indices into ``plan.rows`` of the rows in the
-    decode region (each at array row ``slot - base``); ``span``: window positions from ``base`` to the highest of them."""
+    decode region (each at array row ``slot - base``); ``span``: window positions from ``base`` to
+    the highest of them."""
 
     base: int
     rows: tuple[int, ...]

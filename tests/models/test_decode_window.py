@@ -24,7 +24,8 @@ HIDDEN, SLOTS, PAGE = 32, 10, 4
 def _mixer(kind: str) -> nnx.Module:
     rngs = nnx.Rngs(0)
     if kind == "gdn":
-        cfg = GdnConfig(num_k_heads=2, num_v_heads=4, head_k_dim=8, head_v_dim=8, conv_kernel=4, packed=False, chunk_size=4)
+        cfg = GdnConfig(num_k_heads=2, num_v_heads=4, head_k_dim=8, head_v_dim=8, conv_kernel=4, packed=False,
+                        chunk_size=4)  # fmt: skip
         return GatedDeltaNet(cfg, HIDDEN, 1e-6, dtype=jnp.float32, rngs=rngs)
     cfg = MambaConfig(num_heads=4, head_dim=8, state_size=8, n_groups=2, conv_kernel=4, conv_bias=True, proj_bias=False,
                       chunk_size=4, dt_limit=(0.0, float("inf")), norm_eps=1e-6)  # fmt: skip

@@ -33,7 +33,8 @@ def test_only_rows_continuing_their_own_state_are_windowable() -> None:
 
 
 def test_decode_rows_sit_at_their_slot_and_the_rest_in_the_prefill_region() -> None:
-    plan = _plan(_row(1, 1, 9, slot=7), _row(2, 1, 9, slot=4), _row(3, 1, 9, slot=5, copy_from=40), _row(4, 5, 0, slot=6))
+    rows = (_row(1, 1, 9, slot=7), _row(2, 1, 9, slot=4), _row(3, 1, 9, slot=5, copy_from=40), _row(4, 5, 0, slot=6))
+    plan = _plan(*rows)
     variant, decode = select_round(plan, SHAPES, num_slots=64)
     assert (decode.base, decode.rows, decode.span) == (4, (0, 1), 4)  # slots 7 and 4: window 4..7
     assert variant.num_decode == 8 and variant.prefill_rows >= 2  # (mixed rounds: one decode bucket here)

@@ -153,22 +153,20 @@ class DecodeWindow(NamedTuple):
             raise ValueError(f"a decode region of {d} rows does not fit a pool of {ssm_pool.shape[0]} slots")
         base = jnp.clip(jnp.asarray(batch.decode_base, jnp.int32), 0, ssm_pool.shape[0] - d)
         real = batch.state_slots[:d] == base + jnp.arange(d, dtype=jnp.int32)
-        return DecodeWindow(
-            base, real, jax.lax.dynamic_slice_in_dim(conv_pool, base, d, 0), jax.lax.dynamic_slice_in_dim(ssm_pool, base, d, 0)
-        )
+        conv = jax.lax.dynamic_slice_in_dim(conv_pool, base, d, 0)
+        return DecodeWindow(base, real, conv, jax.lax.dynamic_slice_in_dim(ssm_pool, base, d, 0))
 
     def write(
         self, conv_pool: jax.Array, ssm_pool: jax.Array, conv_new: jax.Array, ssm_new: jax.Array
     ) -> tuple[jax.Array, jax.Array]:
-        """The pools with the real decode rows' new states in their window slots (in place; only
-        when nothing else of the call reads the pools afterwards)."""
+        """The pools with the real decode rows' new states in their window slots (in place, as long
+        as no read of the pools before this write is ordered after it)."""
         conv = _pick(self.real, conv_new, self.conv)
         ssm = _pick(self.real, ssm_new, self.ssm)
         return (
             jax.lax.dynamic_update_slice_in_dim(conv_pool, conv, self.base, 0),
             jax.lax.dynamic_update_slice_in_dim(ssm_pool, ssm, self.base, 0),
         )
-
 
     def copy_emits(self, conv_pool: jax.Array, ssm_pool: jax.Array, emits: Emits) -> tuple[jax.Array, jax.Array]:
         """Writes every emit of a decode-only call after :meth:`write`: the state of decode row
@@ -186,6 +184,11 @@ class DecodeWindow(NamedTuple):
             )
 
         return jax.lax.fori_loop(0, emits.rows.shape[0], one, (conv_pool, ssm_pool))
+
+
+Inputs = tuple[jax.Array, ...]
+DecodeFn = Callable[[Inputs, jax.Array], tuple[jax.Array, jax.Array]]
+ChunkedFn = Callable[[Inputs, jax.Array, jax.Array, "jax.Array | None"], tuple[jax.Array, jax.Array, jax.Array]]
 
 
 def _pick(mask: jax.Array, new: jax.Array, old: jax.Array) -> jax.Array:
@@ -261,9 +264,9 @@ def recurrent_mix(
     sink slot 0), then every emit's state to its slot. Padding tokens of the prefill region get a
     zero output. Prefill rows start from :func:`initial_states` (copy-on-write of checkpoints
     happens here, as a read of the source, before any write); paired consumer rows
-    (``batch.pair_emit``) from their producer's in-call state (:class:`_Pairing`), in the same single pass: a consumer never pairs with another paired
-    row (the scheduler and ``build_arrays`` refuse it), so its producer's state exists when the scan
-    reaches it."""
+    (``batch.pair_emit``) from their producer's in-call state (:class:`_Pairing`), in the same
+    single pass: a consumer never pairs with another paired row (the scheduler and
+    ``build_arrays`` refuse it), so its producer's state exists when the scan reaches it."""
     num_tokens, num_rows, d = conv_in.shape[0], batch.state_slots.shape[0], num_decode
     window = DecodeWindow.read(conv_pool, ssm_pool, batch, d) if d else None
     conv0_p = ssm_p = None
