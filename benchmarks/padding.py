@@ -25,6 +25,7 @@ from radixflow_jax.engine.core import EngineCore
 from radixflow_jax.engine.protocol import StepResult
 from radixflow_jax.runner.inputs import SamplingRow
 from radixflow_jax.runner.shapes import ShapeConfig, Variant
+from radixflow_jax.runner.window import variant_for
 from radixflow_jax.scheduler.plan import RoundPlan
 from radixflow_jax.scheduler.scheduler import SchedulerConfig
 
@@ -41,8 +42,10 @@ class Selector:
 
     def execute(self, plan: RoundPlan, sampling: Mapping[int, SamplingRow]) -> StepResult:
         rows, d = len(plan.rows), plan.num_decode
-        decode = d if (not self.old or d == rows) else 0
-        v = self.shapes.select(plan.num_tokens, rows, num_decode=decode)
+        if self.old and d != rows:  # the scheme before the decode region
+            v = self.shapes.select(plan.num_tokens, rows, num_decode=0)
+        else:  # what the model executor selects (the decode window, runner/window.py)
+            v, _ = variant_for(plan, self.shapes)
         self.variants.add(v)
         kind = "decode" if d == rows else ("mixed" if d else "prefill")
         chunks = math.ceil(v.prefill_tokens / CHUNK) + v.prefill_rows if v.prefill_rows else 0
