@@ -68,11 +68,33 @@ def ablations() -> dict[str, Callable[[], contextlib.AbstractContextManager]]:
         "conv": lambda: _patched(ops, "causal_conv1d_update", lambda x, w, b, s, **kw: (x, s)),
         "attention": lambda: _patched(ops, "paged_attention", lambda q, *a, **kw: q * 1.0),
         "mlp": lambda: _patched(layers.Mlp, "__call__", lambda self, x: x * 1.0),
+        "chunked": lambda: _patched(ops, "gated_delta_chunked", _no_chunked),
+        "prefill-conv": lambda: _patched(ops, "causal_conv1d", lambda x, w, b, cu, s, **kw: (x, s)),
     }
 
 
-def capture(args: argparse.Namespace) -> tuple[Any, Any, dict[str, np.ndarray]]:
-    """``(llm, variant, inputs)`` of the workload's first full decode round."""
+def _no_chunked(q: Any, k: Any, v: Any, g: Any, beta: Any, cu: Any, state: Any, *, chunk_size: int, **kw: Any) -> Any:
+    """A stand-in for the chunked scan with its output shapes (``ends`` per chunk of the layout)."""
+    from radixflow_jax.kernels.layout import num_chunks_for
+
+    n = num_chunks_for(v.shape[0], cu.shape[0] - 1, chunk_size)
+    ends = state[:1].repeat(n, axis=0) * 1.0
+    return v + 0 * q.sum(), state * 1.0, ends
+
+
+def _wanted(kind: str, full: int) -> Callable[[Any], bool]:
+    """Which round a kind captures (the first that matches): ``decode`` a variant of ``full`` decode
+    rows only; ``mixed`` one with ``full`` decode rows and at least 512 prefill token slots;
+    ``prefill`` the workload's first round (its prompts' first 1024 tokens, no decode row)."""
+    if kind == "decode":
+        return lambda v: v.num_decode == v.num_rows == full
+    if kind == "mixed":
+        return lambda v: v.num_decode == full and v.prefill_rows > 0 and v.prefill_tokens >= 512
+    return lambda v: True
+
+
+def capture(args: argparse.Namespace, kind: str = "decode") -> tuple[Any, Any, dict[str, np.ndarray]]:
+    """``(llm, variant, inputs)`` of the workload's first round of ``kind`` (:func:`_wanted`)."""
     from radixflow_jax import LLM, SamplingParams
     from radixflow_jax.runner import step as step_module
 
@@ -89,16 +111,17 @@ def capture(args: argparse.Namespace) -> tuple[Any, Any, dict[str, np.ndarray]]:
     captured: dict[str, Any] = {}
     call = step_module.CompiledStep.__call__
     full = min(args.max_num_seqs, w.requests)
+    wanted = _wanted(kind, full)
 
     def spy(self: Any, variant: Any, p: Any, cache: Any, arrays: dict[str, Any]) -> Any:
-        if variant.num_decode == variant.num_rows == full and "variant" not in captured:
+        if wanted(variant) and "variant" not in captured:
             captured["variant"], captured["inputs"] = variant, {k: np.asarray(x) for k, x in arrays.items()}
         return call(self, variant, p, cache, arrays)
 
     with _patched(step_module.CompiledStep, "__call__", spy):
         llm.generate(prompts, params)
     if "variant" not in captured:
-        raise SystemExit(f"no round with {full} decode rows in this workload")
+        raise SystemExit(f"no {kind} round in this workload")
     return llm, captured["variant"], captured["inputs"]
 
 
@@ -110,6 +133,7 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--ablations", default=",".join(list(ablations())[1:]), help="comma-separated, see above")
     p.add_argument("--reps", type=int, default=21)
+    p.add_argument("--round", choices=("decode", "mixed", "prefill"), default="decode", help="which round")
     own, rest = p.parse_known_args(argv)
     args = vt.parse_args(rest)  # the vs_transformers workload and model options
     table = ablations()
@@ -117,7 +141,7 @@ def main(argv: list[str] | None = None) -> None:
     unknown = [n for n in names if n not in table]
     if unknown:
         raise SystemExit(f"unknown ablations {unknown}; choose from {', '.join(table)}")
-    llm, variant, inputs = capture(args)
+    llm, variant, inputs = capture(args, own.round)
     ex = llm.engine.executor
     programs = {}
     for name in names:

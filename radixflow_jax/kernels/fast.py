@@ -11,19 +11,24 @@ and is tested against it (``tests/kernels/test_fast.py``); ``kernels/ops.py`` pi
   block forward substitution, so everything is batched matmuls. It runs in sub-chunks of
   ``SUB_CHUNK`` (32) tokens inside the contract's 64-token chunks: the intra-chunk terms grow
   with the chunk's square and short rows fill a 64-token chunk only partly; the chunk states are
-  read back in the contract's layout.
+  read back in the contract's layout. The scan applies each chunk's corrections to its start
+  state (``S' = gamma S + k_dec^T (w_v - w_k S)``) instead of forming a ``dk x dk`` transition
+  matrix per chunk, and visits the used chunks only.
 * :func:`gated_delta_decode`: the one-step update reads the (decayed) state once for both of its
   products instead of reading the new state again for the output.
 * :func:`paged_attention`: queries are grouped in blocks of consecutive tokens of one row
   (``block_q``, the chunk layout of ``kernels/layout``), and each loop step reads
   ``pages_per_step`` pages *per block* instead of one page per token: a prefill row's pages are read
   once per block, not once per token, and the loop runs half the steps. One-token rows
-  (a decode region: as many tokens as rows) use blocks of one token.
+  (a decode region: as many tokens as rows) use blocks of one token. As in the chunked scan, the
+  layout's last ``R`` blocks (used only by rows that end off the block grid) run under a
+  ``lax.cond`` when rows are short.
 """
 
 from __future__ import annotations
 
 import functools
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -32,7 +37,7 @@ from radixflow_jax.kernels import gated_delta as _gd
 from radixflow_jax.kernels import attention as _attn
 from radixflow_jax.kernels.attention import _NEG, _column_range, _soft_cap, positions_from_batch
 from radixflow_jax.kernels.layout import (
-    chunk_ending_at, chunk_layout, effective_initial, gather_chunks, scan_chunks, scatter_chunks,
+    ChunkLayout, chunk_ending_at, chunk_layout, effective_initial, gather_chunks, scan_chunks, scatter_chunks,
 )
 
 _HI = jax.lax.Precision.HIGHEST
@@ -70,19 +75,59 @@ def unit_lower_solve(system: jnp.ndarray, rhs: jnp.ndarray, block: int = 16) -> 
 
 
 SUB_CHUNK = 32  # measured 2026-12-01 (docs/performance.md): 32 beat 64 and 16 on 4x256, 32x32 and 64x32 rows
-def _used_terms(
-    chunks: list[jnp.ndarray], used: jnp.ndarray, num_tokens: int, chunk_size: int, scale: float
-) -> _gd._ChunkTerms:
-    """The UT transform's per-chunk terms, computed for the chunks a round uses: a layout of ``T``
-    tokens in ``R`` rows has ``ceil(T / C) + R`` chunks and numbers the used ones first, so the
-    first ``ceil(T / C)`` are computed always and the other ``R`` only when more than that many are
-    used (rows that end off the chunk grid); otherwise they stay zero (unused chunks are only
-    required to be finite). Only for rounds of short rows (the ``R`` possible partial chunks at
-    least half of the ``ceil(T / C)``, i.e. rows of about two chunks or less): 64 rows of 32 tokens
-    use half of their chunks and the kernel took 62.2 instead of 82.9 ms (32 x 32: 28.8 against
-    36.6), while on 4 rows of 288 tokens the split took 21.8 against 17.1 ms (medians of 11-21,
-    interleaved, 2026-12-01, docs/performance.md)."""
-    terms = functools.partial(_gd._chunk_terms, scale=scale, solve=unit_lower_solve)
+
+
+class _Terms(NamedTuple):
+    """Per-chunk terms of the fast form (leading dims ``[N, Hv]``): the chunk's output is
+    ``out_bias + out_read @ S0`` as in the reference, and its end state ``gamma S0 + k_dec^T (w_v -
+    w_k S0)`` (the UT transform's corrections applied to the start state ``S0``), so no ``dk x dk``
+    transition matrix is formed per chunk."""
+
+    out_bias: jnp.ndarray  # [N, Hv, C, dv]
+    out_read: jnp.ndarray  # [N, Hv, C, dk]
+    w_k: jnp.ndarray  # [N, Hv, C, dk]: U = w_v - w_k S0
+    w_v: jnp.ndarray  # [N, Hv, C, dv]
+    k_dec: jnp.ndarray  # [N, Hv, C, dk]: k_i exp(G_last - G_i)
+    gamma: jnp.ndarray  # [N, Hv]: exp(G_last)
+
+
+def _terms(q: jnp.ndarray, k: jnp.ndarray, v: jnp.ndarray, g: jnp.ndarray, beta: jnp.ndarray, scale: float) -> _Terms:
+    """The UT transform of ``kernels/gated_delta._chunk_terms`` (same system, same right-hand
+    sides) with its products merged: ``[k; q] k^T`` in one matmul, ``attn @ [w_v | w_k]`` in one,
+    and the state update left to the scan (:func:`_advance`)."""
+    chunk, dv = g.shape[-1], v.shape[-1]
+    cum = jnp.cumsum(g, axis=-1)  # G_i, [N, H, C]
+    causal = jnp.tril(jnp.ones((chunk, chunk), dtype=bool))
+    strict = jnp.tril(jnp.ones((chunk, chunk), dtype=bool), k=-1)
+    decay = jnp.where(causal, jnp.exp(jnp.where(causal, cum[..., :, None] - cum[..., None, :], 0.0)), 0.0)
+    qs = q * scale
+    both = _gd._mm("nhid,nhjd->nhij", jnp.concatenate([k, qs], axis=-2), k)  # [N, H, 2C, C]
+    system = jnp.where(strict, beta[..., :, None] * both[..., :chunk, :] * decay, 0.0) + jnp.eye(chunk, dtype=_F32)
+    exp_cum = jnp.exp(cum)[..., None]
+    solved = unit_lower_solve(system, jnp.concatenate([beta[..., None] * v, beta[..., None] * exp_cum * k], axis=-1))
+    read = _gd._mm("nhij,nhjv->nhiv", both[..., chunk:, :] * decay, solved)
+    last = cum[..., -1]  # padding slots have g = 0, so this is G at the last real token
+    k_dec = k * jnp.exp(last[..., None] - cum)[..., None]
+    return _Terms(read[..., :dv], qs * exp_cum - read[..., dv:], solved[..., dv:], solved[..., :dv], k_dec, jnp.exp(last))
+
+
+def _advance(start: jnp.ndarray, w_k: jnp.ndarray, w_v: jnp.ndarray, k_dec: jnp.ndarray, gamma: jnp.ndarray) -> jnp.ndarray:
+    """One chunk's end state from its start state ``[H, dk, dv]`` (the scan step)."""
+    fresh = w_v - _gd._mm("hck,hkv->hcv", w_k, start)
+    return gamma[:, None, None] * start + _gd._mm("hck,hcv->hkv", k_dec, fresh)
+
+
+def _used_terms(chunks: list[jnp.ndarray], used: jnp.ndarray, num_tokens: int, chunk_size: int, scale: float) -> _Terms:
+    """:func:`_terms` for the chunks a round uses: a layout of ``T`` tokens in ``R`` rows has
+    ``ceil(T / C) + R`` chunks and numbers the used ones first, so the first ``ceil(T / C)`` are
+    computed always and the other ``R`` only when more than that many are used (rows that end off
+    the chunk grid); otherwise they stay zero (unused chunks are only required to be finite). Only
+    for rounds of short rows (the ``R`` possible partial chunks at least half of the ``ceil(T /
+    C)``, i.e. rows of about two chunks or less): 64 rows of 32 tokens use half of their chunks and
+    the kernel took 62.2 instead of 82.9 ms (32 x 32: 28.8 against 36.6), while on 4 rows of 288
+    tokens the split took 21.8 against 17.1 ms (medians of 11-21, interleaved, 2026-12-01,
+    docs/performance.md)."""
+    terms = functools.partial(_terms, scale=scale)
     dense = min(-(-num_tokens // chunk_size), chunks[0].shape[0])
     if 2 * (chunks[0].shape[0] - dense) < dense:  # long rows: the split measured slower than no split
         return terms(*chunks)
@@ -92,20 +137,48 @@ def _used_terms(
     return jax.tree.map(lambda h, t: jnp.concatenate([h, t]), head, tail)
 
 
+def _scan_used(per_chunk: tuple[jnp.ndarray, ...], layout: ChunkLayout, init: jnp.ndarray) -> tuple[jnp.ndarray, jnp.ndarray]:
+    """``layout.scan_chunks`` without pairing, over the used chunks only (a loop of
+    ``first_chunk[R]`` steps, not ``ceil(T / C) + R``): unused chunks keep zero states (finite
+    placeholders, as the contract allows). The start states are read off the end states after the
+    loop (``init[row]`` at a row's first chunk, else the previous chunk's end). Advancing every
+    row's first chunk in one batched step before the loop measured no faster (2026-12-01)."""
+    num_rows, num_chunks = init.shape[0], layout.row.shape[0]
+    safe_row = jnp.minimum(layout.row, num_rows - 1)
+
+    def body(c: jnp.ndarray, carry: tuple[jnp.ndarray, jnp.ndarray]) -> tuple[jnp.ndarray, jnp.ndarray]:
+        state, ends = carry
+        start = jnp.where(layout.is_first[c], init[safe_row[c]], state)
+        end = _advance(start, *(jax.lax.dynamic_index_in_dim(x, c, keepdims=False) for x in per_chunk))
+        return end, jax.lax.dynamic_update_index_in_dim(ends, end, c, 0)
+
+    zeros = jnp.zeros((num_chunks,) + init.shape[1:], _F32)
+    _, ends = jax.lax.fori_loop(0, layout.first_chunk[-1], body, (zeros[0], zeros))
+    prev = ends[jnp.maximum(jnp.arange(num_chunks) - 1, 0)]
+    first = layout.is_first.reshape((-1,) + (1,) * (init.ndim - 1))
+    return jnp.where(first, init[safe_row], prev), ends
+
+
 def _chunked(
     q: jnp.ndarray, k: jnp.ndarray, v: jnp.ndarray, g: jnp.ndarray, beta: jnp.ndarray, cu_seqlens: jnp.ndarray,
     initial_state: jnp.ndarray, chunk_size: int, scale: float | None, pair_chunk: jnp.ndarray | None,
 ) -> tuple[jnp.ndarray, jnp.ndarray, jnp.ndarray]:  # fmt: skip
-    """``kernels/gated_delta.chunked_with_solver`` with the solve of :func:`unit_lower_solve` and
-    the intra-chunk terms of the used chunks only (:func:`_used_terms`)."""
+    """``kernels/gated_delta.chunked_with_solver`` in the fast form (:func:`_terms`,
+    :func:`_advance`), with the solve of :func:`unit_lower_solve`, the terms of the used chunks
+    only (:func:`_used_terms`) and, when no row pairs, a scan over the used chunks only
+    (:func:`_scan_used`; with a paired row ``layout.scan_chunks`` runs the same step)."""
     num_tokens = v.shape[0]
     scale = _gd._resolve_scale(scale, q.shape[-1])
     layout = chunk_layout(cu_seqlens, num_tokens, chunk_size)
     chunks = [_gd._to_chunks(x, layout, chunk_size) for x in _gd._prepare(q, k, v, g, beta)]
     terms = _used_terms(chunks, layout.first_chunk[-1], num_tokens, chunk_size, scale)
     init = initial_state.astype(_F32)
-    step = lambda start, mul, add: _gd._mm("hkj,hjv->hkv", mul, start) + add  # noqa: E731
-    starts, ends = scan_chunks(step, (terms.state_mul, terms.state_add), layout, init, pair_chunk)
+    per_chunk = (terms.w_k, terms.w_v, terms.k_dec, terms.gamma)
+    if pair_chunk is None:
+        starts, ends = _scan_used(per_chunk, layout, init)
+    else:  # a round that pairs no row (most rounds of policy pair) takes the used-chunk scan
+        paired = lambda: scan_chunks(_advance, per_chunk, layout, init, pair_chunk)  # noqa: E731
+        starts, ends = jax.lax.cond(jnp.any(pair_chunk >= 0), paired, lambda: _scan_used(per_chunk, layout, init))
     out = terms.out_bias + _gd._mm("nhck,nhkv->nhcv", terms.out_read, starts)
     out = scatter_chunks(jnp.moveaxis(out, 2, 1), layout, num_tokens).astype(v.dtype)
     final = _gd._final_states(ends, layout, effective_initial(init, ends, pair_chunk), cu_seqlens)
@@ -226,8 +299,38 @@ def paged_attention(
         qb = gather_chunks(qf, layout, block_q)  # [N, Bq, Hq, D]
         unblock = lambda o: scatter_chunks(o, layout, num_tokens)  # noqa: E731
     qb = qb.reshape(qb.shape[0], block_q, kv_heads, rep, dim)
-    blk_pages = page_table[row]  # [N, max_pages]
+    lo, hi = _column_range(pos.reshape(-1), valid.reshape(-1), page_size, max_pages, sliding_window)
+    attend = functools.partial(
+        _attend_blocks, k_pages=k_pages, v_pages=v_pages, page_size=page_size, max_pages=max_pages,
+        columns=(lo, hi), pages_per_step=pages_per_step, sliding_window=sliding_window,
+        logit_soft_cap=logit_soft_cap,
+    )  # fmt: skip
+    parts = (qb, page_table[row], valid, pos)
+    dense = -(-num_tokens // block_q)  # blocks always used; a layout has up to R more (rows ending off the grid)
+    if block_q == 1 or 2 * (qb.shape[0] - dense) < dense:
+        out = attend(*parts)
+    else:  # short rows: the last R blocks run only when a row ends off the block grid
+        head = attend(*(x[:dense] for x in parts))
+        rest = [x[dense:] for x in parts]
+        tail = jax.lax.cond(
+            layout.first_chunk[-1] > dense, lambda: attend(*rest), lambda: jnp.zeros(rest[0].shape, _F32)
+        )
+        out = jnp.concatenate([head, tail])
+    return unblock(out.reshape(out.shape[0], block_q, q_heads, dim)).astype(q.dtype)
+
+
+def _attend_blocks(
+    qb: jnp.ndarray, blk_pages: jnp.ndarray, valid: jnp.ndarray, pos: jnp.ndarray, *, k_pages: jnp.ndarray,
+    v_pages: jnp.ndarray, page_size: int, max_pages: int, columns: tuple[jnp.ndarray, jnp.ndarray],
+    pages_per_step: int, sliding_window: int | None, logit_soft_cap: float | None,
+) -> jnp.ndarray:  # fmt: skip
+    """Online-softmax attention of query blocks ``qb [N, Bq, Hkv, rep, D]`` (scaled, f32) over
+    page-table columns ``columns = [lo, hi)`` of their rows' pages ``blk_pages [N, max_pages]``,
+    ``pages_per_step`` pages a step; ``valid``/``pos [N, Bq]`` mark real query slots and their
+    positions. Returns ``[N, Bq, Hkv, rep, D]`` (0 where a slot attends to nothing)."""
+    kv_heads, dim = k_pages.shape[2], k_pages.shape[3]
     offsets = jnp.arange(pages_per_step * page_size, dtype=jnp.int32)
+    lo, hi = columns
 
     def body(step: jnp.ndarray, carry: tuple) -> tuple:
         m, l, acc = carry  # [N, Bq, Hkv, rep], same, [N, Bq, Hkv, rep, D]
@@ -253,10 +356,8 @@ def paged_attention(
         acc = corr[..., None] * acc + jnp.einsum("nbkrs,nskd->nbkrd", p, v, precision=_HI)
         return m_new, corr * l + jnp.sum(p, axis=-1), acc
 
-    stats = (qb.shape[0], block_q, kv_heads, rep)
+    stats = qb.shape[:4]
     init = (jnp.full(stats, _NEG, _F32), jnp.zeros(stats, _F32), jnp.zeros(stats + (dim,), _F32))
-    lo, hi = _column_range(pos.reshape(-1), valid.reshape(-1), page_size, max_pages, sliding_window)
     steps = (hi - lo + pages_per_step - 1) // pages_per_step
     _, l, acc = jax.lax.fori_loop(0, steps, body, init)
-    out = jnp.where(l[..., None] > 0, acc / jnp.where(l > 0, l, 1.0)[..., None], 0.0)
-    return unblock(out.reshape(out.shape[0], block_q, q_heads, dim)).astype(q.dtype)
+    return jnp.where(l[..., None] > 0, acc / jnp.where(l > 0, l, 1.0)[..., None], 0.0)

@@ -69,8 +69,14 @@ def test_gated_delta_fast_short_rows(lens: tuple[int, ...], sub_chunk: int) -> N
 
 @pytest.mark.parametrize(
     "rows,window,cap,block_q",
-    [(MIXED, None, None, None), (MIXED, 3, 1.5, 2), (LONG, 5, None, 2), (((1, 9), (1, 13), (1, 1)), None, 2.0, None)],
-    ids=["mixed", "mixed-window-cap", "long-window", "decode"],
+    [
+        (MIXED, None, None, None),
+        (MIXED, 3, 1.5, 2),
+        (LONG, 5, None, 2),
+        (((1, 9), (1, 13), (1, 1)), None, 2.0, None),
+        (((2, 9), (4, 13), (2, 2)), None, None, 2),  # rows end on the block grid: the tail blocks are skipped
+    ],
+    ids=["mixed", "mixed-window-cap", "long-window", "decode", "on-grid"],
 )
 def test_paged_attention_fast_matches_oracle(rows: tuple, window: int | None, cap: float | None, block_q) -> None:
     b = make_batch(11, rows)
