@@ -1,0 +1,139 @@
+"""Where one round of ``benchmarks/vs_transformers.py`` spends its time, op by op, from a
+``jax.profiler`` trace of the compiled step.
+
+What it does
+  * Runs the vs_transformers model and workload once (``round_ablation.capture``) and keeps the
+    inputs of the first round of ``--round`` (``decode``: 64 decode rows; ``mixed``: 64 decode rows
+    and at least 512 prefill token slots; ``prefill``: the workload's first round).
+  * Compiles that round's step variant, runs it a few times untimed, then ``--calls`` times under
+    ``jax.profiler.trace`` (the trace lands in ``--trace-dir``; TensorBoard/XProf read it too).
+  * Reads the trace's ``*.trace.json.gz`` (no extra package needed) and the optimised HLO of the
+    program, and prints per call: the wall time of the step, the op time grouped by what the op
+    computes (its ``op_name`` in the HLO metadata, e.g. ``jit(step)/dot_general``), the weight
+    matmuls per weight (time and GFLOP/s), and the slowest single ops with their shapes.
+
+How to read it
+  * XLA:CPU runs independent ops on two threads at once (the MLP's gate and up projections, for
+    example), and a matmul's op time covers its own threads, so op times add up to more than the
+    wall time; compare ops with each other, and the wall time between programs.
+  * The weight-matmul rate is ``2 * M * N * K`` over the op's time, for the fusion that holds the
+    weight (a fusion may hold two matmuls: the rate then reads low).
+
+    python benchmarks/round_profile.py --round mixed
+    python benchmarks/round_profile.py --round decode --top 40
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import glob
+import gzip
+import json
+import os
+import re
+import sys
+import tempfile
+from typing import Any
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import round_ablation as ra  # noqa: E402
+import vs_transformers as vt  # noqa: E402
+
+_WRAPPERS = ("ThunkExecutor", "ThreadpoolListener", "SlinkyThreadPool", "PjitFunction", "CommonPjRt", "$", "end: ")
+
+
+def op_index(hlo: str) -> dict[str, tuple[str, str, str]]:
+    """HLO instruction name -> (result shape, operands text, ``op_name`` metadata)."""
+    out = {}
+    for line in hlo.splitlines():
+        m = re.match(r"\s*(?:ROOT )?%([\w.\-]+) = (\S+) [\w\-]+\(([^)]*)\)", line)
+        if m:
+            what = re.search(r'op_name="([^"]*)"', line)
+            out.setdefault(m.group(1), (m.group(2), m.group(3), what.group(1) if what else ""))
+    return out
+
+
+def weight_rates(times: dict[str, float], hlo: str, ops: dict[str, tuple[str, str, str]]) -> dict[str, list[float]]:
+    """Per weight (layer index dropped): [ms per call, GFLOP] over the fusions that read it."""
+    shapes = dict(re.findall(r"%(params__[\w.]+) = f32\[([\d,]+)\]", hlo))
+    out: dict[str, list[float]] = collections.defaultdict(lambda: [0.0, 0.0])
+    for name, ms in times.items():
+        shape, operands, _ = ops.get(name, ("", "", ""))
+        weight = re.search(r"%(params__[\w.]+)", operands)
+        dims = re.match(r"f32\[(\d+),(\d+)\]", shape)
+        if not weight or not dims or weight.group(1) not in shapes or not ops[name][2].endswith("dot_general"):
+            continue
+        w = [int(x) for x in shapes[weight.group(1)].split(",")]
+        m, n = int(dims.group(1)), int(dims.group(2))
+        k = w[0] if w[-1] == n else w[-1]
+        key = re.sub(r"params__model____layers___\d+___", "", weight.group(1)).replace("____weight___value", "")
+        key = re.sub(r"\.\d+$", "", key.replace("____", ".")).replace("params__", "")
+        out[key][0] += ms
+        out[key][1] += 2 * m * n * k / 1e9
+    return out
+
+
+def summarize(trace_dir: str, hlo: str, calls: int, top: int) -> None:
+    path = sorted(glob.glob(os.path.join(trace_dir, "plugins", "profile", "*", "*.trace.json.gz")))[-1]
+    with gzip.open(path) as f:
+        events = [e for e in json.load(f)["traceEvents"] if e.get("ph") == "X"]
+    walls = [e["dur"] for e in events if e["name"] == "ThunkExecutor::Execute (wait for completion)"]
+    times: dict[str, float] = collections.defaultdict(float)
+    for e in events:
+        if not e["name"].startswith(_WRAPPERS):
+            times[e["name"]] += e["dur"] / calls / 1e3
+    ops = op_index(hlo)
+    wall = sorted(walls)[len(walls) // 2] / 1e3 if walls else float("nan")
+    print(f"step wall time per call (median of {len(walls)}): {wall:.1f} ms; op time per call: {sum(times.values()):.1f} ms")
+    by_what: dict[str, float] = collections.defaultdict(float)
+    for name, ms in times.items():
+        by_what[ops.get(name, ("", "", "(runtime)"))[2] or "(no metadata)"] += ms
+    print("\nop time by what the op computes (HLO op_name), ms per call:")
+    for what, ms in sorted(by_what.items(), key=lambda x: -x[1])[:top]:
+        print(f"  {ms:8.2f}  {what}")
+    print("\nweight matmuls (fusions that read a weight), ms per call and GFLOP/s:")
+    for key, (ms, gflop) in sorted(weight_rates(times, hlo, ops).items(), key=lambda x: -x[1][0]):
+        print(f"  {ms:8.2f}  {gflop / ms * 1e3:6.0f} GFLOP/s  {key}")
+    print(f"\nslowest {top} ops, ms per call:")
+    for name, ms in sorted(times.items(), key=lambda x: -x[1])[:top]:
+        shape, _, what = ops.get(name, ("", "", ""))
+        print(f"  {ms:8.3f}  {name:44s} {shape[:34]:34s} {what[-60:]}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    import jax
+
+    from radixflow_jax.runner.step import CompiledStep
+
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--round", choices=("decode", "mixed", "prefill"), default="decode")
+    p.add_argument("--calls", type=int, default=5, help="profiled calls (after 3 untimed ones)")
+    p.add_argument("--top", type=int, default=25)
+    p.add_argument("--trace-dir", default=None, help="where the trace goes (default: a new temporary directory)")
+    own, rest = p.parse_known_args(argv)
+    args = vt.parse_args(rest)
+    llm, variant, inputs = ra.capture(args, own.round)
+    ex = llm.engine.executor
+    step = CompiledStep(ex.model.graphdef, ex.model.params, ex.cache, ex.shapes, ex.step.kernels, ex.penalty_window)
+    program = step._compile(variant)
+    device_inputs = {k: jax.device_put(x) for k, x in inputs.items()}
+    cache, params = ex.cache, ex.model.params
+    out: Any = None
+    for _ in range(3):
+        cache, out = program(params, cache, device_inputs)
+    jax.block_until_ready(out)
+    trace_dir = own.trace_dir or tempfile.mkdtemp(prefix="rfj-profile-")
+    load = os.getloadavg()
+    with jax.profiler.trace(trace_dir):
+        for _ in range(own.calls):
+            cache, out = program(params, cache, device_inputs)
+        jax.block_until_ready(out)
+    ex.cache = cache
+    print(f"round: {variant}, {own.calls} profiled calls, trace in {trace_dir}, load average {load[0]:.2f}")
+    summarize(trace_dir, program.as_text(), own.calls, own.top)
+
+
+if __name__ == "__main__":
+    main()
