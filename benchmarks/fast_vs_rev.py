@@ -111,7 +111,8 @@ def main(argv: list[str] | None = None) -> None:
         rows, per = map(int, case.split("x"))
         a = gdn_inputs(rows, per)
         pair = jnp.full((rows,), -1, jnp.int32)
-        fns = {k: jax.jit(functools.partial(m.gated_delta_chunked, pair_chunk=pair)) for k, m in (("old", old), ("new", fast))}
+        forms = (("old", old), ("new", fast))
+        fns = {k: jax.jit(functools.partial(m.gated_delta_chunked, pair_chunk=pair)) for k, m in forms}
         compare(f"gated_delta_chunked {case}", {k: functools.partial(f, *a) for k, f in fns.items()}, args.reps)
     for case in filter(None, args.attention.split(",")):
         rows, per, prefix = map(int, case.split("x"))

@@ -1,9 +1,11 @@
-"""Where one full decode round of ``benchmarks/vs_transformers.py`` spends its time, measured inside
-the compiled step.
+"""Where one round of ``benchmarks/vs_transformers.py`` spends its time, measured inside the compiled
+step.
 
 What is measured
   * The vs_transformers model and workload (prefix cache on) run once through ``LLM.generate``; the
-    inputs of the first round whose rows are all decode rows and fill the row budget are captured.
+    inputs of the first round of ``--round`` are captured: ``decode`` (default) the first round whose
+    rows are all decode rows and fill the row budget, ``mixed`` the first with that many decode rows
+    and at least 512 prefill token slots, ``prefill`` the workload's first round.
   * The step variant of that round is compiled once as it is and once per *ablation*: one part of
     the model replaced by a trivial stand-in while tracing (the program then does not compute that
     part). Every program runs on the captured inputs, interleaved rep by rep (``--reps`` reps of 3
@@ -16,12 +18,14 @@ What is measured
 Ablations: ``recurrent`` (the recurrent part of every Gated DeltaNet layer: state reads, conv,
 delta rule, write-back, checkpoint emits; projections kept), ``emits`` (checkpoint writes only),
 ``delta-rule`` (the one-step update's arithmetic; states pass through), ``conv`` (the one-step conv
-update), ``attention`` (decode attention over the paged KV), ``mlp`` (every dense MLP).
+update), ``attention`` (decode attention over the paged KV), ``mlp`` (every dense MLP), ``chunked``
+(the chunked Gated DeltaNet scan of prefill rows), ``prefill-conv`` (the prefill rows' conv).
 
 Run (from the repository root, with the venv active; about a minute on 2 cores)::
 
     python benchmarks/round_ablation.py
     python benchmarks/round_ablation.py --ablations recurrent,emits --reps 31
+    python benchmarks/round_ablation.py --round mixed --ablations recurrent,attention,mlp --reps 11
 """
 
 from __future__ import annotations

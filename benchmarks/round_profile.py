@@ -86,7 +86,8 @@ def summarize(trace_dir: str, hlo: str, calls: int, top: int) -> None:
             times[e["name"]] += e["dur"] / calls / 1e3
     ops = op_index(hlo)
     wall = sorted(walls)[len(walls) // 2] / 1e3 if walls else float("nan")
-    print(f"step wall time per call (median of {len(walls)}): {wall:.1f} ms; op time per call: {sum(times.values()):.1f} ms")
+    total = sum(times.values())
+    print(f"step wall time per call (median of {len(walls)}): {wall:.1f} ms; op time per call: {total:.1f} ms")
     by_what: dict[str, float] = collections.defaultdict(float)
     for name, ms in times.items():
         by_what[ops.get(name, ("", "", "(runtime)"))[2] or "(no metadata)"] += ms

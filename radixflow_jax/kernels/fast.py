@@ -108,10 +108,13 @@ def _terms(q: jnp.ndarray, k: jnp.ndarray, v: jnp.ndarray, g: jnp.ndarray, beta:
     read = _gd._mm("nhij,nhjv->nhiv", both[..., chunk:, :] * decay, solved)
     last = cum[..., -1]  # padding slots have g = 0, so this is G at the last real token
     k_dec = k * jnp.exp(last[..., None] - cum)[..., None]
-    return _Terms(read[..., :dv], qs * exp_cum - read[..., dv:], solved[..., dv:], solved[..., :dv], k_dec, jnp.exp(last))
+    out_bias, out_read = read[..., :dv], qs * exp_cum - read[..., dv:]
+    return _Terms(out_bias, out_read, solved[..., dv:], solved[..., :dv], k_dec, jnp.exp(last))
 
 
-def _advance(start: jnp.ndarray, w_k: jnp.ndarray, w_v: jnp.ndarray, k_dec: jnp.ndarray, gamma: jnp.ndarray) -> jnp.ndarray:
+def _advance(
+    start: jnp.ndarray, w_k: jnp.ndarray, w_v: jnp.ndarray, k_dec: jnp.ndarray, gamma: jnp.ndarray
+) -> jnp.ndarray:
     """One chunk's end state from its start state ``[H, dk, dv]`` (the scan step)."""
     fresh = w_v - _gd._mm("hck,hkv->hcv", w_k, start)
     return gamma[:, None, None] * start + _gd._mm("hck,hcv->hkv", k_dec, fresh)
@@ -154,7 +157,9 @@ def _chunked(
     ``ceil(T / C)``) a ``lax.cond`` runs the whole kernel over the first ``ceil(T / C)`` chunks
     whenever no more are used (rows on the chunk grid, as 32-token suffixes in 32-token
     sub-chunks). When no row pairs, the scan visits the used chunks only (:func:`_scan_used`;
-    with a paired row ``layout.scan_chunks`` runs the same step)."""
+    with a paired row ``layout.scan_chunks`` runs the same step). The T1088 x R96 mixed round of
+    ``benchmarks/vs_transformers.py`` (32 suffix rows of 32 tokens) took 443.8 against 476.3 ms
+    with the earlier split of only the terms (interleaved, 2026-12-01, docs/performance.md)."""
     num_tokens = v.shape[0]
     scale = _gd._resolve_scale(scale, q.shape[-1])
     full = chunk_layout(cu_seqlens, num_tokens, chunk_size)
@@ -163,7 +168,9 @@ def _chunked(
     init = initial_state.astype(_F32)
 
     def over(n: int) -> tuple[jnp.ndarray, jnp.ndarray]:
-        layout = full._replace(row=full.row[:n], start=full.start[:n], length=full.length[:n], is_first=full.is_first[:n])
+        layout = full._replace(
+            row=full.row[:n], start=full.start[:n], length=full.length[:n], is_first=full.is_first[:n]
+        )
         terms = _terms(*(_gd._to_chunks(x, layout, chunk_size) for x in inputs), scale=scale)
         per_chunk = (terms.w_k, terms.w_v, terms.k_dec, terms.gamma)
         used = lambda: _scan_used(per_chunk, layout, init, num_chunks)  # noqa: E731
