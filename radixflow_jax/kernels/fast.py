@@ -120,17 +120,38 @@ def _advance(
     return gamma[:, None, None] * start + _gd._mm("hck,hcv->hkv", k_dec, fresh)
 
 
+def _used_terms(chunks: list[jnp.ndarray], used: jnp.ndarray, num_tokens: int, chunk_size: int, scale: float) -> _Terms:
+    """:func:`_terms` for the chunks a round uses: a layout of ``T`` tokens in ``R`` rows has
+    ``ceil(T / C) + R`` chunks and numbers the used ones first, so the first ``ceil(T / C)`` are
+    computed always and the other ``R`` only when more than that many are used (rows that end off
+    the chunk grid); otherwise they stay zero (unused chunks are only required to be finite). Only
+    for rounds of short rows (the ``R`` possible partial chunks at least half of the ``ceil(T /
+    C)``, i.e. rows of about two chunks or less): 64 rows of 32 tokens use half of their chunks and
+    the kernel took 62.2 instead of 82.9 ms (32 x 32: 28.8 against 36.6), while on 4 rows of 288
+    tokens the split took 21.8 against 17.1 ms (medians of 11-21, interleaved, 2026-12-01,
+    docs/performance.md). Running the whole kernel under a ``lax.cond`` instead (over the first
+    ``ceil(T / C)`` chunks when no row ends off the grid) took a replayed 1088-slot mixed round
+    from 476 to 444 ms, but added 0.36 CPU-s to every compile of this kernel at the tests'
+    optimisation level and took the cold test suite to 14 min 43 s; not kept (2026-12-01)."""
+    terms = functools.partial(_terms, scale=scale)
+    dense = min(-(-num_tokens // chunk_size), chunks[0].shape[0])
+    if 2 * (chunks[0].shape[0] - dense) < dense:  # long rows: the split measured slower than no split
+        return terms(*chunks)
+    head, rest = terms(*(x[:dense] for x in chunks)), [x[dense:] for x in chunks]
+    zeros = jax.tree.map(jnp.zeros_like, jax.eval_shape(terms, *rest))
+    tail = jax.lax.cond(used > dense, lambda: terms(*rest), lambda: zeros)
+    return jax.tree.map(lambda h, t: jnp.concatenate([h, t]), head, tail)
+
+
 def _scan_used(
-    per_chunk: tuple[jnp.ndarray, ...], layout: ChunkLayout, init: jnp.ndarray, num_chunks: int
+    per_chunk: tuple[jnp.ndarray, ...], layout: ChunkLayout, init: jnp.ndarray
 ) -> tuple[jnp.ndarray, jnp.ndarray]:
     """``layout.scan_chunks`` without pairing, over the used chunks only (a loop of
-    ``first_chunk[R]`` steps); ``layout`` and ``per_chunk`` may cover only the first chunks of the
-    full layout (all used ones), the end states fill ``num_chunks`` entries, unused ones zero
-    (finite placeholders, as the contract allows). The start states ``[len(layout.row)]`` are
-    read off the end states after the loop (``init[row]`` at a row's first chunk, else the
-    previous chunk's end). Advancing every row's first chunk in one batched step before the loop
-    measured no faster (2026-12-01)."""
-    num_rows, n = init.shape[0], layout.row.shape[0]
+    ``first_chunk[R]`` steps, not ``ceil(T / C) + R``): unused chunks keep zero states (finite
+    placeholders, as the contract allows). The start states are read off the end states after the
+    loop (``init[row]`` at a row's first chunk, else the previous chunk's end). Advancing every
+    row's first chunk in one batched step before the loop measured no faster (2026-12-01)."""
+    num_rows, num_chunks = init.shape[0], layout.row.shape[0]
     safe_row = jnp.minimum(layout.row, num_rows - 1)
 
     def body(c: jnp.ndarray, carry: tuple[jnp.ndarray, jnp.ndarray]) -> tuple[jnp.ndarray, jnp.ndarray]:
@@ -141,7 +162,7 @@ def _scan_used(
 
     zeros = jnp.zeros((num_chunks,) + init.shape[1:], _F32)
     _, ends = jax.lax.fori_loop(0, layout.first_chunk[-1], body, (zeros[0], zeros))
-    prev = ends[jnp.maximum(jnp.arange(n) - 1, 0)]
+    prev = ends[jnp.maximum(jnp.arange(num_chunks) - 1, 0)]
     first = layout.is_first.reshape((-1,) + (1,) * (init.ndim - 1))
     return jnp.where(first, init[safe_row], prev), ends
 
@@ -151,47 +172,25 @@ def _chunked(
     initial_state: jnp.ndarray, chunk_size: int, scale: float | None, pair_chunk: jnp.ndarray | None,
 ) -> tuple[jnp.ndarray, jnp.ndarray, jnp.ndarray]:  # fmt: skip
     """``kernels/gated_delta.chunked_with_solver`` in the fast form (:func:`_terms`,
-    :func:`_advance`) with the solve of :func:`unit_lower_solve`, over the used chunks only:
-    a layout of ``T`` tokens in ``R`` rows has ``ceil(T / C) + R`` chunks and numbers the used ones
-    first, and when rows are short (the ``R`` possible partial chunks at least half of the
-    ``ceil(T / C)``) a ``lax.cond`` runs the whole kernel over the first ``ceil(T / C)`` chunks
-    whenever no more are used (rows on the chunk grid, as 32-token suffixes in 32-token
-    sub-chunks). When no row pairs, the scan visits the used chunks only (:func:`_scan_used`;
-    with a paired row ``layout.scan_chunks`` runs the same step). The T1088 x R96 mixed round of
-    ``benchmarks/vs_transformers.py`` (32 suffix rows of 32 tokens) took 443.8 against 476.3 ms
-    with the earlier split of only the terms (interleaved, 2026-12-01, docs/performance.md)."""
+    :func:`_advance`), with the solve of :func:`unit_lower_solve`, the terms of the used chunks
+    only (:func:`_used_terms`) and, when no row pairs, a scan over the used chunks only
+    (:func:`_scan_used`; with a paired row ``layout.scan_chunks`` runs the same step)."""
     num_tokens = v.shape[0]
     scale = _gd._resolve_scale(scale, q.shape[-1])
-    full = chunk_layout(cu_seqlens, num_tokens, chunk_size)
-    num_chunks = full.row.shape[0]
-    inputs = _gd._prepare(q, k, v, g, beta)
+    layout = chunk_layout(cu_seqlens, num_tokens, chunk_size)
+    chunks = [_gd._to_chunks(x, layout, chunk_size) for x in _gd._prepare(q, k, v, g, beta)]
+    terms = _used_terms(chunks, layout.first_chunk[-1], num_tokens, chunk_size, scale)
     init = initial_state.astype(_F32)
-
-    def over(n: int) -> tuple[jnp.ndarray, jnp.ndarray]:
-        layout = full._replace(
-            row=full.row[:n], start=full.start[:n], length=full.length[:n], is_first=full.is_first[:n]
-        )
-        terms = _terms(*(_gd._to_chunks(x, layout, chunk_size) for x in inputs), scale=scale)
-        per_chunk = (terms.w_k, terms.w_v, terms.k_dec, terms.gamma)
-        used = lambda: _scan_used(per_chunk, layout, init, num_chunks)  # noqa: E731
-        if pair_chunk is None:
-            starts, ends = used()
-        else:  # a round that pairs no row (most rounds of policy pair) takes the used-chunk scan
-            def paired() -> tuple[jnp.ndarray, jnp.ndarray]:
-                starts, ends = scan_chunks(_advance, per_chunk, layout, init, pair_chunk)
-                return starts, jnp.concatenate([ends, jnp.zeros((num_chunks - n,) + ends.shape[1:], _F32)])
-
-            starts, ends = jax.lax.cond(jnp.any(pair_chunk >= 0), paired, used)
-        out = terms.out_bias + _gd._mm("nhck,nhkv->nhcv", terms.out_read, starts)
-        return scatter_chunks(jnp.moveaxis(out, 2, 1), layout, num_tokens), ends
-
-    dense = min(-(-num_tokens // chunk_size), num_chunks)
-    if 2 * (num_chunks - dense) < dense:  # long rows: most chunks are used
-        out, ends = over(num_chunks)
-    else:
-        out, ends = jax.lax.cond(full.first_chunk[-1] <= dense, lambda: over(dense), lambda: over(num_chunks))
-    final = _gd._final_states(ends, full, effective_initial(init, ends, pair_chunk), cu_seqlens)
-    return out.astype(v.dtype), final, ends
+    per_chunk = (terms.w_k, terms.w_v, terms.k_dec, terms.gamma)
+    if pair_chunk is None:
+        starts, ends = _scan_used(per_chunk, layout, init)
+    else:  # a round that pairs no row (most rounds of policy pair) takes the used-chunk scan
+        paired = lambda: scan_chunks(_advance, per_chunk, layout, init, pair_chunk)  # noqa: E731
+        starts, ends = jax.lax.cond(jnp.any(pair_chunk >= 0), paired, lambda: _scan_used(per_chunk, layout, init))
+    out = terms.out_bias + _gd._mm("nhck,nhkv->nhcv", terms.out_read, starts)
+    out = scatter_chunks(jnp.moveaxis(out, 2, 1), layout, num_tokens).astype(v.dtype)
+    final = _gd._final_states(ends, layout, effective_initial(init, ends, pair_chunk), cu_seqlens)
+    return out, final, ends
 
 
 def gated_delta_chunked(

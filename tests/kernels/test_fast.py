@@ -55,9 +55,9 @@ def test_gated_delta_fast_matches_oracle_and_reference(
 @pytest.mark.parametrize("sub_chunk", [4, 2])
 @pytest.mark.parametrize("lens", [(4, 4, 8, 4, 0), (4, 5, 1, 4, 3)], ids=["on-grid", "off-grid"])
 def test_gated_delta_fast_short_rows(lens: tuple[int, ...], sub_chunk: int) -> None:
-    """Rounds of short rows run the whole kernel over the first ``ceil(T / C)`` chunks, and over all
-    of the layout's chunks only when a row ends off the grid (``fast._chunked``'s ``lax.cond``):
-    both cases against the oracle and the reference."""
+    """Rounds of short rows compute the intra-chunk terms of the first ``ceil(T / C)`` chunks and
+    the rest only when a row ends off the grid (``fast._used_terms``): both cases against the oracle
+    and the reference."""
     inp = _make_inputs(5, sum(lens) + PAD, len(lens), 2, 4, 8, 6)
     args = (inp["q"], inp["k"], inp["v"], inp["g"], inp["beta"], jnp.asarray(_cu(lens)), inp["init"])
     got = jax.jit(functools.partial(fast.gated_delta_chunked, chunk_size=4, sub_chunk=sub_chunk))(*args)
