@@ -13,7 +13,7 @@ and is tested against it (``tests/kernels/test_fast.py``); ``kernels/ops.py`` pi
   with the chunk's square and short rows fill a 64-token chunk only partly; the chunk states are
   read back in the contract's layout. The scan applies each chunk's corrections to its start
   state (``S' = gamma S + k_dec^T (w_v - w_k S)``) instead of forming a ``dk x dk`` transition
-  matrix per chunk, and visits the used chunks only.
+  matrix per chunk.
 * :func:`gated_delta_decode`: the one-step update reads the (decayed) state once for both of its
   products instead of reading the new state again for the output.
 * :func:`paged_attention`: queries are grouped in blocks of consecutive tokens of one row
@@ -37,7 +37,7 @@ from radixflow_jax.kernels import gated_delta as _gd
 from radixflow_jax.kernels import attention as _attn
 from radixflow_jax.kernels.attention import _NEG, _column_range, _soft_cap, positions_from_batch
 from radixflow_jax.kernels.layout import (
-    ChunkLayout, chunk_ending_at, chunk_layout, effective_initial, gather_chunks, scan_chunks, scatter_chunks,
+    chunk_ending_at, chunk_layout, effective_initial, gather_chunks, scan_chunks, scatter_chunks,
 )
 
 _HI = jax.lax.Precision.HIGHEST
@@ -143,38 +143,13 @@ def _used_terms(chunks: list[jnp.ndarray], used: jnp.ndarray, num_tokens: int, c
     return jax.tree.map(lambda h, t: jnp.concatenate([h, t]), head, tail)
 
 
-def _scan_used(
-    per_chunk: tuple[jnp.ndarray, ...], layout: ChunkLayout, init: jnp.ndarray
-) -> tuple[jnp.ndarray, jnp.ndarray]:
-    """``layout.scan_chunks`` without pairing, over the used chunks only (a loop of
-    ``first_chunk[R]`` steps, not ``ceil(T / C) + R``): unused chunks keep zero states (finite
-    placeholders, as the contract allows). The start states are read off the end states after the
-    loop (``init[row]`` at a row's first chunk, else the previous chunk's end). Advancing every
-    row's first chunk in one batched step before the loop measured no faster (2026-12-01)."""
-    num_rows, num_chunks = init.shape[0], layout.row.shape[0]
-    safe_row = jnp.minimum(layout.row, num_rows - 1)
-
-    def body(c: jnp.ndarray, carry: tuple[jnp.ndarray, jnp.ndarray]) -> tuple[jnp.ndarray, jnp.ndarray]:
-        state, ends = carry
-        start = jnp.where(layout.is_first[c], init[safe_row[c]], state)
-        end = _advance(start, *(jax.lax.dynamic_index_in_dim(x, c, keepdims=False) for x in per_chunk))
-        return end, jax.lax.dynamic_update_index_in_dim(ends, end, c, 0)
-
-    zeros = jnp.zeros((num_chunks,) + init.shape[1:], _F32)
-    _, ends = jax.lax.fori_loop(0, layout.first_chunk[-1], body, (zeros[0], zeros))
-    prev = ends[jnp.maximum(jnp.arange(num_chunks) - 1, 0)]
-    first = layout.is_first.reshape((-1,) + (1,) * (init.ndim - 1))
-    return jnp.where(first, init[safe_row], prev), ends
-
-
 def _chunked(
     q: jnp.ndarray, k: jnp.ndarray, v: jnp.ndarray, g: jnp.ndarray, beta: jnp.ndarray, cu_seqlens: jnp.ndarray,
     initial_state: jnp.ndarray, chunk_size: int, scale: float | None, pair_chunk: jnp.ndarray | None,
 ) -> tuple[jnp.ndarray, jnp.ndarray, jnp.ndarray]:  # fmt: skip
     """``kernels/gated_delta.chunked_with_solver`` in the fast form (:func:`_terms`,
-    :func:`_advance`), with the solve of :func:`unit_lower_solve`, the terms of the used chunks
-    only (:func:`_used_terms`) and, when no row pairs, a scan over the used chunks only
-    (:func:`_scan_used`; with a paired row ``layout.scan_chunks`` runs the same step)."""
+    :func:`_advance`), with the solve of :func:`unit_lower_solve` and the terms of the used chunks
+    only (:func:`_used_terms`); ``layout.scan_chunks`` visits the used chunks only."""
     num_tokens = v.shape[0]
     scale = _gd._resolve_scale(scale, q.shape[-1])
     layout = chunk_layout(cu_seqlens, num_tokens, chunk_size)
@@ -182,11 +157,7 @@ def _chunked(
     terms = _used_terms(chunks, layout.first_chunk[-1], num_tokens, chunk_size, scale)
     init = initial_state.astype(_F32)
     per_chunk = (terms.w_k, terms.w_v, terms.k_dec, terms.gamma)
-    if pair_chunk is None:
-        starts, ends = _scan_used(per_chunk, layout, init)
-    else:  # a round that pairs no row (most rounds of policy pair) takes the used-chunk scan
-        paired = lambda: scan_chunks(_advance, per_chunk, layout, init, pair_chunk)  # noqa: E731
-        starts, ends = jax.lax.cond(jnp.any(pair_chunk >= 0), paired, lambda: _scan_used(per_chunk, layout, init))
+    starts, ends = scan_chunks(_advance, per_chunk, layout, init, pair_chunk)
     out = terms.out_bias + _gd._mm("nhck,nhkv->nhcv", terms.out_read, starts)
     out = scatter_chunks(jnp.moveaxis(out, 2, 1), layout, num_tokens).astype(v.dtype)
     final = _gd._final_states(ends, layout, effective_initial(init, ends, pair_chunk), cu_seqlens)

@@ -106,23 +106,30 @@ def scan_chunks(
     row (``pair_chunk[row] >= 0``, policy ``pair``), from the end state of chunk ``pair_chunk[row]``
     of the same call (its producer's state at the pairing depth).
 
-    Pairing costs no extra pass: the scan visits the chunks of unpaired rows first, then those of
-    paired rows, each group in chunk order, and keeps every end state it wrote. Invariant (the
-    caller's): the chunk a paired row starts from belongs to an unpaired row, so it was visited
-    before; unused chunks pass the carry through."""
+    Without a paired row the pass visits the used chunks only (a loop of ``first_chunk[R]`` steps,
+    not ``ceil(T / C) + R``); unused chunks get zero states and their start states are read off the
+    end states afterwards (a row's first chunk starts from ``init[row]``, any other from the
+    previous chunk's end). Pairing costs no extra pass: the scan visits the chunks of unpaired rows
+    first, then those of paired rows, each group in chunk order, and keeps every end state it
+    wrote. Invariant (the caller's): the chunk a paired row starts from belongs to an unpaired row,
+    so it was visited before; unused chunks pass the carry through."""
     init = jnp.asarray(initial_state, jnp.float32)
-    num_rows = init.shape[0]
+    num_rows, num_chunks = init.shape[0], layout.row.shape[0]
     safe_row = jnp.minimum(layout.row, num_rows - 1)
 
     def plain() -> tuple[jnp.ndarray, jnp.ndarray]:
-        def body(carry: jnp.ndarray, xs: tuple[jnp.ndarray, ...]) -> tuple[jnp.ndarray, tuple[jnp.ndarray, jnp.ndarray]]:
-            first, r, *inputs = xs
-            start = jnp.where(first, init[r], carry)
-            end = step(start, *inputs)
-            return end, (start, end)
+        # over the used chunks only (they come first); unused ones keep zero end states
+        def body(c: jnp.ndarray, carry: tuple[jnp.ndarray, jnp.ndarray]) -> tuple[jnp.ndarray, jnp.ndarray]:
+            state, ends = carry
+            start = jnp.where(layout.is_first[c], init[safe_row[c]], state)
+            end = step(start, *(jax.lax.dynamic_index_in_dim(x, c, keepdims=False) for x in per_chunk))
+            return end, jax.lax.dynamic_update_index_in_dim(ends, end, c, 0)
 
-        _, (starts, ends) = jax.lax.scan(body, jnp.zeros_like(init[0]), (layout.is_first, safe_row, *per_chunk))
-        return starts, ends
+        zeros = jnp.zeros((num_chunks,) + init.shape[1:], jnp.float32)
+        _, ends = jax.lax.fori_loop(0, layout.first_chunk[-1], body, (zeros[0], zeros))
+        prev = ends[jnp.maximum(jnp.arange(num_chunks) - 1, 0)]
+        first = layout.is_first.reshape((-1,) + (1,) * (init.ndim - 1))
+        return jnp.where(first, init[safe_row], prev), ends
 
     if pair_chunk is None:
         return plain()

@@ -184,9 +184,7 @@ def resolve(op: str) -> Callable[..., Any]:
     backend = selected_backend()
     if backend == "reference":
         return _REFERENCE[op]
-    if op in JNP_ONLY:
-        return _FAST.get(op, _REFERENCE[op])
-    if backend == "xla":
+    if op in JNP_ONLY or backend == "xla":
         return _FAST.get(op, _REFERENCE[op])  # ops without a faster formulation: the reference is the XLA one
     impl = _pallas_impl(op)
     if impl is not None:
