@@ -141,7 +141,9 @@ def main(argv: list[str] | None = None) -> None:
     programs = {}
     for name in names:
         with table[name]():
-            step = CompiledStep(ex.model.graphdef, ex.model.params, ex.cache, ex.shapes, ex.step.kernels, ex.penalty_window)
+            step = CompiledStep(
+                ex.model.graphdef, ex.model.params, ex.cache, ex.shapes, ex.step.kernels, ex.penalty_window
+            )
             programs[name] = step._compile(variant)
     device_inputs = {k: jax.device_put(x) for k, x in inputs.items()}
     cache, params = ex.cache, ex.model.params
