@@ -18,6 +18,10 @@ How to read it
     wall time; compare ops with each other, and the wall time between programs.
   * The weight-matmul rate is ``2 * M * N * K`` over the op's time, for the fusion that holds the
     weight (a fusion may hold two matmuls: the rate then reads low).
+  * Thread occupancy: for the median call, the wall time during which 0, 1 or 2+ of XLA's worker
+    threads ran something: an op of their own, or a slice of another thread's op (the thread-pool
+    regions a multi-threaded matmul hands out). Time with one thread busy is work the program
+    leaves sequential (loops, in-place writes, single-threaded fusions) on a 2-core machine.
 
     python benchmarks/round_profile.py --round mixed
     python benchmarks/round_profile.py --round decode --top 40
@@ -75,6 +79,44 @@ def weight_rates(times: dict[str, float], hlo: str, ops: dict[str, tuple[str, st
     return out
 
 
+def occupancy(events: list[dict[str, Any]]) -> tuple[float, dict[int, float]]:
+    """``(wall ms, {busy threads: ms})`` of the median call: a worker is busy while it runs an op or
+    a ``ThreadpoolListener`` region (its share of another thread's parallel op)."""
+    waits = (e for e in events if e["name"] == "ThunkExecutor::Execute (wait for completion)")
+    walls = sorted(waits, key=lambda e: e["dur"])
+    if not walls:
+        return float("nan"), {}
+    call = walls[len(walls) // 2]
+    t0, t1 = call["ts"], call["ts"] + call["dur"]
+    workers = {e["tid"] for e in events if e["name"] == "ThunkExecutor::Execute"}
+    spans: dict[int, list[tuple[float, float]]] = collections.defaultdict(list)
+    opened: dict[int, float] = {}
+    for e in sorted(events, key=lambda e: e["ts"]):
+        if e["tid"] not in workers or not t0 <= e["ts"] <= t1:
+            continue
+        if e["name"] == "ThreadpoolListener::StartRegion":
+            opened[e["tid"]] = e["ts"]
+        elif e["name"] == "ThreadpoolListener::StopRegion" and e["tid"] in opened:
+            spans[e["tid"]].append((opened.pop(e["tid"]), e["ts"]))
+        elif not e["name"].startswith(_WRAPPERS):
+            spans[e["tid"]].append((e["ts"], e["ts"] + e["dur"]))
+    edges = []
+    for iv in spans.values():
+        merged: list[list[float]] = []
+        for a, b in sorted(iv):
+            if merged and a <= merged[-1][1]:
+                merged[-1][1] = max(merged[-1][1], b)
+            else:
+                merged.append([a, b])
+        edges += [(a, 1) for a, _ in merged] + [(b, -1) for _, b in merged]
+    busy, last, acc = 0, t0, collections.Counter()
+    for t, step in sorted(edges):
+        acc[busy] += t - last
+        busy, last = busy + step, t
+    acc[busy] += t1 - last
+    return call["dur"] / 1e3, {k: v / 1e3 for k, v in sorted(acc.items())}
+
+
 def summarize(trace_dir: str, hlo: str, calls: int, top: int) -> None:
     path = sorted(glob.glob(os.path.join(trace_dir, "plugins", "profile", "*", "*.trace.json.gz")))[-1]
     with gzip.open(path) as f:
@@ -88,6 +130,9 @@ def summarize(trace_dir: str, hlo: str, calls: int, top: int) -> None:
     wall = sorted(walls)[len(walls) // 2] / 1e3 if walls else float("nan")
     total = sum(times.values())
     print(f"step wall time per call (median of {len(walls)}): {wall:.1f} ms; op time per call: {total:.1f} ms")
+    call_ms, occ = occupancy(events)
+    print(f"thread occupancy of the median call ({call_ms:.1f} ms): "
+          + ", ".join(f"{k} busy {v:.1f} ms" for k, v in occ.items()))  # fmt: skip
     by_what: dict[str, float] = collections.defaultdict(float)
     for name, ms in times.items():
         by_what[ops.get(name, ("", "", "(runtime)"))[2] or "(no metadata)"] += ms
