@@ -128,17 +128,22 @@ class DecoderLayer(nnx.Module):
         rec: RecState | None,
         num_decode: int,
         emits: Emits | None = None,
+        row_last: jax.Array | None = None,
     ) -> tuple[jax.Array, KvPages | None, RecState | None]:
+        if row_last is not None and not (self.has_kv or self.has_state):  # an MLP block: token by token
+            x, row_last = x[row_last], None
         h = self.norm(x)
         if self.has_kv:
-            h, kv = self.mixer(h, positions, batch, kv, num_decode)
-        elif self.has_state:
+            h, kv = self.mixer(h, positions, batch, kv, num_decode, row_last)
+            return (x if row_last is None else x[row_last]) + h, kv, rec
+        if self.has_state:
             assert rec is not None
             h, conv, ssm = self.mixer(h, batch, rec[0], rec[1], num_decode, emits)
             rec = (conv, ssm)
         else:
             h = self.mixer(h)
-        return x + h, kv, rec
+        x = x + h
+        return (x if row_last is None else x[row_last]), kv, rec
 
     def __call__(
         self,
@@ -149,11 +154,16 @@ class DecoderLayer(nnx.Module):
         rec: RecState | None,
         num_decode: int,
         emits: Emits | None = None,
+        row_last: jax.Array | None = None,
     ) -> tuple[jax.Array, KvPages | None, RecState | None]:
         """``kv``: this layer's ``(k_pages, v_pages)`` iff ``has_kv``; ``rec``: its ``(conv, ssm)``
-        pools iff ``has_state``. Returns the new hidden states and the updated entries."""
+        pools iff ``has_state``. Returns the new hidden states and the updated entries. With
+        ``row_last [R]`` (each row's last token; rows without tokens: any index) only those tokens'
+        hidden states come back, ``[R, hidden]``, equal to the full result's rows ``row_last`` for
+        rows with tokens: the pools still get every token's KV and state, attention queries and
+        everything after the mixers (projections out, the MLP) run on the ``R`` tokens only."""
         if self.block:
-            return self._block_call(x, positions, batch, kv, rec, num_decode, emits)
+            return self._block_call(x, positions, batch, kv, rec, num_decode, emits, row_last)
         mult = self.mult
         h = getattr(self, self.pre_mixer_norm)(x)
         mixed = None
@@ -161,14 +171,14 @@ class DecoderLayer(nnx.Module):
             assert rec is not None
             out, conv, ssm = getattr(self, self.recurrent_name)(h, batch, rec[0], rec[1], num_decode, emits)
             rec = (conv, ssm)
-            mixed = _scaled(out, mult.ssm_out)
+            mixed = _scaled(out if row_last is None else out[row_last], mult.ssm_out)
         if self.attention_name is not None:
             attention = getattr(self, self.attention_name)
-            out, kv = attention(_scaled(h, mult.attention_in), positions, batch, kv, num_decode)
+            out, kv = attention(_scaled(h, mult.attention_in), positions, batch, kv, num_decode, row_last)
             out = _scaled(out, mult.attention_out)
             mixed = out if mixed is None else mixed + out
         assert mixed is not None
-        x = x + _scaled(mixed, mult.residual)
+        x = (x if row_last is None else x[row_last]) + _scaled(mixed, mult.residual)
         if self.mlp_name is not None:
             h = getattr(self, self.pre_mlp_norm)(x)
             out = getattr(self, self.mlp_name)(h)
@@ -212,17 +222,26 @@ class HybridLM(nnx.Module):
         *,
         num_decode: int = 0,
         emits: Emits | None = None,
+        row_last: jax.Array | None = None,
     ) -> tuple[jax.Array, ModelCache]:
         """``tokens [T]`` -> ``(hidden [T, hidden] after the final norm, updated cache)``; ``emits``
-        names the checkpoints to write (every recurrent layer writes its part)."""
+        names the checkpoints to write (every recurrent layer writes its part). ``row_last [R]``
+        (each row's last token, as ``runner/inputs`` builds ``logits_index``; rows without tokens:
+        any index): the hidden states of those tokens only, ``[R, hidden]``, equal to the full
+        result's rows ``row_last`` for rows with tokens. The last layer then runs its attention
+        queries, output projections and MLP on ``R`` tokens instead of ``T``: a prefill round
+        samples one token per row, and in ``benchmarks/vs_transformers.py``'s model the last
+        layer's MLP alone is about 9 % of a token's matmul FLOPs."""
         _, positions, _ = positions_from_batch(batch.cu_seqlens, batch.kv_lens, tokens.shape[0])
         x = _scaled(self.model.embedding(tokens), self.config.multipliers.embedding)
         kv, conv, ssm = list(cache.kv), list(cache.conv), list(cache.ssm)
         att_i = rec_i = 0
-        for layer in self.model.layers:
+        last = len(self.model.layers) - 1
+        for i, layer in enumerate(self.model.layers):
             layer_kv = kv[att_i] if layer.has_kv else None
             layer_rec = (conv[rec_i], ssm[rec_i]) if layer.has_state else None
-            x, layer_kv, layer_rec = layer(x, positions, batch, layer_kv, layer_rec, num_decode, emits)
+            narrow = row_last if i == last else None
+            x, layer_kv, layer_rec = layer(x, positions, batch, layer_kv, layer_rec, num_decode, emits, narrow)
             if layer.has_kv:
                 assert layer_kv is not None
                 kv[att_i] = layer_kv

@@ -5,7 +5,8 @@
      recurrent layer reads a row's initial state from ``copy_src`` and writes to ``state_slots``;
   2. run the model over the packed ragged batch (KV and states written in place, checkpoints
      emitted at the requested offsets inside the spans);
-  3. project the last token of every row to logits and sample on device.
+  3. project the last token of every row to logits and sample on device (the last layer computes
+     only those tokens past its mixers, ``HybridLM.__call__``'s ``row_last``).
 
 Overlap (``engine/executor.py``): a row may take its input token from the previous round's sampled
 array *on the device*: ``splice_src[t] >= 0`` replaces input token ``t`` with
@@ -70,8 +71,12 @@ def make_step(graphdef: nnx.GraphDef, num_decode: int, num_out: int) -> Callable
                       source_slots=a["copy_src"], fresh=a["kv_lens"] == span, pair_emit=a["pair_emit"],
                       decode_base=a["decode_base"])  # fmt: skip
         emits = Emits(a["emit_rows"], a["emit_offsets"], a["emit_slots"])
-        hidden, cache = model(input_ids, batch, cache, num_decode=num_decode, emits=emits)
-        logits = model.logits(hidden[a["logits_index"]]).astype(jnp.float32)
+        # hidden states of each row's last token only: the last layer's queries, output projections
+        # and MLP run on those alone (a decode-only variant has one token per row already)
+        prefill = a["tokens"].shape[0] > a["cu_seqlens"].shape[0] - 1
+        row_last = a["logits_index"] if prefill else None
+        hidden, cache = model(input_ids, batch, cache, num_decode=num_decode, emits=emits, row_last=row_last)
+        logits = model.logits(hidden if prefill else hidden[a["logits_index"]]).astype(jnp.float32)
         logits = apply_penalties(logits, a["ctx_ids"], a["ctx_out"], a["presence"], a["frequency"], a["repetition"])
         tokens = sample(logits, a["temperature"], a["top_k"], a["top_p"], a["min_p"], a["seed"], a["position"])
         k = min(MAX_LOGPROBS, logits.shape[-1])

@@ -7,7 +7,9 @@ cached keys are the scaled ones, as in the reference cache).
 The new K/V of every token is written into its page slot *before* attending, so a prefill row sees
 its own span and its cached prefix through the same page table. The decode rows ``[:num_decode]``
 (one query each) and the prefill rows attend in two calls, so each part's cost follows its own
-context lengths, not the other's.
+context lengths, not the other's. With ``row_last`` (the model's last layer, whose outputs only
+matter at each row's last token) every token's K/V is still written, but only those tokens query:
+one query per row, at position ``kv_lens[r] - 1``.
 """
 
 from __future__ import annotations
@@ -51,17 +53,28 @@ class Attention(nnx.Module):
             self.k_norm = RMSNorm(cfg.head_dim, eps, style=style, dtype=dtype)
 
     def __call__(
-        self, x: jax.Array, positions: jax.Array, batch: Batch, kv: KvPages, num_decode: int = 0
+        self,
+        x: jax.Array,
+        positions: jax.Array,
+        batch: Batch,
+        kv: KvPages,
+        num_decode: int = 0,
+        row_last: jax.Array | None = None,
     ) -> tuple[jax.Array, KvPages]:
+        """``x [T, hidden]`` -> ``(out [T, hidden], pools)``; with ``row_last [R]`` (the index of
+        each row's last token; rows without tokens: any index) ``out`` is ``[R, hidden]``: row
+        ``r``'s last token's output (unspecified for rows without tokens)."""
         cfg = self.cfg
         num_tokens = x.shape[0]
-        q = self.q_proj(x)
+        xq, q_positions = (x, positions) if row_last is None else (x[row_last], positions[row_last])
+        num_q = xq.shape[0]
+        q = self.q_proj(xq)
         gate = None
         if cfg.output_gate:
-            q = q.reshape(num_tokens, cfg.num_heads, 2 * cfg.head_dim)
+            q = q.reshape(num_q, cfg.num_heads, 2 * cfg.head_dim)
             q, gate = q[..., : cfg.head_dim], q[..., cfg.head_dim :]
-            gate = gate.reshape(num_tokens, -1)
-        q = q.reshape(num_tokens, cfg.num_heads, cfg.head_dim)
+            gate = gate.reshape(num_q, -1)
+        q = q.reshape(num_q, cfg.num_heads, cfg.head_dim)
         k = self.k_proj(x).reshape(num_tokens, cfg.num_kv_heads, cfg.head_dim)
         v = self.v_proj(x).reshape(num_tokens, cfg.num_kv_heads, cfg.head_dim)
         if self.key_multiplier != 1.0:
@@ -70,11 +83,18 @@ class Attention(nnx.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         if cfg.rope is not None:
             inv_freq = rope_inv_freq(cfg.rope)
-            q = apply_rope(q, positions, inv_freq)
+            q = apply_rope(q, q_positions, inv_freq)
             k = apply_rope(k, positions, inv_freq)
         k_pages, v_pages = ops.write_kv(kv[0], kv[1], k, v, batch.slot_mapping)
-        out = attend(q, k_pages, v_pages, batch, num_decode, scale=cfg.softmax_scale, window=cfg.sliding_window)
-        out = out.reshape(num_tokens, -1)
+        if row_last is None:
+            out = attend(q, k_pages, v_pages, batch, num_decode, scale=cfg.softmax_scale, window=cfg.sliding_window)
+        else:  # one query per row: the row's last token, at position kv_lens[r] - 1 (a row without
+            # tokens gets context 1, so every kernel sees its contract; its output is never read)
+            out = ops.paged_attention(
+                q, k_pages, v_pages, batch.page_table, jnp.arange(num_q + 1, dtype=jnp.int32),
+                jnp.maximum(batch.kv_lens, 1), scale=cfg.softmax_scale, sliding_window=cfg.sliding_window,
+            )  # fmt: skip
+        out = out.reshape(num_q, -1)
         if gate is not None:
             out = out * jax.nn.sigmoid(gate)
         return self.o_proj(out), (k_pages, v_pages)
