@@ -1,9 +1,9 @@
 """``HybridLM.__call__(..., row_last=...)``: the last layer computes only each row's last token past
 its mixers. Oracle: the same call without ``row_last``, whose hidden states at those tokens it must
 equal, with identical pools (every token's KV and state is still written). Every kind of last layer
-is covered: attention with a dense MLP (Qwen3.5) and with MoE (Qwen3-Next), an MLP block
-(Nemotron-H), a parallel attention + Mamba2 layer (Falcon-H1), and, from configs whose last layer
-is recurrent (no preset has one), Gated DeltaNet and Mamba2."""
+is covered, each from a preset's config cut to two or three layers: attention with a dense MLP
+(Qwen3.5) and with MoE (Qwen3-Next), Gated DeltaNet and Mamba2 (no preset ends in one), an MLP block
+(Nemotron-H) and a parallel attention + Mamba2 layer (Falcon-H1)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from radixflow_jax.models import api, presets
+from radixflow_jax.models import presets
 from radixflow_jax.models.batch import Batch, init_cache
 from radixflow_jax.models.hf_config import parse_hf_config
 from radixflow_jax.models.hybrid import HybridLM
@@ -24,7 +24,7 @@ PAGE, PAGES_PER_ROW = 4, 8
 SPANS = (13, 1, 6, 0)  # a prefill row, a one-token row, another prefill row, a padding row
 
 
-def _call(model: types.SimpleNamespace | api.LoadedModel, row_last: bool) -> tuple[np.ndarray, list[np.ndarray]]:
+def _call(model: types.SimpleNamespace, row_last: bool) -> tuple[np.ndarray, list[np.ndarray]]:
     cfg = model.config
     rng = np.random.default_rng(3)
     cu = np.concatenate([[0], np.cumsum(SPANS)]).astype(np.int32)
@@ -57,28 +57,35 @@ def _call(model: types.SimpleNamespace | api.LoadedModel, row_last: bool) -> tup
     return np.asarray(hidden)[real], [np.asarray(p) for p in jax.tree.leaves(cache)]
 
 
-def _recurrent_last(preset: str) -> types.SimpleNamespace:
-    """``preset``'s config with a recurrent last layer, random weights."""
-    raw = dict(presets.PRESETS[preset])
-    if "layer_types" in raw:
-        raw["layer_types"] = raw["layer_types"][:-1] + ["linear_attention"]
-    else:
-        raw["attn_layer_indices"] = [3]
-    cfg = parse_hf_config(raw)
+def _model(preset: str, **overrides: object) -> types.SimpleNamespace:
+    """``preset``'s config shortened to two or three layers (``overrides``), random weights."""
+    cfg = parse_hf_config({**presets.PRESETS[preset], **overrides})
     graphdef, params = nnx.split(HybridLM(cfg, dtype=jnp.float32, rngs=nnx.Rngs(0)))
     return types.SimpleNamespace(config=cfg, graphdef=graphdef, params=params, dtype=jnp.float32)
 
 
-CASES = ["tiny-qwen3.5", "tiny-qwen3-next", "tiny-nemotron-h", "tiny-falcon-h1", "gdn-last", "mamba2-last"]
+# case: (preset, overrides, the last layer's (mixer, MLP) kinds)
+CASES = {
+    "attention": ("tiny-qwen3.5", {"num_hidden_layers": 2, "layer_types": ["linear_attention", "full_attention"]},
+                  ("attention", "dense")),
+    "attention-moe": (
+        "tiny-qwen3-next", {"num_hidden_layers": 2, "layer_types": ["linear_attention", "full_attention"]},
+        ("attention", "moe"),
+    ),
+    "gdn": ("tiny-qwen3.5", {"num_hidden_layers": 2, "layer_types": ["full_attention", "linear_attention"]},
+            ("gdn", "dense")),
+    "mamba2": ("tiny-bamba", {"num_hidden_layers": 2, "attn_layer_indices": [0]}, ("mamba", "dense")),
+    "mlp-block": ("tiny-nemotron-h", {"hybrid_override_pattern": "M*-", "num_hidden_layers": 3}, ("none", "relu2")),
+    "parallel": ("tiny-falcon-h1", {"num_hidden_layers": 2}, ("parallel", "dense")),
+}
 
 
-@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("case", list(CASES))
 def test_row_last_equals_the_full_call_at_each_rows_last_token(case: str) -> None:
-    built = {"gdn-last": "tiny-qwen3.5", "mamba2-last": "tiny-bamba"}
-    model = _recurrent_last(built[case]) if case in built else api.load(case)
+    preset, overrides, want = CASES[case]
+    model = _model(preset, **overrides)
     kinds = (model.config.mixers[-1], model.config.mlps[-1])
-    if case.endswith("-last"):
-        assert kinds[0] == case.split("-")[0].replace("mamba2", "mamba"), kinds
+    assert kinds == want, kinds
     narrow, narrow_pools = _call(model, row_last=True)
     full, full_pools = _call(model, row_last=False)
     assert narrow.shape == full.shape == (3, model.config.hidden_size), kinds
