@@ -71,6 +71,11 @@ def _scaled(x: jax.Array, factor: float) -> jax.Array:
     return x * factor if factor != 1.0 else x
 
 
+def _rows(x: jax.Array, row_last: jax.Array | None) -> jax.Array:
+    """``x`` at each row's last token (``row_last``), or all of ``x`` when it is None."""
+    return x if row_last is None else x[row_last]
+
+
 class DecoderLayer(nnx.Module):
     """One layer. Two-norm layout: ``x + r * mixer(norm(x))`` then ``x + r * mlp(norm(x))`` with
     ``r`` the residual multiplier; a ``parallel`` layer's mixer output is
@@ -131,19 +136,18 @@ class DecoderLayer(nnx.Module):
         row_last: jax.Array | None = None,
     ) -> tuple[jax.Array, KvPages | None, RecState | None]:
         if row_last is not None and not (self.has_kv or self.has_state):  # an MLP block: token by token
-            x, row_last = x[row_last], None
+            x, row_last = _rows(x, row_last), None
         h = self.norm(x)
         if self.has_kv:
             h, kv = self.mixer(h, positions, batch, kv, num_decode, row_last)
-            return (x if row_last is None else x[row_last]) + h, kv, rec
+            return _rows(x, row_last) + h, kv, rec
         if self.has_state:
             assert rec is not None
             h, conv, ssm = self.mixer(h, batch, rec[0], rec[1], num_decode, emits)
             rec = (conv, ssm)
         else:
             h = self.mixer(h)
-        x = x + h
-        return (x if row_last is None else x[row_last]), kv, rec
+        return _rows(x + h, row_last), kv, rec
 
     def __call__(
         self,
@@ -171,14 +175,14 @@ class DecoderLayer(nnx.Module):
             assert rec is not None
             out, conv, ssm = getattr(self, self.recurrent_name)(h, batch, rec[0], rec[1], num_decode, emits)
             rec = (conv, ssm)
-            mixed = _scaled(out if row_last is None else out[row_last], mult.ssm_out)
+            mixed = _scaled(_rows(out, row_last), mult.ssm_out)
         if self.attention_name is not None:
             attention = getattr(self, self.attention_name)
             out, kv = attention(_scaled(h, mult.attention_in), positions, batch, kv, num_decode, row_last)
             out = _scaled(out, mult.attention_out)
             mixed = out if mixed is None else mixed + out
         assert mixed is not None
-        x = (x if row_last is None else x[row_last]) + _scaled(mixed, mult.residual)
+        x = _rows(x, row_last) + _scaled(mixed, mult.residual)
         if self.mlp_name is not None:
             h = getattr(self, self.pre_mlp_norm)(x)
             out = getattr(self, self.mlp_name)(h)
