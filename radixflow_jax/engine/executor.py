@@ -98,7 +98,10 @@ class ModelExecutor:
         ))  # fmt: skip
         self.penalty_window = penalty_window
         self._neutral_ctx: dict[object, tuple[jax.Array, jax.Array]] = {}  # per variant: unpenalised context arrays
-        self.step = CompiledStep(model.graphdef, model.params, self.cache, shapes, kernels, penalty_window)
+        self.step = CompiledStep(
+            model.graphdef, model.params, self.cache, shapes, kernels, penalty_window,
+            shared=getattr(model, "compiled_variants", None),
+        )  # fmt: skip
         self.progress = progress
         self.warmup_s = 0.0
         self._no_prev = jax.device_put(np.zeros(out_rows(shapes), np.int32))  # prev_tokens of a round that splices nothing
@@ -161,7 +164,8 @@ class ModelExecutor:
         self.cache, (tokens, *lp) = self.step(variant, self.model.params, self.cache, inputs)
         compile_s = self.step.last_compile_s
         if compile_s and self.progress is not None:
-            self.progress(f"compiled {variant.kind} T={variant.num_tokens} R={variant.num_rows} "
+            how = "took the model's compiled" if self.step.last_shared else "compiled"
+            self.progress(f"{how} {variant.kind} T={variant.num_tokens} R={variant.num_rows} "
                           f"D={variant.num_decode} on first use in {compile_s:.1f}s")  # fmt: skip
         return InFlight(plan, variant, arrays.plan_rows, tokens, tuple(lp), want, t1 - t0, t1 + compile_s, compile_s)
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-from typing import Sequence
+from typing import Callable, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -96,6 +96,9 @@ class LoadedModel:
             tokenizer = Tokenizer.from_directory(model_dir)
         self.tokenizer = tokenizer
         self._forward = jax.jit(self._forward_impl, static_argnames=("num_decode",), donate_argnames=("cache",))
+        # step executables that the engines built on this model share (runner/step.CompiledStep):
+        # a second engine on one model takes the variants the first compiled instead of tracing them
+        self.compiled_variants: dict[tuple, Callable] = {}
 
     @property
     def module(self) -> HybridLM:

@@ -127,11 +127,18 @@ def _pin_cache(step: Callable, shardings: ModelCache) -> Callable:
 
 
 class CompiledStep:
-    """Compiled executables per variant, built with the kernel backend ``kernels``."""
+    """Compiled executables per variant, built with the kernel backend ``kernels``.
+
+    ``shared`` (optional): a store of executables that several steps over one model fill and read
+    (``LoadedModel.compiled_variants``). A variant's executable is taken from it when another step
+    compiled the same program: same variant, output length, page-table width, penalty window,
+    kernel backend and the same parameter and pool shapes, dtypes and shardings, which are all the
+    program depends on. Taking one is not a compile (``num_compiles`` stays), so a second engine on
+    one model neither traces nor compiles again; it is still primed once."""
 
     def __init__(
         self, graphdef: nnx.GraphDef, params: nnx.State, cache: ModelCache, shapes: ShapeConfig, kernels: str,
-        penalty_window: int = 0,
+        penalty_window: int = 0, shared: dict[tuple, Callable] | None = None,
     ):  # fmt: skip
         self.graphdef = graphdef
         self.penalty_window = penalty_window
@@ -145,9 +152,16 @@ class CompiledStep:
         self._cache_shardings = jax.tree.map(lambda x: x.sharding, cache) if sharded else None
         self.single_device = not sharded  # inputs may be kept on the (one) device between rounds
         self._compiled: dict[Variant, Callable] = {}
+        self._shared = shared
+        self._signature = (
+            out_rows(shapes), shapes.max_pages_per_row, penalty_window, kernels,
+            jax.tree.structure(self._params_spec), tuple(jax.tree.leaves(self._params_spec)),
+            jax.tree.structure(self._cache_spec), tuple(jax.tree.leaves(self._cache_spec)),
+        )  # fmt: skip
         self.num_compiles = 0
         self.compile_seconds = 0.0
         self.last_compile_s = 0.0  # compile time spent inside the latest call (lazy warm-up)
+        self.last_shared = False  # that call's variant came from ``shared`` (primed, not compiled)
         self.strict = False
 
     def _compile(self, variant: Variant) -> Callable:
@@ -156,6 +170,10 @@ class CompiledStep:
         start = time.perf_counter()
         if variant.num_rows > out_rows(self.shapes):
             raise ValueError(f"variant {variant} has more rows than the sampled output holds ({out_rows(self.shapes)})")
+        key = (variant, *self._signature)
+        if self._shared is not None and key in self._shared:
+            self._compiled[variant] = self._shared[key]
+            return self._shared[key]
         step = make_step(self.graphdef, variant.num_decode, out_rows(self.shapes))
         if self._cache_shardings is not None:
             step = _pin_cache(step, self._cache_shardings)
@@ -169,6 +187,8 @@ class CompiledStep:
         self.num_compiles += 1
         self.compile_seconds += time.perf_counter() - start
         self._compiled[variant] = compiled
+        if self._shared is not None:
+            self._shared[key] = compiled
         return compiled
 
     def is_compiled(self, variant: Variant) -> bool:
@@ -192,9 +212,10 @@ class CompiledStep:
         ``last_compile_s`` (not serving time)."""
         self.last_compile_s = 0.0
         if variant not in self._compiled:
-            start = time.perf_counter()
+            start, compiles = time.perf_counter(), self.num_compiles
             cache = self.prime(variant, params, cache)
             self.last_compile_s = time.perf_counter() - start
+            self.last_shared = self.num_compiles == compiles
         return self._compiled[variant](params, cache, arrays)
 
 

@@ -20,8 +20,9 @@ from radixflow_jax.engine.params import SamplingParams
 from radixflow_jax.models.api import load
 from radixflow_jax.runner.shapes import Variant
 from radixflow_jax.runner.step import CompileAfterWarmupError
+from tests.engine.workloads import GUARDED
 
-CONFIG = EngineConfig(max_num_seqs=4, max_num_batched_tokens=64, max_model_len=512, warmup=True)
+CONFIG = EngineConfig(**{**GUARDED, "warmup": True})
 NUM_REQUESTS = 100
 
 

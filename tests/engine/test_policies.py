@@ -16,8 +16,13 @@ from radixflow_jax.engine.core import EngineConfig
 from radixflow_jax.engine.llm import build_engine
 from radixflow_jax.engine.roundcost import MeasuredRoundCost
 from radixflow_jax.models import load
+from tests.engine.workloads import GUARDED
 
-CONFIG = EngineConfig(max_num_seqs=8, max_num_batched_tokens=512, max_model_len=256, warmup=False)
+# Rounds are scheduling alone, so the policies are compared in the fixed bucket mode: one step
+# variant, compiled once and shared by every engine on the module's model (``LoadedModel``'s
+# compiled variants). The calibrated simulator needs rounds of many shapes: it runs fine buckets.
+CONFIG = EngineConfig(max_num_seqs=8, max_num_batched_tokens=512, max_model_len=256, warmup=False, bucket_mode="fixed")
+FINE = EngineConfig(**GUARDED)  # every fine variant of it is compiled by the compile guard's warm-up
 
 
 def _workload() -> list:
@@ -25,8 +30,8 @@ def _workload() -> list:
     return generate(spec)
 
 
-def _run(model, policy: str, **options):
-    engine = build_engine(model, dataclasses.replace(CONFIG, policy=policy, **options))
+def _run(model, policy: str, config: EngineConfig = CONFIG, **options):
+    engine = build_engine(model, dataclasses.replace(config, policy=policy, **options))
     outputs = drive(engine, _workload())
     return engine, outputs
 
@@ -64,21 +69,22 @@ def test_attention_only_control_is_unchanged() -> None:
     """The paper's control, on the synchronous engine as the paper's engines run: an attention-only
     model has no pending state to wait for. (With overlap, its rounds in flight publish pending KV,
     so it has consumers too and the policies differ: docs/results.md, section 5 notes.)"""
-    control = load("tiny-qwen3")  # rounds are scheduling alone: fixed buckets, one step variant
-    n_rounds, _, _ = _stats(*_run(control, "native", bucket_mode="fixed", overlap=False))
-    f_rounds, _, _ = _stats(*_run(control, "radixflow", bucket_mode="fixed", overlap=False))
+    control = load("tiny-qwen3")
+    n_rounds, _, _ = _stats(*_run(control, "native", overlap=False))
+    f_rounds, _, _ = _stats(*_run(control, "radixflow", overlap=False))
     assert abs(f_rounds - n_rounds) <= 0.02 * n_rounds
 
 
-def test_calibrated_simulator_predicts_a_held_out_workload(hybrid, flow_run) -> None:
+def test_calibrated_simulator_predicts_a_held_out_workload(hybrid) -> None:
     """Fit the cost model on one workload, predict another: the simulated mirror (wired by the same
     function as the model engine) must run the held-out workload in the same rounds with the same
     shapes and reuse. Time agreement is a benchmark's business (``radixflow bench``), not asserted."""
-    engine, _ = flow_run
+    engine, _ = _run(hybrid, "radixflow", FINE)
     cost = calibrate(engine)
+    assert len({(r.token_slots, r.row_slots) for r in engine.records}) >= 3  # a line through several shapes
     held_out = generate(WorkloadSpec("race", num_requests=16, seed=11, arrival="all", article_len=100,
                                      question_len=28, max_tokens=3))  # fmt: skip
-    model_engine = build_engine(hybrid, dataclasses.replace(CONFIG, policy="radixflow"))
+    model_engine = build_engine(hybrid, dataclasses.replace(FINE, policy="radixflow"))
     model_out = drive(model_engine, held_out)
     sim = mirror_sim_engine(model_engine, cost)
     sim_out = drive(sim, held_out, wait=sim.clock.advance)

@@ -3,7 +3,9 @@
 Engine shapes are shared on purpose (``tests/README.md``): a step variant compiles once per cold
 run (the persistent XLA cache) for every module that builds the same shape. ``SMALL`` is the shape
 of the engine, reliability and runner tests; ``SMALL_FIXED`` is the same shape in the fixed bucket
-mode (one step variant per engine: ``runner/shapes.py``), for tests whose subject is not bucketing."""
+mode (one step variant per engine: ``runner/shapes.py``), for tests whose subject is not bucketing;
+``GUARDED`` is the shape whose every variant the compile guard compiles, for a test that needs rounds
+of many shapes (fine buckets) of tiny-qwen3.5 late in a run."""
 
 from __future__ import annotations
 
@@ -11,6 +13,9 @@ import numpy as np
 
 SMALL = dict(max_num_seqs=4, max_num_batched_tokens=128, page_size=16, max_model_len=1024, warmup=False)
 SMALL_FIXED = {**SMALL, "bucket_mode": "fixed"}
+# the server's shape (tests/serve/server_proc.py's SMALL_ENGINE): tests/engine/test_compile_guard.py
+# compiles every fine variant of it for tiny-qwen3.5 at warm-up, early in a run (conftest.HEAVY_FIRST)
+GUARDED = dict(max_num_seqs=4, max_num_batched_tokens=64, max_model_len=512, warmup=False)
 
 
 def shared_prefix_prompts(

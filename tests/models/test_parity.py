@@ -16,7 +16,7 @@ def test_full_forward_matches_transformers(case: str, tmp_path) -> None:
     directory, hf_model = hf_oracle.build(case, str(tmp_path))
     ours = api.load(directory)
     rng = np.random.default_rng(1)
-    for length in (1, 37, 130):
+    for length in (1, 130):  # one token; several chunks and a partial one (each length is a compile)
         ids = rng.integers(0, ours.config.vocab_size, length).tolist()
         ref = hf_oracle.hf_logits(hf_model, ids)
         got = ours.logits(ids)

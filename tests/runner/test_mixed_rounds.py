@@ -10,7 +10,7 @@ from radixflow_jax import LLM, SamplingParams
 from radixflow_jax.runner.inputs import build_arrays
 from radixflow_jax.runner.shapes import FEW_EMITS, MODES, ShapeConfig, Variant, fine_ladder
 from radixflow_jax.scheduler.plan import RoundPlan, RoundStats, RowPlan
-from tests.engine.workloads import SMALL, shared_prefix_prompts
+from tests.engine.workloads import SMALL, SMALL_FIXED, shared_prefix_prompts
 
 PAGE = 4
 
@@ -85,9 +85,11 @@ def test_mixed_layout_pads_the_decode_region() -> None:
 
 @pytest.mark.parametrize("model", ["tiny-qwen3.5", "tiny-bamba"])
 def test_mixed_rounds_equal_unmixed_runs(model: str) -> None:
-    """Requests arriving while others decode make mixed rounds; each request's greedy output equals
-    the one it gets alone (no other request in its rounds: never mixed). Same shapes as
-    ``tests/engine/test_engine.py``, so the compiled variants are shared through the XLA cache."""
+    """Requests arriving while others decode make mixed rounds (fine buckets, prefix cache on);
+    each request's greedy output equals the one it gets alone (no other request in its rounds:
+    never mixed) with the prefix cache off in the fixed bucket mode, so the bucket modes agree too.
+    Same shapes as ``tests/engine/test_engine.py``, so the compiled variants are shared through the
+    XLA cache."""
     prompts = shared_prefix_prompts(num_prefixes=2, per_prefix=3, prefix_len=70, suffix_len=9, vocab=500)
     params = SamplingParams(max_tokens=6, ignore_eos=True)
     llm = LLM(model, **SMALL)
@@ -102,7 +104,7 @@ def test_mixed_rounds_equal_unmixed_runs(model: str) -> None:
     got = [core.output(r).token_ids for r in rids]
     mixed = [r for r in core.records if r.kind == "mixed"]
     assert mixed and all(r.decode_slots >= r.num_decode > 0 for r in mixed)
-    alone = LLM(llm.model, **{**SMALL, "enable_prefix_cache": False})
+    alone = LLM(llm.model, **{**SMALL_FIXED, "enable_prefix_cache": False})
     want = [alone.generate([p], params)[0].token_ids for p in prompts]
     assert all(r.kind != "mixed" for r in alone.engine.records)
     assert got == want
