@@ -14,13 +14,14 @@ import dataclasses
 import numpy as np
 import pytest
 
+from radixflow_jax import LLM
 from radixflow_jax.engine.core import EngineConfig, EngineCore
 from radixflow_jax.engine.llm import build_engine, pool_sizes
 from radixflow_jax.engine.params import SamplingParams
 from radixflow_jax.models.api import load
 from radixflow_jax.runner.shapes import Variant
 from radixflow_jax.runner.step import CompileAfterWarmupError
-from tests.engine.workloads import GUARDED
+from tests.engine.workloads import GUARDED, shared_prefix_prompts
 
 CONFIG = EngineConfig(**{**GUARDED, "warmup": True})
 NUM_REQUESTS = 100
@@ -110,6 +111,21 @@ def test_no_compiles_after_warmup_radixflow(core: EngineCore) -> None:
     assert any(r.num_rows > 1 and r.num_tokens == r.num_rows for r in records)  # decode-only rounds
     assert any(r.padding_tokens > 0 for r in records)
     assert stats["cached"] > 0
+
+
+def test_cache_on_equals_cache_off_on_the_warm_variants(core: EngineCore) -> None:
+    """Greedy outputs with the prefix cache on equal those with it off, in fine buckets (decode-only,
+    prefill and mixed variants), on engines of the guard's shape over its model: they take every
+    variant from the warm-up set (``LoadedModel.compiled_variants``), so nothing compiles."""
+    model = core.executor.model
+    prompts = shared_prefix_prompts(num_prefixes=2, per_prefix=4, prefix_len=150, suffix_len=10, vocab=500)
+    params = SamplingParams(max_tokens=6, ignore_eos=True)
+    cold, warm = (LLM(model, **GUARDED, enable_prefix_cache=cache) for cache in (False, True))
+    cold_out, warm_out = cold.generate(prompts, params), warm.generate(prompts, params)
+    assert [o.token_ids for o in warm_out] == [o.token_ids for o in cold_out]
+    assert sum(o.cached_tokens for o in warm_out) > 0 and sum(o.cached_tokens for o in cold_out) == 0
+    assert {r.kind for r in warm.engine.records} == {"prefill", "mixed", "decode"}
+    assert cold.engine.executor.step.num_compiles == warm.engine.executor.step.num_compiles == 0
 
 
 def _core_on(core: EngineCore, policy: str, *, num_kv_pages: int | None = None, max_model_len: int = 512) -> EngineCore:

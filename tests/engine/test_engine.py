@@ -2,11 +2,12 @@
 
 The cache-off oracle runs in the fixed bucket mode (one step variant per engine shape, see
 ``tests/engine/workloads.py``) and one engine of it per preset serves every test of the module.
-The cache-on engine of tiny-qwen3.5 runs the default fine buckets, so its equality with the oracle
-covers every variant kind (decode-only, prefill, mixed) and the bucket modes agreeing; the other
-presets run fixed. (Fine buckets of a Mamba2 preset against a cache-off run:
-``tests/runner/test_mixed_rounds.py``.) Engines built on one loaded model share its compiled
-variants, so the module's later fine-bucket engines take them from the first."""
+Cache-on engines run fixed buckets too, except where a test is about the variant kinds (the
+final-token checkpoint written in mixed and decode-only rounds). Fine buckets against a cache-off
+run are covered elsewhere, where they cost no compile of their own: every warm variant of
+tiny-qwen3.5 in ``tests/engine/test_compile_guard.py``, mixed rounds of tiny-qwen3.5 and
+tiny-bamba against fixed-bucket runs in ``tests/runner/test_mixed_rounds.py``. Engines built on one
+loaded model share its compiled variants, so an engine of a shape another built takes them."""
 
 from __future__ import annotations
 
@@ -16,8 +17,6 @@ import pytest
 
 from radixflow_jax import LLM, SamplingParams
 from tests.engine.workloads import SMALL, SMALL_FIXED, shared_prefix_prompts
-
-FINE_PRESETS = ("tiny-qwen3.5",)
 
 
 @pytest.fixture(scope="module")
@@ -53,8 +52,7 @@ def _cold(cold_llm, model: str, prompts) -> list[list[int]]:
 @pytest.mark.parametrize("model", ["tiny-qwen3.5", "tiny-qwen3-next", "tiny-bamba", "tiny-nemotron-h", "tiny-qwen3"])
 def test_cache_on_equals_cache_off(model: str, prompts, cold_llm) -> None:
     cold = _cold(cold_llm, model, prompts)
-    mode = "fine" if model in FINE_PRESETS else "fixed"
-    warm, warm_cached, llm = _generate(cold_llm(model).model, prompts, bucket_mode=mode)
+    warm, warm_cached, llm = _generate(cold_llm(model).model, prompts)
     assert warm == cold
     assert sum(warm_cached) > 0
     assert all(len(t) == 6 for t in warm)
@@ -93,9 +91,9 @@ def test_engines_on_one_model_share_its_compiled_variants(prompts, cold_llm) -> 
 
 def test_outputs_independent_of_budget_and_page_size(prompts, cold_llm) -> None:
     model = cold_llm("tiny-qwen3.5").model
-    base, _, _ = _generate(model, prompts[:4], bucket_mode="fine")
+    base, _, _ = _generate(model, prompts[:4])
     for options in (dict(max_num_batched_tokens=64), dict(page_size=32), dict(max_num_seqs=2)):
-        got, _, _ = _generate(model, prompts[:4], **options)  # fixed buckets: one variant per budget
+        got, _, _ = _generate(model, prompts[:4], **options)  # fixed buckets: one variant per shape
         assert got == base, options
 
 
