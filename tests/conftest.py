@@ -16,12 +16,14 @@ from __future__ import annotations
 
 import os
 import tempfile
+import time
 
 _flags = os.environ.get("XLA_FLAGS", "")
 if os.environ.get("RADIXFLOW_TEST_XLA_OPT") != "1" and "xla_backend_optimization_level" not in _flags:
     os.environ["XLA_FLAGS"] = f"{_flags} --xla_backend_optimization_level=0".strip()  # read at backend start
 
 import jax  # noqa: E402
+import pytest  # noqa: E402
 
 _CACHE_DIR = os.environ.get("RADIXFLOW_TEST_XLA_CACHE") or os.path.join(tempfile.gettempdir(), "radixflow-xla-cache")
 jax.config.update("jax_compilation_cache_dir", _CACHE_DIR)
@@ -54,3 +56,18 @@ def pytest_collection_modifyitems(session, config, items) -> None:
         return rank.get(path, len(rank))
 
     items.sort(key=key)  # stable: the order inside a module (and of unlisted modules) is kept
+
+
+
+_TIMELINE = os.environ.get("RADIXFLOW_TEST_TIMELINE")  # a file: one line per test, which worker ran it when
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """With ``RADIXFLOW_TEST_TIMELINE`` set, appends ``worker start end nodeid`` (epoch seconds,
+    setup to teardown) to that file, so a cold run shows how the workers' time was spent."""
+    start = time.time()
+    yield
+    if _TIMELINE:
+        with open(_TIMELINE, "a") as f:
+            f.write(f"{os.environ.get('PYTEST_XDIST_WORKER', 'main')} {start:.2f} {time.time():.2f} {item.nodeid}\n")
