@@ -59,6 +59,24 @@ def pytest_collection_modifyitems(session, config, items) -> None:
 
 
 
+@pytest.fixture(scope="session")
+def tiny_model():
+    """``tiny_model(preset)``: one loaded model per preset for the whole test process (an xdist
+    worker), so the engines of every module on it share its compiled step variants
+    (``LoadedModel.compiled_variants``): a variant is traced once per process, not once per module.
+    Models are read-only; a test that changes one loads its own."""
+    from radixflow_jax.models.api import load
+
+    models = {}
+
+    def get(preset: str):
+        if preset not in models:
+            models[preset] = load(preset)
+        return models[preset]
+
+    return get
+
+
 _TIMELINE = os.environ.get("RADIXFLOW_TEST_TIMELINE")  # a file: one line per test, which worker ran it when
 
 

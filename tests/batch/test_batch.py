@@ -77,8 +77,8 @@ def _comparable(rec: dict) -> dict:
 
 
 @pytest.fixture(scope="module")
-def llm() -> LLM:
-    return LLM("tiny-qwen3.5", **SMALL)
+def llm(tiny_model) -> LLM:
+    return LLM(tiny_model("tiny-qwen3.5"), **SMALL)
 
 
 @pytest.fixture(scope="module")

@@ -16,8 +16,8 @@ PROMPT = list(range(30, 70))
 
 
 @pytest.fixture(scope="module")
-def llm() -> LLM:
-    return LLM("tiny-qwen3.5", **SMALL)
+def llm(tiny_model) -> LLM:
+    return LLM(tiny_model("tiny-qwen3.5"), **SMALL)
 
 
 @pytest.fixture(scope="module")

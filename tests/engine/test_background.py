@@ -18,7 +18,6 @@ from radixflow_jax.engine.background import BackgroundEngine, EngineDeadError, R
 from radixflow_jax.engine.core import EngineConfig, EngineCore
 from radixflow_jax.engine.llm import build_engine
 from radixflow_jax.engine.params import RequestOutput
-from radixflow_jax.models.api import load
 
 SMALL = dict(max_num_seqs=4, max_num_batched_tokens=64, max_model_len=512, warmup=False)
 PROMPTS = [[(13 * i + 7 * j) % 480 + 20 for j in range(n)] for i, n in enumerate((5, 70, 12, 33, 140, 9, 48, 21))]
@@ -32,8 +31,8 @@ def greedy(n: int) -> SamplingParams:
 
 
 @pytest.fixture(scope="module")
-def model():
-    return load("tiny-qwen3.5")
+def model(tiny_model):
+    return tiny_model("tiny-qwen3.5")
 
 
 @pytest.fixture(scope="module")

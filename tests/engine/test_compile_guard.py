@@ -18,7 +18,6 @@ from radixflow_jax import LLM
 from radixflow_jax.engine.core import EngineConfig, EngineCore
 from radixflow_jax.engine.llm import build_engine, pool_sizes
 from radixflow_jax.engine.params import SamplingParams
-from radixflow_jax.models.api import load
 from radixflow_jax.runner.shapes import Variant
 from radixflow_jax.runner.step import CompileAfterWarmupError
 from tests.engine.workloads import GUARDED, shared_prefix_prompts
@@ -28,10 +27,10 @@ NUM_REQUESTS = 100
 
 
 @pytest.fixture(scope="module")
-def core() -> EngineCore:
-    core = build_engine(load("tiny-qwen3.5"), CONFIG)
+def core(tiny_model) -> EngineCore:
+    core = build_engine(tiny_model("tiny-qwen3.5"), CONFIG)
     step = core.executor.step
-    assert step.num_compiles == len(core.executor.shapes.variants())  # warm-up compiled everything
+    assert all(step.is_compiled(v) for v in core.executor.shapes.variants())  # warm-up compiled everything
     step.strict = True
     return core
 
@@ -126,6 +125,36 @@ def test_cache_on_equals_cache_off_on_the_warm_variants(core: EngineCore) -> Non
     assert sum(o.cached_tokens for o in warm_out) > 0 and sum(o.cached_tokens for o in cold_out) == 0
     assert {r.kind for r in warm.engine.records} == {"prefill", "mixed", "decode"}
     assert cold.engine.executor.step.num_compiles == warm.engine.executor.step.num_compiles == 0
+
+
+def test_final_token_checkpoint_is_the_cold_state(core: EngineCore) -> None:
+    """A final-token checkpoint, written by a decode row in a mixed round and in a decode-only round
+    (fine buckets: the decode-only variants with few emit entries), is the state a cold run computes
+    at its depth: the next turn reads it and its greedy output equals the cache-off run's. Grid 64:
+    the prompt's end checkpoint is at 64, the final-token one at 128. Engines of the guard's shape
+    over its model: nothing compiles."""
+    model = core.executor.model
+    warm, cold = (LLM(model, **GUARDED, enable_prefix_cache=cache) for cache in (True, False))
+    params, filler = SamplingParams(max_tokens=12, ignore_eos=True), SamplingParams(max_tokens=1, ignore_eos=True)
+    first, alone = list(range(20, 140)), list(range(220, 340))
+    engine = warm.engine
+    rid = engine.add_request(first, params)
+    engine.step()
+    while not engine.output(rid).finished:  # a short prompt arrives every round: each of first's decodes is mixed
+        engine.add_request([3 + (11 * len(engine.records) + 5 * j) % 500 for j in range(40)], filler)
+        engine.step()
+    assert all(r.kind == "mixed" for r in engine.records if r.num_decode)
+    engine.run_until_done()
+    mixed_rounds = len(engine.records)
+    out_alone = warm.generate([alone], params)[0]
+    assert any(r.kind == "decode" for r in engine.records[mixed_rounds:])
+    for turn1, out in ((first, engine.output(rid)), (alone, out_alone)):
+        nxt = turn1 + out.token_ids + [7, 8, 9, 10, 11]
+        got = warm.generate([nxt], SamplingParams(max_tokens=4, ignore_eos=True))[0]
+        ref = cold.generate([nxt], SamplingParams(max_tokens=4, ignore_eos=True))[0]
+        assert got.cached_tokens == 128  # the final-token checkpoint, beyond the prompt-end one
+        assert got.token_ids == ref.token_ids
+    assert warm.engine.executor.step.num_compiles == cold.engine.executor.step.num_compiles == 0
 
 
 def _core_on(core: EngineCore, policy: str, *, num_kv_pages: int | None = None, max_model_len: int = 512) -> EngineCore:

@@ -2,12 +2,12 @@
 
 The cache-off oracle runs in the fixed bucket mode (one step variant per engine shape, see
 ``tests/engine/workloads.py``) and one engine of it per preset serves every test of the module.
-Cache-on engines run fixed buckets too, except where a test is about the variant kinds (the
-final-token checkpoint written in mixed and decode-only rounds). Fine buckets against a cache-off
-run are covered elsewhere, where they cost no compile of their own: every warm variant of
-tiny-qwen3.5 in ``tests/engine/test_compile_guard.py``, mixed rounds of tiny-qwen3.5 and
-tiny-bamba against fixed-bucket runs in ``tests/runner/test_mixed_rounds.py``. Engines built on one
-loaded model share its compiled variants, so an engine of a shape another built takes them."""
+Cache-on engines run fixed buckets too. Fine buckets against a cache-off run are covered where
+they cost no compile of their own: on the warm variants of tiny-qwen3.5 in
+``tests/engine/test_compile_guard.py`` (also the final-token checkpoints written in mixed and
+decode-only rounds), mixed rounds of tiny-qwen3.5 and tiny-bamba against fixed-bucket runs in
+``tests/runner/test_mixed_rounds.py``. Engines built on one loaded model share its compiled
+variants, so an engine of a shape another built takes them."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from typing import Callable
 import pytest
 
 from radixflow_jax import LLM, SamplingParams
-from tests.engine.workloads import SMALL, SMALL_FIXED, shared_prefix_prompts
+from tests.engine.workloads import SMALL_FIXED, shared_prefix_prompts
 
 
 @pytest.fixture(scope="module")
@@ -25,13 +25,13 @@ def prompts() -> list[list[int]]:
 
 
 @pytest.fixture(scope="module")
-def cold_llm() -> Callable[[str], LLM]:
+def cold_llm(tiny_model) -> Callable[[str], LLM]:
     """``cold_llm(preset)``: the module's cache-off oracle engine of a preset (fixed buckets), built once."""
     engines: dict[str, LLM] = {}
 
     def get(model: str) -> LLM:
         if model not in engines:
-            engines[model] = LLM(model, enable_prefix_cache=False, **SMALL_FIXED)
+            engines[model] = LLM(tiny_model(model), enable_prefix_cache=False, **SMALL_FIXED)
         return engines[model]
 
     return get
@@ -129,22 +129,3 @@ def test_preemption_recomputes_to_the_same_outputs(cold_llm) -> None:
     tight = tight_llm.generate(prompts, params)
     assert sum(r.preempted for r in tight_llm.engine.records) > 0
     assert [o.token_ids for o in tight] == [o.token_ids for o in roomy]
-
-
-def test_final_token_checkpoint_is_the_cold_state(cold_llm) -> None:
-    """A final-token checkpoint (written by a decode row, in a mixed round and in a decode-only
-    round) is the state a cold run computes at its depth: the next turn reads it and its greedy
-    output equals the cache-off run."""
-    cold = cold_llm("tiny-qwen3.5")
-    warm = LLM(cold.model, **SMALL)  # fine buckets (decode-only variants); grid 64: prompt end 64, final-token checkpoint at 128
-    params = SamplingParams(max_tokens=12, ignore_eos=True)
-    first, alone = list(range(20, 140)), list(range(220, 340))
-    long_prefill = [3 + (7 * i) % 500 for i in range(900)]  # still prefilling (64-token spans) while `first` decodes
-    outs = warm.generate([first, long_prefill], params)
-    out_alone = warm.generate([alone], params)[0]
-    for turn1, out in ((first, outs[0]), (alone, out_alone)):
-        nxt = turn1 + out.token_ids + [7, 8, 9, 10, 11]
-        got = warm.generate([nxt], SamplingParams(max_tokens=4, ignore_eos=True))[0]
-        ref = cold.generate([nxt], SamplingParams(max_tokens=4, ignore_eos=True))[0]
-        assert got.cached_tokens == 128  # the final-token checkpoint, beyond the prompt-end one
-        assert got.token_ids == ref.token_ids

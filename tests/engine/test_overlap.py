@@ -18,7 +18,6 @@ from radixflow_jax.engine.faults import Fault, FaultyExecutor
 from radixflow_jax.engine.llm import build_engine
 from radixflow_jax.engine.params import SamplingParams
 from radixflow_jax.engine.wiring import wire_engine
-from radixflow_jax.models import load
 from tests.engine.workloads import shared_prefix_prompts
 
 CONFIG = EngineConfig(max_num_seqs=4, max_num_batched_tokens=128, page_size=16, max_model_len=1024, warmup=False)
@@ -33,8 +32,8 @@ class AngleTokenizer:
 
 
 @pytest.fixture(scope="module")
-def base() -> EngineCore:
-    return build_engine(load("tiny-qwen3.5"), CONFIG)
+def base(tiny_model) -> EngineCore:
+    return build_engine(tiny_model("tiny-qwen3.5"), CONFIG)
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,6 @@ from radixflow_jax.bench.workloads import WorkloadSpec, generate
 from radixflow_jax.engine.core import EngineConfig
 from radixflow_jax.engine.llm import build_engine
 from radixflow_jax.engine.roundcost import MeasuredRoundCost
-from radixflow_jax.models import load
 from tests.engine.workloads import GUARDED
 
 # Rounds are scheduling alone, so the policies are compared in the fixed bucket mode: one step
@@ -43,8 +42,8 @@ def _stats(engine, outputs):
 
 
 @pytest.fixture(scope="module")
-def hybrid():
-    return load("tiny-qwen3.5")
+def hybrid(tiny_model):
+    return tiny_model("tiny-qwen3.5")
 
 
 @pytest.fixture(scope="module")
@@ -65,11 +64,11 @@ def test_radixflow_fewer_rounds_same_reuse_same_outputs(hybrid, flow_run) -> Non
     assert sum(r.bubble_tokens for r in flow_engine.records) == 0
 
 
-def test_attention_only_control_is_unchanged() -> None:
+def test_attention_only_control_is_unchanged(tiny_model) -> None:
     """The paper's control, on the synchronous engine as the paper's engines run: an attention-only
     model has no pending state to wait for. (With overlap, its rounds in flight publish pending KV,
     so it has consumers too and the policies differ: docs/results.md, section 5 notes.)"""
-    control = load("tiny-qwen3")
+    control = tiny_model("tiny-qwen3")
     n_rounds, _, _ = _stats(*_run(control, "native", overlap=False))
     f_rounds, _, _ = _stats(*_run(control, "radixflow", overlap=False))
     assert abs(f_rounds - n_rounds) <= 0.02 * n_rounds

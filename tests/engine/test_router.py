@@ -103,7 +103,7 @@ def test_bench_cli_replicas(tmp_path, capsys) -> None:
     assert "--executor sim" in capsys.readouterr().err
 
 
-def test_llm_data_parallel_replicas_match_one_engine() -> None:
+def test_llm_data_parallel_replicas_match_one_engine(tiny_model) -> None:
     from radixflow_jax.engine.llm import LLM
 
     article = list(range(3, 70))
@@ -111,7 +111,7 @@ def test_llm_data_parallel_replicas_match_one_engine() -> None:
     params = SamplingParams(max_tokens=3)
     # the fixed-bucket step shape of tests/engine/test_engine.py: its one variant comes from the XLA cache
     opts = SMALL_FIXED
-    one = LLM("tiny-qwen3.5", **opts)
+    one = LLM(tiny_model("tiny-qwen3.5"), **opts)
     two = LLM(one.model, data_parallel_size=2, **opts)
     assert [o.token_ids for o in two.generate(prompts, params)] == [o.token_ids for o in one.generate(prompts, params)]
     assert two.replicas.router.routed == [3, 1] or two.replicas.router.routed == [1, 3]  # the article stays together

@@ -16,7 +16,6 @@ from radixflow_jax.engine.harness import Harness, HarnessReport
 from radixflow_jax.engine.llm import build_engine
 from radixflow_jax.engine.params import SamplingParams
 from radixflow_jax.engine.wiring import wire_engine
-from radixflow_jax.models import load
 from tests.engine.workloads import SMALL_FIXED, shared_prefix_prompts
 
 # the fixed-bucket engine shape of tests/engine/test_engine.py: one step variant, shared through the
@@ -26,8 +25,8 @@ PARAMS = SamplingParams(max_tokens=6, ignore_eos=True)
 
 
 @pytest.fixture(scope="module")
-def model():
-    return load("tiny-qwen3.5")
+def model(tiny_model):
+    return tiny_model("tiny-qwen3.5")
 
 
 @pytest.fixture(scope="module")

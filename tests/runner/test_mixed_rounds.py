@@ -10,7 +10,7 @@ from radixflow_jax import LLM, SamplingParams
 from radixflow_jax.runner.inputs import build_arrays
 from radixflow_jax.runner.shapes import FEW_EMITS, MODES, ShapeConfig, Variant, fine_ladder
 from radixflow_jax.scheduler.plan import RoundPlan, RoundStats, RowPlan
-from tests.engine.workloads import SMALL, SMALL_FIXED, shared_prefix_prompts
+from tests.engine.workloads import GUARDED, SMALL_FIXED, shared_prefix_prompts
 
 PAGE = 4
 
@@ -84,15 +84,15 @@ def test_mixed_layout_pads_the_decode_region() -> None:
 
 
 @pytest.mark.parametrize("model", ["tiny-qwen3.5", "tiny-bamba"])
-def test_mixed_rounds_equal_unmixed_runs(model: str) -> None:
+def test_mixed_rounds_equal_unmixed_runs(model: str, tiny_model) -> None:
     """Requests arriving while others decode make mixed rounds (fine buckets, prefix cache on);
     each request's greedy output equals the one it gets alone (no other request in its rounds:
     never mixed) with the prefix cache off in the fixed bucket mode, so the bucket modes agree too.
-    Same shapes as ``tests/engine/test_engine.py``, so the compiled variants are shared through the
-    XLA cache."""
+    Shapes shared through the XLA cache: the compile guard's (``GUARDED``: every fine variant of
+    tiny-qwen3.5 compiled there) and the engine tests' oracle (``SMALL_FIXED``)."""
     prompts = shared_prefix_prompts(num_prefixes=2, per_prefix=3, prefix_len=70, suffix_len=9, vocab=500)
     params = SamplingParams(max_tokens=6, ignore_eos=True)
-    llm = LLM(model, **SMALL)
+    llm = LLM(tiny_model(model), **GUARDED)
     core = llm.engine
     rids = []
     for i, p in enumerate(prompts):
