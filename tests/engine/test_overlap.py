@@ -18,9 +18,9 @@ from radixflow_jax.engine.faults import Fault, FaultyExecutor
 from radixflow_jax.engine.llm import build_engine
 from radixflow_jax.engine.params import SamplingParams
 from radixflow_jax.engine.wiring import wire_engine
-from tests.engine.workloads import shared_prefix_prompts
+from tests.engine.workloads import GUARDED, shared_prefix_prompts
 
-CONFIG = EngineConfig(max_num_seqs=4, max_num_batched_tokens=128, page_size=16, max_model_len=1024, warmup=False)
+CONFIG = EngineConfig(**GUARDED)  # fine buckets of the compile guard's shape: its warm-up compiled every variant
 LONG = SamplingParams(max_tokens=8, ignore_eos=True)
 
 
