@@ -171,6 +171,13 @@ def _pallas_impl(op: str) -> Callable[..., Any] | None:
     return None
 
 
+def trace_environment() -> tuple[str | None, ...]:
+    """The environment switches this module reads while a program is traced (the default backend,
+    Pallas interpret mode on the CPU): part of what a compiled program depends on, so a store of
+    compiled programs keys on them (``runner/step.CompiledStep``)."""
+    return os.environ.get("RADIXFLOW_KERNELS"), os.environ.get("RADIXFLOW_PALLAS_INTERPRET")
+
+
 # Ops that are jnp under every backend by design (see ``_pallas_impl``): forcing ``pallas`` does not
 # make them fail, because there is no Pallas kernel to prefer; backends other than ``reference``
 # serve them with their faster XLA formulation where one exists.

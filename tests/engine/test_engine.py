@@ -75,7 +75,8 @@ def test_waves_and_policies_agree(policy: str, prompts, cold_llm) -> None:
 def test_engines_on_one_model_share_its_compiled_variants(prompts, cold_llm) -> None:
     """A second engine of the same shape on a loaded model takes the step variants the first one
     compiled (``LoadedModel.compiled_variants``) instead of tracing and compiling them again, with
-    the same outputs; an engine of another shape (fewer rows) runs its own executable."""
+    the same outputs; an engine of another shape (fewer rows) or another kernel backend (the
+    pure-jnp references) runs its own executable."""
     cold = cold_llm("tiny-qwen3.5")
     reference = _cold(cold_llm, "tiny-qwen3.5", prompts)
     (variant, first), = cold.engine.executor.step._compiled.items()  # fixed buckets: one variant
@@ -87,6 +88,9 @@ def test_engines_on_one_model_share_its_compiled_variants(prompts, cold_llm) -> 
     narrow = LLM(cold.model, enable_prefix_cache=False, **{**SMALL_FIXED, "max_num_seqs": 2})
     assert [o.token_ids for o in narrow.generate(prompts, params)] == reference
     assert first not in narrow.engine.executor.step._compiled.values()
+    oracle = LLM(cold.model, enable_prefix_cache=False, kernels="reference", **SMALL_FIXED)
+    assert [o.token_ids for o in oracle.generate(prompts[:2], params)] == reference[:2]
+    assert oracle.engine.executor.step._compiled[variant] is not first
 
 
 def test_outputs_independent_of_budget_and_page_size(prompts, cold_llm) -> None:
