@@ -40,6 +40,10 @@ HEAVY_FIRST = (
     "tests/serve/test_server.py",
     "tests/batch/test_batch.py",
     "tests/models/test_parity.py",
+    "tests/models/test_ssm_models.py",  # model oracles: 40-120 s cold each; unlisted, they ran as a tail
+    "tests/models/test_gguf.py",
+    "tests/models/test_split.py",
+    "tests/models/test_row_last.py",
     "tests/runner/test_mixed_rounds.py",
     "tests/engine/test_pair.py",
     "tests/engine/test_overlap.py",
