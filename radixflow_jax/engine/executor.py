@@ -100,7 +100,7 @@ class ModelExecutor:
         self._neutral_ctx: dict[object, tuple[jax.Array, jax.Array]] = {}  # per variant: unpenalised context arrays
         self.step = CompiledStep(
             model.graphdef, model.params, self.cache, shapes, kernels, penalty_window,
-            shared=getattr(model, "compiled_variants", None),
+            shared=model.compiled_variants,
         )  # fmt: skip
         self.progress = progress
         self.warmup_s = 0.0
@@ -160,11 +160,11 @@ class ModelExecutor:
             # its step time does not absorb the compile (it would otherwise end at its collect)
             jax.block_until_ready(prev.tokens)
             prev.ready = time.perf_counter()
-        t1 = time.perf_counter()
+        t1, compiles = time.perf_counter(), self.step.num_compiles
         self.cache, (tokens, *lp) = self.step(variant, self.model.params, self.cache, inputs)
         compile_s = self.step.last_compile_s
         if compile_s and self.progress is not None:
-            how = "took the model's compiled" if self.step.last_shared else "compiled"
+            how = "compiled" if self.step.num_compiles > compiles else "took the model's compiled"
             self.progress(f"{how} {variant.kind} T={variant.num_tokens} R={variant.num_rows} "
                           f"D={variant.num_decode} on first use in {compile_s:.1f}s")  # fmt: skip
         return InFlight(plan, variant, arrays.plan_rows, tokens, tuple(lp), want, t1 - t0, t1 + compile_s, compile_s)

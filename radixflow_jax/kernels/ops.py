@@ -166,16 +166,16 @@ def _pallas_impl(op: str) -> Callable[..., Any] | None:
     variant = _pallas_common.platform_backend(platform)
     if variant is not None:
         return functools.partial(kernel, backend=variant)
-    if platform == "cpu" and os.environ.get("RADIXFLOW_PALLAS_INTERPRET") == "1":
+    if platform == "cpu" and pallas_interpret():
         return functools.partial(kernel, backend="tpu", interpret=True)
     return None
 
 
-def trace_environment() -> tuple[str | None, ...]:
-    """The environment switches this module reads while a program is traced (the default backend,
-    Pallas interpret mode on the CPU): part of what a compiled program depends on, so a store of
-    compiled programs keys on them (``runner/step.CompiledStep``)."""
-    return os.environ.get("RADIXFLOW_KERNELS"), os.environ.get("RADIXFLOW_PALLAS_INTERPRET")
+def pallas_interpret() -> bool:
+    """``RADIXFLOW_PALLAS_INTERPRET=1``: Pallas kernels run in interpret mode on the CPU. Read when a
+    program is traced, so it is part of what a compiled step depends on (``runner/step.CompiledStep``
+    keys its shared executables on it; the backend itself is forced there by :func:`use_backend`)."""
+    return os.environ.get("RADIXFLOW_PALLAS_INTERPRET") == "1"
 
 
 # Ops that are jnp under every backend by design (see ``_pallas_impl``): forcing ``pallas`` does not

@@ -132,9 +132,10 @@ class CompiledStep:
     ``shared`` (optional): a store of executables that several steps over one model fill and read
     (``LoadedModel.compiled_variants``). A variant's executable is taken from it when another step
     compiled the same program: same variant, output length, page-table width, penalty window,
-    kernel backend and its environment switches (``ops.trace_environment``), and the same
-    parameter and pool shapes, dtypes and shardings, which are all the program depends on. Taking one is not a compile (``num_compiles`` stays), so a second engine on
-    one model neither traces nor compiles again; it is still primed once."""
+    kernel backend (and ``ops.pallas_interpret``), and the same parameter and pool shapes, dtypes
+    and shardings, which are all the program depends on. Taking one is not a compile
+    (``num_compiles`` stays), so a second engine on one model neither traces nor compiles again;
+    it is still primed once."""
 
     def __init__(
         self, graphdef: nnx.GraphDef, params: nnx.State, cache: ModelCache, shapes: ShapeConfig, kernels: str,
@@ -161,7 +162,6 @@ class CompiledStep:
         self.num_compiles = 0
         self.compile_seconds = 0.0
         self.last_compile_s = 0.0  # compile time spent inside the latest call (lazy warm-up)
-        self.last_shared = False  # that call's variant came from ``shared`` (primed, not compiled)
         self.strict = False
 
     def _compile(self, variant: Variant) -> Callable:
@@ -170,7 +170,7 @@ class CompiledStep:
         start = time.perf_counter()
         if variant.num_rows > out_rows(self.shapes):
             raise ValueError(f"variant {variant} has more rows than the sampled output holds ({out_rows(self.shapes)})")
-        key = (variant, *self._signature, ops.trace_environment())
+        key = (variant, *self._signature, ops.pallas_interpret())
         if self._shared is not None and key in self._shared:
             self._compiled[variant] = self._shared[key]
             return self._shared[key]
@@ -212,10 +212,9 @@ class CompiledStep:
         ``last_compile_s`` (not serving time)."""
         self.last_compile_s = 0.0
         if variant not in self._compiled:
-            start, compiles = time.perf_counter(), self.num_compiles
+            start = time.perf_counter()
             cache = self.prime(variant, params, cache)
             self.last_compile_s = time.perf_counter() - start
-            self.last_shared = self.num_compiles == compiles
         return self._compiled[variant](params, cache, arrays)
 
 
