@@ -76,6 +76,7 @@ class RoundRecord:
     fill_declined: int = 0  # fill requests pair's cost rule kept out of the round
     pairs_declined: int = 0  # consumers pair's cost rule left waiting instead of pairing
     decode_slots: int = 0  # the variant's decode region (rows taking the one-step updates)
+    prefill_first: bool = False  # planned prompts before decode rows: the round before starved one
     # host time on the critical path: from the previous round's result to this round's dispatch, the
     # host work done while no round was in flight (commit of the previous round, plan, build); 0 when
     # this round was launched while the previous one still ran (overlap)

@@ -396,6 +396,7 @@ class EngineCore:
                 consumers_paired=st.consumers_paired,
                 fill_declined=st.fill_declined,
                 pairs_declined=st.pairs_declined,
+                prefill_first=st.prefill_first,
                 host_s=host_s,
                 overlapped=overlapped,
             )

@@ -22,7 +22,11 @@ Invariants:
   * A request never reads a pending checkpoint: ``copy_from`` is always a committed slot of a node
     the request locked.
   * Liveness: with nothing running, the head of the queue is admitted from its committed hit or a
-    cold prefill, or failed with a clear reason if it can never fit.
+    cold prefill, or failed with a clear reason if it can never fit. A round that gives a prompt
+    (running or waiting) no tokens while every row of it computes one token is followed by a
+    prefill-first round: prompts are planned before the decode rows, which keep their rows and take
+    the tokens left (a decode row skips that round if none are). So a budget of one grid cannot
+    starve prompts behind decode rows.
 """
 
 from __future__ import annotations
@@ -87,6 +91,8 @@ class Scheduler(PairingMixin, OverlapMixin):
         self._in_flight: collections.deque[RoundPlan] = collections.deque()  # launched, not committed
         self._fenced: list[tuple[Request, bool]] = []  # finished requests released at a later fence
         self._waiting_index = WaitingIndex(config.grid)  # this round's waiting, by first grid (empty between rounds)
+        self._starved = False  # the last round left a prefill without tokens behind decode rows only
+        self._active = 0  # while planning: running requests that still compute, capped at max_num_seqs
         self._lookahead = LookaheadConfig(
             config.grid, config.hybrid, config.branch_checkpoints, config.checkpoint_interval, config.max_checkpoints
         )
@@ -133,6 +139,14 @@ class Scheduler(PairingMixin, OverlapMixin):
         return bool(self.waiting or self.running)
 
     # ----------------------------------------------------------------- planning
+    def _note_starved(self, wanted: int) -> None:
+        """A request that wants more than one token got no span this round (the token budget left
+        holds no grid position past its start). If no row of the round computes more than one token,
+        :meth:`schedule` plans the next round prefill first, so a budget close to the grid cannot
+        starve prompts behind decode rows (each decode row costs one token of it)."""
+        if wanted > 1:
+            self._starved = True
+
     def _span(self, start: int, remaining: int, budget: int) -> int:
         """Tokens to compute from ``start``: all of them if they fit, else up to the last grid
         position within the budget (0 if none)."""
@@ -186,15 +200,23 @@ class Scheduler(PairingMixin, OverlapMixin):
         req.num_preemptions += 1
         self.waiting.appendleft(req)
 
-    def _schedule_running(self, rows: list[RowPlan], budget: list[int], stats: RoundStats) -> None:
-        scheduled: set[int] = set()
+    def _schedule_running(
+        self, rows: list[RowPlan], budget: list[int], stats: RoundStats, decode: bool | None = None
+    ) -> None:
+        """Rows for running requests in admission order: all of them (``decode=None``), or only those
+        with one token to compute (``True``) or more (``False``). A prefill that gets no span for lack
+        of tokens marks the round (:meth:`_note_starved`)."""
+        scheduled = {r.request_id for r in rows}
         for req in list(self.running):
             if req not in self.running:
                 continue  # preempted while making room for an earlier one
             if len(req.output) >= req.max_tokens:
                 continue  # overlap: a round in flight samples its last token; it finishes at that commit
-            span = self._span(req.num_computed, req.remaining, budget[0])
+            if req.request_id in scheduled or (decode is not None and (req.remaining == 1) is not decode):
+                continue
+            span = self._span(req.num_computed, req.remaining, budget[0]) if budget[1] > 0 else 0
             if span == 0:
+                self._note_starved(req.remaining)
                 continue
             while not self.memory.ensure_pages(req, req.num_computed + span):
                 if not self._preempt_one(req, scheduled):
@@ -218,8 +240,8 @@ class Scheduler(PairingMixin, OverlapMixin):
 
     def _decide(self, req: Request, budget: list[int], rows: list[RowPlan], stats: RoundStats) -> Decision:
         cache, memory = self.memory.cache, self.memory
-        if budget[1] == 0:
-            return Decision.STOP_ROUND
+        if budget[1] == 0 or self._active >= self.config.max_num_seqs:
+            return Decision.STOP_ROUND  # a running request that got no row this round still holds its place
         match = cache.match(req.tokens, shared=False) if cache is not None else None
         # attention-only models see pending KV only from rounds in flight (overlap), see _publish_in_flight_kv
         if match is not None and match.is_consumer:
@@ -238,6 +260,7 @@ class Scheduler(PairingMixin, OverlapMixin):
         hit = match.hit_len if match is not None else 0
         span = self._span(hit, req.num_tokens - hit, budget[0])
         if span == 0:
+            self._note_starved(req.num_tokens - hit)
             return Decision.STOP_ROUND
         if match is not None and hit > 0:
             cache.lock(match.hit_node)
@@ -292,7 +315,16 @@ class Scheduler(PairingMixin, OverlapMixin):
         unused = self.memory.cache.evicted_unused if self.memory.cache is not None else 0
         looks_ahead = cfg.hybrid and cfg.branch_checkpoints and self.memory.cache is not None
         self._waiting_index = WaitingIndex(cfg.grid, tuple(self.waiting) if looks_ahead else ())  # this round's queue
-        self._schedule_running(rows, budget, stats)
+        prefill_first, self._starved = self._starved, False
+        stats.prefill_first = prefill_first
+        decoding = sum(1 for r in self.running if r.remaining == 1 and len(r.output) < r.max_tokens)
+        if prefill_first:  # decode rows last this round: their rows are kept, their tokens are not
+            budget[1] -= decoding
+            self._schedule_running(rows, budget, stats, decode=False)
+        else:
+            self._schedule_running(rows, budget, stats)
+        # running requests that still compute (overlap: one whose last token is in flight does not)
+        self._active = sum(1 for r in self.running if len(r.output) < r.max_tokens)
         queue = self._order()
         skipped_consumer = False
         for i, req in enumerate(queue):
@@ -306,6 +338,7 @@ class Scheduler(PairingMixin, OverlapMixin):
             if decision is Decision.WAIT_LOCAL or stats.consumers_paired > paired:
                 skipped_consumer = True  # native would have stopped the scan here: what follows is fill
             if decision is Decision.ADMIT:
+                self._active += 1
                 self.waiting.remove(req)
                 self.running.append(req)
                 req.status = RequestStatus.RUNNING
@@ -321,6 +354,11 @@ class Scheduler(PairingMixin, OverlapMixin):
                 if not rows and not self.running:
                     self._unblock(req)
                 break
+        if prefill_first:
+            budget[1] += decoding
+            self._schedule_running(rows, budget, stats, decode=True)
+        # a prefill got no tokens and no row of this round computes more than one: prefill goes first next
+        self._starved = stats.prefill_starved = self._starved and all(len(r.tokens) <= 1 for r in rows)
         stats.evicted_pages = self.memory.evicted_pages - evicted[0]
         stats.evicted_slots = self.memory.evicted_slots - evicted[1]
         if self.memory.cache is not None:

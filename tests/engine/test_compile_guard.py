@@ -157,6 +157,35 @@ def test_final_token_checkpoint_is_the_cold_state(core: EngineCore) -> None:
     assert warm.engine.executor.step.num_compiles == cold.engine.executor.step.num_compiles == 0
 
 
+def test_a_prompt_arriving_while_rows_decode_runs_before_they_finish(core: EngineCore) -> None:
+    """The guard's shape has a token budget of one grid (64): three decode rows leave 61 tokens,
+    which hold no grid span of a long prompt, so a 200-token prompt used to wait until every
+    decoder had finished. A round that starves it is followed by a prefill-first round, so it
+    finishes while they still decode, and every greedy output equals the cache-off engine's run of
+    the same arrivals (the ordering changes no row's math). Nothing compiles."""
+    model = core.executor.model
+    params = SamplingParams(max_tokens=40, ignore_eos=True)
+    decoders = [list(range(30 + 9 * i, 50 + 9 * i)) for i in range(3)]
+    prompt = [3 + (7 * j) % 490 for j in range(200)]
+    outs = {}
+    for cache in (True, False):
+        engine = LLM(model, **GUARDED, enable_prefix_cache=cache).engine
+        rids = [engine.add_request(p, params) for p in decoders]
+        engine.step()
+        engine.step()
+        late = engine.add_request(prompt, SamplingParams(max_tokens=4, ignore_eos=True))
+        while not engine.output(late).finished:
+            engine.step()
+        assert not any(engine.output(r).finished for r in rids), "the prompt waited for the decoders"
+        engine.run_until_done()
+        first = [r for r in engine.records if r.prefill_first]
+        # 200 = 3 x 64 + 8: three grid spans went first; the last 8 tokens fit beside the decode rows
+        assert len(first) == 3 and all(r.num_tokens == 64 and r.num_decode == 0 for r in first)
+        assert engine.executor.step.num_compiles == 0
+        outs[cache] = [engine.output(r).token_ids for r in rids + [late]]
+    assert outs[True] == outs[False]
+
+
 def _core_on(core: EngineCore, policy: str, *, num_kv_pages: int | None = None, max_model_len: int = 512) -> EngineCore:
     """Another engine on the same executor (the same compiled variants and device pools): its own
     scheduler, policy and (possibly smaller) pools; only one of them runs at a time."""

@@ -133,3 +133,34 @@ def test_preemption_under_a_tiny_pool_still_finishes_everything() -> None:
     assert all(len(s.requests[i].output) == 30 for i in range(4))
     s.memory.flush()
     assert s.memory.pages.num_used == 0 and s.memory.slots.num_used == 0
+
+
+
+def test_a_budget_of_one_grid_does_not_starve_a_prompt_behind_decode_rows() -> None:
+    """Budget == grid (8): two decode rows leave 6 tokens, which hold no grid position past a
+    prompt's start, so the prompt used to get no tokens until both decoders had finished (30
+    rounds). A round that starves a prompt behind decode rows only is now followed by a
+    prefill-first round: the prompt's five spans alternate with decode rounds, and a decoder skips
+    one round at a time at most."""
+    s = _sched("radixflow", budget=8)
+    s.add(Request(1, (1, 2, 3), max_tokens=30))
+    s.add(Request(2, (4, 5, 6), max_tokens=30))
+    plans = []
+    while s.has_work():
+        if len(plans) == 2:
+            s.add(Request(3, tuple(range(400, 440)), max_tokens=2))  # 40 tokens: five grid spans
+        plan = s.schedule()
+        assert plan.rows and plan.num_tokens <= 8
+        plans.append(plan)
+        s.commit(plan, {r.request_id: 0 for r in plan.rows if r.sample})
+    assert all(len(s.requests[i].output) == s.requests[i].max_tokens for i in (1, 2, 3))
+    rows = [{r.request_id: len(r.tokens) for r in p.rows} for p in plans]
+    prompt_rounds = [i for i, r in enumerate(rows) if r.get(3, 0) > 1]
+    assert [rows[i][3] for i in prompt_rounds] == [8] * 5
+    assert prompt_rounds == [3, 5, 7, 9, 11]  # every other round from the first one it was starved in
+    assert all(plans[i].stats.prefill_first and plans[i - 1].stats.prefill_starved for i in prompt_rounds)
+    assert not any(p.stats.prefill_first for i, p in enumerate(plans) if i not in prompt_rounds)
+    for rid in (1, 2):
+        ran = [i for i, r in enumerate(rows) if rid in r]
+        assert max(b - a for a, b in zip(ran, ran[1:])) == 2  # skipped the prompt's rounds, one at a time
+    assert 3 in rows[12] and 1 in rows[13], "the prompt sampled while the decoders still ran"

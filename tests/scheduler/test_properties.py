@@ -1,11 +1,13 @@
 """Property tests of the scheduler without a model: random arrivals, shared prefixes, aborts (also
-between ``schedule()`` and ``commit()``, while the round runs) and tiny pools, under every policy.
-The tree and pool invariants hold after every plan and every commit, every accepted request
-finishes, no page or slot leaks, every checkpoint a row emits lies inside its span (a decode row's
-after its one token, which the step relies on), a paired consumer (policy ``pair``) starts from an emit of an
-unpaired row of its own round and is never committed after its producer left, and RadixFlow's
-reuse is never lower than native's by more than one request's prefix. ``pair+cost``: policy
-``pair`` with a round cost, so its fill and pairing rules decline too."""
+between ``schedule()`` and ``commit()``, while the round runs), tiny pools and token budgets of
+48 and of one grid (8), under every policy. The tree and pool invariants hold after every plan and
+every commit, no plan exceeds the budgets, a round that starved a prompt behind decode rows is
+followed by a prefill-first round, every accepted request finishes, no page or slot leaks, every
+checkpoint a row emits lies inside its span (a decode row's after its one token, which the step
+relies on), a paired consumer (policy ``pair``) starts from an emit of an unpaired row of its own
+round and is never committed after its producer left, and RadixFlow's reuse is never lower than
+native's by more than one request's prefix. ``pair+cost``: policy ``pair`` with a round cost, so
+its fill and pairing rules decline too."""
 
 from __future__ import annotations
 
@@ -31,7 +33,8 @@ def workloads(draw):
         reqs.append((i, prefix + suffix, draw(st.integers(1, 5)), arrival, (abort_at, mid_round)))
     pages = draw(st.integers(24, 60))
     slots = draw(st.integers(3, 12))
-    return reqs, pages, slots
+    budget = draw(st.sampled_from([8, 48]))  # 8: one grid, decode rows leave a prompt no grid position
+    return reqs, pages, slots, budget
 
 
 def _check(s: Scheduler) -> None:
@@ -49,14 +52,15 @@ def _padded_cost(rows) -> float:
     return 1.0 + max(8, 1 << max(tokens - 1, 0).bit_length())
 
 
-def _run(policy: str, reqs, pages: int, slots: int) -> tuple[Scheduler, set[int]]:
+def _run(policy: str, reqs, pages: int, slots: int, budget: int = 48) -> tuple[Scheduler, set[int]]:
     costed = policy == "pair+cost"
-    cfg = SchedulerConfig(max_num_seqs=3, max_num_batched_tokens=48, page_size=4, grid=8, hybrid=True,
+    cfg = SchedulerConfig(max_num_seqs=3, max_num_batched_tokens=budget, page_size=4, grid=8, hybrid=True,
                           policy="pair" if costed else policy)  # fmt: skip
     s = Scheduler(cfg, num_pages=pages, num_slots=slots)
     if costed:
         s.round_cost = _padded_cost
     accepted: set[int] = set()
+    starved_before = False
     for round_index in range(400):
         for rid, prompt, max_tokens, arrival, _ in reqs:
             if arrival == round_index:
@@ -72,6 +76,11 @@ def _run(policy: str, reqs, pages: int, slots: int) -> tuple[Scheduler, set[int]
             break
         plan = s.schedule()
         _check(s)
+        assert plan.num_tokens <= budget and len(plan.rows) <= 3
+        assert sum(len(r.output) < r.max_tokens for r in s.running) <= 3  # max_num_seqs caps admission
+        if starved_before:  # the last round gave no prompt tokens while one wanted them: prefill first now
+            assert plan.stats.prefill_first
+        starved_before = plan.stats.prefill_starved
         for row in plan.rows:  # a source checkpoint is one the tree holds (committed), never a free slot
             assert row.copy_from is None or s.memory.slots.refcount(row.copy_from) > 0
         for row in plan.rows:  # checkpoints lie inside (start, end]: a one-token row emits after its token
@@ -98,10 +107,10 @@ def _run(policy: str, reqs, pages: int, slots: int) -> tuple[Scheduler, set[int]
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(workloads())
 def test_both_policies_finish_everything_without_leaks(data) -> None:
-    reqs, pages, slots = data
+    reqs, pages, slots, budget = data
     reuse = {}
     for policy in ("native", "radixflow", "pair", "pair+cost"):
-        s, accepted = _run(policy, reqs, pages, slots)
+        s, accepted = _run(policy, reqs, pages, slots, budget)
         for rid in accepted:
             req = s.requests[rid]
             assert req.is_finished
