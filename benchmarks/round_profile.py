@@ -17,7 +17,9 @@ How to read it
     example), and a matmul's op time covers its own threads, so op times add up to more than the
     wall time; compare ops with each other, and the wall time between programs.
   * The weight-matmul rate is ``2 * M * N * K`` over the op's time, for the fusion that holds the
-    weight (a fusion may hold two matmuls: the rate then reads low).
+    weight; a fusion that reads several weights counts all their matmuls under one ``a+b`` entry
+    (before 2026-12-01 it counted only the first, and ``out_proj``, fused with ``in_proj_z``, read
+    80 GFLOP/s instead of 160).
   * Thread occupancy: for the median call, the wall time during which 0, 1 or 2+ of XLA's worker
     threads ran something: an op of their own, or a slice of another thread's op (the thread-pool
     regions a multi-threaded matmul hands out). Time with one thread busy is work the program
@@ -60,22 +62,27 @@ def op_index(hlo: str) -> dict[str, tuple[str, str, str]]:
 
 
 def weight_rates(times: dict[str, float], hlo: str, ops: dict[str, tuple[str, str, str]]) -> dict[str, list[float]]:
-    """Per weight (layer index dropped): [ms per call, GFLOP] over the fusions that read it."""
+    """Per weight (layer index dropped): [ms per call, GFLOP] over the fusions that read it. A fusion
+    that reads several weights (XLA:CPU fuses, e.g., the Gated DeltaNet's ``in_proj_z`` matmul, the
+    gated norm and ``out_proj`` into one YNNPACK fusion) is one entry named ``a+b``, with the FLOPs
+    of all its matmuls: ``2 * M * out * in`` per weight, ``M`` the fusion's leading result dim."""
     shapes = dict(re.findall(r"%(params__[\w.]+) = f32\[([\d,]+)\]", hlo))
     out: dict[str, list[float]] = collections.defaultdict(lambda: [0.0, 0.0])
     for name, ms in times.items():
         shape, operands, _ = ops.get(name, ("", "", ""))
-        weight = re.search(r"%(params__[\w.]+)", operands)
         dims = re.match(r"f32\[(\d+),(\d+)\]", shape)
-        if not weight or not dims or weight.group(1) not in shapes or not ops[name][2].endswith("dot_general"):
+        weights = sorted({w for w in re.findall(r"%(params__[\w.]+)", operands) if shapes.get(w, "").count(",") == 1})
+        if not weights or not dims or not ops[name][2].endswith("dot_general"):
             continue
-        w = [int(x) for x in shapes[weight.group(1)].split(",")]
-        m, n = int(dims.group(1)), int(dims.group(2))
-        k = w[0] if w[-1] == n else w[-1]
-        key = re.sub(r"params__model____layers___\d+___", "", weight.group(1)).replace("____weight___value", "")
-        key = re.sub(r"\.\d+$", "", key.replace("____", ".")).replace("params__", "")
-        out[key][0] += ms
-        out[key][1] += 2 * m * n * k / 1e9
+        m, flops, keys = int(dims.group(1)), 0, []
+        for weight in weights:
+            key = re.sub(r"params__model____layers___\d+___", "", weight).replace("____weight___value", "")
+            keys.append(re.sub(r"\.\d+$", "", key.replace("____", ".")).replace("params__", ""))
+            rows, cols = (int(x) for x in shapes[weight].split(","))
+            flops += 2 * m * rows * cols
+        entry = out["+".join(sorted(keys))]
+        entry[0] += ms
+        entry[1] += flops / 1e9
     return out
 
 
