@@ -43,6 +43,7 @@ from radixflow_jax.scheduler.overlap import OverlapMixin
 from radixflow_jax.scheduler.pairing import PairingMixin
 from radixflow_jax.scheduler.plan import RoundPlan, RoundStats, RowPlan
 from radixflow_jax.scheduler.request import Request, RequestStatus, drop_in_flight
+from radixflow_jax.scheduler.running import RunningMixin
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,7 +75,7 @@ class SchedulerConfig:
         placement.spacing(self.grid, self.grid, interval=self.checkpoint_interval)  # validates the interval
 
 
-class Scheduler(PairingMixin, OverlapMixin):
+class Scheduler(RunningMixin, PairingMixin, OverlapMixin):
     def __init__(self, config: SchedulerConfig, num_pages: int, num_slots: int):
         self.config = config
         self.policy = get_policy(config.policy)
@@ -139,14 +140,6 @@ class Scheduler(PairingMixin, OverlapMixin):
         return bool(self.waiting or self.running)
 
     # ----------------------------------------------------------------- planning
-    def _note_starved(self, wanted: int) -> None:
-        """A request that wants more than one token got no span this round (the token budget left
-        holds no grid position past its start). If no row of the round computes more than one token,
-        :meth:`schedule` plans the next round prefill first, so a budget close to the grid cannot
-        starve prompts behind decode rows (each decode row costs one token of it)."""
-        if wanted > 1:
-            self._starved = True
-
     def _span(self, start: int, remaining: int, budget: int) -> int:
         """Tokens to compute from ``start``: all of them if they fit, else up to the last grid
         position within the budget (0 if none)."""
@@ -181,54 +174,6 @@ class Scheduler(PairingMixin, OverlapMixin):
             pair_slot=pair_slot,
             epoch=req.epoch,
         )
-
-    def _preempt_one(self, keep: Request, scheduled: set[int]) -> bool:
-        """Preempts the latest-admitted running request that has no row in this round yet."""
-        for victim in reversed(self.running):
-            if victim is not keep and victim.request_id not in scheduled:
-                self._preempt(victim)
-                return True
-        return False
-
-    def _preempt(self, req: Request) -> None:
-        self._roll_back_partners(req)
-        self.memory.release(req, keep_prefix=False)
-        self.running.remove(req)
-        drop_in_flight(req)
-        req.epoch += 1
-        req.status, req.num_computed, req.cached_tokens = RequestStatus.WAITING, 0, 0
-        req.num_preemptions += 1
-        self.waiting.appendleft(req)
-
-    def _schedule_running(
-        self, rows: list[RowPlan], budget: list[int], stats: RoundStats, decode: bool | None = None
-    ) -> None:
-        """Rows for running requests in admission order: all of them (``decode=None``), or only those
-        with one token to compute (``True``) or more (``False``). A prefill that gets no span for lack
-        of tokens marks the round (:meth:`_note_starved`)."""
-        scheduled = {r.request_id for r in rows}
-        for req in list(self.running):
-            if req not in self.running:
-                continue  # preempted while making room for an earlier one
-            if len(req.output) >= req.max_tokens:
-                continue  # overlap: a round in flight samples its last token; it finishes at that commit
-            if req.request_id in scheduled or (decode is not None and (req.remaining == 1) is not decode):
-                continue
-            span = self._span(req.num_computed, req.remaining, budget[0]) if budget[1] > 0 else 0
-            if span == 0:
-                self._note_starved(req.remaining)
-                continue
-            while not self.memory.ensure_pages(req, req.num_computed + span):
-                if not self._preempt_one(req, scheduled):
-                    self._preempt(req)
-                    stats.preempted += 1
-                    break
-                stats.preempted += 1
-            else:
-                rows.append(self._row(req, span, None, stats))
-                scheduled.add(req.request_id)
-                budget[0] -= span
-                budget[1] -= 1
 
     def _order(self) -> list[Request]:
         queue = list(self.waiting)
@@ -315,16 +260,7 @@ class Scheduler(PairingMixin, OverlapMixin):
         unused = self.memory.cache.evicted_unused if self.memory.cache is not None else 0
         looks_ahead = cfg.hybrid and cfg.branch_checkpoints and self.memory.cache is not None
         self._waiting_index = WaitingIndex(cfg.grid, tuple(self.waiting) if looks_ahead else ())  # this round's queue
-        prefill_first, self._starved = self._starved, False
-        stats.prefill_first = prefill_first
-        decoding = sum(1 for r in self.running if r.remaining == 1 and len(r.output) < r.max_tokens)
-        if prefill_first:  # decode rows last this round: their rows are kept, their tokens are not
-            budget[1] -= decoding
-            self._schedule_running(rows, budget, stats, decode=False)
-        else:
-            self._schedule_running(rows, budget, stats)
-        # running requests that still compute (overlap: one whose last token is in flight does not)
-        self._active = sum(1 for r in self.running if len(r.output) < r.max_tokens)
+        reserved = self._running_before_admission(rows, budget, stats)
         queue = self._order()
         skipped_consumer = False
         for i, req in enumerate(queue):
@@ -354,11 +290,7 @@ class Scheduler(PairingMixin, OverlapMixin):
                 if not rows and not self.running:
                     self._unblock(req)
                 break
-        if prefill_first:
-            budget[1] += decoding
-            self._schedule_running(rows, budget, stats, decode=True)
-        # a prefill got no tokens and no row of this round computes more than one: prefill goes first next
-        self._starved = stats.prefill_starved = self._starved and all(len(r.tokens) <= 1 for r in rows)
+        self._running_after_admission(rows, budget, stats, reserved)
         stats.evicted_pages = self.memory.evicted_pages - evicted[0]
         stats.evicted_slots = self.memory.evicted_slots - evicted[1]
         if self.memory.cache is not None:

@@ -1,0 +1,110 @@
+"""Rows of the running requests, a mixin of :class:`~radixflow_jax.scheduler.scheduler.Scheduler`
+(it uses the scheduler's config, memory, running list and row builder): preemption under page
+pressure, and the prefill-first rule that keeps a budget close to the grid from starving prompts
+behind decode rows (the scheduler's module docstring, "Liveness"). No JAX here.
+
+A round normally plans every running request first, in admission order, then admits from the queue.
+After a round that gave a prompt (running or waiting) no tokens while every one of its rows computed
+one token, the next round is *prefill first*: running prompts, then admissions, then the decode rows
+with the tokens left. The decode rows' row places are reserved meanwhile, so they keep their rows;
+one that gets no token waits that round. Admission stops at ``max_num_seqs`` running requests that
+still compute (``_active``), so a running prompt without a row this round keeps its place.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from radixflow_jax.scheduler.plan import RoundStats, RowPlan
+from radixflow_jax.scheduler.request import Request, RequestStatus, drop_in_flight
+
+if TYPE_CHECKING:
+    from radixflow_jax.scheduler.scheduler import Scheduler
+
+    _Base = Scheduler
+else:
+    _Base = object
+
+
+class RunningMixin(_Base):
+    def _running_before_admission(self, rows: list[RowPlan], budget: list[int], stats: RoundStats) -> int:
+        """Plans the running rows that come before admission and returns the row places reserved for
+        the decode rows that come after it (0 unless the round is prefill first)."""
+        prefill_first, self._starved = self._starved, False
+        stats.prefill_first = prefill_first
+        reserved = 0
+        if prefill_first:  # decode rows last this round: their rows are kept, their tokens are not
+            reserved = sum(1 for r in self.running if r.remaining == 1 and len(r.output) < r.max_tokens)
+            budget[1] -= reserved
+            self._schedule_running(rows, budget, stats, decode=False)
+        else:
+            self._schedule_running(rows, budget, stats)
+        # running requests that still compute (overlap: one whose last token is in flight does not)
+        self._active = sum(1 for r in self.running if len(r.output) < r.max_tokens)
+        return reserved
+
+    def _running_after_admission(
+        self, rows: list[RowPlan], budget: list[int], stats: RoundStats, reserved: int
+    ) -> None:
+        """The decode rows of a prefill-first round; then whether the next round is prefill first (a
+        prompt got no tokens and no row of this round computes more than one)."""
+        if stats.prefill_first:
+            budget[1] += reserved
+            self._schedule_running(rows, budget, stats, decode=True)
+        self._starved = stats.prefill_starved = self._starved and all(len(r.tokens) <= 1 for r in rows)
+
+    def _note_starved(self, wanted: int) -> None:
+        """A request that wants more than one token got no span this round (the token budget left
+        holds no grid position past its start). If no row of the round computes more than one token,
+        the scheduler plans the next round prefill first, so a budget close to the grid cannot
+        starve prompts behind decode rows (each decode row costs one token of it)."""
+        if wanted > 1:
+            self._starved = True
+
+    def _preempt_one(self, keep: Request, scheduled: set[int]) -> bool:
+        """Preempts the latest-admitted running request that has no row in this round yet."""
+        for victim in reversed(self.running):
+            if victim is not keep and victim.request_id not in scheduled:
+                self._preempt(victim)
+                return True
+        return False
+
+    def _preempt(self, req: Request) -> None:
+        self._roll_back_partners(req)
+        self.memory.release(req, keep_prefix=False)
+        self.running.remove(req)
+        drop_in_flight(req)
+        req.epoch += 1
+        req.status, req.num_computed, req.cached_tokens = RequestStatus.WAITING, 0, 0
+        req.num_preemptions += 1
+        self.waiting.appendleft(req)
+
+    def _schedule_running(
+        self, rows: list[RowPlan], budget: list[int], stats: RoundStats, decode: bool | None = None
+    ) -> None:
+        """Rows for running requests in admission order: all of them (``decode=None``), or only those
+        with one token to compute (``True``) or more (``False``). A prefill that gets no span for lack
+        of tokens marks the round (:meth:`_note_starved`)."""
+        scheduled = {r.request_id for r in rows}
+        for req in list(self.running):
+            if req not in self.running:
+                continue  # preempted while making room for an earlier one
+            if len(req.output) >= req.max_tokens:
+                continue  # overlap: a round in flight samples its last token; it finishes at that commit
+            if req.request_id in scheduled or (decode is not None and (req.remaining == 1) is not decode):
+                continue
+            span = self._span(req.num_computed, req.remaining, budget[0]) if budget[1] > 0 else 0
+            if span == 0:
+                self._note_starved(req.remaining)
+                continue
+            while not self.memory.ensure_pages(req, req.num_computed + span):
+                if not self._preempt_one(req, scheduled):
+                    self._preempt(req)
+                    stats.preempted += 1
+                    break
+                stats.preempted += 1
+            else:
+                rows.append(self._row(req, span, None, stats))
+                scheduled.add(req.request_id)
+                budget[0] -= span
+                budget[1] -= 1
