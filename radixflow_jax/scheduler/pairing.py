@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Sequence
 
 from radixflow_jax.scheduler.admission import Decision
 from radixflow_jax.scheduler.plan import RoundStats, RowPlan
-from radixflow_jax.scheduler.request import Request, RequestStatus, drop_in_flight
+from radixflow_jax.scheduler.request import Request, RequestStatus
 
 if TYPE_CHECKING:
     from radixflow_jax.scheduler.scheduler import Scheduler
@@ -154,13 +154,8 @@ class PairingMixin(_Base):
             partner = self.requests.get(rid)
             if partner is None or partner.status is not RequestStatus.RUNNING:
                 continue
-            self.memory.release(partner, keep_prefix=False)
-            self.running.remove(partner)
-            drop_in_flight(partner)
-            partner.epoch += 1
-            partner.status, partner.num_computed, partner.cached_tokens = RequestStatus.WAITING, 0, 0
+            self._back_to_waiting(partner)
             partner.rolled_back += 1
-            self.waiting.appendleft(partner)
 
 
 def _pays(base: float, cost: float, in_round: int, served: int) -> bool:

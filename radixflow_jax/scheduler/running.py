@@ -71,12 +71,17 @@ class RunningMixin(_Base):
 
     def _preempt(self, req: Request) -> None:
         self._roll_back_partners(req)
+        self._back_to_waiting(req)
+        req.num_preemptions += 1
+
+    def _back_to_waiting(self, req: Request) -> None:
+        """A running request goes back to the head of the queue and will recompute from scratch: its
+        pages and slot are released, and its rows in flight go stale (a new epoch)."""
         self.memory.release(req, keep_prefix=False)
         self.running.remove(req)
         drop_in_flight(req)
         req.epoch += 1
         req.status, req.num_computed, req.cached_tokens = RequestStatus.WAITING, 0, 0
-        req.num_preemptions += 1
         self.waiting.appendleft(req)
 
     def _schedule_running(
