@@ -1,14 +1,15 @@
-"""Rows of the running requests, a mixin of :class:`~radixflow_jax.scheduler.scheduler.Scheduler`
-(it uses the scheduler's config, memory, running list and row builder): preemption under page
-pressure, and the prefill-first rule that keeps a budget close to the grid from starving prompts
-behind decode rows (the scheduler's module docstring, "Liveness"). No JAX here.
+"""Rows of the running requests, a mixin of :class:`~radixflow_jax.scheduler.scheduler.Scheduler` (it
+uses the scheduler's config, memory, running list and row builder): preemption under page pressure,
+and the prefill-first rule that keeps a budget close to the grid from starving prompts behind decode
+rows (the scheduler's module docstring, "Liveness"). No JAX here.
 
-A round normally plans every running request first, in admission order, then admits from the queue.
-After a round that gave a prompt (running or waiting) no tokens while every one of its rows computed
-one token, the next round is *prefill first*: running prompts, then admissions, then the decode rows
-with the tokens left. The decode rows' row places are reserved meanwhile, so they keep their rows;
-one that gets no token waits that round. Admission stops at ``max_num_seqs`` running requests that
-still compute (``_active``), so a running prompt without a row this round keeps its place.
+A round normally plans the running requests first, in admission order, the decode rows (one token to
+compute) before the prompts, then admits from the queue. After a round that gave a prompt (running
+or waiting) no tokens while every one of its rows computed one token, the next round is *prefill
+first*: running prompts, then admissions, then the decode rows with the tokens left. The decode
+rows' row places are reserved meanwhile, so they keep their rows; one that gets no token waits that
+round. Admission stops at ``max_num_seqs`` running requests that still compute (``_active``), so a
+running prompt without a row this round keeps its place.
 """
 
 from __future__ import annotations
@@ -37,8 +38,9 @@ class RunningMixin(_Base):
             reserved = sum(1 for r in self.running if r.remaining == 1 and len(r.output) < r.max_tokens)
             budget[1] -= reserved
             self._schedule_running(rows, budget, stats, decode=False)
-        else:
-            self._schedule_running(rows, budget, stats)
+        else:  # decode rows first: a running prompt earlier in the list must not take their tokens
+            self._schedule_running(rows, budget, stats, decode=True)
+            self._schedule_running(rows, budget, stats, decode=False)
         # running requests that still compute (overlap: one whose last token is in flight does not)
         self._active = sum(1 for r in self.running if len(r.output) < r.max_tokens)
         return reserved
@@ -85,18 +87,18 @@ class RunningMixin(_Base):
         self.waiting.appendleft(req)
 
     def _schedule_running(
-        self, rows: list[RowPlan], budget: list[int], stats: RoundStats, decode: bool | None = None
+        self, rows: list[RowPlan], budget: list[int], stats: RoundStats, decode: bool
     ) -> None:
-        """Rows for running requests in admission order: all of them (``decode=None``), or only those
-        with one token to compute (``True``) or more (``False``). A prefill that gets no span for lack
-        of tokens marks the round (:meth:`_note_starved`)."""
+        """Rows for running requests in admission order, those with one token to compute (``decode``
+        True) or more (False). A prefill that gets no span for lack of tokens marks the round
+        (:meth:`_note_starved`)."""
         scheduled = {r.request_id for r in rows}
         for req in list(self.running):
             if req not in self.running:
                 continue  # preempted while making room for an earlier one
             if len(req.output) >= req.max_tokens:
                 continue  # overlap: a round in flight samples its last token; it finishes at that commit
-            if req.request_id in scheduled or (decode is not None and (req.remaining == 1) is not decode):
+            if req.request_id in scheduled or (req.remaining == 1) is not decode:
                 continue
             span = self._span(req.num_computed, req.remaining, budget[0]) if budget[1] > 0 else 0
             if span == 0:
@@ -108,6 +110,8 @@ class RunningMixin(_Base):
                     stats.preempted += 1
                     break
                 stats.preempted += 1
+                if req not in self.running:  # the victim was its producer (pair): it went back with it
+                    break
             else:
                 rows.append(self._row(req, span, None, stats))
                 scheduled.add(req.request_id)

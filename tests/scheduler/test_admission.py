@@ -164,3 +164,24 @@ def test_a_budget_of_one_grid_does_not_starve_a_prompt_behind_decode_rows() -> N
         ran = [i for i, r in enumerate(rows) if rid in r]
         assert max(b - a for a, b in zip(ran, ran[1:])) == 2  # skipped the prompt's rounds, one at a time
     assert 3 in rows[12] and 1 in rows[13], "the prompt sampled while the decoders still ran"
+
+
+def test_a_prompt_ahead_in_the_running_list_does_not_stall_a_decoder() -> None:
+    """A prompt admitted by a prefill-first round runs ahead of a request admitted after it. When
+    that request decodes, the prompt's spans (the whole budget of one grid) must not take its token
+    in every round: decode rows are planned before running prompts, and the prompt gets its spans
+    in the prefill-first rounds in between (found by review, 2026-12-01)."""
+    s = _sched("radixflow", budget=8)
+    s.add(Request(1, (1, 2, 3), max_tokens=3))  # a decoder
+    s.add(Request(2, tuple(range(400, 480)), max_tokens=2))  # 80 tokens: ten grid spans
+    s.add(Request(3, (7, 8, 9, 10, 11), max_tokens=12))  # fits beside the decoder, then decodes
+    rows = []
+    while s.has_work():
+        plan = s.schedule()
+        rows.append({r.request_id: len(r.tokens) for r in plan.rows})
+        s.commit(plan, {r.request_id: 0 for r in plan.rows if r.sample})
+    assert all(len(s.requests[i].output) == s.requests[i].max_tokens for i in (1, 2, 3))
+    ran = [i for i, r in enumerate(rows) if 3 in r]
+    assert max(b - a for a, b in zip(ran, ran[1:])) <= 2  # it skips one round at a time at most
+    prompt = [i for i, r in enumerate(rows) if r.get(2, 0) > 1]
+    assert len(prompt) == 10 and prompt[-1] < ran[-1], "the prompt finished its spans while request 3 decoded"

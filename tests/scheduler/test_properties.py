@@ -1,13 +1,13 @@
 """Property tests of the scheduler without a model: random arrivals, shared prefixes, aborts (also
-between ``schedule()`` and ``commit()``, while the round runs), tiny pools and token budgets of
-48 and of one grid (8), under every policy. The tree and pool invariants hold after every plan and
+between ``schedule()`` and ``commit()``, while the round runs), tiny pools and token budgets of 48
+and of one grid (8), under every policy. The tree and pool invariants hold after every plan and
 every commit, no plan exceeds the budgets, a round that starved a prompt behind decode rows is
-followed by a prefill-first round, every accepted request finishes, no page or slot leaks, every
-checkpoint a row emits lies inside its span (a decode row's after its one token, which the step
-relies on), a paired consumer (policy ``pair``) starts from an emit of an unpaired row of its own
-round and is never committed after its producer left, and RadixFlow's reuse is never lower than
-native's by more than one request's prefix. ``pair+cost``: policy ``pair`` with a round cost, so
-its fill and pairing rules decline too."""
+followed by a prefill-first round, no decode row waits two rounds in a row, every accepted request
+finishes, no page or slot leaks, every checkpoint a row emits lies inside its span (a decode row's
+after its one token, which the step relies on), a paired consumer (policy ``pair``) starts from an
+emit of an unpaired row of its own round and is never committed after its producer left, and
+RadixFlow's reuse is never lower than native's by more than one request's prefix. ``pair+cost``:
+policy ``pair`` with a round cost, so its fill and pairing rules decline too."""
 
 from __future__ import annotations
 
@@ -60,7 +60,7 @@ def _run(policy: str, reqs, pages: int, slots: int, budget: int = 48) -> tuple[S
     if costed:
         s.round_cost = _padded_cost
     accepted: set[int] = set()
-    starved_before = False
+    starved_before, skipped_decoders = False, set()
     for round_index in range(400):
         for rid, prompt, max_tokens, arrival, _ in reqs:
             if arrival == round_index:
@@ -81,6 +81,10 @@ def _run(policy: str, reqs, pages: int, slots: int, budget: int = 48) -> tuple[S
         if starved_before:  # the last round gave no prompt tokens while one wanted them: prefill first now
             assert plan.stats.prefill_first
         starved_before = plan.stats.prefill_starved
+        planned = {r.request_id for r in plan.rows}
+        decoding = {r.request_id for r in s.running if r.remaining == 1 and len(r.output) < r.max_tokens}
+        assert not (decoding - planned) & skipped_decoders, "a decode row skipped two rounds in a row"
+        skipped_decoders = decoding - planned
         for row in plan.rows:  # a source checkpoint is one the tree holds (committed), never a free slot
             assert row.copy_from is None or s.memory.slots.refcount(row.copy_from) > 0
         for row in plan.rows:  # checkpoints lie inside (start, end]: a one-token row emits after its token
