@@ -10,6 +10,12 @@ first*: running prompts, then admissions, then the decode rows with the tokens l
 rows' row places are reserved meanwhile, so they keep their rows; one that gets no token waits that
 round. Admission stops at ``max_num_seqs`` running requests that still compute (``_active``), so a
 running prompt without a row this round keeps its place.
+
+Preemption under page pressure takes the latest-admitted running request without a row in the
+round. With no such victim a request preempts itself, unless a round of its own is in flight
+(overlap): then it gets no row and waits for that round's commit, because its pending KV and
+checkpoint can pin pages of the tree that a restart would need, and after the commit it either
+fits or restarts from a committed checkpoint (``tests/scheduler/test_overlap_liveness.py``).
 """
 
 from __future__ import annotations
@@ -106,6 +112,8 @@ class RunningMixin(_Base):
                 continue
             while not self.memory.ensure_pages(req, req.num_computed + span):
                 if not self._preempt_one(req, scheduled):
+                    if req.in_flight:  # its round in flight pins pages (pending nodes): wait for that commit
+                        break
                     self._preempt(req)
                     stats.preempted += 1
                     break

@@ -1,17 +1,19 @@
-"""A known livelock under overlap with a tiny page pool, kept as a strict ``xfail`` so that its fix
-turns this test into a failure (remove the marker then). Found by a scheduler fuzz in review
-(2026-12-01), present since before that day's scheduler changes (reproduced at ``6f83c45``).
+"""A livelock under overlap in a tiny page pool, found by a scheduler fuzz in review (2026-12-01) and
+present since before that day's scheduler changes (reproduced at ``6f83c45``).
 
 Grid 8, page 4, 22 pages, 3 state slots, budget 16, 4 rows, policy radixflow, overlap (each plan
 is launched before the previous one commits). Three requests: ``A`` (52 tokens, 40 of them a
 prefix that ``C`` shares 32 of) arrives in round 10, ``B`` (3 tokens) and ``C`` (42 tokens) in round
-11. After ``B`` and ``C`` finish, ``A`` runs alone: it computes 0 -> 48, cannot get the pages for its
-next span while 8 pages stay held by the tree, preempts itself, and starts again at 0, forever.
+11. After ``B`` and ``C`` finish, ``A`` runs alone. It computed 0 -> 48 and could not get the pages
+for its next span: 8 pages stayed held by ``C``'s prefix in the tree, pinned by ``A``'s own pending
+checkpoint (its round in flight) below it. So it preempted itself and started again at 0, forever
+(126 preemptions in 400 rounds), and with 3 slots no committed checkpoint survived to resume from.
+Now a request that finds no victim while a round of its own is in flight waits for that round's
+commit instead of preempting itself: its KV and checkpoint then commit, and the next plan either
+fits or preempts it with a committed hit to resume from.
 """
 
 from __future__ import annotations
-
-import pytest
 
 from radixflow_jax.scheduler.request import Request
 from radixflow_jax.scheduler.scheduler import Scheduler, SchedulerConfig
@@ -22,7 +24,6 @@ B = (40, 14, 55)
 C = PREFIX[:32] + (49, 35, 22, 46, 12, 37, 8, 49, 12, 35)
 
 
-@pytest.mark.xfail(strict=True, reason="livelock: a lone request preempts itself while the tree holds 8 of 22 pages")
 def test_a_lone_request_under_overlap_finishes_in_a_tiny_pool() -> None:
     cfg = SchedulerConfig(
         max_num_seqs=4, max_num_batched_tokens=16, page_size=4, grid=8, hybrid=True, policy="radixflow"
