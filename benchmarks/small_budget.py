@@ -33,7 +33,9 @@ from radixflow_jax.scheduler.scheduler import Scheduler, SchedulerConfig  # noqa
 
 
 class DecodeFirst(Scheduler):
-    """The scheduler without its prefill-first rule (what it did before 2026-12-01)."""
+    """The scheduler without its prefill-first rule. It keeps the rest of 2026-12-01's changes
+    (decode rows before running prompts, admission capped at ``max_num_seqs`` running requests), so
+    the comparison isolates the rule; it is not the scheduler as it was before that day."""
 
     def _note_starved(self, wanted: int) -> None:
         return None

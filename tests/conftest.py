@@ -62,7 +62,6 @@ def pytest_collection_modifyitems(session, config, items) -> None:
     items.sort(key=key)  # stable: the order inside a module (and of unlisted modules) is kept
 
 
-
 @pytest.fixture(scope="session")
 def tiny_model():
     """``tiny_model(preset)``: one loaded model per preset for the whole test process (an xdist

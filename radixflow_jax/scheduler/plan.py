@@ -68,7 +68,6 @@ class RoundStats:
     checkpoints_planted: int = 0  # pending checkpoints this round will emit
     checkpoints_skipped: int = 0  # placements dropped for lack of a state slot
     checkpoints_evicted_unused: int = 0  # committed checkpoints dropped this round before any read
-    prefill_starved: bool = False  # a prompt got no tokens behind decode rows only: the next round is prefill first
     prefill_first: bool = False  # planned prefill before decode rows (the last round starved a prefill)
 
 

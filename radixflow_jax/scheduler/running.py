@@ -41,14 +41,14 @@ class RunningMixin(_Base):
         stats.prefill_first = prefill_first
         reserved = 0
         if prefill_first:  # decode rows last this round: their rows are kept, their tokens are not
-            reserved = sum(1 for r in self.running if r.remaining == 1 and len(r.output) < r.max_tokens)
+            reserved = sum(1 for r in self.running if r.remaining == 1 and _computes(r))
             budget[1] -= reserved
             self._schedule_running(rows, budget, stats, decode=False)
         else:  # decode rows first: a running prompt earlier in the list must not take their tokens
             self._schedule_running(rows, budget, stats, decode=True)
             self._schedule_running(rows, budget, stats, decode=False)
         # running requests that still compute (overlap: one whose last token is in flight does not)
-        self._active = sum(1 for r in self.running if len(r.output) < r.max_tokens)
+        self._active = sum(1 for r in self.running if _computes(r))
         return reserved
 
     def _running_after_admission(
@@ -59,7 +59,7 @@ class RunningMixin(_Base):
         if stats.prefill_first:
             budget[1] += reserved
             self._schedule_running(rows, budget, stats, decode=True)
-        self._starved = stats.prefill_starved = self._starved and all(len(r.tokens) <= 1 for r in rows)
+        self._starved = self._starved and all(len(r.tokens) <= 1 for r in rows)
 
     def _note_starved(self, wanted: int) -> None:
         """A request that wants more than one token got no span this round (the token budget left
@@ -102,8 +102,8 @@ class RunningMixin(_Base):
         for req in list(self.running):
             if req not in self.running:
                 continue  # preempted while making room for an earlier one
-            if len(req.output) >= req.max_tokens:
-                continue  # overlap: a round in flight samples its last token; it finishes at that commit
+            if not _computes(req):
+                continue
             if req.request_id in scheduled or (req.remaining == 1) is not decode:
                 continue
             span = self._span(req.num_computed, req.remaining, budget[0]) if budget[1] > 0 else 0
@@ -125,3 +125,9 @@ class RunningMixin(_Base):
                 scheduled.add(req.request_id)
                 budget[0] -= span
                 budget[1] -= 1
+
+
+def _computes(req: Request) -> bool:
+    """False for a running request whose last token a round in flight samples (overlap): it needs
+    no row and holds no place; it finishes at that round's commit."""
+    return len(req.output) < req.max_tokens

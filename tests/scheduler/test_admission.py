@@ -158,7 +158,7 @@ def test_a_budget_of_one_grid_does_not_starve_a_prompt_behind_decode_rows() -> N
     prompt_rounds = [i for i, r in enumerate(rows) if r.get(3, 0) > 1]
     assert [rows[i][3] for i in prompt_rounds] == [8] * 5
     assert prompt_rounds == [3, 5, 7, 9, 11]  # every other round from the first one it was starved in
-    assert all(plans[i].stats.prefill_first and plans[i - 1].stats.prefill_starved for i in prompt_rounds)
+    assert all(plans[i].stats.prefill_first for i in prompt_rounds)
     assert not any(p.stats.prefill_first for i, p in enumerate(plans) if i not in prompt_rounds)
     for rid in (1, 2):
         ran = [i for i, r in enumerate(rows) if rid in r]
