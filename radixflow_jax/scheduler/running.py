@@ -12,10 +12,12 @@ round. Admission stops at ``max_num_seqs`` running requests that still compute (
 running prompt without a row this round keeps its place.
 
 Preemption under page pressure takes the latest-admitted running request without a row in the
-round. With no such victim a request preempts itself, unless a round of its own is in flight
-(overlap): then it gets no row and waits for that round's commit, because its pending KV and
-checkpoint can pin pages of the tree that a restart would need, and after the commit it either
-fits or restarts from a committed checkpoint (``tests/scheduler/test_overlap_liveness.py``).
+round that still computes: one whose last token is in flight (overlap) frees its pages at that
+round's commit, so preempting it would only throw its work away. With no such victim a request
+preempts itself, unless a commit in flight can free pages for it (:meth:`_pages_come_back`): then
+it gets no row and waits for that commit. Both cases livelocked before (two requests preempting
+each other forever; a lone request restarting while its own pending checkpoint pinned the pages it
+needed; ``tests/scheduler/test_overlap_liveness.py``).
 """
 
 from __future__ import annotations
@@ -70,9 +72,10 @@ class RunningMixin(_Base):
             self._starved = True
 
     def _preempt_one(self, keep: Request, scheduled: set[int]) -> bool:
-        """Preempts the latest-admitted running request that has no row in this round yet."""
+        """Preempts the latest-admitted running request that has no row in this round yet and still
+        computes (one whose last token is in flight frees its pages at that round's commit)."""
         for victim in reversed(self.running):
-            if victim is not keep and victim.request_id not in scheduled:
+            if victim is not keep and victim.request_id not in scheduled and _computes(victim):
                 self._preempt(victim)
                 return True
         return False
@@ -91,6 +94,12 @@ class RunningMixin(_Base):
         req.epoch += 1
         req.status, req.num_computed, req.cached_tokens = RequestStatus.WAITING, 0, 0
         self.waiting.appendleft(req)
+
+    def _pages_come_back(self, req: Request) -> bool:
+        """Whether a commit in flight can free pages for ``req``: a round of its own is in flight (its
+        pending KV and checkpoint can pin pages of the tree that a restart would need), or a running
+        request finishes there (its last token is in flight)."""
+        return bool(req.in_flight) or any(not _computes(r) for r in self.running)
 
     def _schedule_running(
         self, rows: list[RowPlan], budget: list[int], stats: RoundStats, decode: bool
@@ -112,7 +121,7 @@ class RunningMixin(_Base):
                 continue
             while not self.memory.ensure_pages(req, req.num_computed + span):
                 if not self._preempt_one(req, scheduled):
-                    if req.in_flight:  # its round in flight pins pages (pending nodes): wait for that commit
+                    if self._pages_come_back(req):  # wait for the commit in flight instead of a restart
                         break
                     self._preempt(req)
                     stats.preempted += 1

@@ -1,4 +1,6 @@
-"""A livelock under overlap in a tiny page pool, found by a scheduler fuzz in review (2026-12-01) and
+"""Livelocks under overlap in tiny page pools.
+
+The first, found by a scheduler fuzz in review (2026-12-01) and
 present since before that day's scheduler changes (reproduced at ``6f83c45``).
 
 Grid 8, page 4, 22 pages, 3 state slots, budget 16, 4 rows, policy radixflow, overlap (each plan
@@ -11,9 +13,18 @@ checkpoint (its round in flight) below it. So it preempted itself and started ag
 Now a request that finds no victim while a round of its own is in flight waits for that round's
 commit instead of preempting itself: its KV and checkpoint then commit, and the next plan either
 fits or preempts it with a committed hit to resume from.
+
+The second (``test_two_requests_do_not_preempt_each_other_forever``), found by the fuzz of review
+seed 28 and reduced on 2026-12-01 (present since before that day): two requests of 11 pages each in
+a 16-page pool. One of them sampled its last token in the round in flight; the other, short of pages,
+preempted it as its victim (it had no row: it needs none) instead of waiting one commit for its
+pages, and each restart replayed the case with the roles swapped. A request whose last token is in
+flight is no victim, and a request short of pages waits while a commit in flight can free some.
 """
 
 from __future__ import annotations
+
+import pytest
 
 from radixflow_jax.scheduler.request import Request
 from radixflow_jax.scheduler.scheduler import Scheduler, SchedulerConfig
@@ -47,3 +58,38 @@ def test_a_lone_request_under_overlap_finishes_in_a_tiny_pool() -> None:
         in_flight = plan if plan.rows else None
     assert not s.has_work(), f"livelock: {[(r.request_id, r.num_computed, r.num_preemptions) for r in s.running]}"
     assert all(len(s.requests[i].output) == s.requests[i].max_tokens for i in range(3))
+
+
+def _run_overlapped(s: Scheduler, arrivals: dict[int, list[Request]], rounds: int) -> None:
+    """Each plan launched before the previous one commits; every sampled token is 7."""
+    in_flight = None
+    last = max(arrivals)
+    for rnd in range(rounds):
+        for req in arrivals.get(rnd, ()):
+            s.add(req)
+        if in_flight is not None and s.plants_on_unknown():
+            s.commit(in_flight, {r.request_id: 7 for r in in_flight.rows if r.sample})
+            in_flight = None
+        if rnd > last and not s.has_work() and in_flight is None:
+            return
+        plan = s.schedule()
+        if plan.rows:
+            s.launch(plan)
+        if in_flight is not None:
+            s.commit(in_flight, {r.request_id: 7 for r in in_flight.rows if r.sample})
+        in_flight = plan if plan.rows else None
+
+
+@pytest.mark.parametrize("policy", ["native", "radixflow", "pair"])
+@pytest.mark.parametrize("first", [0, 1])
+def test_two_requests_do_not_preempt_each_other_forever(policy: str, first: int) -> None:
+    cfg = SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=16, page_size=4, grid=8, hybrid=True, policy=policy)
+    s = Scheduler(cfg, num_pages=16, num_slots=3)
+    x = Request(0, tuple(range(100, 140)), 6)  # 46 tokens: 12 pages at the end
+    y = Request(1, tuple(range(200, 244)), 3)  # 47 tokens: 12 pages
+    _run_overlapped(s, {0: [x], 1: [y]} if first == 0 else {0: [y], 1: [x]}, 400)
+    assert not s.has_work(), f"livelock: {[(r.request_id, r.num_computed, r.num_preemptions) for r in s.running]}"
+    assert [len(r.output) for r in (x, y)] == [6, 3]
+    # both prompts need 24 of the 16 pages: one restart can be needed (65 each before the fix), a
+    # second is not, because a request short of pages waits for those the other frees as it finishes
+    assert sum(r.num_preemptions for r in (x, y)) <= 1

@@ -154,11 +154,12 @@ def test_consumer_whose_waiting_siblings_are_served_pairs() -> None:
     assert sorted(r.request_id for r in plan.rows) == [0, 1, 2, 3, 4]
 
 
-def test_a_consumer_making_room_by_preempting_its_own_producer_gets_no_row() -> None:
+def test_a_consumer_short_of_pages_waits_for_its_finishing_producer() -> None:
     """Overlap, page pressure: consumer C was paired with producer V in the round in flight, whose
-    only token V samples. In the next plan C needs pages and preempts V (the latest-admitted request
-    without a row); rolling V back sends C back to the queue too. C then must not get a row as a
-    running request and another as a new admission in the same plan (found by review, 2026-12-01)."""
+    only token V samples. In the next plan C needs pages. V finishes at that round's commit, so it is
+    no victim: C gets no row and no second one (review, 2026-12-01: C once preempted V, went back
+    to the queue with it and got a running row and an admission in the same plan), waits one commit
+    and then runs from the checkpoint V planted."""
     cfg = SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=128, page_size=4, grid=8, hybrid=True, policy="pair")
     s = Scheduler(cfg, num_pages=32, num_slots=24)
     s.add(Request(0, PREFIX + tuple(range(1, 21)), max_tokens=1))  # producer V
@@ -167,8 +168,8 @@ def test_a_consumer_making_room_by_preempting_its_own_producer_gets_no_row() -> 
     assert [r.pair_slot is not None for r in first.rows] == [False, True]  # C paired with V
     s.launch(first)
     plan = s.schedule()
-    ids = [r.request_id for r in plan.rows]
-    assert len(ids) == len(set(ids)), ids
-    assert plan.stats.preempted >= 1 and s.requests[1].rolled_back == 1
-    for row in plan.rows:  # every row belongs to its request's current epoch
-        assert row.epoch == s.requests[row.request_id].epoch
+    assert plan.rows == () and plan.stats.preempted == 0 and s.requests[1].rolled_back == 0
+    s.commit(first, {r.request_id: 7 for r in first.rows if r.sample})
+    assert s.requests[0].is_finished
+    after = s.schedule()
+    assert [r.request_id for r in after.rows] == [1] and after.rows[0].start > 0  # no restart
