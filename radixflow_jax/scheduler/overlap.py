@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 from radixflow_jax.scheduler.lookahead import WaitingIndex, placements
 from radixflow_jax.scheduler.plan import UNKNOWN_TOKEN, RoundPlan
-from radixflow_jax.scheduler.request import Request
+from radixflow_jax.scheduler.request import Request, RequestStatus
 
 if TYPE_CHECKING:
     from radixflow_jax.scheduler.scheduler import Scheduler
@@ -27,8 +27,10 @@ class OverlapMixin(_Base):
         each row's request advances past its span and a sampling row appends ``UNKNOWN_TOKEN``.
         ``commit(plan, ...)`` must follow, in launch order."""
         fence = self.round_index + len(self._in_flight)
-        for row in plan.rows:
+        for row in plan.rows:  # nothing may change the scheduler between a plan and its launch
             req = self.requests[row.request_id]
+            if req.status is not RequestStatus.RUNNING or row.epoch != req.epoch:
+                raise ValueError(f"launch of a stale plan: request {req.request_id} left or restarted after planning")
             self._publish_in_flight_kv(req, row.start, row.start + len(row.tokens))
             req.num_computed = row.start + len(row.tokens)
             req.in_flight += len(row.tokens)

@@ -63,6 +63,7 @@ class RoundStats:
     shadow_tokens: int = 0  # tokens admissible requests behind a consumer stop would have brought
     shadow_rows: int = 0
     preempted: int = 0
+    waited_for_pages: int = 0  # running requests left without a row until a commit in flight frees pages
     evicted_pages: int = 0
     evicted_slots: int = 0
     checkpoints_planted: int = 0  # pending checkpoints this round will emit

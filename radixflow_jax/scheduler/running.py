@@ -122,6 +122,7 @@ class RunningMixin(_Base):
             while not self.memory.ensure_pages(req, req.num_computed + span):
                 if not self._preempt_one(req, scheduled):
                     if self._pages_come_back(req):  # wait for the commit in flight instead of a restart
+                        stats.waited_for_pages += 1
                         break
                     self._preempt(req)
                     stats.preempted += 1

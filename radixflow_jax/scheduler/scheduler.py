@@ -296,6 +296,8 @@ class Scheduler(RunningMixin, PairingMixin, OverlapMixin):
         if self.memory.cache is not None:
             stats.checkpoints_evicted_unused = self.memory.cache.evicted_unused - unused
         self._waiting_index = WaitingIndex(self.config.grid)
+        if stats.preempted:  # a victim's roll-back can take a partner that already has a row here (pair)
+            rows = [r for r in rows if r.epoch == self.requests[r.request_id].epoch]
         rows.sort(key=lambda r: not r.is_decode)  # one-token rows first (stable)
         num_decode = sum(1 for r in rows if r.is_decode)
         return RoundPlan(rows=tuple(rows), num_decode=num_decode, stats=stats)
