@@ -191,3 +191,26 @@ def test_first_use_compile_inside_a_launch_is_off_the_serving_clock() -> None:
     assert finished_in[min(finished_in)] == 1 and executor.launches >= 3
     assert executor.paused_at_collect[0] == 0.5  # round 1 collected (and committed) after the pause
     assert core.clock.paused_s == 0.5  # once, not again at round 2's commit
+
+
+
+@pytest.mark.parametrize("policy", CACHING_POLICIES)
+def test_two_requests_in_a_short_pool_finish_under_overlap(policy: str) -> None:
+    """Two requests of 11 and 12 pages in a 16-page pool, the engine's overlap loop on the shadow
+    (the case of ``tests/scheduler/test_overlap_liveness.py`` with page and grid doubled). Before
+    2026-12-01 the one short of pages preempted the other while that one's last token was in
+    flight, and the two did so to each other forever (600 rounds without an end here); now both
+    finish, with the cold run's outputs."""
+    rng = random.Random(3)
+    late, early = tokens(rng, 72), tokens(rng, 88)
+    params = [SamplingParams(max_tokens=6, ignore_eos=True), SamplingParams(max_tokens=12, ignore_eos=True)]
+    cold = cold_outputs([early, late], params)
+    core, adapter = _engine(policy, num_pages=17)  # id 0 is reserved
+    h = Harness(core)
+    h.submit(early, params[0], at_round=0)
+    h.submit(late, params[1], at_round=1)
+    report = h.run(max_ticks=600)
+    assert adapter.inner.violations == [] and h.violations == []
+    assert report.by_reason()["length"] == 2, report.by_reason()
+    for key, out in report.completed().items():
+        assert out == cold[key], key
