@@ -26,7 +26,9 @@ Invariants:
     (running or waiting) no tokens while every row of it computes one token is followed by a
     prefill-first round: prompts are planned before the decode rows, which keep their rows and take
     the tokens left (a decode row skips that round if none are). So a budget of one grid cannot
-    starve prompts behind decode rows.
+    starve prompts behind decode rows. Under page pressure a request whose last token is in flight
+    is never preempted (it frees its pages at that commit), and a request with no victim waits for
+    a commit in flight that can free pages for it rather than restart (``running.py``).
 """
 
 from __future__ import annotations
