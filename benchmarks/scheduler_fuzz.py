@@ -16,7 +16,7 @@ What is checked
   * Prints each failing seed with its draw and the requests' state (id, tokens, computed,
     preemptions, status), then a count. Exit status 1 if any seed failed.
 
-    python benchmarks/scheduler_fuzz.py                  # seeds 0-1999, about a minute
+    python benchmarks/scheduler_fuzz.py                  # seeds 0-1999, a few seconds
     python benchmarks/scheduler_fuzz.py --seeds 0:200 --rounds 3000
 """
 

@@ -15,9 +15,10 @@ Preemption under page pressure takes the latest-admitted running request without
 round that still computes: one whose last token is in flight (overlap) frees its pages at that
 round's commit, so preempting it would only throw its work away. With no such victim a request
 preempts itself, unless a commit in flight can free pages for it (:meth:`_pages_come_back`): then
-it gets no row and waits for that commit. Both cases livelocked before (two requests preempting
-each other forever; a lone request restarting while its own pending checkpoint pinned the pages it
-needed; ``tests/scheduler/test_overlap_liveness.py``).
+it gets no row and waits for that commit, and the round admits nothing (``Scheduler.schedule``:
+new arrivals would take the freed pages first, one by one, and starve it). Both cases livelocked
+before (two requests preempting each other forever; a lone request restarting while its own
+pending checkpoint pinned the pages it needed; ``tests/scheduler/test_overlap_liveness.py``).
 """
 
 from __future__ import annotations

@@ -28,7 +28,8 @@ Invariants:
     the tokens left (a decode row skips that round if none are). So a budget of one grid cannot
     starve prompts behind decode rows. Under page pressure a request whose last token is in flight
     is never preempted (it frees its pages at that commit), and a request with no victim waits for
-    a commit in flight that can free pages for it rather than restart (``running.py``).
+    a commit in flight that can free pages for it rather than restart (``running.py``); no
+    admission takes those pages meanwhile, so a stream of arrivals cannot starve it.
 """
 
 from __future__ import annotations
@@ -263,7 +264,9 @@ class Scheduler(RunningMixin, PairingMixin, OverlapMixin):
         looks_ahead = cfg.hybrid and cfg.branch_checkpoints and self.memory.cache is not None
         self._waiting_index = WaitingIndex(cfg.grid, tuple(self.waiting) if looks_ahead else ())  # this round's queue
         reserved = self._running_before_admission(rows, budget, stats)
-        queue = self._order()
+        # a running request waits for pages a commit in flight frees: admissions must not take them
+        stats.stopped_by_memory = stats.waited_for_pages > 0
+        queue = self._order() if not stats.stopped_by_memory else []
         skipped_consumer = False
         for i, req in enumerate(queue):
             if skipped_consumer and self.policy.pair:

@@ -93,3 +93,42 @@ def test_two_requests_do_not_preempt_each_other_forever(policy: str, first: int)
     # both prompts need 24 of the 16 pages: one restart can be needed (65 each before the fix), a
     # second is not, because a request short of pages waits for those the other frees as it finishes
     assert sum(r.num_preemptions for r in (x, y)) <= 1
+
+
+@pytest.mark.parametrize("policy", ["native", "radixflow", "pair"])
+def test_a_request_waiting_for_pages_is_not_starved_by_arrivals(policy: str) -> None:
+    """A 32-token prompt in a 12-page pool, while a 4-token request with 2 output tokens arrives
+    every round (review, 2026-12-01). Some short request always has its last token in flight, so
+    the prompt waits for the pages that commit frees; the round must then admit nothing, or the next
+    arrival takes them first and the prompt waits for as long as the stream lasts (99 rounds of a
+    100-round stream when admission went on)."""
+    cfg = SchedulerConfig(max_num_seqs=3, max_num_batched_tokens=24, page_size=4, grid=8, hybrid=True, policy=policy)
+    s = Scheduler(cfg, num_pages=12, num_slots=16)
+    prompt = Request(0, tuple(range(100, 132)), 1)
+    arrivals = {rnd: [Request(rnd + 1, tuple(range(1000 + 4 * rnd, 1004 + 4 * rnd)), 2)] for rnd in range(100)}
+    arrivals[5].append(prompt)
+    finished_at = []
+    s_commit = s.commit
+
+    def commit(plan, sampled):
+        out = s_commit(plan, sampled)
+        if prompt.is_finished and not finished_at:
+            finished_at.append(s.round_index)
+        return out
+
+    s.commit = commit  # type: ignore[method-assign]
+    _run_overlapped(s, arrivals, 1000)
+    assert not s.has_work()
+    assert finished_at and finished_at[0] - 5 <= 10, finished_at
+
+
+def test_launch_refuses_a_plan_whose_request_left_after_planning() -> None:
+    """The engine launches a plan as soon as it is made; a caller that aborts a request in between
+    gets a ValueError instead of a launched row advancing a finished request."""
+    cfg = SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=16, page_size=4, grid=8, hybrid=True)
+    s = Scheduler(cfg, num_pages=22, num_slots=3)
+    s.add(Request(0, B, 2))
+    plan = s.schedule()
+    s.abort(0)
+    with pytest.raises(ValueError, match="stale plan"):
+        s.launch(plan)

@@ -173,3 +173,35 @@ def test_a_consumer_short_of_pages_waits_for_its_finishing_producer() -> None:
     assert s.requests[0].is_finished
     after = s.schedule()
     assert [r.request_id for r in after.rows] == [1] and after.rows[0].start > 0  # no restart
+
+
+def test_a_partner_rolled_back_after_its_row_was_planned_loses_that_row() -> None:
+    """Overlap, page pressure (review, 2026-12-01): in round 3 consumer C's decode row is planned;
+    then X's decode row needs a page and preempts V, C's producer (a prompt without a row yet), and
+    V's roll-back takes C back to the queue. The plan must drop C's row: launched, it had left C
+    with an unknown token for an output and C never finished."""
+    prefix = tuple(range(100, 116))
+    cfg = SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=24, page_size=4, grid=8, hybrid=True, policy="pair")
+    s = Scheduler(cfg, num_pages=9, num_slots=16)
+    y = Request(9, (500, 501), 30)
+    v, c = Request(0, prefix + tuple(range(200, 209)), 1), Request(1, prefix + (300, 301, 302), 2)
+    x = Request(2, (400, 401, 402, 403), 2)
+    s.add(y)
+    in_flight = None
+    for rnd in range(200):
+        if rnd == 2:
+            for r in (v, c, x):
+                s.add(r)
+        plan = s.schedule()
+        assert all(r.epoch == s.requests[r.request_id].epoch for r in plan.rows)
+        if rnd == 3:
+            assert plan.stats.preempted == 1 and c.rolled_back == 1 and 1 not in {r.request_id for r in plan.rows}
+        if plan.rows:
+            s.launch(plan)
+        if in_flight is not None:
+            s.commit(in_flight, {r.request_id: 7 for r in in_flight.rows if r.sample})
+            s.memory.cache.check_invariants()
+        in_flight = plan if plan.rows else None
+        if not s.has_work() and in_flight is None:
+            break
+    assert all(r.finish_reason == "length" and len(r.output) == r.max_tokens for r in (v, c, x, y))
