@@ -35,31 +35,6 @@ B = (40, 14, 55)
 C = PREFIX[:32] + (49, 35, 22, 46, 12, 37, 8, 49, 12, 35)
 
 
-def test_a_lone_request_under_overlap_finishes_in_a_tiny_pool() -> None:
-    cfg = SchedulerConfig(
-        max_num_seqs=4, max_num_batched_tokens=16, page_size=4, grid=8, hybrid=True, policy="radixflow"
-    )
-    s = Scheduler(cfg, num_pages=22, num_slots=3)
-    arrivals = {10: [Request(0, A, 9)], 11: [Request(1, B, 2), Request(2, C, 2)]}
-    in_flight = None
-    for rnd in range(400):
-        for req in arrivals.get(rnd, ()):
-            s.add(req)
-        if in_flight is not None and s.plants_on_unknown():
-            s.commit(in_flight, {r.request_id: 7 for r in in_flight.rows if r.sample})
-            in_flight = None
-        if rnd > 11 and not s.has_work() and in_flight is None:
-            break
-        plan = s.schedule()
-        if plan.rows:
-            s.launch(plan)
-        if in_flight is not None:
-            s.commit(in_flight, {r.request_id: 7 for r in in_flight.rows if r.sample})
-        in_flight = plan if plan.rows else None
-    assert not s.has_work(), f"livelock: {[(r.request_id, r.num_computed, r.num_preemptions) for r in s.running]}"
-    assert all(len(s.requests[i].output) == s.requests[i].max_tokens for i in range(3))
-
-
 def _run_overlapped(s: Scheduler, arrivals: dict[int, list[Request]], rounds: int) -> None:
     """Each plan launched before the previous one commits; every sampled token is 7."""
     in_flight = None
@@ -78,6 +53,16 @@ def _run_overlapped(s: Scheduler, arrivals: dict[int, list[Request]], rounds: in
         if in_flight is not None:
             s.commit(in_flight, {r.request_id: 7 for r in in_flight.rows if r.sample})
         in_flight = plan if plan.rows else None
+
+
+def test_a_lone_request_under_overlap_finishes_in_a_tiny_pool() -> None:
+    cfg = SchedulerConfig(
+        max_num_seqs=4, max_num_batched_tokens=16, page_size=4, grid=8, hybrid=True, policy="radixflow"
+    )
+    s = Scheduler(cfg, num_pages=22, num_slots=3)
+    _run_overlapped(s, {10: [Request(0, A, 9)], 11: [Request(1, B, 2), Request(2, C, 2)]}, 400)
+    assert not s.has_work(), f"livelock: {[(r.request_id, r.num_computed, r.num_preemptions) for r in s.running]}"
+    assert all(len(s.requests[i].output) == s.requests[i].max_tokens for i in range(3))
 
 
 @pytest.mark.parametrize("policy", ["native", "radixflow", "pair"])
