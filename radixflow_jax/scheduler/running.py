@@ -11,9 +11,11 @@ rows' row places are reserved meanwhile, so they keep their rows; one that gets 
 round. Admission stops at ``max_num_seqs`` running requests that still compute (``_active``), so a
 running prompt without a row this round keeps its place.
 
-Preemption under page pressure takes the latest-admitted running request without a row in the
-round that still computes: one whose last token is in flight (overlap) frees its pages at that
-round's commit, so preempting it would only throw its work away. With no such victim a request
+Preemption under page pressure takes the latest-admitted running request that was admitted after
+the one short of pages, has no row in the round and still computes: one whose last token is in
+flight (overlap) frees its pages at that round's commit, so preempting it would only throw its work
+away, and an older request is never a victim of a newer one (first come, first served, as vLLM
+preempts). With no such victim a request
 preempts itself, unless a commit in flight can free pages for it (:meth:`_pages_come_back`): then
 it gets no row and waits for that commit, and the round admits nothing (``Scheduler.schedule``:
 new arrivals would take the freed pages first, one by one, and starve it). Both cases livelocked
@@ -73,10 +75,14 @@ class RunningMixin(_Base):
             self._starved = True
 
     def _preempt_one(self, keep: Request, scheduled: set[int]) -> bool:
-        """Preempts the latest-admitted running request that has no row in this round yet and still
-        computes (one whose last token is in flight frees its pages at that round's commit)."""
+        """Preempts the latest-admitted running request that was admitted after ``keep``, has no row
+        in this round yet and still computes (one whose last token is in flight frees its pages at
+        that round's commit). An earlier-admitted request is never a victim, so a stream of newer
+        requests cannot keep restarting an older one."""
         for victim in reversed(self.running):
-            if victim is not keep and victim.request_id not in scheduled and _computes(victim):
+            if victim is keep:
+                return False
+            if victim.request_id not in scheduled and _computes(victim):
                 self._preempt(victim)
                 return True
         return False
