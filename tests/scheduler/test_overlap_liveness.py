@@ -117,3 +117,33 @@ def test_launch_refuses_a_plan_whose_request_left_after_planning() -> None:
     s.abort(0)
     with pytest.raises(ValueError, match="stale plan"):
         s.launch(plan)
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_an_older_prompt_is_not_restarted_by_a_stream_of_newer_requests(overlap: bool) -> None:
+    """A 48-token prompt (1 output token) in a 14-page pool, 8 rows, budget 16, while a 4-token
+    request with 3 output tokens arrives every round for 100 rounds (review, 2026-12-01). Decode
+    rows are planned before prompts, so the newer requests' decode rows held their pages when the
+    prompt ran short: without overlap it preempted itself every few rounds and finished only when
+    the stream ended (100 restarts in 404 rounds of a 400-round stream, since before 2026-12-01);
+    with overlap the newer requests preempted it (396 restarts). Now only a request admitted after
+    the one short of pages is a victim, row or not."""
+    cfg = SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=16, page_size=4, grid=8, hybrid=True, policy="native")
+    s = Scheduler(cfg, num_pages=14, num_slots=16)
+    prompt = Request(0, tuple(range(100, 148)), 1)
+    arrivals = {rnd: [Request(rnd + 1, tuple(range(1000 + 4 * rnd, 1004 + 4 * rnd)), 3)] for rnd in range(100)}
+    arrivals[1].append(prompt)
+    if overlap:
+        _run_overlapped(s, arrivals, 1000)
+    else:
+        for rnd in range(1000):
+            for req in arrivals.get(rnd, ()):
+                s.add(req)
+            plan = s.schedule()
+            if plan.rows:
+                s.commit(plan, {r.request_id: 7 for r in plan.rows if r.sample})
+            if prompt.is_finished:
+                break
+    assert prompt.is_finished and prompt.num_preemptions == 0
+    assert s.requests[1].first_token_round is not None and prompt.first_token_round is not None
+    assert prompt.first_token_round <= 10, prompt.first_token_round

@@ -175,13 +175,14 @@ def test_a_consumer_short_of_pages_waits_for_its_finishing_producer() -> None:
     assert [r.request_id for r in after.rows] == [1] and after.rows[0].start > 0  # no restart
 
 
-def test_a_newer_request_short_of_pages_does_not_roll_back_a_planned_partner() -> None:
-    """Overlap, page pressure (review, 2026-12-01): in round 3 consumer C's decode row is planned,
-    then X, admitted after C's producer V, needs a page for its decode row. X once preempted V (a
-    prompt without a row yet), and V's roll-back took C back to the queue with its row still in
-    the plan: launched, that stale row left C with an unknown token for an output and C never
-    finished. Now a victim is always admitted after the request short of pages, so X preempts
-    itself; a plan would also drop a row whose request it restarted (``Scheduler.schedule``)."""
+def test_preemption_under_page_pressure_never_leaves_a_stale_row_in_the_plan() -> None:
+    """Overlap, page pressure, pair (review, 2026-12-01): in round 3 consumer C's decode row is
+    planned before the running prompts. X, admitted after C's producer V, once preempted V for a
+    page, and V's roll-back took C back to the queue with its row still in the plan: launched, that
+    row left C with an unknown token for an output and C never finished. Victims are now admitted
+    after the request short of pages (X preempts itself), and a victim that already has a row loses
+    it (V, older, takes C's pages and C's row leaves the plan). Every plan holds only rows of
+    running requests in their current epoch, and all four finish."""
     prefix = tuple(range(100, 116))
     cfg = SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=24, page_size=4, grid=8, hybrid=True, policy="pair")
     s = Scheduler(cfg, num_pages=9, num_slots=16)
@@ -196,9 +197,11 @@ def test_a_newer_request_short_of_pages_does_not_roll_back_a_planned_partner() -
                 s.add(r)
         plan = s.schedule()
         assert all(r.epoch == s.requests[r.request_id].epoch for r in plan.rows)
+        assert all(s.requests[r.request_id] in s.running for r in plan.rows)
+        assert plan.num_tokens <= 24 and len(plan.rows) <= 4
         if rnd == 3:
-            assert plan.stats.preempted == 1 and x.num_preemptions == 1 and c.rolled_back == 0
-            assert 1 in {r.request_id for r in plan.rows}
+            assert plan.stats.preempted == 2 and x.num_preemptions == 1 and c.num_preemptions == 1
+            assert 1 not in {r.request_id for r in plan.rows}
         if plan.rows:
             s.launch(plan)
         if in_flight is not None:
