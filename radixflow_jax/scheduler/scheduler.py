@@ -267,6 +267,7 @@ class Scheduler(RunningMixin, PairingMixin, OverlapMixin):
         # a running request waits for pages a commit in flight frees: admissions must not take them
         stats.stopped_by_memory = stats.waited_for_pages > 0
         queue = self._order() if not stats.stopped_by_memory else []
+        admitted: list[tuple[Request, int]] = []  # with the epoch each was admitted in
         skipped_consumer = False
         for i, req in enumerate(queue):
             if skipped_consumer and self.policy.pair:
@@ -283,7 +284,7 @@ class Scheduler(RunningMixin, PairingMixin, OverlapMixin):
                 self.waiting.remove(req)
                 self.running.append(req)
                 req.status = RequestStatus.RUNNING
-                stats.admitted += 1
+                admitted.append((req, req.epoch))
             elif decision is Decision.WAIT_LOCAL:
                 continue
             elif decision is Decision.STOP_ROUND:
@@ -301,8 +302,10 @@ class Scheduler(RunningMixin, PairingMixin, OverlapMixin):
         if self.memory.cache is not None:
             stats.checkpoints_evicted_unused = self.memory.cache.evicted_unused - unused
         self._waiting_index = WaitingIndex(self.config.grid)
-        if stats.preempted:  # a victim's roll-back can take a partner that already has a row here (pair)
+        if stats.preempted:  # a victim (or a partner it rolled back) may have had a row in this plan
             rows = [r for r in rows if r.epoch == self.requests[r.request_id].epoch]
+            stats.checkpoints_planted = sum(len(r.emits) for r in rows)  # a victim's were unpublished
+        stats.admitted = sum(1 for req, epoch in admitted if req.epoch == epoch)
         rows.sort(key=lambda r: not r.is_decode)  # one-token rows first (stable)
         num_decode = sum(1 for r in rows if r.is_decode)
         return RoundPlan(rows=tuple(rows), num_decode=num_decode, stats=stats)
