@@ -147,7 +147,7 @@ class RunningMixin(_Base):
                     stats.preempted += 1
                     break
                 stats.preempted += 1
-                if req not in self.running:  # the victim was its producer (pair): it went back with it
+                if req not in self.running:  # a victim's roll-back (pair) took it back to the queue too
                     break
             else:
                 rows.append(self._row(req, span, None, stats))
