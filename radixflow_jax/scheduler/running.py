@@ -74,28 +74,18 @@ class RunningMixin(_Base):
         if wanted > 1:
             self._starved = True
 
-    def _preempt_one(self, keep: Request, rows: list[RowPlan], budget: list[int]) -> bool:
+    def _preempt_one(self, keep: Request, scheduled: set[int]) -> bool:
         """Preempts the latest-admitted running request that was admitted after ``keep`` and still
         computes (one whose last token is in flight frees its pages at that round's commit),
-        preferring one without a row in this round; a victim's row leaves the plan and gives its
-        tokens and place back. An earlier-admitted request is never a victim, so newer requests
-        cannot keep restarting an older one (decode rows are planned before prompts, so a newer
-        decode row often has its row already when an older prompt runs short)."""
-        newer = []
-        for victim in reversed(self.running):
-            if victim is keep:
-                break
-            if _computes(victim):
-                newer.append(victim)
-        planned = {r.request_id: r for r in rows}
-        victim = next((v for v in newer if v.request_id not in planned), newer[0] if newer else None)
+        preferring one without a row in this round (``scheduled``); a victim's row leaves the plan
+        at its end (``Scheduler.schedule`` drops rows of an older epoch). An earlier-admitted
+        request is never a victim, so newer requests cannot keep restarting an older one (decode
+        rows are planned before prompts, so a newer decode row often has its row already when an
+        older prompt runs short)."""
+        newer = [v for v in reversed(self.running[self.running.index(keep) + 1 :]) if _computes(v)]
+        victim = next((v for v in newer if v.request_id not in scheduled), newer[0] if newer else None)
         if victim is None:
             return False
-        row = planned.get(victim.request_id)
-        if row is not None:
-            rows.remove(row)
-            budget[0] += len(row.tokens)
-            budget[1] += 1
         self._preempt(victim)
         return True
 
@@ -139,7 +129,7 @@ class RunningMixin(_Base):
                 self._note_starved(req.remaining)
                 continue
             while not self.memory.ensure_pages(req, req.num_computed + span):
-                if not self._preempt_one(req, rows, budget):
+                if not self._preempt_one(req, scheduled):
                     if self._pages_come_back(req):  # wait for the commit in flight instead of a restart
                         stats.waited_for_pages += 1
                         break

@@ -302,7 +302,7 @@ class Scheduler(RunningMixin, PairingMixin, OverlapMixin):
         if self.memory.cache is not None:
             stats.checkpoints_evicted_unused = self.memory.cache.evicted_unused - unused
         self._waiting_index = WaitingIndex(self.config.grid)
-        if stats.preempted:  # a victim (or a partner it rolled back) may have had a row in this plan
+        if stats.preempted:  # a victim, or a partner its roll-back took, may have had a row in this plan
             rows = [r for r in rows if r.epoch == self.requests[r.request_id].epoch]
             stats.checkpoints_planted = sum(len(r.emits) for r in rows)  # a victim's were unpublished
         stats.admitted = sum(1 for req, epoch in admitted if req.epoch == epoch)
