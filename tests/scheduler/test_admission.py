@@ -135,7 +135,6 @@ def test_preemption_under_a_tiny_pool_still_finishes_everything() -> None:
     assert s.memory.pages.num_used == 0 and s.memory.slots.num_used == 0
 
 
-
 def test_a_budget_of_one_grid_does_not_starve_a_prompt_behind_decode_rows() -> None:
     """Budget == grid (8): two decode rows leave 6 tokens, which hold no grid position past a
     prompt's start, so the prompt used to get no tokens until both decoders had finished (30

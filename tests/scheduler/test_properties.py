@@ -103,10 +103,11 @@ def _run(
         assert sum(len(r.output) < r.max_tokens for r in s.running) <= 3  # max_num_seqs caps admission
         planned = {r.request_id for r in plan.rows}
         decoding = {r.request_id for r in s.running if r.remaining == 1 and len(r.output) < r.max_tokens}
-        # for tokens, that is: one short of pages may wait for the pages a commit in flight frees
-        if not plan.stats.waited_for_pages:
+        if plan.stats.waited_for_pages:  # short of pages, a decode row may wait for a commit in flight
+            skipped_decoders = set()
+        else:  # but never two rounds in a row for tokens
             assert not (decoding - planned) & skipped_decoders, "a decode row skipped two rounds in a row"
-        skipped_decoders = decoding - planned if not plan.stats.waited_for_pages else set()
+            skipped_decoders = decoding - planned
         for row in plan.rows:  # a source checkpoint is one the tree holds (committed), never a free slot
             assert row.copy_from is None or s.memory.slots.refcount(row.copy_from) > 0
         for row in plan.rows:  # checkpoints lie inside (start, end]: a one-token row emits after its token
