@@ -17,7 +17,9 @@ What is measured
 
 Ablations: ``recurrent`` (the recurrent part of every Gated DeltaNet layer: state reads, conv,
 delta rule, write-back, checkpoint emits; projections kept), ``emits`` (checkpoint writes only),
-``delta-rule`` (the one-step update's arithmetic; states pass through), ``conv`` (the one-step conv
+``delta-rule`` (the one-step update's arithmetic; states pass through), ``native`` (not an
+ablation: the decode-only update of the state window on XLA instead of the native kernel,
+``RADIXFLOW_NATIVE=0``; its outputs are right), ``conv`` (the one-step conv
 update), ``attention`` (decode attention over the paged KV), ``mlp`` (every dense MLP). Stand-ins for the
 prefill rows' chunked scan and conv were tried on the mixed round and made it slower (+120 and +14
 ms; why was not traced), so they do not measure their part and are not offered; read the mixed
@@ -63,14 +65,37 @@ def ablations() -> dict[str, Callable[[], contextlib.AbstractContextManager]]:
     from radixflow_jax.models import layers
     from radixflow_jax.models.mixers import gdn, recurrent
 
-    def no_recurrent(conv, conv_in, batch, conv_pool, ssm_pool, num_decode, emits, chunk, prepare, decode, chunked):
+    def no_recurrent(conv, conv_in, batch, conv_pool, ssm_pool, num_decode, emits, chunk, prepare, decode, chunked,
+                     decode_in_place=None):  # fmt: skip
         return prepare(conv_in)[2], conv_in, conv_pool, ssm_pool
+
+    @contextlib.contextmanager
+    def no_delta_rule() -> Iterator[None]:
+        def window(q, k, v, g, b, pool, base, real, **kw):
+            return v + 0 * q.sum(), pool
+
+        with _patched(ops, "gated_delta_decode", lambda q, k, v, g, b, s, **kw: (v + 0 * q.sum(), s)):
+            with _patched(ops, "gated_delta_decode_window", window):
+                yield
+
+    @contextlib.contextmanager
+    def xla_window() -> Iterator[None]:
+        old = os.environ.get("RADIXFLOW_NATIVE")
+        os.environ["RADIXFLOW_NATIVE"] = "0"
+        try:
+            yield
+        finally:
+            if old is None:
+                del os.environ["RADIXFLOW_NATIVE"]
+            else:
+                os.environ["RADIXFLOW_NATIVE"] = old
 
     return {
         "as is": contextlib.nullcontext,
         "recurrent": lambda: _patched(gdn, "recurrent_mix", no_recurrent),
         "emits": lambda: _patched(recurrent, "write_emits", lambda conv, ssm, emits, states: (conv, ssm)),
-        "delta-rule": lambda: _patched(ops, "gated_delta_decode", lambda q, k, v, g, b, s, **kw: (v + 0 * q.sum(), s)),
+        "delta-rule": no_delta_rule,
+        "native": xla_window,
         "conv": lambda: _patched(ops, "causal_conv1d_update", lambda x, w, b, s, **kw: (x, s)),
         "attention": lambda: _patched(ops, "paged_attention", lambda q, *a, **kw: q * 1.0),
         "mlp": lambda: _patched(layers.Mlp, "__call__", lambda self, x: x * 1.0),

@@ -17,11 +17,13 @@ import os
 from typing import Any, Callable, Iterator
 
 import jax
+import jax.numpy as jnp
 
 from radixflow_jax.kernels import attention as _attention
 from radixflow_jax.kernels import conv as _conv
 from radixflow_jax.kernels import fast as _fast
 from radixflow_jax.kernels import gated_delta as _gated_delta
+from radixflow_jax.kernels import native as _native
 from radixflow_jax.kernels import ssd as _ssd
 from radixflow_jax.kernels.pallas import common as _pallas_common
 from radixflow_jax.kernels.pallas import gated_delta as _pallas_gated_delta
@@ -207,6 +209,33 @@ def gated_delta_chunked(*args: Any, **kwargs: Any) -> Any:
 
 def gated_delta_decode(*args: Any, **kwargs: Any) -> Any:
     return resolve("gated_delta_decode")(*args, **kwargs)
+
+
+def gated_delta_decode_window(
+    q: jax.Array, k: jax.Array, v: jax.Array, g: jax.Array, beta: jax.Array,
+    pool: jax.Array, base: jax.Array, real: jax.Array, *, scale: float | None = None,
+) -> tuple[jax.Array, jax.Array]:  # fmt: skip
+    """The decode rows' update of the pool window ``[base, base + d)``: row ``r`` steps the state
+    of slot ``base + r`` with :func:`gated_delta_decode` and writes it back when ``real[r]`` (a
+    padding row leaves its slot as it was); ``(out [d, Hv, dv], pool)``, the pool updated in place
+    when donated. On the CPU under ``auto`` (or ``pallas``) the native kernel serves it
+    (``kernels/native``, ``RADIXFLOW_NATIVE``); elsewhere, under ``xla`` or ``reference`` and under a
+    tensor-parallel trace, it is the window slice, :func:`gated_delta_decode` and one
+    ``dynamic_update_slice``."""
+    backend, shards = selected_backend(), _shards.get()
+    unsharded = shards is None or shards[0].shape[shards[1]] == 1
+    if backend in ("auto", "pallas") and unsharded and _native.serves_window(v, pool) and _native.enabled():
+        return _native.gated_delta_decode_window(q, k, v, g, beta, pool, base, real, scale=scale)
+    window = jax.lax.dynamic_slice_in_dim(pool, base, v.shape[0], 0)
+    out, new = gated_delta_decode(q, k, v, g, beta, window, scale=scale)
+    keep = real.reshape((-1,) + (1,) * (window.ndim - 1))
+    return out, jax.lax.dynamic_update_slice_in_dim(pool, jnp.where(keep, new.astype(pool.dtype), window), base, 0)
+
+
+def trace_flags() -> tuple[bool, str]:
+    """What a traced step depends on beyond its backend name: :func:`pallas_interpret` and the
+    native kernels' mode (``runner/step.CompiledStep`` keys its shared executables on both)."""
+    return pallas_interpret(), _native.mode()
 
 
 def ssd_chunked(*args: Any, **kwargs: Any) -> Any:

@@ -132,7 +132,7 @@ class CompiledStep:
     ``shared`` (optional): a store of executables that several steps over one model fill and read
     (``LoadedModel.compiled_variants``). A variant's executable is taken from it when another step
     compiled the same program: same variant, output length, page-table width, penalty window,
-    kernel backend (and ``ops.pallas_interpret``), and the same parameter and pool shapes, dtypes
+    kernel backend (and ``ops.trace_flags``: Pallas interpret mode, native kernels), and the same parameter and pool shapes, dtypes
     and shardings, which are all the program depends on. Taking one is not a compile
     (``num_compiles`` stays), so a second engine on one model neither traces nor compiles again;
     it is still primed once."""
@@ -170,7 +170,7 @@ class CompiledStep:
         start = time.perf_counter()
         if variant.num_rows > out_rows(self.shapes):
             raise ValueError(f"variant {variant} has more rows than the sampled output holds ({out_rows(self.shapes)})")
-        key = (variant, *self._signature, ops.pallas_interpret())
+        key = (variant, *self._signature, ops.trace_flags())
         if self._shared is not None and key in self._shared:
             self._compiled[variant] = self._shared[key]
             return self._shared[key]

@@ -100,6 +100,7 @@ class GatedDeltaNet(nnx.Module):
             self.conv1d, qkv_in, batch, conv_pool, ssm_pool, num_decode, emits, cfg.chunk_size, prepare,
             decode=lambda xs, s: ops.gated_delta_decode(*xs, s),
             chunked=lambda xs, cu, s, pc: ops.gated_delta_chunked(*xs, cu, s, chunk_size=cfg.chunk_size, pair_chunk=pc),
+            decode_in_place=lambda xs, pool, base, real: ops.gated_delta_decode_window(*xs, pool, base, real),
         )  # fmt: skip
         out = self.norm(core, z).reshape(num_tokens, cfg.value_dim)
         return self.out_proj(out), conv_pool, ssm_pool

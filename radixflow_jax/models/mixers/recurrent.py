@@ -157,16 +157,15 @@ class DecodeWindow(NamedTuple):
         return DecodeWindow(base, real, conv, jax.lax.dynamic_slice_in_dim(ssm_pool, base, d, 0))
 
     def write(
-        self, conv_pool: jax.Array, ssm_pool: jax.Array, conv_new: jax.Array, ssm_new: jax.Array
+        self, conv_pool: jax.Array, ssm_pool: jax.Array, conv_new: jax.Array, ssm_new: jax.Array | None
     ) -> tuple[jax.Array, jax.Array]:
         """The pools with the real decode rows' new states in their window slots (in place, as long
-        as no read of the pools before this write is ordered after it)."""
-        conv = _pick(self.real, conv_new, self.conv)
-        ssm = _pick(self.real, ssm_new, self.ssm)
-        return (
-            jax.lax.dynamic_update_slice_in_dim(conv_pool, conv, self.base, 0),
-            jax.lax.dynamic_update_slice_in_dim(ssm_pool, ssm, self.base, 0),
-        )
+        as no read of the pools before this write is ordered after it). ``ssm_new`` None: the
+        state pool's window was already written by an in-place update (``DecodeInPlaceFn``)."""
+        conv = jax.lax.dynamic_update_slice_in_dim(conv_pool, _pick(self.real, conv_new, self.conv), self.base, 0)
+        if ssm_new is None:
+            return conv, ssm_pool
+        return conv, jax.lax.dynamic_update_slice_in_dim(ssm_pool, _pick(self.real, ssm_new, self.ssm), self.base, 0)
 
     def copy_emits(self, conv_pool: jax.Array, ssm_pool: jax.Array, emits: Emits) -> tuple[jax.Array, jax.Array]:
         """Writes every emit of a decode-only call after :meth:`write`: the state of decode row
@@ -188,6 +187,8 @@ class DecodeWindow(NamedTuple):
 
 Inputs = tuple[jax.Array, ...]
 DecodeFn = Callable[[Inputs, jax.Array], tuple[jax.Array, jax.Array]]
+# (inputs, ssm_pool, window base, real rows) -> (out, ssm_pool with the real rows' new states in the window)
+DecodeInPlaceFn = Callable[[Inputs, jax.Array, jax.Array, jax.Array], tuple[jax.Array, jax.Array]]
 ChunkedFn = Callable[[Inputs, jax.Array, jax.Array, "jax.Array | None"], tuple[jax.Array, jax.Array, jax.Array]]
 
 
@@ -250,6 +251,7 @@ def recurrent_mix(
     prepare: Callable[[jax.Array], Inputs],
     decode: DecodeFn,
     chunked: ChunkedFn,
+    decode_in_place: DecodeInPlaceFn | None = None,
 ) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
     """One recurrent layer's state traffic around its kernels.
 
@@ -257,7 +259,9 @@ def recurrent_mix(
     (every array ``[T, ...]``); ``decode(inputs[:d], ssm[:d]) -> (out, new_ssm)`` is the one-step
     update of the decode rows; ``chunked(inputs[d:], cu_seqlens, ssm[d:], pair_chunk) -> (out,
     final_ssm, chunk_states)`` the chunked scan of the prefill rows (``pair_chunk``: None, or per
-    prefill row the chunk whose end state it starts from, see ``kernels/layout.scan_chunks``).
+    prefill row the chunk whose end state it starts from, see ``kernels/layout.scan_chunks``);
+    ``decode_in_place`` (optional): the same one-step update, writing the real decode rows' window
+    of the state pool itself, for decode-only calls (``ops.gated_delta_decode_window``).
     Returns ``(core_out [T, ...] (the kernels' dtype), conv_out [T, C], conv_pool, ssm_pool)``:
     every row's state after its span goes to its slot (:class:`DecodeWindow` says how: the
     decode rows' window, the prefill rows' ``state_slots[r]``; padding rows change nothing but the
@@ -281,7 +285,10 @@ def recurrent_mix(
     inputs = prepare(conv_out)
     outs = []
     decode_new = None
-    if window is not None:
+    if window is not None and num_rows == d and decode_in_place is not None:
+        o, ssm_pool = decode_in_place(tuple(x[:d] for x in inputs), ssm_pool, window.base, window.real)
+        outs.append(o)
+    elif window is not None:
         o, decode_new = decode(tuple(x[:d] for x in inputs), window.ssm)
         outs.append(o)
     prefill_src = None

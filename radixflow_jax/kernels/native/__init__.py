@@ -1,0 +1,162 @@
+"""Native CPU kernels: C++ sources in this folder, built on first use and called through the XLA FFI.
+
+One kernel so far, ``gated_delta_decode.cc``: the decode rows' Gated DeltaNet update of a window of
+a state pool, in place (:func:`gated_delta_decode_window`). XLA:CPU splits that update into a
+batched matrix-vector fusion, a materialised decayed state and a single-threaded in-place write of
+the window; the kernel reads each state once, writes it once and shares the rows over XLA's
+intra-op threads (docs/performance.md, "A native decode update").
+
+``RADIXFLOW_NATIVE`` says whether the step uses it: ``auto`` (default) builds it where a C++
+compiler is found and warns once, naming the reason, where it cannot (the step then runs the XLA
+formulation, ``kernels/fast.py``); ``1`` requires it (:class:`NativeUnavailableError` otherwise);
+``0`` turns it off. ``kernels/ops.py`` decides per call site at trace time, and the compiled step
+keys on :func:`mode`.
+
+Invariants:
+  * The built library lives in ``$RADIXFLOW_CACHE/native/<key>/``; the key hashes the source, the
+    compiler's version, the flags, the FFI header and the CPU's flags (``-march=native``), so a
+    cached library never runs on a CPU or a jaxlib it was not built for. A build writes a temporary
+    file and renames it, so concurrent processes never load a half-written library.
+  * The FFI target is registered once per process (the registry is XLA's, process-wide), by
+    :func:`_load`, which is memoised for that reason.
+  * The kernel is the algebra of ``kernels/fast.gated_delta_decode`` and is tested against the
+    reference (``tests/kernels/test_native.py``).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+import warnings
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from radixflow_jax.paths import cache_root
+
+TARGET = "radixflow_gated_delta_decode_window"
+SYMBOL = "RadixflowGatedDeltaDecodeWindow"
+SOURCE = Path(__file__).with_name("gated_delta_decode.cc")
+FLAGS = ("-O3", "-march=native", "-std=c++17", "-shared", "-fPIC", "-w")
+MAX_VALUE_DIM = 512  # the kernel's per-head scratch (kMaxValueDim in the source)
+MODES = ("auto", "1", "0")
+
+
+class NativeUnavailableError(RuntimeError):
+    """``RADIXFLOW_NATIVE=1`` but the native kernels cannot be built or loaded here."""
+
+
+def mode() -> str:
+    """``RADIXFLOW_NATIVE``: ``auto`` (default), ``1`` (required) or ``0`` (off)."""
+    value = os.environ.get("RADIXFLOW_NATIVE", "auto")
+    if value not in MODES:
+        raise ValueError(f"RADIXFLOW_NATIVE={value!r}: expected one of {', '.join(MODES)}")
+    return value
+
+
+def _cpu_flags() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next((line for line in f if line.startswith(("flags", "Features"))), platform.processor())
+    except OSError:
+        return platform.processor()
+
+
+def _build(compiler: str) -> Path:
+    include = jax.ffi.include_dir()
+    version = subprocess.run([compiler, "--version"], capture_output=True, text=True, check=True).stdout
+    header = (Path(include) / "xla" / "ffi" / "api" / "ffi.h").read_bytes()
+    digest = hashlib.sha256()
+    for part in (SOURCE.read_bytes(), version.encode(), " ".join(FLAGS).encode(), header, _cpu_flags().encode()):
+        digest.update(hashlib.sha256(part).digest())
+    target = Path(cache_root()) / "native" / digest.hexdigest()[:16] / "libradixflow_native.so"
+    if target.exists():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
+    os.close(fd)
+    try:
+        cmd = [compiler, *FLAGS, f"-I{include}", str(SOURCE), "-o", tmp]
+        done = subprocess.run(cmd, capture_output=True, text=True)
+        if done.returncode != 0:
+            raise NativeUnavailableError(f"{' '.join(cmd)} failed:\n{done.stderr[-2000:]}")
+        os.replace(tmp, target)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return target
+
+
+@functools.cache
+def _load() -> str | None:
+    """Builds (or finds) the library and registers its FFI target; ``None`` on success, else why not."""
+    compiler = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++") or shutil.which("clang++")
+    if compiler is None:
+        return "no C++ compiler (g++, c++, clang++ or $CXX) on PATH"
+    try:
+        lib = ctypes.cdll.LoadLibrary(str(_build(compiler)))
+        jax.ffi.register_ffi_target(TARGET, jax.ffi.pycapsule(getattr(lib, SYMBOL)), platform="cpu")
+    except (OSError, subprocess.SubprocessError, NativeUnavailableError, AttributeError) as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return None
+
+
+@functools.cache
+def _warn_once(reason: str) -> None:
+    warnings.warn(
+        f"native CPU kernels unavailable ({reason}); the step runs the XLA formulation. "
+        "Set RADIXFLOW_NATIVE=0 to silence this or RADIXFLOW_NATIVE=1 to make it an error.",
+        RuntimeWarning,
+        stacklevel=3,
+    )
+
+
+def enabled() -> bool:
+    """Whether a step traced now on this platform uses the native kernels (see the module docstring)."""
+    want = mode()
+    if want == "0" or jax.default_backend() != "cpu":
+        return False
+    reason = _load()
+    if reason is None:
+        return True
+    if want == "1":
+        raise NativeUnavailableError(f"RADIXFLOW_NATIVE=1 but the native kernels cannot be used: {reason}")
+    _warn_once(reason)
+    return False
+
+
+def serves_window(v: jax.Array, pool: jax.Array) -> bool:
+    """Shapes and dtypes the kernel takes: a float32 pool and a value head dim within its scratch."""
+    return pool.dtype == jnp.float32 and pool.ndim == 4 and v.shape[-1] <= MAX_VALUE_DIM
+
+
+def gated_delta_decode_window(
+    q: jax.Array, k: jax.Array, v: jax.Array, g: jax.Array, beta: jax.Array,
+    pool: jax.Array, base: jax.Array, real: jax.Array, *, scale: float | None = None,
+) -> tuple[jax.Array, jax.Array]:  # fmt: skip
+    """``ops.gated_delta_decode_window`` on the native kernel: decode row ``r`` updates slot
+    ``base + r`` of ``pool [S, Hv, dk, dv]`` in place when ``real[r]`` (``q, k [d, Hk, dk]``,
+    ``v [d, Hv, dv]``, ``g, beta [d, Hv]``; ``0 <= base <= S - d``); returns ``(out [d, Hv, dv] in
+    v.dtype, pool)``. Call only where :func:`enabled` and :func:`serves_window` hold."""
+    d, heads, dv = v.shape
+    scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
+    f32 = jnp.float32
+    call = jax.ffi.ffi_call(
+        TARGET,
+        (jax.ShapeDtypeStruct((d, heads, dv), f32), jax.ShapeDtypeStruct(pool.shape, pool.dtype)),
+        input_output_aliases={7: 1},
+    )
+    out, pool = call(
+        jnp.reshape(jnp.asarray(base, jnp.int32), (1,)), real.astype(jnp.int32),
+        q.astype(f32), k.astype(f32), v.astype(f32), g.astype(f32), beta.astype(f32), pool,
+        scale=np.float32(scale),
+    )  # fmt: skip
+    return out.astype(v.dtype), pool

@@ -1,0 +1,106 @@
+"""The native CPU decode update (``kernels/native``) against the reference one-step update.
+
+The oracle is ``kernels/gated_delta.gated_delta_decode`` applied to the window slice, with padding
+rows keeping their state, and every slot outside the window unchanged. These tests build the
+library. They are skipped under ``RADIXFLOW_NATIVE=0`` and, under ``auto``, on a machine with no C++
+compiler at all (the reason is printed); a compiler that fails to build the kernel fails them.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from radixflow_jax.kernels import native, ops
+from radixflow_jax.kernels.gated_delta import gated_delta_decode
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _native_kernels() -> None:
+    if native.mode() == "0":
+        pytest.skip("RADIXFLOW_NATIVE=0")
+    reason = native._load()
+    if reason is not None and reason.startswith("no C++ compiler") and native.mode() == "auto":
+        pytest.skip(f"native kernels unavailable: {reason}")
+    assert reason is None, reason
+
+
+def _inputs(seed: int, d: int, hk: int, hv: int, dk: int, dv: int, slots: int):
+    rng = np.random.default_rng(seed)
+    q = rng.standard_normal((d, hk, dk)).astype(np.float32)
+    k = rng.standard_normal((d, hk, dk)).astype(np.float32)
+    q /= np.linalg.norm(q, axis=-1, keepdims=True)
+    k /= np.linalg.norm(k, axis=-1, keepdims=True)
+    v = rng.standard_normal((d, hv, dv)).astype(np.float32)
+    g = -np.abs(rng.standard_normal((d, hv))).astype(np.float32)
+    beta = (1 / (1 + np.exp(-rng.standard_normal((d, hv))))).astype(np.float32)
+    pool = (0.3 * rng.standard_normal((slots, hv, dk, dv))).astype(np.float32)
+    return q, k, v, g, beta, pool
+
+
+def _oracle(q, k, v, g, beta, pool, base: int, real: np.ndarray, scale):
+    d = v.shape[0]
+    window = pool[base : base + d]
+    out, new = gated_delta_decode(*map(jnp.asarray, (q, k, v, g, beta, window)), scale=scale)
+    want = pool.copy()
+    want[base : base + d][real] = np.asarray(new)[real]
+    return np.asarray(out), want
+
+
+@pytest.mark.parametrize(
+    "d,hk,hv,dk,dv,base,scale",
+    [(5, 2, 4, 8, 6, 3, None), (64, 4, 8, 64, 64, 1, None), (3, 1, 1, 16, 32, 0, 0.5), (7, 2, 2, 4, 4, 9, None)],
+    ids=["small-gqa", "vs-transformers-shape", "one-head-scale", "window-at-the-end"],
+)
+def test_native_window_update_matches_the_reference(d, hk, hv, dk, dv, base, scale) -> None:
+    slots = base + d + (0 if base == 9 else 4)
+    q, k, v, g, beta, pool = _inputs(d * 7 + dk, d, hk, hv, dk, dv, slots)
+    real = np.arange(d) % 3 != 1  # every third row is padding
+    want_out, want_pool = _oracle(q, k, v, g, beta, pool, base, real, scale)
+
+    @functools.partial(jax.jit, donate_argnums=(5,))
+    def run(q, k, v, g, beta, pool, base, real):
+        return native.gated_delta_decode_window(q, k, v, g, beta, pool, base, real, scale=scale)
+
+    out, got = run(q, k, v, g, beta, jnp.asarray(pool), jnp.int32(base), jnp.asarray(real))
+    np.testing.assert_allclose(np.asarray(out)[real], want_out[real], atol=2e-5, rtol=1e-5)
+    np.testing.assert_allclose(np.asarray(got), want_pool, atol=2e-5, rtol=1e-5)
+    untouched = np.ones(slots, bool)
+    untouched[base : base + d][real] = False
+    assert np.array_equal(np.asarray(got)[untouched], pool[untouched])  # bit for bit
+
+
+def test_ops_window_op_is_native_under_auto_and_xla_under_xla() -> None:
+    """``ops.gated_delta_decode_window`` lowers to the FFI call on the CPU under ``auto`` and to
+    plain XLA under ``xla``; both give the reference's result."""
+    q, k, v, g, beta, pool = _inputs(1, 4, 2, 4, 8, 8, 10)
+    real = np.array([True, True, False, True])
+    want_out, want_pool = _oracle(q, k, v, g, beta, pool, 2, real, None)
+    for backend, native_call in (("auto", True), ("xla", False)):
+        with ops.use_backend(backend):
+            fn = jax.jit(lambda *a: ops.gated_delta_decode_window(*a))  # a new trace per backend
+            args = (q, k, v, g, beta, jnp.asarray(pool), jnp.int32(2), jnp.asarray(real))
+            text = fn.lower(*args).as_text()
+            out, got = fn(*args)
+        assert (native.TARGET in text) == native_call, backend
+        np.testing.assert_allclose(np.asarray(out)[real], want_out[real], atol=2e-5, rtol=1e-5)
+        np.testing.assert_allclose(np.asarray(got), want_pool, atol=2e-5, rtol=1e-5)
+
+
+def test_native_window_refuses_a_window_outside_the_pool() -> None:
+    q, k, v, g, beta, pool = _inputs(2, 4, 1, 2, 4, 4, 6)
+    with pytest.raises(Exception, match="window leaves the pool"):
+        out, _ = jax.jit(native.gated_delta_decode_window)(
+            q, k, v, g, beta, jnp.asarray(pool), jnp.int32(3), jnp.ones(4, bool)
+        )
+        jax.block_until_ready(out)
+
+
+def test_native_mode_is_validated(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RADIXFLOW_NATIVE", "yes")
+    with pytest.raises(ValueError, match="RADIXFLOW_NATIVE"):
+        native.mode()
