@@ -259,7 +259,22 @@ def conv_states_at(*args: Any, **kwargs: Any) -> Any:
 
 
 def paged_attention(*args: Any, **kwargs: Any) -> Any:
+    """See ``kernels/attention.paged_attention``. A call with one query token per row (decode rows,
+    or the last layer's sampled tokens) runs the native kernel on the CPU under ``auto`` (and
+    ``pallas`` where no Pallas kernel serves the platform), as :func:`gated_delta_decode_window`
+    does."""
+    if len(args) == 6 and _native_attention(*args[:4]):
+        return _native.paged_attention_decode(*args, **kwargs)
     return resolve("paged_attention")(*args, **kwargs)
+
+
+def _native_attention(q: Any, k_pages: Any, v_pages: Any, page_table: Any) -> bool:
+    backend, shards = selected_backend(), _shards.get()
+    if backend not in ("auto", "pallas") or not (shards is None or shards[0].shape[shards[1]] == 1):
+        return False
+    if _pallas_impl("paged_attention") is not None:
+        return False
+    return _native.serves_attention(q, k_pages, v_pages, page_table) and _native.enabled()
 
 
 def write_kv(*args: Any, **kwargs: Any) -> Any:

@@ -104,3 +104,49 @@ def test_native_mode_is_validated(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("RADIXFLOW_NATIVE", "yes")
     with pytest.raises(ValueError, match="RADIXFLOW_NATIVE"):
         native.mode()
+
+
+def _attention_inputs(seed: int, lens: list[int], hq: int, hkv: int, dim: int, page: int, max_pages: int):
+    """Decode rows: row r's one token at position lens[r] - 1, its keys on shuffled pages; a row
+    with length 0 is padding (no token)."""
+    rng = np.random.default_rng(seed)
+    rows = len(lens)
+    pages = 1 + rows * max_pages
+    k = rng.standard_normal((pages, page, hkv, dim)).astype(np.float32)
+    v = rng.standard_normal((pages, page, hkv, dim)).astype(np.float32)
+    table = (1 + rng.permutation(rows * max_pages)).reshape(rows, max_pages).astype(np.int32)
+    ones = np.array([1 if n else 0 for n in lens], np.int32)
+    cu = np.concatenate([[0], np.cumsum(ones)]).astype(np.int32)
+    q = rng.standard_normal((rows, hq, dim)).astype(np.float32)
+    return q, k, v, table, cu, np.array(lens, np.int32)
+
+
+@pytest.mark.parametrize(
+    "lens,hq,hkv,page,window,cap",
+    [
+        ([5, 1, 17, 32], 8, 2, 4, None, None),
+        ([3, 0, 9, 0, 12], 4, 4, 8, None, None),
+        ([40, 7, 33], 4, 1, 16, 10, None),
+        ([6, 20], 2, 2, 4, None, 5.0),
+    ],
+    ids=["gqa", "padding-rows", "sliding-window", "soft-cap"],
+)
+def test_native_decode_attention_matches_the_reference(lens, hq, hkv, page, window, cap) -> None:
+    from radixflow_jax.kernels.attention import paged_attention
+
+    q, k, v, table, cu, kv = _attention_inputs(len(lens) + page, lens, hq, hkv, 16, page, 3 * (-(-max(lens) // page)))
+    kw = dict(scale=0.25, sliding_window=window, logit_soft_cap=cap)
+    want = np.asarray(paged_attention(q, k, v, table, cu, kv, **kw))
+    got = np.asarray(jax.jit(functools.partial(native.paged_attention_decode, **kw))(q, k, v, table, cu, kv))
+    np.testing.assert_allclose(got, want, atol=2e-5, rtol=1e-5)
+    assert not np.any(got[int(cu[-1]) :]), "padding tokens get 0"
+
+
+def test_ops_attention_is_native_only_for_one_token_per_row() -> None:
+    q, k, v, table, cu, kv = _attention_inputs(3, [5, 9, 2], 4, 2, 16, 4, 3)
+    one_per_row = jax.jit(lambda *a: ops.paged_attention(*a, scale=0.25)).lower(q, k, v, table, cu, kv).as_text()
+    assert native.ATTENTION_TARGET in one_per_row
+    two_tokens = np.concatenate([q, q[:1]])  # 4 tokens over 3 rows: the XLA formulation
+    cu2 = np.array([0, 2, 3, 4], np.int32)
+    text = jax.jit(lambda *a: ops.paged_attention(*a, scale=0.25)).lower(two_tokens, k, v, table, cu2, kv).as_text()
+    assert native.ATTENTION_TARGET not in text

@@ -1,10 +1,14 @@
 """Native CPU kernels: C++ sources in this folder, built on first use and called through the XLA FFI.
 
-One kernel so far, ``gated_delta_decode.cc``: the decode rows' Gated DeltaNet update of a window of
-a state pool, in place (:func:`gated_delta_decode_window`). XLA:CPU splits that update into a
-batched matrix-vector fusion, a materialised decayed state and a single-threaded in-place write of
-the window; the kernel reads each state once, writes it once and shares the rows over XLA's
-intra-op threads (docs/performance.md, "A native decode update").
+Two kernels, both for decode rows, both sharing their work over XLA's intra-op threads:
+  * ``gated_delta_decode.cc``: the decode rows' Gated DeltaNet update of a window of a state pool,
+    in place (:func:`gated_delta_decode_window`). XLA:CPU splits that update into a batched
+    matrix-vector fusion, a materialised decayed state and a single-threaded in-place write of the
+    window; the kernel reads each state once and writes it once.
+  * ``paged_attention.cc``: paged attention with one query token per row
+    (:func:`paged_attention_decode`), where XLA runs a loop over page-table columns with a gather
+    per step on one thread.
+docs/performance.md, section "Native decode kernels", has the measurements.
 
 ``RADIXFLOW_NATIVE`` says whether the step uses it: ``auto`` (default) builds it where a C++
 compiler is found and warns once, naming the reason, where it cannot (the step then runs the XLA
@@ -19,8 +23,9 @@ Invariants:
     file and renames it, so concurrent processes never load a half-written library.
   * The FFI target is registered once per process (the registry is XLA's, process-wide), by
     :func:`_load`, which is memoised for that reason.
-  * The kernel is the algebra of ``kernels/fast.gated_delta_decode`` and is tested against the
-    reference (``tests/kernels/test_native.py``).
+  * Each kernel has the contract of its reference (``kernels/gated_delta.gated_delta_decode`` on the
+    window, ``kernels/attention.paged_attention``) and is tested against it
+    (``tests/kernels/test_native.py``).
 """
 
 from __future__ import annotations
@@ -43,9 +48,10 @@ import numpy as np
 from radixflow_jax.paths import cache_root
 
 TARGET = "radixflow_gated_delta_decode_window"
-SYMBOL = "RadixflowGatedDeltaDecodeWindow"
-SOURCE = Path(__file__).with_name("gated_delta_decode.cc")
-FLAGS = ("-O3", "-march=native", "-std=c++17", "-shared", "-fPIC", "-w")
+ATTENTION_TARGET = "radixflow_paged_attention_decode"
+TARGETS = {TARGET: "RadixflowGatedDeltaDecodeWindow", ATTENTION_TARGET: "RadixflowPagedAttentionDecode"}
+SOURCES = tuple(Path(__file__).with_name(n) for n in ("gated_delta_decode.cc", "paged_attention.cc"))
+FLAGS = ("-O3", "-march=native", "-fopenmp-simd", "-std=c++17", "-shared", "-fPIC", "-w")
 MAX_VALUE_DIM = 512  # the kernel's per-head scratch (kMaxValueDim in the source)
 MODES = ("auto", "1", "0")
 
@@ -75,7 +81,8 @@ def _build(compiler: str) -> Path:
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True, check=True).stdout
     header = (Path(include) / "xla" / "ffi" / "api" / "ffi.h").read_bytes()
     digest = hashlib.sha256()
-    for part in (SOURCE.read_bytes(), version.encode(), " ".join(FLAGS).encode(), header, _cpu_flags().encode()):
+    sources = b"".join(src.read_bytes() for src in SOURCES)
+    for part in (sources, version.encode(), " ".join(FLAGS).encode(), header, _cpu_flags().encode()):
         digest.update(hashlib.sha256(part).digest())
     target = Path(cache_root()) / "native" / digest.hexdigest()[:16] / "libradixflow_native.so"
     if target.exists():
@@ -84,7 +91,7 @@ def _build(compiler: str) -> Path:
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
     os.close(fd)
     try:
-        cmd = [compiler, *FLAGS, f"-I{include}", str(SOURCE), "-o", tmp]
+        cmd = [compiler, *FLAGS, f"-I{include}", *map(str, SOURCES), "-o", tmp]
         done = subprocess.run(cmd, capture_output=True, text=True)
         if done.returncode != 0:
             raise NativeUnavailableError(f"{' '.join(cmd)} failed:\n{done.stderr[-2000:]}")
@@ -103,7 +110,8 @@ def _load() -> str | None:
         return "no C++ compiler (g++, c++, clang++ or $CXX) on PATH"
     try:
         lib = ctypes.cdll.LoadLibrary(str(_build(compiler)))
-        jax.ffi.register_ffi_target(TARGET, jax.ffi.pycapsule(getattr(lib, SYMBOL)), platform="cpu")
+        for target, symbol in TARGETS.items():
+            jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(getattr(lib, symbol)), platform="cpu")
     except (OSError, subprocess.SubprocessError, NativeUnavailableError, AttributeError) as exc:
         return f"{type(exc).__name__}: {exc}"
     return None
@@ -160,3 +168,27 @@ def gated_delta_decode_window(
         scale=np.float32(scale),
     )  # fmt: skip
     return out.astype(v.dtype), pool
+
+
+def serves_attention(q: jax.Array, k_pages: jax.Array, v_pages: jax.Array, page_table: jax.Array) -> bool:
+    """What :func:`paged_attention_decode` takes: one query token per row, float32 pages."""
+    return (
+        q.ndim == 3 and k_pages.ndim == 4 and q.shape[0] == page_table.shape[0]
+        and k_pages.dtype == v_pages.dtype == jnp.float32 and q.shape[-1] == k_pages.shape[-1]
+    )  # fmt: skip
+
+
+def paged_attention_decode(
+    q: jax.Array, k_pages: jax.Array, v_pages: jax.Array, page_table: jax.Array, cu_seqlens: jax.Array,
+    kv_lens: jax.Array, *, scale: float, sliding_window: int | None = None, logit_soft_cap: float | None = None,
+) -> jax.Array:  # fmt: skip
+    """``ops.paged_attention`` on the native kernel, for calls with one query token per row
+    (``q [R, Hq, D]``, ``page_table [R, M]``; :func:`serves_attention`): the contract of
+    ``kernels/attention.paged_attention``, output in ``q``'s dtype."""
+    call = jax.ffi.ffi_call(ATTENTION_TARGET, jax.ShapeDtypeStruct(q.shape, jnp.float32))
+    out = call(
+        q.astype(jnp.float32), k_pages, v_pages, jnp.asarray(page_table, jnp.int32),
+        jnp.asarray(cu_seqlens, jnp.int32), jnp.asarray(kv_lens, jnp.int32),
+        scale=np.float32(scale), window=np.int64(sliding_window or 0), soft_cap=np.float32(logit_soft_cap or 0.0),
+    )  # fmt: skip
+    return out.astype(q.dtype)

@@ -53,9 +53,10 @@ void UpdateOne(const Window& w, int64_t task) {
   std::fill(sk, sk + dv, 0.f);
   std::fill(sq, sq + dv, 0.f);
   float kq = 0.f;
+#pragma omp simd reduction(+ : kq)
+  for (int64_t i = 0; i < dk; ++i) kq += k[i] * q[i] * w.scale;
   for (int64_t i = 0; i < dk; ++i) {
     const float ki = k[i], qi = q[i] * w.scale;
-    kq += ki * qi;
     const float* row = state + i * dv;
     for (int64_t c = 0; c < dv; ++c) {
       sk[c] += row[c] * ki;
