@@ -14,6 +14,12 @@ correctness tool, not a speed one) and the script says so.
 
 ``--sub-chunks 64,16`` also times the xla Gated DeltaNet kernel at those sub-chunk sizes
 (``xla/subN``; 64 is the form before sub-chunks), interleaved with the others.
+
+On the CPU with float32 (``--small``), ``native`` times the C++ kernels of ``kernels/native`` (decode
+rows only): ``gated_delta_decode (window)`` is the decode rows' update of their state window in a
+donated pool (the reference and xla rows: the window slice, the one-step update and one
+``dynamic_update_slice``, as the step ran it before the native kernel), and the decode
+``paged_attention``.
 """
 
 from __future__ import annotations
@@ -30,7 +36,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from radixflow_jax.engine.specs import get_device_spec
-from radixflow_jax.kernels import attention, fast, gated_delta, ssd
+from radixflow_jax.kernels import attention, fast, gated_delta, native, ssd
 
 
 def _time_interleaved(fns: dict[str, Callable[[], object]], reps: int = 5) -> dict[str, tuple[float, float]]:
@@ -95,7 +101,17 @@ def _cases(
     lens_p = jnp.full((rows,), prefill, jnp.int32)
     pre_flops = 2 * rows * hq * hd * prefill * prefill  # causal half of 4 * T * ctx
     pre_bytes = rows * prefill * hkv * hd * 2 * 2
+    # the decode rows' state window (decode_rows rows, a pool of decode_rows + 1 slots, window at slot 1)
+    qw, kw_ = unit(k[5])[:decode_rows], unit(k[6])[:decode_rows]
+    vw, gw, bw = v[:decode_rows], g[:decode_rows], beta[:decode_rows]
+    real = jnp.ones((decode_rows,), bool)
+    pool_shape = (decode_rows + 1, hv, d, d)
+    win_flops = decode_rows * hv * 8 * d * d
+    win_bytes = decode_rows * hv * d * d * 4 * 2
     return {
+        "gated_delta_decode (window)": (
+            lambda m: _donated_pool(m, pool_shape, (qw, kw_, vw, gw, bw), real), win_flops, win_bytes
+        ),
         "gated_delta_chunked": (lambda m: lambda: m.gated_delta_chunked(q, kk, v, g, beta, cu, s0), gdn_flops, gdn_bytes),
         "ssd_chunked": (lambda m: lambda: m.ssd_chunked(x, dt, a, b, c, cu, h0), ssd_flops, ssd_bytes),
         "paged_attention (decode)": (
@@ -105,6 +121,31 @@ def _cases(
             lambda m: lambda: m.paged_attention(qp, kp, vp, table_p, cu, lens_p, scale=hd**-0.5), pre_flops, pre_bytes
         ),
     }
+
+
+def _window_update(decode: Callable) -> Callable:
+    """The window update as the step ran it before the native kernel: slice, one step, one write."""
+
+    def update(q, k, v, g, beta, pool, base, real):
+        window = jax.lax.dynamic_slice_in_dim(pool, base, v.shape[0], 0)
+        out, new = decode(q, k, v, g, beta, window)
+        new = jnp.where(real[:, None, None, None], new, window)
+        return out, jax.lax.dynamic_update_slice_in_dim(pool, new, base, 0)
+
+    return update
+
+
+def _donated_pool(m: object, shape: tuple[int, ...], xs: tuple, real: jax.Array) -> Callable[[], object]:
+    """A call of ``m.gated_delta_decode_window`` on a pool it donates and gets back (so every
+    implementation updates in place and none pays a copy of the pool)."""
+    step = jax.jit(lambda pool: m.gated_delta_decode_window(*xs, pool, jnp.int32(1), real), donate_argnums=0)
+    box = [jnp.zeros(shape, jnp.float32)]
+
+    def call() -> object:
+        out, box[0] = step(box[0])
+        return out
+
+    return call
 
 
 def main() -> None:
@@ -128,9 +169,18 @@ def main() -> None:
     dtype = jnp.bfloat16 if args.dtype == "bfloat16" else jnp.float32
     impls: dict[str, dict[str, object]] = {
         "reference": {"gated_delta_chunked": gated_delta, "ssd_chunked": ssd, "paged_attention (decode)": attention,
-                      "paged_attention (prefill)": attention},
-        "xla": {"gated_delta_chunked": fast, "paged_attention (decode)": fast, "paged_attention (prefill)": fast},
+                      "paged_attention (prefill)": attention,
+                      "gated_delta_decode (window)": SimpleNamespace(
+                          gated_delta_decode_window=_window_update(gated_delta.gated_delta_decode))},
+        "xla": {"gated_delta_chunked": fast, "paged_attention (decode)": fast, "paged_attention (prefill)": fast,
+                "gated_delta_decode (window)": SimpleNamespace(
+                    gated_delta_decode_window=_window_update(fast.gated_delta_decode))},
     }  # fmt: skip
+    if platform == "cpu" and dtype == jnp.float32 and native.enabled():
+        impls["native"] = {
+            "gated_delta_decode (window)": native,
+            "paged_attention (decode)": SimpleNamespace(paged_attention=native.paged_attention_decode),
+        }
     for size in filter(None, args.sub_chunks.split(",")):  # side by side with the default sub-chunk size
         sized = partial(fast.gated_delta_chunked, sub_chunk=int(size))
         impls[f"xla/sub{int(size)}"] = {"gated_delta_chunked": SimpleNamespace(gated_delta_chunked=sized)}
@@ -146,7 +196,7 @@ def main() -> None:
     print(f"{'op':28s} {'impl':10s} {'ms':>9s} {'spread':>7s} {'GFLOP/s':>9s} {'%flops':>7s} {'GB/s':>8s} {'%bw':>6s} ratio")
     cases = _cases(args.prefill, args.rows, args.decode_rows, dtype, args.small)
     for name, (make, flops, nbytes) in cases.items():
-        fns = {impl: jax.jit(make(mods[name])) for impl, mods in impls.items() if name in mods}
+        fns = {impl: _jitted(name, make(mods[name])) for impl, mods in impls.items() if name in mods}
         timed = _time_interleaved(fns, args.reps)
         base = timed["reference"][0]
         for impl, (sec, spread) in timed.items():
@@ -155,6 +205,10 @@ def main() -> None:
                   f"{100 * nbytes / sec / dev.hbm_bandwidth:6.2f} {base / sec:5.2f}x")  # fmt: skip
     load = os.getloadavg()
     print(f"load average (1/5/15 min) after: {load[0]:.2f}/{load[1]:.2f}/{load[2]:.2f}")
+
+
+def _jitted(name: str, fn: Callable[[], object]) -> Callable[[], object]:
+    return fn if name == "gated_delta_decode (window)" else jax.jit(fn)  # that one jits its own step
 
 
 if __name__ == "__main__":
