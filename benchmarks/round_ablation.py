@@ -18,8 +18,8 @@ What is measured
 Ablations: ``recurrent`` (the recurrent part of every Gated DeltaNet layer: state reads, conv,
 delta rule, write-back, checkpoint emits; projections kept), ``emits`` (checkpoint writes only),
 ``delta-rule`` (the one-step update's arithmetic; states pass through), ``native`` (not an
-ablation: the decode-only update of the state window on XLA instead of the native kernel,
-``RADIXFLOW_NATIVE=0``; its outputs are right), ``conv`` (the one-step conv
+ablation: the native CPU kernels off, ``RADIXFLOW_NATIVE=0``, so the decode rows' state-window
+update and their attention run the XLA formulations; its outputs are right), ``conv`` (the one-step conv
 update), ``attention`` (decode attention over the paged KV), ``mlp`` (every dense MLP). Stand-ins for the
 prefill rows' chunked scan and conv were tried on the mixed round and made it slower (+120 and +14
 ms; why was not traced), so they do not measure their part and are not offered; read the mixed

@@ -218,13 +218,12 @@ def gated_delta_decode_window(
     """The decode rows' update of the pool window ``[base, base + d)``: row ``r`` steps the state
     of slot ``base + r`` with :func:`gated_delta_decode` and writes it back when ``real[r]`` (a
     padding row leaves its slot as it was); ``(out [d, Hv, dv], pool)``, the pool updated in place
-    when donated. On the CPU under ``auto`` (or ``pallas``) the native kernel serves it
-    (``kernels/native``, ``RADIXFLOW_NATIVE``); elsewhere, under ``xla`` or ``reference`` and under a
-    tensor-parallel trace, it is the window slice, :func:`gated_delta_decode` and one
-    ``dynamic_update_slice``."""
+    when donated. On the CPU under ``auto`` the native kernel serves it (``kernels/native``,
+    ``RADIXFLOW_NATIVE``); elsewhere, under any forced backend and under a tensor-parallel trace, it
+    is the window slice, :func:`gated_delta_decode` and one ``dynamic_update_slice``."""
     backend, shards = selected_backend(), _shards.get()
     unsharded = shards is None or shards[0].shape[shards[1]] == 1
-    if backend in ("auto", "pallas") and unsharded and _native.serves_window(v, pool) and _native.enabled():
+    if backend == "auto" and unsharded and _native.serves_window(v, pool) and _native.enabled():
         return _native.gated_delta_decode_window(q, k, v, g, beta, pool, base, real, scale=scale)
     window = jax.lax.dynamic_slice_in_dim(pool, base, v.shape[0], 0)
     out, new = gated_delta_decode(q, k, v, g, beta, window, scale=scale)
@@ -260,21 +259,20 @@ def conv_states_at(*args: Any, **kwargs: Any) -> Any:
 
 def paged_attention(*args: Any, **kwargs: Any) -> Any:
     """See ``kernels/attention.paged_attention``. A call with one query token per row (decode rows,
-    or the last layer's sampled tokens) runs the native kernel on the CPU under ``auto`` (and
-    ``pallas`` where no Pallas kernel serves the platform), as :func:`gated_delta_decode_window`
-    does."""
-    if len(args) == 6 and _native_attention(*args[:4]):
+    or the last layer's sampled tokens) runs the native kernel on the CPU under ``auto``, as
+    :func:`gated_delta_decode_window` does (a forced ``pallas`` still raises on the CPU)."""
+    if len(args) == 6 and _native_attention(*args[:4], **kwargs):
         return _native.paged_attention_decode(*args, **kwargs)
     return resolve("paged_attention")(*args, **kwargs)
 
 
-def _native_attention(q: Any, k_pages: Any, v_pages: Any, page_table: Any) -> bool:
-    backend, shards = selected_backend(), _shards.get()
-    if backend not in ("auto", "pallas") or not (shards is None or shards[0].shape[shards[1]] == 1):
+def _native_attention(q: Any, k_pages: Any, v_pages: Any, page_table: Any, **kwargs: Any) -> bool:
+    shards = _shards.get()
+    if selected_backend() != "auto" or not (shards is None or shards[0].shape[shards[1]] == 1):
         return False
     if _pallas_impl("paged_attention") is not None:
         return False
-    return _native.serves_attention(q, k_pages, v_pages, page_table) and _native.enabled()
+    return _native.serves_attention(q, k_pages, v_pages, page_table, **kwargs) and _native.enabled()
 
 
 def write_kv(*args: Any, **kwargs: Any) -> Any:

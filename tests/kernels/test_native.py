@@ -19,6 +19,9 @@ from radixflow_jax.kernels import native, ops
 from radixflow_jax.kernels.gated_delta import gated_delta_decode
 
 
+pytestmark = pytest.mark.skipif(jax.default_backend() != "cpu", reason="native kernels are for XLA:CPU")
+
+
 @pytest.fixture(scope="module", autouse=True)
 def _native_kernels() -> None:
     if native.mode() == "0":
@@ -74,13 +77,13 @@ def test_native_window_update_matches_the_reference(d, hk, hv, dk, dv, base, sca
     assert np.array_equal(np.asarray(got)[untouched], pool[untouched])  # bit for bit
 
 
-def test_ops_window_op_is_native_under_auto_and_xla_under_xla() -> None:
+def test_ops_window_op_is_native_under_auto_only() -> None:
     """``ops.gated_delta_decode_window`` lowers to the FFI call on the CPU under ``auto`` and to
-    plain XLA under ``xla``; both give the reference's result."""
+    plain XLA under a forced backend; each gives the reference's result."""
     q, k, v, g, beta, pool = _inputs(1, 4, 2, 4, 8, 8, 10)
     real = np.array([True, True, False, True])
     want_out, want_pool = _oracle(q, k, v, g, beta, pool, 2, real, None)
-    for backend, native_call in (("auto", True), ("xla", False)):
+    for backend, native_call in (("auto", True), ("xla", False), ("pallas", False)):
         with ops.use_backend(backend):
             fn = jax.jit(lambda *a: ops.gated_delta_decode_window(*a))  # a new trace per backend
             args = (q, k, v, g, beta, jnp.asarray(pool), jnp.int32(2), jnp.asarray(real))
@@ -150,3 +153,18 @@ def test_ops_attention_is_native_only_for_one_token_per_row() -> None:
     cu2 = np.array([0, 2, 3, 4], np.int32)
     text = jax.jit(lambda *a: ops.paged_attention(*a, scale=0.25)).lower(two_tokens, k, v, table, cu2, kv).as_text()
     assert native.ATTENTION_TARGET not in text
+
+
+def test_ops_attention_leaves_windows_and_caps_the_kernel_does_not_take_to_xla() -> None:
+    """``sliding_window=0`` (no key at all in the reference) and a negative soft cap are not the
+    kernel's "absent" zero: such calls stay on the XLA formulation, with the reference's result."""
+    from radixflow_jax.kernels.attention import paged_attention
+
+    q, k, v, table, cu, kv = _attention_inputs(4, [5, 9, 2], 4, 2, 16, 4, 3)
+    cases = [(dict(sliding_window=0), False), (dict(logit_soft_cap=-2.0), False)]
+    cases.append((dict(sliding_window=3, logit_soft_cap=2.0), True))
+    for kw, native_call in cases:
+        fn = jax.jit(lambda *a, kw=kw: ops.paged_attention(*a, scale=0.25, **kw))
+        assert (native.ATTENTION_TARGET in fn.lower(q, k, v, table, cu, kv).as_text()) == native_call, kw
+        want = np.asarray(paged_attention(q, k, v, table, cu, kv, scale=0.25, **kw))
+        np.testing.assert_allclose(np.asarray(fn(q, k, v, table, cu, kv)), want, atol=2e-5, rtol=1e-5)

@@ -12,14 +12,14 @@ docs/performance.md, section "Native decode kernels", has the measurements.
 
 ``RADIXFLOW_NATIVE`` says whether the step uses it: ``auto`` (default) builds it where a C++
 compiler is found and warns once, naming the reason, where it cannot (the step then runs the XLA
-formulation, ``kernels/fast.py``); ``1`` requires it (:class:`NativeUnavailableError` otherwise);
-``0`` turns it off. ``kernels/ops.py`` decides per call site at trace time, and the compiled step
+formulation, ``kernels/fast.py``); ``1`` requires it on the CPU (:class:`NativeUnavailableError`
+otherwise; other platforms never use it); ``0`` turns it off. ``kernels/ops.py`` decides per call site at trace time, and the compiled step
 keys on :func:`mode`.
 
 Invariants:
-  * The built library lives in ``$RADIXFLOW_CACHE/native/<key>/``; the key hashes the source, the
-    compiler's version, the flags, the FFI header and the CPU's flags (``-march=native``), so a
-    cached library never runs on a CPU or a jaxlib it was not built for. A build writes a temporary
+  * The built library lives in ``$RADIXFLOW_CACHE/native/<key>/``; the key hashes the sources, the
+    compiler's version, the flags, jaxlib's version and FFI headers, and the CPU's flags
+    (``-march=native``), so a cached library never runs on a CPU or a jaxlib it was not built for. A build writes a temporary
     file and renames it, so concurrent processes never load a half-written library.
   * The FFI target is registered once per process (the registry is XLA's, process-wide), by
     :func:`_load`, which is memoised for that reason.
@@ -43,6 +43,7 @@ from pathlib import Path
 
 import jax
 import jax.numpy as jnp
+import jaxlib
 import numpy as np
 
 from radixflow_jax.paths import cache_root
@@ -79,10 +80,11 @@ def _cpu_flags() -> str:
 def _build(compiler: str) -> Path:
     include = jax.ffi.include_dir()
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True, check=True).stdout
-    header = (Path(include) / "xla" / "ffi" / "api" / "ffi.h").read_bytes()
+    api = Path(include) / "xla" / "ffi" / "api"
+    headers = b"".join(h.read_bytes() for h in sorted(api.glob("*.h"))) + jaxlib.__version__.encode()
     digest = hashlib.sha256()
     sources = b"".join(src.read_bytes() for src in SOURCES)
-    for part in (sources, version.encode(), " ".join(FLAGS).encode(), header, _cpu_flags().encode()):
+    for part in (sources, version.encode(), " ".join(FLAGS).encode(), headers, _cpu_flags().encode()):
         digest.update(hashlib.sha256(part).digest())
     target = Path(cache_root()) / "native" / digest.hexdigest()[:16] / "libradixflow_native.so"
     if target.exists():
@@ -95,6 +97,7 @@ def _build(compiler: str) -> Path:
         done = subprocess.run(cmd, capture_output=True, text=True)
         if done.returncode != 0:
             raise NativeUnavailableError(f"{' '.join(cmd)} failed:\n{done.stderr[-2000:]}")
+        os.chmod(tmp, 0o755)  # mkstemp's 0600 would keep other users of a shared cache out
         os.replace(tmp, target)
     finally:
         if os.path.exists(tmp):
@@ -170,11 +173,16 @@ def gated_delta_decode_window(
     return out.astype(v.dtype), pool
 
 
-def serves_attention(q: jax.Array, k_pages: jax.Array, v_pages: jax.Array, page_table: jax.Array) -> bool:
-    """What :func:`paged_attention_decode` takes: one query token per row, float32 pages."""
+def serves_attention(
+    q: jax.Array, k_pages: jax.Array, v_pages: jax.Array, page_table: jax.Array,
+    sliding_window: int | None = None, logit_soft_cap: float | None = None, **_: object,
+) -> bool:  # fmt: skip
+    """What :func:`paged_attention_decode` takes: one query token per row, float32 pages, and a
+    window and a soft cap that are absent or positive (the kernel reads 0 as absent)."""
     return (
         q.ndim == 3 and k_pages.ndim == 4 and q.shape[0] == page_table.shape[0]
         and k_pages.dtype == v_pages.dtype == jnp.float32 and q.shape[-1] == k_pages.shape[-1]
+        and (sliding_window is None or sliding_window > 0) and (logit_soft_cap is None or logit_soft_cap > 0)
     )  # fmt: skip
 
 
