@@ -10,17 +10,18 @@ Two kernels, both for decode rows, both sharing their work over XLA's intra-op t
     per step on one thread.
 docs/performance.md, section "Native decode kernels", has the measurements.
 
-``RADIXFLOW_NATIVE`` says whether the step uses it: ``auto`` (default) builds it where a C++
+``RADIXFLOW_NATIVE`` says whether the step uses them: ``auto`` (default) builds them where a C++
 compiler is found and warns once, naming the reason, where it cannot (the step then runs the XLA
-formulation, ``kernels/fast.py``); ``1`` requires it on the CPU (:class:`NativeUnavailableError`
-otherwise; other platforms never use it); ``0`` turns it off. ``kernels/ops.py`` decides per call site at trace time, and the compiled step
-keys on :func:`mode`.
+formulations, ``kernels/fast.py``); ``1`` requires them on the CPU (:class:`NativeUnavailableError`
+otherwise; other platforms never use them); ``0`` turns them off. ``kernels/ops.py`` decides per
+call site at trace time, and the compiled step keys on :func:`mode`.
 
 Invariants:
   * The built library lives in ``$RADIXFLOW_CACHE/native/<key>/``; the key hashes the sources, the
     compiler's version, the flags, jaxlib's version and FFI headers, and the CPU's flags
-    (``-march=native``), so a cached library never runs on a CPU or a jaxlib it was not built for. A build writes a temporary
-    file and renames it, so concurrent processes never load a half-written library.
+    (``-march=native``), so a cached library never runs on a CPU or a jaxlib it was not built for.
+    A build writes a temporary file and renames it, so concurrent processes never load a
+    half-written library.
   * The FFI target is registered once per process (the registry is XLA's, process-wide), by
     :func:`_load`, which is memoised for that reason.
   * Each kernel has the contract of its reference (``kernels/gated_delta.gated_delta_decode`` on the
