@@ -15,8 +15,8 @@ correctness tool, not a speed one) and the script says so.
 ``--sub-chunks 64,16`` also times the xla Gated DeltaNet kernel at those sub-chunk sizes
 (``xla/subN``; 64 is the form before sub-chunks), interleaved with the others.
 
-On the CPU with float32 (``--small``), ``native`` times the C++ kernels of ``kernels/native`` (decode
-rows only): ``gated_delta_decode (window)`` is the decode rows' update of their state window in a
+On the CPU with float32 (``--small``), ``native`` times the C++ kernels of ``kernels/native``: the
+token-by-token Gated DeltaNet scan, and for decode rows ``gated_delta_decode (window)`` is the decode rows' update of their state window in a
 donated pool (the reference and xla rows: the window slice, the one-step update and one
 ``dynamic_update_slice``, as the step ran it before the native kernel), and the decode
 ``paged_attention``.
@@ -179,6 +179,7 @@ def main() -> None:
     if platform == "cpu" and dtype == jnp.float32 and native.enabled():
         impls["native"] = {
             "gated_delta_decode (window)": native,
+            "gated_delta_chunked": SimpleNamespace(gated_delta_chunked=native.gated_delta_scan),
             "paged_attention (decode)": SimpleNamespace(paged_attention=native.paged_attention_decode),
         }
     for size in filter(None, args.sub_chunks.split(",")):  # side by side with the default sub-chunk size

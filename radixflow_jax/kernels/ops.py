@@ -204,7 +204,20 @@ def resolve(op: str) -> Callable[..., Any]:
 
 
 def gated_delta_chunked(*args: Any, **kwargs: Any) -> Any:
+    """See ``kernels/gated_delta.gated_delta_chunked``. On the CPU under ``auto`` the native
+    token-by-token scan serves it (``kernels/native``), as :func:`gated_delta_decode_window` does."""
+    if len(args) == 7 and _native_serves_scan(args[2]):
+        return _native.gated_delta_scan(*args, **kwargs)
     return resolve("gated_delta_chunked")(*args, **kwargs)
+
+
+def _native_serves_scan(v: Any) -> bool:
+    shards = _shards.get()
+    if selected_backend() != "auto" or not (shards is None or shards[0].shape[shards[1]] == 1):
+        return False
+    if _pallas_impl("gated_delta_chunked") is not None:
+        return False
+    return v.ndim == 3 and v.shape[-1] <= _native.MAX_VALUE_DIM and _native.enabled()
 
 
 def gated_delta_decode(*args: Any, **kwargs: Any) -> Any:

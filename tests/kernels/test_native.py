@@ -168,3 +168,31 @@ def test_ops_attention_leaves_windows_and_caps_the_kernel_does_not_take_to_xla()
         assert (native.ATTENTION_TARGET in fn.lower(q, k, v, table, cu, kv).as_text()) == native_call, kw
         want = np.asarray(paged_attention(q, k, v, table, cu, kv, scale=0.25, **kw))
         np.testing.assert_allclose(np.asarray(fn(q, k, v, table, cu, kv)), want, atol=2e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "chunk_size,hk,hv,dk,dv", [(4, 2, 4, 8, 6), (8, 1, 3, 6, 8), (64, 2, 2, 8, 4)], ids=["c4-gqa", "c8", "c64"]
+)
+def test_native_scan_matches_the_per_token_oracle(chunk_size, hk, hv, dk, dv) -> None:
+    """``native.gated_delta_scan`` against the float64 per-token oracle of ``test_gated_delta``:
+    outputs (0 past the rows), final states and every used chunk's end state; unused chunks are 0."""
+    from tests.kernels import test_gated_delta as gd_case
+
+    lens = gd_case.LENS
+    inp = gd_case._make_inputs(chunk_size + dv, sum(lens) + gd_case.PAD, len(lens), hk, hv, dk, dv)
+    fn = jax.jit(functools.partial(native.gated_delta_scan, chunk_size=chunk_size, scale=0.7))
+    result = fn(inp["q"], inp["k"], inp["v"], inp["g"], inp["beta"], jnp.asarray(gd_case._cu(lens)), inp["init"])
+    gd_case._check_against_oracle(result, inp, lens, chunk_size, 0.7)
+    used = len(gd_case._used_chunks(lens, chunk_size))
+    assert not np.any(np.asarray(result[2])[used:])
+
+
+def test_ops_chunked_is_native_under_auto() -> None:
+    from tests.kernels import test_gated_delta as gd_case
+
+    inp = gd_case._make_inputs(5, 12, 2, 1, 2, 4, 4)
+    args = (inp["q"], inp["k"], inp["v"], inp["g"], inp["beta"], jnp.asarray([0, 7, 10], np.int32), inp["init"])
+    for backend, native_call in (("auto", True), ("xla", False)):
+        with ops.use_backend(backend):
+            text = jax.jit(lambda *a: ops.gated_delta_chunked(*a, chunk_size=4)).lower(*args).as_text()
+        assert (native.SCAN_TARGET in text) == native_call, backend

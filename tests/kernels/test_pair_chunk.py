@@ -5,7 +5,8 @@ Oracle: the float64 per-token loops of ``test_gated_delta`` / ``test_ssd`` with 
 initial states replaced by their producers' states at the pairing depth. Cases: a consumer placed
 *before* its producer in the packed order (the scan must reorder), pairing inside the producer's
 span (on the chunk grid) and at its end (a partial last chunk), every backend that serves the op
-on CPU (reference, the faster XLA form, both Pallas variants in interpret mode, and through ``ops``).
+on CPU (reference, the faster XLA form, the native scan, both Pallas variants in interpret mode, and
+through ``ops``).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from radixflow_jax.kernels import fast, ops
+from radixflow_jax.kernels import fast, native, ops
 from radixflow_jax.kernels.gated_delta import gated_delta_chunked
 from radixflow_jax.kernels.layout import chunk_layout
 from radixflow_jax.kernels.pallas import gated_delta as pallas_gd
@@ -71,6 +72,8 @@ GDN_FORMS = {
     # in sub-chunks of 2: pair_chunk and chunk_states are translated between the two layouts
     "fast-sub2": functools.partial(fast.gated_delta_chunked, sub_chunk=2),
 }
+if jax.default_backend() == "cpu" and native.mode() != "0":  # the token-by-token C++ scan
+    GDN_FORMS["native"] = native.gated_delta_scan
 
 
 @pytest.mark.parametrize("form", sorted(GDN_FORMS))

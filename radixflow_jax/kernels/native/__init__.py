@@ -1,6 +1,6 @@
 """Native CPU kernels: C++ sources in this folder, built on first use and called through the XLA FFI.
 
-Two kernels, both for decode rows, both sharing their work over XLA's intra-op threads:
+Three kernels, each sharing its work over XLA's intra-op threads:
   * ``gated_delta_decode.cc``: the decode rows' Gated DeltaNet update of a window of a state pool,
     in place (:func:`gated_delta_decode_window`). XLA:CPU splits that update into a batched
     matrix-vector fusion, a materialised decayed state and a single-threaded in-place write of the
@@ -8,6 +8,10 @@ Two kernels, both for decode rows, both sharing their work over XLA's intra-op t
   * ``paged_attention.cc``: paged attention with one query token per row
     (:func:`paged_attention_decode`), where XLA runs a loop over page-table columns with a gather
     per step on one thread.
+  * ``gated_delta_scan.cc``: the prefill rows' Gated DeltaNet recurrence token by token
+    (:func:`gated_delta_scan`, the contract of ``gated_delta_chunked`` with ``pair_chunk``), each
+    (row, head) keeping its state in a local buffer; XLA's chunked form spends its time in small
+    matmuls, chunk gathers and loops there.
 docs/performance.md, section "Native decode kernels", has the measurements.
 
 ``RADIXFLOW_NATIVE`` says whether the step uses them: ``auto`` (default) builds them where a C++
@@ -25,7 +29,8 @@ Invariants:
   * The FFI target is registered once per process (the registry is XLA's, process-wide), by
     :func:`_load`, which is memoised for that reason.
   * Each kernel has the contract of its reference (``kernels/gated_delta.gated_delta_decode`` on the
-    window, ``kernels/attention.paged_attention``) and is tested against it
+    window, ``kernels/attention.paged_attention``, ``kernels/gated_delta.gated_delta_chunked``) and
+    is tested against it or the per-token oracle
     (``tests/kernels/test_native.py``).
 """
 
@@ -51,8 +56,15 @@ from radixflow_jax.paths import cache_root
 
 TARGET = "radixflow_gated_delta_decode_window"
 ATTENTION_TARGET = "radixflow_paged_attention_decode"
-TARGETS = {TARGET: "RadixflowGatedDeltaDecodeWindow", ATTENTION_TARGET: "RadixflowPagedAttentionDecode"}
-SOURCES = tuple(Path(__file__).with_name(n) for n in ("gated_delta_decode.cc", "paged_attention.cc"))
+SCAN_TARGET = "radixflow_gated_delta_scan"
+TARGETS = {
+    TARGET: "RadixflowGatedDeltaDecodeWindow",
+    ATTENTION_TARGET: "RadixflowPagedAttentionDecode",
+    SCAN_TARGET: "RadixflowGatedDeltaScan",
+}
+SOURCES = tuple(
+    Path(__file__).with_name(n) for n in ("gated_delta_decode.cc", "paged_attention.cc", "gated_delta_scan.cc")
+)
 FLAGS = ("-O3", "-march=native", "-fopenmp-simd", "-std=c++17", "-shared", "-fPIC", "-w")
 MAX_VALUE_DIM = 512  # the kernel's per-head scratch (kMaxValueDim in the source)
 MODES = ("auto", "1", "0")
@@ -201,3 +213,31 @@ def paged_attention_decode(
         scale=np.float32(scale), window=np.int64(sliding_window or 0), soft_cap=np.float32(logit_soft_cap or 0.0),
     )  # fmt: skip
     return out.astype(q.dtype)
+
+
+def gated_delta_scan(
+    q: jax.Array, k: jax.Array, v: jax.Array, g: jax.Array, beta: jax.Array, cu_seqlens: jax.Array,
+    initial_state: jax.Array, *, chunk_size: int = 64, scale: float | None = None, pair_chunk: jax.Array | None = None,
+) -> tuple[jax.Array, jax.Array, jax.Array]:  # fmt: skip
+    """``ops.gated_delta_chunked`` on the native kernel (the contract of
+    ``kernels/gated_delta.gated_delta_chunked``): the recurrence token by token, each (row, head)
+    holding its state in a local buffer, checkpoints written at the chunk grid; unused chunks are 0."""
+    from radixflow_jax.kernels.layout import num_chunks_for
+
+    num_tokens, heads, dv = v.shape
+    rows = initial_state.shape[0]
+    scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
+    f32 = jnp.float32
+    block = initial_state.shape[1:]
+    shapes = (
+        jax.ShapeDtypeStruct((num_tokens, heads, dv), f32),
+        jax.ShapeDtypeStruct((rows, *block), f32),
+        jax.ShapeDtypeStruct((num_chunks_for(num_tokens, rows, chunk_size), *block), f32),
+    )
+    pair = jnp.full((rows,), -1, jnp.int32) if pair_chunk is None else jnp.asarray(pair_chunk, jnp.int32)
+    out, final, chunks = jax.ffi.ffi_call(SCAN_TARGET, shapes)(
+        q.astype(f32), k.astype(f32), v.astype(f32), g.astype(f32), beta.astype(f32),
+        jnp.asarray(cu_seqlens, jnp.int32), initial_state.astype(f32), pair,
+        scale=np.float32(scale), chunk=np.int64(chunk_size),
+    )  # fmt: skip
+    return out.astype(v.dtype), final, chunks
