@@ -16,10 +16,10 @@ correctness tool, not a speed one) and the script says so.
 (``xla/subN``; 64 is the form before sub-chunks), interleaved with the others.
 
 On the CPU with float32 (``--small``), ``native`` times the C++ kernels of ``kernels/native``: the
-token-by-token Gated DeltaNet scan, and for decode rows ``gated_delta_decode (window)`` is the decode rows' update of their state window in a
-donated pool (the reference and xla rows: the window slice, the one-step update and one
-``dynamic_update_slice``, as the step ran it before the native kernel), and the decode
-``paged_attention``.
+token-by-token Gated DeltaNet scan; for decode rows, ``gated_delta_decode (window)``, their update
+of their state window in a donated pool (the reference and xla rows: the window slice, the one-step
+update and one ``dynamic_update_slice``, as the step ran it before the native kernel), and the
+decode ``paged_attention``.
 """
 
 from __future__ import annotations

@@ -47,8 +47,8 @@ void ScanOne(const Scan& s, int64_t task) {
   const int64_t r = task / s.heads, h = task % s.heads, hk = h / (s.heads / s.key_heads);
   const int64_t dk = s.dk, dv = s.dv, block = dk * dv;
   std::vector<float> state(block);
-  const float* start = s.pair[r] >= 0 ? s.chunks + (std::min<int64_t>(s.pair[r], s.num_chunks - 1) * s.heads + h) * block
-                                      : s.init + (r * s.heads + h) * block;
+  const int64_t src = std::min<int64_t>(s.pair[r], s.num_chunks - 1);
+  const float* start = s.pair[r] >= 0 ? s.chunks + (src * s.heads + h) * block : s.init + (r * s.heads + h) * block;
   std::memcpy(state.data(), start, block * sizeof(float));
   float sk[kMaxValueDim], sq[kMaxValueDim], u[kMaxValueDim];
   const int64_t begin = s.cu[r], end = s.cu[r + 1];
