@@ -196,3 +196,18 @@ def test_ops_chunked_is_native_under_auto() -> None:
         with ops.use_backend(backend):
             text = jax.jit(lambda *a: ops.gated_delta_chunked(*a, chunk_size=4)).lower(*args).as_text()
         assert (native.SCAN_TARGET in text) == native_call, backend
+
+
+def test_native_scan_refuses_a_pair_chunk_off_the_contract() -> None:
+    """A paired row must start from a used chunk of an unpaired row (``runner/inputs`` never builds
+    anything else); the kernel refuses the rest instead of reading chunks being written."""
+    from tests.kernels import test_gated_delta as gd_case
+
+    lens = (8, 8, 8, 8)  # chunk 4: rows own chunks 0-1, 2-3, 4-5, 6-7; 4 unused chunks after
+    inp = gd_case._make_inputs(3, 32, 4, 1, 2, 4, 4)
+    args = (inp["q"], inp["k"], inp["v"], inp["g"], inp["beta"], jnp.asarray(gd_case._cu(lens)), inp["init"])
+    fn = jax.jit(functools.partial(native.gated_delta_scan, chunk_size=4))
+    jax.block_until_ready(fn(*args, pair_chunk=jnp.asarray([-1, 1, -1, -1], jnp.int32)))  # row 0's chunk: fine
+    for pair in ([-1, 5, 1, -1], [-1, 3, -1, -1], [-1, 9, -1, -1], [-1, 40, -1, -1]):  # paired, own, unused, past
+        with pytest.raises(Exception, match="pair_chunk names no used chunk"):
+            jax.block_until_ready(fn(*args, pair_chunk=jnp.asarray(pair, jnp.int32)))

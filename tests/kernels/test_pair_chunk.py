@@ -72,7 +72,7 @@ GDN_FORMS = {
     # in sub-chunks of 2: pair_chunk and chunk_states are translated between the two layouts
     "fast-sub2": functools.partial(fast.gated_delta_chunked, sub_chunk=2),
 }
-if jax.default_backend() == "cpu" and native.mode() != "0":  # the token-by-token C++ scan
+if native.available():  # the token-by-token C++ scan (built here if need be)
     GDN_FORMS["native"] = native.gated_delta_scan
 
 

@@ -157,6 +157,19 @@ def enabled() -> bool:
     return False
 
 
+def available() -> bool:
+    """Whether the kernels can run here: not turned off, on the CPU, and built and registered
+    (builds them on first call; unlike :func:`enabled` it neither warns nor raises)."""
+    return mode() != "0" and jax.default_backend() == "cpu" and _load() is None
+
+
+def _require() -> None:
+    """Builds and registers the kernels before a direct call traces one of them."""
+    reason = _load()
+    if reason is not None:
+        raise NativeUnavailableError(f"the native kernels cannot be used: {reason}")
+
+
 def serves_window(v: jax.Array, pool: jax.Array) -> bool:
     """Shapes and dtypes the kernel takes: a float32 pool and a value head dim within its scratch."""
     return pool.dtype == jnp.float32 and pool.ndim == 4 and v.shape[-1] <= MAX_VALUE_DIM
@@ -169,7 +182,8 @@ def gated_delta_decode_window(
     """``ops.gated_delta_decode_window`` on the native kernel: decode row ``r`` updates slot
     ``base + r`` of ``pool [S, Hv, dk, dv]`` in place when ``real[r]`` (``q, k [d, Hk, dk]``,
     ``v [d, Hv, dv]``, ``g, beta [d, Hv]``; ``0 <= base <= S - d``); returns ``(out [d, Hv, dv] in
-    v.dtype, pool)``. Call only where :func:`enabled` and :func:`serves_window` hold."""
+    v.dtype, pool)``. ``ops`` calls it where :func:`enabled` and :func:`serves_window` hold."""
+    _require()
     d, heads, dv = v.shape
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
     f32 = jnp.float32
@@ -206,6 +220,7 @@ def paged_attention_decode(
     """``ops.paged_attention`` on the native kernel, for calls with one query token per row
     (``q [R, Hq, D]``, ``page_table [R, M]``; :func:`serves_attention`): the contract of
     ``kernels/attention.paged_attention``, output in ``q``'s dtype."""
+    _require()
     call = jax.ffi.ffi_call(ATTENTION_TARGET, jax.ShapeDtypeStruct(q.shape, jnp.float32))
     out = call(
         q.astype(jnp.float32), k_pages, v_pages, jnp.asarray(page_table, jnp.int32),
@@ -222,6 +237,7 @@ def gated_delta_scan(
     """``ops.gated_delta_chunked`` on the native kernel (the contract of
     ``kernels/gated_delta.gated_delta_chunked``): the recurrence token by token, each (row, head)
     holding its state in a local buffer, checkpoints written at the chunk grid; unused chunks are 0."""
+    _require()
     from radixflow_jax.kernels.layout import num_chunks_for
 
     num_tokens, heads, dv = v.shape

@@ -5,7 +5,8 @@
 //   cu    s32[R + 1]        row r owns tokens [cu[r], cu[r+1]); tokens from cu[R] on are padding
 //   init  f32[R, H, K, V]   each row's state before its span
 //   pair  s32[R]            pair[r] >= 0: row r starts from chunk_states[pair[r]] instead (policy pair;
-//                           that chunk belongs to a row with pair < 0, so it is computed first)
+//                           that chunk must be a used chunk of a row with pair < 0, which is computed
+//                           first; anything else is refused with InvalidArgument)
 // Attributes: scale (the query scale), chunk (the checkpoint grid). Results: out f32[T, H, V] (0 for
 // padding tokens), final f32[R, H, K, V], chunk_states f32[N, H, K, V] with N = ceil(T / chunk) + R.
 //
@@ -47,8 +48,8 @@ void ScanOne(const Scan& s, int64_t task) {
   const int64_t r = task / s.heads, h = task % s.heads, hk = h / (s.heads / s.key_heads);
   const int64_t dk = s.dk, dv = s.dv, block = dk * dv;
   std::vector<float> state(block);
-  const int64_t src = std::min<int64_t>(s.pair[r], s.num_chunks - 1);
-  const float* start = s.pair[r] >= 0 ? s.chunks + (src * s.heads + h) * block : s.init + (r * s.heads + h) * block;
+  const int64_t src = s.pair[r];  // checked in Impl: a used chunk of an unpaired row, written in phase 0
+  const float* start = src >= 0 ? s.chunks + (src * s.heads + h) * block : s.init + (r * s.heads + h) * block;
   std::memcpy(state.data(), start, block * sizeof(float));
   float sk[kMaxValueDim], sq[kMaxValueDim], u[kMaxValueDim];
   const int64_t begin = s.cu[r], end = s.cu[r + 1];
@@ -134,6 +135,14 @@ ffi::Error Impl(ffi::ThreadPool threads, ffi::Buffer<ffi::F32> q, ffi::Buffer<ff
     first[r + 1] = first[r] + (len + chunk - 1) / chunk;
   }
   if (first[rows] > cd[0]) return ffi::Error::InvalidArgument("gated_delta_scan: too few chunk states");
+  const int32_t* pr = pair.typed_data();
+  for (int64_t r = 0; r < rows; ++r) {  // a paired row starts from a used chunk of an unpaired row
+    if (pr[r] < 0) continue;
+    const int64_t owner = std::upper_bound(first.begin(), first.end(), static_cast<int64_t>(pr[r])) - first.begin() - 1;
+    if (pr[r] >= first[rows] || owner < 0 || owner >= rows || pr[owner] >= 0) {
+      return ffi::Error::InvalidArgument("gated_delta_scan: pair_chunk names no used chunk of an unpaired row");
+    }
+  }
   float* o = out->typed_data();
   std::fill(o + used_tokens * heads * dv, o + tokens * heads * dv, 0.f);
   float* ch = chunk_states->typed_data();
