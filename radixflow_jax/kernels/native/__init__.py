@@ -65,6 +65,7 @@ TARGETS = {
 SOURCES = tuple(
     Path(__file__).with_name(n) for n in ("gated_delta_decode.cc", "paged_attention.cc", "gated_delta_scan.cc")
 )
+HEADERS = (Path(__file__).with_name("common.h"),)  # the work-sharing runner and the one-token delta rule
 FLAGS = ("-O3", "-march=native", "-fopenmp-simd", "-std=c++17", "-shared", "-fPIC", "-w")
 MAX_VALUE_DIM = 512  # the kernel's per-head scratch (kMaxValueDim in the source)
 MODES = ("auto", "1", "0")
@@ -96,7 +97,7 @@ def _build(compiler: str) -> Path:
     api = Path(include) / "xla" / "ffi" / "api"
     headers = b"".join(h.read_bytes() for h in sorted(api.glob("*.h"))) + jaxlib.__version__.encode()
     digest = hashlib.sha256()
-    sources = b"".join(src.read_bytes() for src in SOURCES)
+    sources = b"".join(src.read_bytes() for src in (*SOURCES, *HEADERS))
     for part in (sources, version.encode(), " ".join(FLAGS).encode(), headers, _cpu_flags().encode()):
         digest.update(hashlib.sha256(part).digest())
     target = Path(cache_root()) / "native" / digest.hexdigest()[:16] / "libradixflow_native.so"

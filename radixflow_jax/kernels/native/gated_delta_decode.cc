@@ -14,75 +14,36 @@
 // This is the algebra of kernels/fast.py's gated_delta_decode (tested against the reference
 // kernels/gated_delta.py); the state is read from memory once (both products in one pass) and
 // written once (the second pass reads the 16 KB block back from cache).
-#include <algorithm>
-#include <atomic>
-#include <cmath>
 #include <cstdint>
 #include <memory>
-#include <thread>
 
+#include "common.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace ffi = xla::ffi;
 
 namespace {
 
-constexpr int64_t kMaxValueDim = 512;
+using radixflow_native::DeltaStep;
+using radixflow_native::kMaxValueDim;
 
 struct Window {
+  explicit Window(int64_t n) : tasks(n) {}
   float* pool;
   const float *q, *k, *v, *g, *beta;
   const int32_t* real;
   float* out;
   int64_t base, rows, heads, key_heads, dk, dv;
   float scale;
-  std::atomic<int64_t> next{0};
-  std::atomic<int64_t> done{0};
+  radixflow_native::Tasks tasks;  // one per (row, value head)
+
+  void Run(int64_t task) const {
+    const int64_t r = task / heads, h = task % heads, hk = h / (heads / key_heads);
+    DeltaStep(pool + ((base + r) * heads + h) * dk * dv, q + (r * key_heads + hk) * dk, k + (r * key_heads + hk) * dk,
+              v + (r * heads + h) * dv, g[r * heads + h], beta[r * heads + h], scale, dk, dv,
+              out + (r * heads + h) * dv, real[r] != 0);  // a padding row leaves its window slot as it was
+  }
 };
-
-void UpdateOne(const Window& w, int64_t task) {
-  const int64_t r = task / w.heads, h = task % w.heads, hk = h / (w.heads / w.key_heads);
-  const int64_t dk = w.dk, dv = w.dv;
-  float* state = w.pool + ((w.base + r) * w.heads + h) * dk * dv;
-  const float* k = w.k + (r * w.key_heads + hk) * dk;
-  const float* q = w.q + (r * w.key_heads + hk) * dk;
-  const float* v = w.v + (r * w.heads + h) * dv;
-  float* out = w.out + (r * w.heads + h) * dv;
-  const float a = std::exp(w.g[r * w.heads + h]), b = w.beta[r * w.heads + h];
-  float sk[kMaxValueDim], sq[kMaxValueDim], u[kMaxValueDim];
-  std::fill(sk, sk + dv, 0.f);
-  std::fill(sq, sq + dv, 0.f);
-  float kq = 0.f;
-#pragma omp simd reduction(+ : kq)
-  for (int64_t i = 0; i < dk; ++i) kq += k[i] * q[i] * w.scale;
-  for (int64_t i = 0; i < dk; ++i) {
-    const float ki = k[i], qi = q[i] * w.scale;
-    const float* row = state + i * dv;
-    for (int64_t c = 0; c < dv; ++c) {
-      sk[c] += row[c] * ki;
-      sq[c] += row[c] * qi;
-    }
-  }
-  for (int64_t c = 0; c < dv; ++c) {
-    u[c] = b * (v[c] - a * sk[c]);
-    out[c] = a * sq[c] + u[c] * kq;
-  }
-  if (!w.real[r]) return;  // a padding row leaves its window slot as it was
-  for (int64_t i = 0; i < dk; ++i) {
-    const float ki = k[i];
-    float* row = state + i * dv;
-    for (int64_t c = 0; c < dv; ++c) row[c] = a * row[c] + ki * u[c];
-  }
-}
-
-// Claims (row, head) tasks until none is left. Every thread that runs this shares the work.
-void Drain(Window& w) {
-  const int64_t n = w.rows * w.heads;
-  for (int64_t t; (t = w.next.fetch_add(1)) < n;) {
-    UpdateOne(w, t);
-    w.done.fetch_add(1, std::memory_order_release);
-  }
-}
 
 ffi::Error Impl(ffi::ThreadPool threads, ffi::Buffer<ffi::S32> base, ffi::Buffer<ffi::S32> real,
                 ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k, ffi::Buffer<ffi::F32> v,
@@ -94,7 +55,7 @@ ffi::Error Impl(ffi::ThreadPool threads, ffi::Buffer<ffi::S32> base, ffi::Buffer
       kd[2] != qd[2]) {
     return ffi::Error::InvalidArgument("gated_delta_decode_window: bad ranks");
   }
-  auto w = std::make_shared<Window>();
+  auto w = std::make_shared<Window>(vd[0] * vd[1]);
   w->rows = vd[0], w->heads = vd[1], w->dv = vd[2], w->key_heads = qd[1], w->dk = qd[2];
   w->base = base.typed_data()[0];
   if (qd[0] != w->rows || pd[1] != w->heads || pd[2] != w->dk || pd[3] != w->dv || w->key_heads < 1 ||
@@ -111,12 +72,7 @@ ffi::Error Impl(ffi::ThreadPool threads, ffi::Buffer<ffi::S32> base, ffi::Buffer
   w->pool = pool->typed_data(), w->out = out->typed_data(), w->real = real.typed_data();
   w->q = q.typed_data(), w->k = k.typed_data(), w->v = v.typed_data();
   w->g = g.typed_data(), w->beta = beta.typed_data(), w->scale = scale;
-  // Helpers on XLA's intra-op pool share the tasks; this thread drains too, so the call finishes
-  // even if no helper ever starts, and waits only for tasks a helper has already claimed.
-  const int64_t helpers = std::min<int64_t>(threads.num_threads(), 16) - 1;
-  for (int64_t i = 0; i < helpers; ++i) threads.Schedule([w] { Drain(*w); });
-  Drain(*w);
-  while (w->done.load(std::memory_order_acquire) < w->rows * w->heads) std::this_thread::yield();
+  radixflow_native::RunShared(threads, w);
   return ffi::Error::Success();
 }
 

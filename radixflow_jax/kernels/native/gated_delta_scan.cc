@@ -17,96 +17,52 @@
 // the recurrence the chunked kernels compute in blocks (kernels/gated_delta.py's gated_delta_naive is
 // the same per-token form). Each (row, head) keeps its 64x64 state in a local buffer for its span.
 #include <algorithm>
-#include <atomic>
-#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <memory>
-#include <thread>
 #include <vector>
 
+#include "common.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace ffi = xla::ffi;
 
 namespace {
 
-constexpr int64_t kMaxValueDim = 512;
+using radixflow_native::kMaxValueDim;
 
+// One phase of the scan: its (row, head) tasks.
 struct Scan {
+  explicit Scan(std::vector<int64_t> row_heads) : row_heads(std::move(row_heads)), tasks(this->row_heads.size()) {}
   const float *q, *k, *v, *g, *beta, *init;
   const int32_t *cu, *pair;
   float *out, *final_state, *chunks;
-  std::vector<int64_t> first, tasks;  // first chunk of each row; (row * heads + head) of this phase
-  int64_t rows, heads, key_heads, dk, dv, num_chunks, chunk;
+  std::vector<int64_t> first;  // first chunk of each row
+  const std::vector<int64_t> row_heads;  // row * heads + head of each task
+  int64_t heads, key_heads, dk, dv, chunk;
   float scale;
-  std::atomic<int64_t> next{0};
-  std::atomic<int64_t> done{0};
-};
+  radixflow_native::Tasks tasks;
 
-void ScanOne(const Scan& s, int64_t task) {
-  const int64_t r = task / s.heads, h = task % s.heads, hk = h / (s.heads / s.key_heads);
-  const int64_t dk = s.dk, dv = s.dv, block = dk * dv;
-  std::vector<float> state(block);
-  const int64_t src = s.pair[r];  // checked in Impl: a used chunk of an unpaired row, written in phase 0
-  const float* start = src >= 0 ? s.chunks + (src * s.heads + h) * block : s.init + (r * s.heads + h) * block;
-  std::memcpy(state.data(), start, block * sizeof(float));
-  float sk[kMaxValueDim], sq[kMaxValueDim], u[kMaxValueDim];
-  const int64_t begin = s.cu[r], end = s.cu[r + 1];
-  for (int64_t t = begin; t < end; ++t) {
-    const float* k = s.k + (t * s.key_heads + hk) * dk;
-    const float* q = s.q + (t * s.key_heads + hk) * dk;
-    const float* v = s.v + (t * s.heads + h) * dv;
-    const float a = std::exp(s.g[t * s.heads + h]), b = s.beta[t * s.heads + h];
-    std::fill(sk, sk + dv, 0.f);
-    std::fill(sq, sq + dv, 0.f);
-    float kq = 0.f;
-#pragma omp simd reduction(+ : kq)
-    for (int64_t i = 0; i < dk; ++i) kq += k[i] * q[i] * s.scale;
-    for (int64_t i = 0; i < dk; ++i) {
-      const float ki = k[i], qi = q[i] * s.scale;
-      const float* row = state.data() + i * dv;
-      for (int64_t c = 0; c < dv; ++c) {
-        sk[c] += row[c] * ki;
-        sq[c] += row[c] * qi;
+  void Run(int64_t task) const {
+    const int64_t r = row_heads[task] / heads, h = row_heads[task] % heads, hk = h / (heads / key_heads);
+    const int64_t block = dk * dv, src = pair[r];  // src: checked in Impl (a used chunk of an unpaired row)
+    std::vector<float> state(block);
+    const float* start = src >= 0 ? chunks + (src * heads + h) * block : init + (r * heads + h) * block;
+    std::memcpy(state.data(), start, block * sizeof(float));
+    const int64_t begin = cu[r], end = cu[r + 1];
+    for (int64_t t = begin; t < end; ++t) {
+      radixflow_native::DeltaStep(state.data(), q + (t * key_heads + hk) * dk, k + (t * key_heads + hk) * dk,
+                                  v + (t * heads + h) * dv, g[t * heads + h], beta[t * heads + h], scale, dk, dv,
+                                  out + (t * heads + h) * dv, true);
+      const int64_t done_tokens = t - begin + 1;
+      if (done_tokens % chunk == 0 || t == end - 1) {
+        const int64_t j = first[r] + (done_tokens - 1) / chunk;
+        std::memcpy(chunks + (j * heads + h) * block, state.data(), block * sizeof(float));
       }
     }
-    float* o = s.out + (t * s.heads + h) * dv;
-    for (int64_t c = 0; c < dv; ++c) {
-      u[c] = b * (v[c] - a * sk[c]);
-      o[c] = a * sq[c] + u[c] * kq;
-    }
-    for (int64_t i = 0; i < dk; ++i) {
-      const float ki = k[i];
-      float* row = state.data() + i * dv;
-      for (int64_t c = 0; c < dv; ++c) row[c] = a * row[c] + ki * u[c];
-    }
-    const int64_t done_tokens = t - begin + 1;
-    if (done_tokens % s.chunk == 0 || t == end - 1) {
-      const int64_t j = s.first[r] + (done_tokens - 1) / s.chunk;
-      std::memcpy(s.chunks + (j * s.heads + h) * block, state.data(), block * sizeof(float));
-    }
+    std::memcpy(final_state + (r * heads + h) * block, state.data(), block * sizeof(float));
   }
-  std::memcpy(s.final_state + (r * s.heads + h) * block, state.data(), block * sizeof(float));
-}
-
-void Drain(Scan& s) {
-  const int64_t n = static_cast<int64_t>(s.tasks.size());
-  for (int64_t i; (i = s.next.fetch_add(1)) < n;) {
-    ScanOne(s, s.tasks[i]);
-    s.done.fetch_add(1, std::memory_order_release);
-  }
-}
-
-// Runs one phase's tasks on this thread and XLA's intra-op helpers; returns when all are done.
-void RunPhase(ffi::ThreadPool& threads, const std::shared_ptr<Scan>& s) {
-  const int64_t n = static_cast<int64_t>(s->tasks.size());
-  if (n == 0) return;
-  const int64_t helpers = std::min<int64_t>({threads.num_threads(), 16, n}) - 1;
-  for (int64_t i = 0; i < helpers; ++i) threads.Schedule([s] { Drain(*s); });
-  Drain(*s);
-  while (s->done.load(std::memory_order_acquire) < n) std::this_thread::yield();
-}
+};
 
 ffi::Error Impl(ffi::ThreadPool threads, ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k, ffi::Buffer<ffi::F32> v,
                 ffi::Buffer<ffi::F32> g, ffi::Buffer<ffi::F32> beta, ffi::Buffer<ffi::S32> cu,
@@ -148,17 +104,17 @@ ffi::Error Impl(ffi::ThreadPool threads, ffi::Buffer<ffi::F32> q, ffi::Buffer<ff
   float* ch = chunk_states->typed_data();
   std::fill(ch + first[rows] * heads * block, ch + cd[0] * heads * block, 0.f);
   for (int phase = 0; phase < 2; ++phase) {  // unpaired rows first: their chunk states feed paired rows
-    auto s = std::make_shared<Scan>();
-    s->q = q.typed_data(), s->k = k.typed_data(), s->v = v.typed_data(), s->g = g.typed_data();
-    s->beta = beta.typed_data(), s->init = init.typed_data(), s->cu = c, s->pair = pair.typed_data();
-    s->out = o, s->final_state = final_state->typed_data(), s->chunks = ch, s->first = first;
-    s->rows = rows, s->heads = heads, s->key_heads = key_heads, s->dk = dk, s->dv = dv;
-    s->num_chunks = cd[0], s->chunk = chunk, s->scale = scale;
+    std::vector<int64_t> row_heads;
     for (int64_t r = 0; r < rows; ++r) {
-      if ((s->pair[r] >= 0) != (phase == 1)) continue;
-      for (int64_t h = 0; h < heads; ++h) s->tasks.push_back(r * heads + h);
+      if ((pr[r] >= 0) != (phase == 1)) continue;
+      for (int64_t h = 0; h < heads; ++h) row_heads.push_back(r * heads + h);
     }
-    RunPhase(threads, s);
+    auto s = std::make_shared<Scan>(std::move(row_heads));
+    s->q = q.typed_data(), s->k = k.typed_data(), s->v = v.typed_data(), s->g = g.typed_data();
+    s->beta = beta.typed_data(), s->init = init.typed_data(), s->cu = c, s->pair = pr;
+    s->out = o, s->final_state = final_state->typed_data(), s->chunks = ch, s->first = first;
+    s->heads = heads, s->key_heads = key_heads, s->dk = dk, s->dv = dv, s->chunk = chunk, s->scale = scale;
+    radixflow_native::RunShared(threads, s);
   }
   return ffi::Error::Success();
 }

@@ -15,13 +15,12 @@
 // soft_cap tanh(logits / soft_cap) when set; softmax over the keys; the same contract as
 // kernels/attention.py's paged_attention, which the tests compare it with.
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <memory>
-#include <thread>
 #include <vector>
 
+#include "common.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace ffi = xla::ffi;
@@ -29,17 +28,19 @@ namespace ffi = xla::ffi;
 namespace {
 
 struct Decode {
+  explicit Decode(int64_t n) : tasks(n) {}
+  void Run(int64_t task) const;
   const float *q, *k, *v;
   const int32_t *table, *cu, *lens;
   float* out;
   int64_t tokens, rows, q_heads, kv_heads, dim, pages, page_size, max_pages;
   float scale, soft_cap;
   int64_t window;
-  std::atomic<int64_t> next{0};
-  std::atomic<int64_t> done{0};
+  radixflow_native::Tasks tasks;  // one per (token, KV head)
 };
 
-void AttendOne(const Decode& a, int64_t task) {
+void Decode::Run(int64_t task) const {
+  const Decode& a = *this;
   const int64_t t = task / a.kv_heads, kvh = task % a.kv_heads, rep = a.q_heads / a.kv_heads, dim = a.dim;
   float* out = a.out + (t * a.q_heads + kvh * rep) * dim;
   std::fill(out, out + rep * dim, 0.f);
@@ -84,14 +85,6 @@ void AttendOne(const Decode& a, int64_t task) {
   }
 }
 
-void Drain(Decode& a) {
-  const int64_t n = a.tokens * a.kv_heads;
-  for (int64_t t; (t = a.next.fetch_add(1)) < n;) {
-    AttendOne(a, t);
-    a.done.fetch_add(1, std::memory_order_release);
-  }
-}
-
 ffi::Error Impl(ffi::ThreadPool threads, ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k_pages,
                 ffi::Buffer<ffi::F32> v_pages, ffi::Buffer<ffi::S32> page_table, ffi::Buffer<ffi::S32> cu_seqlens,
                 ffi::Buffer<ffi::S32> kv_lens, float scale, int64_t window, float soft_cap,
@@ -100,7 +93,7 @@ ffi::Error Impl(ffi::ThreadPool threads, ffi::Buffer<ffi::F32> q, ffi::Buffer<ff
   if (qd.size() != 3 || kd.size() != 4 || vd.size() != 4 || td.size() != 2) {
     return ffi::Error::InvalidArgument("paged_attention_decode: bad ranks");
   }
-  auto a = std::make_shared<Decode>();
+  auto a = std::make_shared<Decode>(qd[0] * kd[2]);
   a->tokens = qd[0], a->q_heads = qd[1], a->dim = qd[2];
   a->pages = kd[0], a->page_size = kd[1], a->kv_heads = kd[2];
   a->rows = td[0], a->max_pages = td[1];
@@ -114,11 +107,7 @@ ffi::Error Impl(ffi::ThreadPool threads, ffi::Buffer<ffi::F32> q, ffi::Buffer<ff
   a->q = q.typed_data(), a->k = k_pages.typed_data(), a->v = v_pages.typed_data();
   a->table = page_table.typed_data(), a->cu = cu_seqlens.typed_data(), a->lens = kv_lens.typed_data();
   a->out = out->typed_data(), a->scale = scale, a->window = window, a->soft_cap = soft_cap;
-  // as in gated_delta_decode.cc: helpers share the tasks, this thread drains too
-  const int64_t helpers = std::min<int64_t>(threads.num_threads(), 16) - 1;
-  for (int64_t i = 0; i < helpers; ++i) threads.Schedule([a] { Drain(*a); });
-  Drain(*a);
-  while (a->done.load(std::memory_order_acquire) < a->tokens * a->kv_heads) std::this_thread::yield();
+  radixflow_native::RunShared(threads, a);
   return ffi::Error::Success();
 }
 
