@@ -150,11 +150,12 @@ def _pallas_impl(op: str) -> Callable[..., Any] | None:
     else None, so a forced ``pallas`` backend raises :class:`KernelUnavailableError`.
 
     The decode updates (``gated_delta_decode``, ``ssd_decode``), the convolutions
-    (``causal_conv1d``, ``causal_conv1d_update``, ``conv_states_at``) and ``write_kv`` stay jnp on
-    purpose: each is one memory-bound pass (read the state / window once, write it once) with no
-    reduction or reuse for a kernel to tile, which XLA already fuses into a single loop at
-    bandwidth; ``write_kv`` is an in-place scatter into donated pools. A Pallas version would add
-    launch and relayout cost without saving traffic, so these ops have no Pallas entry.
+    (``causal_conv1d``, ``causal_conv1d_update``, ``conv_states_at``) and ``write_kv`` have no
+    Pallas entry: each is one memory-bound pass (read the state / window once, write it once) with
+    no reduction or reuse for a kernel to tile, which XLA fuses on TPU/GPU; ``write_kv`` is an
+    in-place scatter into donated pools. On the CPU, where XLA did not fuse the decode update
+    into one pass (docs/performance.md, "Native CPU kernels"), the Gated DeltaNet update of a
+    decode-only call runs the native kernel instead (:func:`gated_delta_decode_window`).
     """
     kernels: dict[str, Callable[..., Any]] = {
         "gated_delta_chunked": _pallas_gated_delta.gated_delta_chunked,
