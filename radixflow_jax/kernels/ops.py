@@ -5,7 +5,9 @@ The backend is chosen per call site at trace time: ``RADIXFLOW_KERNELS=reference
 kernel exists for the current platform, else the faster XLA formulation (``kernels/fast.py``, each
 tested against its reference) where one exists, else the pure-jnp reference. ``reference`` runs the
 oracles only. A forced backend that cannot serve an op raises :class:`KernelUnavailableError`;
-nothing falls back silently.
+nothing falls back silently. On the CPU, ``auto`` also runs the native C++ kernels of
+``kernels/native`` where one serves a call (the Gated DeltaNet scan and decode window update, paged
+attention with one query per row; ``RADIXFLOW_NATIVE``; a failed build warns once).
 """
 
 from __future__ import annotations
