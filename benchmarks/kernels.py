@@ -16,7 +16,7 @@ correctness tool, not a speed one) and the script says so.
 (``xla/subN``; 64 is the form before sub-chunks), interleaved with the others.
 
 On the CPU with float32 (``--small``), ``native`` times the C++ kernels of ``kernels/native``: the
-token-by-token Gated DeltaNet scan; for decode rows, ``gated_delta_decode (window)``, their update
+token-by-token Gated DeltaNet and SSD scans; for decode rows, ``gated_delta_decode (window)``, their update
 of their state window in a donated pool (the reference and xla rows: the window slice, the one-step
 update and one ``dynamic_update_slice``, as the step ran it before the native kernel), and the
 decode ``paged_attention``.
@@ -180,6 +180,7 @@ def main() -> None:
         impls["native"] = {
             "gated_delta_decode (window)": native,
             "gated_delta_chunked": SimpleNamespace(gated_delta_chunked=native.gated_delta_scan),
+            "ssd_chunked": SimpleNamespace(ssd_chunked=native.ssd_scan),
             "paged_attention (decode)": SimpleNamespace(paged_attention=native.paged_attention_decode),
         }
     for size in filter(None, args.sub_chunks.split(",")):  # side by side with the default sub-chunk size

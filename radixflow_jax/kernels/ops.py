@@ -6,8 +6,9 @@ kernel exists for the current platform, else the faster XLA formulation (``kerne
 tested against its reference) where one exists, else the pure-jnp reference. ``reference`` runs the
 oracles only. A forced backend that cannot serve an op raises :class:`KernelUnavailableError`;
 nothing falls back silently. On the CPU, ``auto`` also runs the native C++ kernels of
-``kernels/native`` where one serves a call (the Gated DeltaNet scan and decode window update, paged
-attention with one query per row; ``RADIXFLOW_NATIVE``; a failed build warns once).
+``kernels/native`` where one serves a call (the Gated DeltaNet and SSD scans, the Gated DeltaNet
+decode window update, paged attention with one query per row; ``RADIXFLOW_NATIVE``; a failed build
+warns once).
 """
 
 from __future__ import annotations
@@ -209,18 +210,19 @@ def resolve(op: str) -> Callable[..., Any]:
 def gated_delta_chunked(*args: Any, **kwargs: Any) -> Any:
     """See ``kernels/gated_delta.gated_delta_chunked``. On the CPU under ``auto`` the native
     token-by-token scan serves it (``kernels/native``), as :func:`gated_delta_decode_window` does."""
-    if len(args) == 7 and _native_serves_scan(args[2]):
+    if len(args) == 7 and _native_serves_scan(args[2], "gated_delta_chunked"):
         return _native.gated_delta_scan(*args, **kwargs)
     return resolve("gated_delta_chunked")(*args, **kwargs)
 
 
-def _native_serves_scan(v: Any) -> bool:
+def _native_serves_scan(values: Any, op: str) -> bool:
+    """``values``: the per-token values (``v [T, Hv, dv]``, or SSD's ``x [T, H, P]``)."""
     shards = _shards.get()
     if selected_backend() != "auto" or not (shards is None or shards[0].shape[shards[1]] == 1):
         return False
-    if _pallas_impl("gated_delta_chunked") is not None:
+    if _pallas_impl(op) is not None:
         return False
-    return v.ndim == 3 and v.shape[-1] <= _native.MAX_VALUE_DIM and _native.enabled()
+    return values.ndim == 3 and values.shape[-1] <= _native.MAX_VALUE_DIM and _native.enabled()
 
 
 def gated_delta_decode(*args: Any, **kwargs: Any) -> Any:
@@ -254,6 +256,10 @@ def trace_flags() -> tuple[bool, str]:
 
 
 def ssd_chunked(*args: Any, **kwargs: Any) -> Any:
+    """See ``kernels/ssd.ssd_chunked``. On the CPU under ``auto`` the native token-by-token scan
+    serves it (``kernels/native``), as for :func:`gated_delta_chunked`."""
+    if len(args) == 7 and _native_serves_scan(args[0], "ssd_chunked"):
+        return _native.ssd_scan(*args, **kwargs)
     return resolve("ssd_chunked")(*args, **kwargs)
 
 

@@ -211,3 +211,34 @@ def test_native_scan_refuses_a_pair_chunk_off_the_contract() -> None:
     for pair in ([-1, 5, 1, -1], [-1, 3, -1, -1], [-1, 9, -1, -1], [-1, 40, -1, -1]):  # paired, own, unused, past
         with pytest.raises(Exception, match="pair_chunk names no used chunk"):
             jax.block_until_ready(fn(*args, pair_chunk=jnp.asarray(pair, jnp.int32)))
+
+
+@pytest.mark.parametrize("chunk_size,groups", [(4, 1), (8, 2), (64, 2)], ids=["c4", "c8-groups", "c64"])
+def test_native_ssd_scan_matches_the_per_token_oracle(chunk_size: int, groups: int) -> None:
+    """``native.ssd_scan`` against the float64 per-token oracle of ``test_ssd``: outputs (0 past the
+    rows), final states (a zero-length row keeps its initial state), every used chunk; unused 0."""
+    from tests.kernels import test_ssd as ssd_case
+
+    lens = ssd_case.LENS
+    inp = ssd_case.make_inputs(chunk_size + groups, lens, ssd_case.PAD, heads=4, p=3, n=5, groups=groups)
+    y, final, chunks = jax.jit(functools.partial(native.ssd_scan, chunk_size=chunk_size))(**inp)
+    y64, states64 = ssd_case.numpy_oracle(inp)
+    assert ssd_case.max_diff(y, y64) <= ssd_case.TOL and not np.any(np.asarray(y)[sum(lens) :])
+    for r, length in enumerate(lens):
+        assert ssd_case.max_diff(final[r], states64[r][length]) <= ssd_case.TOL
+    np.testing.assert_array_equal(np.asarray(final)[1], inp["initial_state"][1])
+    used = ssd_case.used_chunks(lens, chunk_size)
+    for idx, row, done in used:
+        assert ssd_case.max_diff(chunks[idx], states64[row][done]) <= ssd_case.TOL, (idx, row, done)
+    assert not np.any(np.asarray(chunks)[len(used) :])
+
+
+def test_ops_ssd_is_native_under_auto() -> None:
+    from tests.kernels import test_ssd as ssd_case
+
+    inp = ssd_case.make_inputs(1, (3, 4), 1, heads=2, p=3, n=4, groups=1)
+    args = tuple(jnp.asarray(inp[k]) for k in ("x", "dt", "A", "B", "C", "cu_seqlens", "initial_state"))
+    for backend, native_call in (("auto", True), ("xla", False)):
+        with ops.use_backend(backend):
+            text = jax.jit(lambda *a: ops.ssd_chunked(*a, chunk_size=4)).lower(*args).as_text()
+        assert (native.SSD_TARGET in text) == native_call, backend

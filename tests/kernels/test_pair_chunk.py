@@ -100,9 +100,15 @@ def _ssd_expected(inp: dict[str, np.ndarray], pairs: dict = PAIRS) -> tuple[np.n
     return ssd_case.numpy_oracle(dict(inp, initial_state=_with_producer_states(inp["initial_state"], states, pairs)))
 
 
-def test_ssd_pairs_in_one_pass() -> None:
+SSD_FORMS = {"reference": ssd_chunked}
+if native.available():
+    SSD_FORMS["native"] = native.ssd_scan
+
+
+@pytest.mark.parametrize("form", sorted(SSD_FORMS))
+def test_ssd_pairs_in_one_pass(form: str) -> None:
     inp = _ssd_inputs()
-    call = jax.jit(functools.partial(ssd_chunked, chunk_size=CHUNK))
+    call = jax.jit(functools.partial(SSD_FORMS[form], chunk_size=CHUNK))
     result = call(**inp, pair_chunk=jnp.asarray(_pair_chunk(LENS)))
     ref_out, ref_states = _ssd_expected(inp)
     _check(result, ref_out, ref_states, LENS, ssd_case.TOL)

@@ -1,6 +1,6 @@
 """Native CPU kernels: C++ sources in this folder, built on first use and called through the XLA FFI.
 
-Three kernels, each sharing its work over XLA's intra-op threads:
+Four kernels, each sharing its work over XLA's intra-op threads:
   * ``gated_delta_decode.cc``: the decode rows' Gated DeltaNet update of a window of a state pool,
     in place (:func:`gated_delta_decode_window`). XLA:CPU splits that update into a batched
     matrix-vector fusion, a materialised decayed state and a single-threaded in-place write of the
@@ -12,6 +12,8 @@ Three kernels, each sharing its work over XLA's intra-op threads:
     (:func:`gated_delta_scan`, the contract of ``gated_delta_chunked`` with ``pair_chunk``), each
     (row, head) keeping its state in a local buffer; XLA's chunked form spends its time in small
     matmuls, chunk gathers and loops there.
+  * ``ssd_scan.cc``: the same for Mamba2's SSD recurrence (:func:`ssd_scan`, the contract of
+    ``ssd_chunked``), where the CPU had only the reference's chunked form.
 docs/performance.md, section "Native decode kernels", has the measurements.
 
 ``RADIXFLOW_NATIVE`` says whether the step uses them: ``auto`` (default) builds them where a C++
@@ -29,7 +31,7 @@ Invariants:
   * The FFI target is registered once per process (the registry is XLA's, process-wide), by
     :func:`_load`, which is memoised for that reason.
   * Each kernel has the contract of its reference (``kernels/gated_delta.gated_delta_decode`` on the
-    window, ``kernels/attention.paged_attention``, ``kernels/gated_delta.gated_delta_chunked``) and
+    window, ``kernels/attention.paged_attention``, ``gated_delta_chunked``, ``ssd_chunked``) and
     is tested against it or the per-token oracle
     (``tests/kernels/test_native.py``).
 """
@@ -57,13 +59,16 @@ from radixflow_jax.paths import cache_root
 TARGET = "radixflow_gated_delta_decode_window"
 ATTENTION_TARGET = "radixflow_paged_attention_decode"
 SCAN_TARGET = "radixflow_gated_delta_scan"
+SSD_TARGET = "radixflow_ssd_scan"
 TARGETS = {
     TARGET: "RadixflowGatedDeltaDecodeWindow",
     ATTENTION_TARGET: "RadixflowPagedAttentionDecode",
     SCAN_TARGET: "RadixflowGatedDeltaScan",
+    SSD_TARGET: "RadixflowSsdScan",
 }
 SOURCES = tuple(
-    Path(__file__).with_name(n) for n in ("gated_delta_decode.cc", "paged_attention.cc", "gated_delta_scan.cc")
+    Path(__file__).with_name(n)
+    for n in ("gated_delta_decode.cc", "paged_attention.cc", "gated_delta_scan.cc", "ssd_scan.cc")
 )
 HEADERS = (Path(__file__).with_name("common.h"),)  # the work-sharing runner and the one-token delta rule
 FLAGS = ("-O3", "-march=native", "-fopenmp-simd", "-std=c++17", "-shared", "-fPIC", "-w")
@@ -258,3 +263,29 @@ def gated_delta_scan(
         scale=np.float32(scale), chunk=np.int64(chunk_size),
     )  # fmt: skip
     return out.astype(v.dtype), final, chunks
+
+
+def ssd_scan(
+    x: jax.Array, dt: jax.Array, A: jax.Array, B: jax.Array, C: jax.Array, cu_seqlens: jax.Array,
+    initial_state: jax.Array, *, chunk_size: int = 64, pair_chunk: jax.Array | None = None,
+) -> tuple[jax.Array, jax.Array, jax.Array]:  # fmt: skip
+    """``ops.ssd_chunked`` on the native kernel (the contract of ``kernels/ssd.ssd_chunked``): the
+    recurrence token by token, checkpoints at the chunk grid; unused chunks are 0."""
+    _require()
+    from radixflow_jax.kernels.layout import num_chunks_for
+
+    num_tokens, heads, p = x.shape
+    rows = initial_state.shape[0]
+    f32 = jnp.float32
+    block = initial_state.shape[1:]
+    shapes = (
+        jax.ShapeDtypeStruct((num_tokens, heads, p), f32),
+        jax.ShapeDtypeStruct((rows, *block), f32),
+        jax.ShapeDtypeStruct((num_chunks_for(num_tokens, rows, chunk_size), *block), f32),
+    )
+    pair = jnp.full((rows,), -1, jnp.int32) if pair_chunk is None else jnp.asarray(pair_chunk, jnp.int32)
+    y, final, chunks = jax.ffi.ffi_call(SSD_TARGET, shapes)(
+        x.astype(f32), dt.astype(f32), jnp.asarray(A, f32), B.astype(f32), C.astype(f32),
+        jnp.asarray(cu_seqlens, jnp.int32), jnp.asarray(initial_state, f32), pair, chunk=np.int64(chunk_size),
+    )  # fmt: skip
+    return y.astype(x.dtype), final, chunks

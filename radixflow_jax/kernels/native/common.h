@@ -1,5 +1,5 @@
-// What the native kernels share: the work-sharing runner over XLA's intra-op threads, and the
-// one-token gated delta rule on a state block.
+// What the native kernels share: the work-sharing runner over XLA's intra-op threads, the one-token
+// gated delta rule on a state block, and the scans' chunk layout, pair_chunk check and row loop.
 #ifndef RADIXFLOW_NATIVE_COMMON_H_
 #define RADIXFLOW_NATIVE_COMMON_H_
 
@@ -7,8 +7,11 @@
 #include <atomic>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <memory>
+#include <string>
 #include <thread>
+#include <vector>
 
 #include "xla/ffi/api/ffi.h"
 
@@ -83,6 +86,66 @@ inline void DeltaStep(float* state, const float* q, const float* k, const float*
     const float ki = k[i];
     float* row = state + i * dv;
     for (int64_t c = 0; c < dv; ++c) row[c] = a * row[c] + ki * u[c];
+  }
+}
+
+// The chunk layout of kernels/layout.py over a packed batch, and the pair_chunk contract, checked:
+// row r owns tokens [cu[r], cu[r+1]) and chunks [first[r], first[r+1]), first[r+1] = first[r] +
+// ceil(len / chunk); a paired row (pair[r] >= 0) starts from a used chunk of an unpaired row.
+// Returns an empty string, or what is wrong.
+inline std::string ScanLayout(const int32_t* cu, const int32_t* pair, int64_t rows, int64_t tokens, int64_t chunk,
+                              int64_t num_chunks, std::vector<int64_t>* first) {
+  if (chunk < 1 || cu[0] != 0 || cu[rows] > tokens) return "bad cu_seqlens or chunk size";
+  first->assign(rows + 1, 0);
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t len = cu[r + 1] - cu[r];
+    if (len < 0) return "cu_seqlens decreases";
+    (*first)[r + 1] = (*first)[r] + (len + chunk - 1) / chunk;
+  }
+  if ((*first)[rows] > num_chunks) return "too few chunk states";
+  for (int64_t r = 0; r < rows; ++r) {
+    if (pair[r] < 0) continue;
+    const int64_t owner = std::upper_bound(first->begin(), first->end(), static_cast<int64_t>(pair[r])) - first->begin() - 1;
+    if (pair[r] >= (*first)[rows] || owner < 0 || owner >= rows || pair[owner] >= 0) {
+      return "pair_chunk names no used chunk of an unpaired row";
+    }
+  }
+  return "";
+}
+
+// One (row, head) of a scan: the state block starts from init_block (or, for a paired row, from its
+// source chunk), step(t, state) advances it by token t for t in [cu[r], cu[r+1]), the state after
+// every full chunk and after the span goes to chunks[first[r] + j], and the last to final_block.
+template <class Step>
+void ScanRow(int64_t r, int64_t h, int64_t heads, int64_t block, int64_t chunk, const int32_t* cu, const int32_t* pair,
+             const std::vector<int64_t>& first, const float* init, float* chunks, float* final_state, const Step& step) {
+  std::vector<float> state(block);
+  const float* start = pair[r] >= 0 ? chunks + (pair[r] * heads + h) * block : init + (r * heads + h) * block;
+  std::memcpy(state.data(), start, block * sizeof(float));
+  const int64_t begin = cu[r], end = cu[r + 1];
+  for (int64_t t = begin; t < end; ++t) {
+    step(t, state.data());
+    const int64_t done = t - begin + 1;
+    if (done % chunk == 0 || t == end - 1) {
+      std::memcpy(chunks + ((first[r] + (done - 1) / chunk) * heads + h) * block, state.data(), block * sizeof(float));
+    }
+  }
+  std::memcpy(final_state + (r * heads + h) * block, state.data(), block * sizeof(float));
+}
+
+// Runs job_for(tasks) over every (row, head) in two phases, unpaired rows first (their chunk states
+// feed the paired rows); job_for builds a job (see RunShared) whose task i is tasks[i] = row * heads
+// + head.
+template <class MakeJob>
+void RunScanPhases(xla::ffi::ThreadPool& threads, int64_t rows, int64_t heads, const int32_t* pair,
+                   const MakeJob& job_for) {
+  for (int phase = 0; phase < 2; ++phase) {
+    std::vector<int64_t> tasks;
+    for (int64_t r = 0; r < rows; ++r) {
+      if ((pair[r] >= 0) != (phase == 1)) continue;
+      for (int64_t h = 0; h < heads; ++h) tasks.push_back(r * heads + h);
+    }
+    RunShared(threads, job_for(std::move(tasks)));
   }
 }
 

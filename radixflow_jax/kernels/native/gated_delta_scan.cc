@@ -18,8 +18,8 @@
 // the same per-token form). Each (row, head) keeps its 64x64 state in a local buffer for its span.
 #include <algorithm>
 #include <cstdint>
-#include <cstring>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "common.h"
@@ -37,7 +37,7 @@ struct Scan {
   const float *q, *k, *v, *g, *beta, *init;
   const int32_t *cu, *pair;
   float *out, *final_state, *chunks;
-  std::vector<int64_t> first;  // first chunk of each row
+  const std::vector<int64_t>* first;  // first chunk of each row
   const std::vector<int64_t> row_heads;  // row * heads + head of each task
   int64_t heads, key_heads, dk, dv, chunk;
   float scale;
@@ -45,22 +45,13 @@ struct Scan {
 
   void Run(int64_t task) const {
     const int64_t r = row_heads[task] / heads, h = row_heads[task] % heads, hk = h / (heads / key_heads);
-    const int64_t block = dk * dv, src = pair[r];  // src: checked in Impl (a used chunk of an unpaired row)
-    std::vector<float> state(block);
-    const float* start = src >= 0 ? chunks + (src * heads + h) * block : init + (r * heads + h) * block;
-    std::memcpy(state.data(), start, block * sizeof(float));
-    const int64_t begin = cu[r], end = cu[r + 1];
-    for (int64_t t = begin; t < end; ++t) {
-      radixflow_native::DeltaStep(state.data(), q + (t * key_heads + hk) * dk, k + (t * key_heads + hk) * dk,
-                                  v + (t * heads + h) * dv, g[t * heads + h], beta[t * heads + h], scale, dk, dv,
-                                  out + (t * heads + h) * dv, true);
-      const int64_t done_tokens = t - begin + 1;
-      if (done_tokens % chunk == 0 || t == end - 1) {
-        const int64_t j = first[r] + (done_tokens - 1) / chunk;
-        std::memcpy(chunks + (j * heads + h) * block, state.data(), block * sizeof(float));
-      }
-    }
-    std::memcpy(final_state + (r * heads + h) * block, state.data(), block * sizeof(float));
+    radixflow_native::ScanRow(r, h, heads, dk * dv, chunk, cu, pair, *first, init, chunks, final_state,
+                              [&](int64_t t, float* state) {
+                                radixflow_native::DeltaStep(state, q + (t * key_heads + hk) * dk,
+                                                            k + (t * key_heads + hk) * dk, v + (t * heads + h) * dv,
+                                                            g[t * heads + h], beta[t * heads + h], scale, dk, dv,
+                                                            out + (t * heads + h) * dv, true);
+                              });
   }
 };
 
@@ -78,44 +69,25 @@ ffi::Error Impl(ffi::ThreadPool threads, ffi::Buffer<ffi::F32> q, ffi::Buffer<ff
   if (kd[0] != qd[0] || kd[1] != qd[1] || kd[2] != qd[2] || qd[0] != tokens || key_heads < 1 ||
       heads % key_heads != 0 || dv > kMaxValueDim || id[1] != heads || id[2] != dk || id[3] != dv ||
       cu.element_count() != rows + 1 || pair.element_count() != rows || g.element_count() != tokens * heads ||
-      beta.element_count() != tokens * heads || chunk < 1 || cd[1] != heads || cd[2] != dk || cd[3] != dv) {
+      beta.element_count() != tokens * heads || cd[1] != heads || cd[2] != dk || cd[3] != dv) {
     return ffi::Error::InvalidArgument("gated_delta_scan: shapes do not match");
   }
-  const int32_t* c = cu.typed_data();
-  const int64_t block = dk * dv, used_tokens = c[rows];
-  if (c[0] != 0 || used_tokens > tokens) return ffi::Error::InvalidArgument("gated_delta_scan: bad cu_seqlens");
-  std::vector<int64_t> first(rows + 1, 0);
-  for (int64_t r = 0; r < rows; ++r) {
-    const int64_t len = c[r + 1] - c[r];
-    if (len < 0) return ffi::Error::InvalidArgument("gated_delta_scan: cu_seqlens decreases");
-    first[r + 1] = first[r] + (len + chunk - 1) / chunk;
-  }
-  if (first[rows] > cd[0]) return ffi::Error::InvalidArgument("gated_delta_scan: too few chunk states");
-  const int32_t* pr = pair.typed_data();
-  for (int64_t r = 0; r < rows; ++r) {  // a paired row starts from a used chunk of an unpaired row
-    if (pr[r] < 0) continue;
-    const int64_t owner = std::upper_bound(first.begin(), first.end(), static_cast<int64_t>(pr[r])) - first.begin() - 1;
-    if (pr[r] >= first[rows] || owner < 0 || owner >= rows || pr[owner] >= 0) {
-      return ffi::Error::InvalidArgument("gated_delta_scan: pair_chunk names no used chunk of an unpaired row");
-    }
-  }
-  float* o = out->typed_data();
-  std::fill(o + used_tokens * heads * dv, o + tokens * heads * dv, 0.f);
-  float* ch = chunk_states->typed_data();
-  std::fill(ch + first[rows] * heads * block, ch + cd[0] * heads * block, 0.f);
-  for (int phase = 0; phase < 2; ++phase) {  // unpaired rows first: their chunk states feed paired rows
-    std::vector<int64_t> row_heads;
-    for (int64_t r = 0; r < rows; ++r) {
-      if ((pr[r] >= 0) != (phase == 1)) continue;
-      for (int64_t h = 0; h < heads; ++h) row_heads.push_back(r * heads + h);
-    }
-    auto s = std::make_shared<Scan>(std::move(row_heads));
+  const int32_t *c = cu.typed_data(), *pr = pair.typed_data();
+  std::vector<int64_t> first;
+  const std::string bad = radixflow_native::ScanLayout(c, pr, rows, tokens, chunk, cd[0], &first);
+  if (!bad.empty()) return ffi::Error::InvalidArgument("gated_delta_scan: " + bad);
+  const int64_t block = dk * dv;
+  float *o = out->typed_data(), *ch = chunk_states->typed_data();
+  std::fill(o + c[rows] * heads * dv, o + tokens * heads * dv, 0.f);  // padding tokens
+  std::fill(ch + first[rows] * heads * block, ch + cd[0] * heads * block, 0.f);  // unused chunks
+  radixflow_native::RunScanPhases(threads, rows, heads, pr, [&](std::vector<int64_t> tasks) {
+    auto s = std::make_shared<Scan>(std::move(tasks));
     s->q = q.typed_data(), s->k = k.typed_data(), s->v = v.typed_data(), s->g = g.typed_data();
     s->beta = beta.typed_data(), s->init = init.typed_data(), s->cu = c, s->pair = pr;
-    s->out = o, s->final_state = final_state->typed_data(), s->chunks = ch, s->first = first;
+    s->out = o, s->final_state = final_state->typed_data(), s->chunks = ch, s->first = &first;
     s->heads = heads, s->key_heads = key_heads, s->dk = dk, s->dv = dv, s->chunk = chunk, s->scale = scale;
-    radixflow_native::RunShared(threads, s);
-  }
+    return s;
+  });
   return ffi::Error::Success();
 }
 
