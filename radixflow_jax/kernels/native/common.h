@@ -105,7 +105,8 @@ inline std::string ScanLayout(const int32_t* cu, const int32_t* pair, int64_t ro
   if ((*first)[rows] > num_chunks) return "too few chunk states";
   for (int64_t r = 0; r < rows; ++r) {
     if (pair[r] < 0) continue;
-    const int64_t owner = std::upper_bound(first->begin(), first->end(), static_cast<int64_t>(pair[r])) - first->begin() - 1;
+    const auto after = std::upper_bound(first->begin(), first->end(), static_cast<int64_t>(pair[r]));
+    const int64_t owner = (after - first->begin()) - 1;
     if (pair[r] >= (*first)[rows] || owner < 0 || owner >= rows || pair[owner] >= 0) {
       return "pair_chunk names no used chunk of an unpaired row";
     }
@@ -117,8 +118,9 @@ inline std::string ScanLayout(const int32_t* cu, const int32_t* pair, int64_t ro
 // source chunk), step(t, state) advances it by token t for t in [cu[r], cu[r+1]), the state after
 // every full chunk and after the span goes to chunks[first[r] + j], and the last to final_block.
 template <class Step>
-void ScanRow(int64_t r, int64_t h, int64_t heads, int64_t block, int64_t chunk, const int32_t* cu, const int32_t* pair,
-             const std::vector<int64_t>& first, const float* init, float* chunks, float* final_state, const Step& step) {
+void ScanRow(int64_t r, int64_t h, int64_t heads, int64_t block, int64_t chunk, const int32_t* cu,
+             const int32_t* pair, const std::vector<int64_t>& first, const float* init, float* chunks,
+             float* final_state, const Step& step) {
   std::vector<float> state(block);
   const float* start = pair[r] >= 0 ? chunks + (pair[r] * heads + h) * block : init + (r * heads + h) * block;
   std::memcpy(state.data(), start, block * sizeof(float));
