@@ -236,6 +236,29 @@ def paged_attention_decode(
     return out.astype(q.dtype)
 
 
+def _scan(
+    target: str, values: jax.Array, per_token: tuple[jax.Array, ...], cu_seqlens: jax.Array, initial_state: jax.Array,
+    chunk_size: int, pair_chunk: jax.Array | None, **attrs: object,
+) -> tuple[jax.Array, jax.Array, jax.Array]:  # fmt: skip
+    """The FFI call of a scan kernel: operands ``(*per_token, cu_seqlens, initial_state, pair)``,
+    results ``(out like values [T, H, D], final [R, ...], chunk_states [N, ...])`` in float32."""
+    _require()
+    from radixflow_jax.kernels.layout import num_chunks_for
+
+    f32 = jnp.float32
+    rows, block = initial_state.shape[0], initial_state.shape[1:]
+    shapes = (
+        jax.ShapeDtypeStruct(values.shape, f32),
+        jax.ShapeDtypeStruct((rows, *block), f32),
+        jax.ShapeDtypeStruct((num_chunks_for(values.shape[0], rows, chunk_size), *block), f32),
+    )
+    pair = jnp.full((rows,), -1, jnp.int32) if pair_chunk is None else jnp.asarray(pair_chunk, jnp.int32)
+    return jax.ffi.ffi_call(target, shapes)(
+        *(jnp.asarray(x, f32) for x in per_token), jnp.asarray(cu_seqlens, jnp.int32),
+        jnp.asarray(initial_state, f32), pair, chunk=np.int64(chunk_size), **attrs,
+    )  # fmt: skip
+
+
 def gated_delta_scan(
     q: jax.Array, k: jax.Array, v: jax.Array, g: jax.Array, beta: jax.Array, cu_seqlens: jax.Array,
     initial_state: jax.Array, *, chunk_size: int = 64, scale: float | None = None, pair_chunk: jax.Array | None = None,
@@ -243,25 +266,10 @@ def gated_delta_scan(
     """``ops.gated_delta_chunked`` on the native kernel (the contract of
     ``kernels/gated_delta.gated_delta_chunked``): the recurrence token by token, each (row, head)
     holding its state in a local buffer, checkpoints written at the chunk grid; unused chunks are 0."""
-    _require()
-    from radixflow_jax.kernels.layout import num_chunks_for
-
-    num_tokens, heads, dv = v.shape
-    rows = initial_state.shape[0]
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
-    f32 = jnp.float32
-    block = initial_state.shape[1:]
-    shapes = (
-        jax.ShapeDtypeStruct((num_tokens, heads, dv), f32),
-        jax.ShapeDtypeStruct((rows, *block), f32),
-        jax.ShapeDtypeStruct((num_chunks_for(num_tokens, rows, chunk_size), *block), f32),
+    out, final, chunks = _scan(
+        SCAN_TARGET, v, (q, k, v, g, beta), cu_seqlens, initial_state, chunk_size, pair_chunk, scale=np.float32(scale)
     )
-    pair = jnp.full((rows,), -1, jnp.int32) if pair_chunk is None else jnp.asarray(pair_chunk, jnp.int32)
-    out, final, chunks = jax.ffi.ffi_call(SCAN_TARGET, shapes)(
-        q.astype(f32), k.astype(f32), v.astype(f32), g.astype(f32), beta.astype(f32),
-        jnp.asarray(cu_seqlens, jnp.int32), initial_state.astype(f32), pair,
-        scale=np.float32(scale), chunk=np.int64(chunk_size),
-    )  # fmt: skip
     return out.astype(v.dtype), final, chunks
 
 
@@ -271,21 +279,5 @@ def ssd_scan(
 ) -> tuple[jax.Array, jax.Array, jax.Array]:  # fmt: skip
     """``ops.ssd_chunked`` on the native kernel (the contract of ``kernels/ssd.ssd_chunked``): the
     recurrence token by token, checkpoints at the chunk grid; unused chunks are 0."""
-    _require()
-    from radixflow_jax.kernels.layout import num_chunks_for
-
-    num_tokens, heads, p = x.shape
-    rows = initial_state.shape[0]
-    f32 = jnp.float32
-    block = initial_state.shape[1:]
-    shapes = (
-        jax.ShapeDtypeStruct((num_tokens, heads, p), f32),
-        jax.ShapeDtypeStruct((rows, *block), f32),
-        jax.ShapeDtypeStruct((num_chunks_for(num_tokens, rows, chunk_size), *block), f32),
-    )
-    pair = jnp.full((rows,), -1, jnp.int32) if pair_chunk is None else jnp.asarray(pair_chunk, jnp.int32)
-    y, final, chunks = jax.ffi.ffi_call(SSD_TARGET, shapes)(
-        x.astype(f32), dt.astype(f32), jnp.asarray(A, f32), B.astype(f32), C.astype(f32),
-        jnp.asarray(cu_seqlens, jnp.int32), jnp.asarray(initial_state, f32), pair, chunk=np.int64(chunk_size),
-    )  # fmt: skip
+    y, final, chunks = _scan(SSD_TARGET, x, (x, dt, A, B, C), cu_seqlens, initial_state, chunk_size, pair_chunk)
     return y.astype(x.dtype), final, chunks
