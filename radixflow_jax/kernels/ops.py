@@ -210,19 +210,21 @@ def resolve(op: str) -> Callable[..., Any]:
 def gated_delta_chunked(*args: Any, **kwargs: Any) -> Any:
     """See ``kernels/gated_delta.gated_delta_chunked``. On the CPU under ``auto`` the native
     token-by-token scan serves it (``kernels/native``), as :func:`gated_delta_decode_window` does."""
-    if len(args) == 7 and _native_serves_scan(args[2], "gated_delta_chunked"):
+    if len(args) == 7 and _native_serves_scan(args[2], "gated_delta_chunked", _native.MAX_VALUE_DIM):
         return _native.gated_delta_scan(*args, **kwargs)
     return resolve("gated_delta_chunked")(*args, **kwargs)
 
 
-def _native_serves_scan(values: Any, op: str) -> bool:
-    """``values``: the per-token values (``v [T, Hv, dv]``, or SSD's ``x [T, H, P]``)."""
+def _native_serves_scan(values: Any, op: str, max_dim: int | None) -> bool:
+    """``values``: the per-token values (``v [T, Hv, dv]``, or SSD's ``x [T, H, P]``); ``max_dim``:
+    the kernel's limit on their last dim (the Gated DeltaNet step's scratch), or None."""
     shards = _shards.get()
     if selected_backend() != "auto" or not (shards is None or shards[0].shape[shards[1]] == 1):
         return False
     if _pallas_impl(op) is not None:
         return False
-    return values.ndim == 3 and values.shape[-1] <= _native.MAX_VALUE_DIM and _native.enabled()
+    fits = max_dim is None or values.shape[-1] <= max_dim
+    return values.ndim == 3 and fits and _native.enabled()
 
 
 def gated_delta_decode(*args: Any, **kwargs: Any) -> Any:
@@ -258,7 +260,7 @@ def trace_flags() -> tuple[bool, str]:
 def ssd_chunked(*args: Any, **kwargs: Any) -> Any:
     """See ``kernels/ssd.ssd_chunked``. On the CPU under ``auto`` the native token-by-token scan
     serves it (``kernels/native``), as for :func:`gated_delta_chunked`."""
-    if len(args) == 7 and _native_serves_scan(args[0], "ssd_chunked"):
+    if len(args) == 7 and _native_serves_scan(args[0], "ssd_chunked", None):
         return _native.ssd_scan(*args, **kwargs)
     return resolve("ssd_chunked")(*args, **kwargs)
 

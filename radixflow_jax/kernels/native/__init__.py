@@ -279,5 +279,8 @@ def ssd_scan(
 ) -> tuple[jax.Array, jax.Array, jax.Array]:  # fmt: skip
     """``ops.ssd_chunked`` on the native kernel (the contract of ``kernels/ssd.ssd_chunked``): the
     recurrence token by token, checkpoints at the chunk grid; unused chunks are 0."""
+    from radixflow_jax.kernels.ssd import _check_shapes
+
+    _check_shapes(x, dt, A, B, C)  # the reference's checks, at trace time
     y, final, chunks = _scan(SSD_TARGET, x, (x, dt, A, B, C), cu_seqlens, initial_state, chunk_size, pair_chunk)
     return y.astype(x.dtype), final, chunks

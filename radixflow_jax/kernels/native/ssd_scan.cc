@@ -68,13 +68,14 @@ ffi::Error Impl(ffi::ThreadPool threads, ffi::Buffer<ffi::F32> x, ffi::Buffer<ff
                 ffi::ResultBuffer<ffi::F32> y, ffi::ResultBuffer<ffi::F32> final_state,
                 ffi::ResultBuffer<ffi::F32> chunk_states) {
   const auto xd = x.dimensions(), bd = b.dimensions(), cdim = c.dimensions(), id = init.dimensions();
+  const auto dd = dt.dimensions();
   const auto sd = chunk_states->dimensions();
-  if (xd.size() != 3 || bd.size() != 3 || cdim.size() != 3 || id.size() != 4 || sd.size() != 4) {
+  if (xd.size() != 3 || bd.size() != 3 || cdim.size() != 3 || id.size() != 4 || sd.size() != 4 || dd.size() != 2) {
     return ffi::Error::InvalidArgument("ssd_scan: bad ranks");
   }
   const int64_t tokens = xd[0], heads = xd[1], p = xd[2], groups = bd[1], n = bd[2], rows = id[0];
   if (bd[0] != tokens || cdim[0] != tokens || cdim[1] != groups || cdim[2] != n || groups < 1 ||
-      heads % groups != 0 || dt.element_count() != tokens * heads || a.element_count() != heads ||
+      heads % groups != 0 || dd[0] != tokens || dd[1] != heads || a.element_count() != heads ||
       id[1] != heads || id[2] != p || id[3] != n || cu.element_count() != rows + 1 ||
       pair.element_count() != rows || sd[1] != heads || sd[2] != p || sd[3] != n) {
     return ffi::Error::InvalidArgument("ssd_scan: shapes do not match");
