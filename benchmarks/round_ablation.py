@@ -41,6 +41,7 @@ import statistics
 import sys
 import tempfile
 import time
+import unittest.mock
 from typing import Any, Callable, Iterator
 
 import numpy as np
@@ -78,24 +79,13 @@ def ablations() -> dict[str, Callable[[], contextlib.AbstractContextManager]]:
             with _patched(ops, "gated_delta_decode_window", window):
                 yield
 
-    @contextlib.contextmanager
-    def xla_window() -> Iterator[None]:
-        old = os.environ.get("RADIXFLOW_NATIVE")
-        os.environ["RADIXFLOW_NATIVE"] = "0"
-        try:
-            yield
-        finally:
-            if old is None:
-                del os.environ["RADIXFLOW_NATIVE"]
-            else:
-                os.environ["RADIXFLOW_NATIVE"] = old
 
     return {
         "as is": contextlib.nullcontext,
         "recurrent": lambda: _patched(gdn, "recurrent_mix", no_recurrent),
         "emits": lambda: _patched(recurrent, "write_emits", lambda conv, ssm, emits, states: (conv, ssm)),
         "delta-rule": no_delta_rule,
-        "native": xla_window,
+        "native": lambda: unittest.mock.patch.dict(os.environ, {"RADIXFLOW_NATIVE": "0"}),
         "conv": lambda: _patched(ops, "causal_conv1d_update", lambda x, w, b, s, **kw: (x, s)),
         "attention": lambda: _patched(ops, "paged_attention", lambda q, *a, **kw: q * 1.0),
         "mlp": lambda: _patched(layers.Mlp, "__call__", lambda self, x: x * 1.0),

@@ -215,16 +215,21 @@ def gated_delta_chunked(*args: Any, **kwargs: Any) -> Any:
     return resolve("gated_delta_chunked")(*args, **kwargs)
 
 
-def _native_serves_scan(values: Any, op: str, max_dim: int | None) -> bool:
-    """``values``: the per-token values (``v [T, Hv, dv]``, or SSD's ``x [T, H, P]``); ``max_dim``:
-    the kernel's limit on their last dim (the Gated DeltaNet step's scratch), or None."""
+def _native_may_serve(op: str | None) -> bool:
+    """Whether a native kernel may replace ``op`` here: backend ``auto``, no tensor-parallel trace,
+    and no Pallas kernel for the platform (``op`` None: an op without one). The kernel's own shape
+    conditions and :func:`_native.enabled` come after."""
     shards = _shards.get()
     if selected_backend() != "auto" or not (shards is None or shards[0].shape[shards[1]] == 1):
         return False
-    if _pallas_impl(op) is not None:
-        return False
-    fits = max_dim is None or values.shape[-1] <= max_dim
-    return values.ndim == 3 and fits and _native.enabled()
+    return op is None or _pallas_impl(op) is None
+
+
+def _native_serves_scan(values: Any, op: str, max_dim: int | None) -> bool:
+    """``values``: the per-token values (``v [T, Hv, dv]``, or SSD's ``x [T, H, P]``); ``max_dim``:
+    the kernel's limit on their last dim (the Gated DeltaNet step's scratch), or None."""
+    fits = values.ndim == 3 and (max_dim is None or values.shape[-1] <= max_dim)
+    return _native_may_serve(op) and fits and _native.enabled()
 
 
 def gated_delta_decode(*args: Any, **kwargs: Any) -> Any:
@@ -241,9 +246,7 @@ def gated_delta_decode_window(
     when donated. On the CPU under ``auto`` the native kernel serves it (``kernels/native``,
     ``RADIXFLOW_NATIVE``); elsewhere, under any forced backend and under a tensor-parallel trace, it
     is the window slice, :func:`gated_delta_decode` and one ``dynamic_update_slice``."""
-    backend, shards = selected_backend(), _shards.get()
-    unsharded = shards is None or shards[0].shape[shards[1]] == 1
-    if backend == "auto" and unsharded and _native.serves_window(v, pool) and _native.enabled():
+    if _native_may_serve(None) and _native.serves_window(v, pool) and _native.enabled():
         return _native.gated_delta_decode_window(q, k, v, g, beta, pool, base, real, scale=scale)
     window = jax.lax.dynamic_slice_in_dim(pool, base, v.shape[0], 0)
     out, new = gated_delta_decode(q, k, v, g, beta, window, scale=scale)
@@ -291,12 +294,11 @@ def paged_attention(*args: Any, **kwargs: Any) -> Any:
 
 
 def _native_attention(q: Any, k_pages: Any, v_pages: Any, page_table: Any, **kwargs: Any) -> bool:
-    shards = _shards.get()
-    if selected_backend() != "auto" or not (shards is None or shards[0].shape[shards[1]] == 1):
-        return False
-    if _pallas_impl("paged_attention") is not None:
-        return False
-    return _native.serves_attention(q, k_pages, v_pages, page_table, **kwargs) and _native.enabled()
+    return (
+        _native_may_serve("paged_attention")
+        and _native.serves_attention(q, k_pages, v_pages, page_table, **kwargs)
+        and _native.enabled()
+    )
 
 
 def write_kv(*args: Any, **kwargs: Any) -> Any:
