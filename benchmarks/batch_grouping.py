@@ -21,7 +21,7 @@ import time
 import numpy as np
 
 from radixflow_jax.batch import BatchJob, JobConfig
-from radixflow_jax.engine.llm import LLM
+from radixflow_jax.llm import LLM
 from radixflow_jax.paths import xla_cache_dir
 
 

@@ -2,7 +2,7 @@
 (``build_arrays`` for the selected step variant), with no device step at all.
 
 What is measured
-  * A :class:`Scheduler` built directly with the configuration ``engine/llm.py::build_engine``
+  * A :class:`Scheduler` built directly with the configuration ``llm.py::build_engine``
     derives for a Qwen3.5-style hybrid (page size 16, checkpoint grid 64, hybrid, policy
     ``radixflow``), ``--max-num-seqs`` rows (64) and ``--max-batched-tokens`` tokens (2048) per round.
   * ``--running + --waiting`` requests (64 + 256) over ``--prefixes`` shared prefixes (prompts of
@@ -46,7 +46,8 @@ from radixflow_jax.runner.shapes import ShapeConfig
 from radixflow_jax.runner.window import select_round
 from radixflow_jax.scheduler.plan import RoundPlan
 from radixflow_jax.scheduler.request import Request
-from radixflow_jax.scheduler.scheduler import Scheduler, SchedulerConfig
+from radixflow_jax.scheduler.config import SchedulerConfig
+from radixflow_jax.scheduler.scheduler import Scheduler
 
 PAGE_SIZE = 16
 GRID = 64  # lcm(page size 16, Gated DeltaNet chunk 64), as model_grid derives it
@@ -105,7 +106,7 @@ def max_model_len(s: Setup, ramp_rounds: int) -> int:
 
 
 def pools(s: Setup, model_len: int) -> tuple[int, int]:
-    """``(num_kv_pages, num_state_slots)`` by ``engine/llm.py::pool_sizes``'s defaults."""
+    """``(num_kv_pages, num_state_slots)`` by ``llm.py::pool_sizes``'s defaults."""
     pages = 1 + max(2 * s.running * math.ceil(min(model_len, 2048) / PAGE_SIZE), math.ceil(model_len / PAGE_SIZE))
     slots = 1 + s.running + max(64, 8 * s.running)
     return pages, slots

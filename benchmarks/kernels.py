@@ -35,7 +35,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from radixflow_jax.engine.specs import get_device_spec
+from radixflow_jax.sim.specs import get_device_spec
 from radixflow_jax.kernels import attention, fast, gated_delta, native, ssd
 
 

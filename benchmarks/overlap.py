@@ -32,9 +32,9 @@ import sys
 import time
 
 from radixflow_jax.engine.core import EngineConfig, EngineCore
-from radixflow_jax.engine.llm import build_engine
+from radixflow_jax.engine.build import build_engine
 from radixflow_jax.engine.params import SamplingParams
-from radixflow_jax.engine.wiring import wire_engine
+from radixflow_jax.engine.build import wire_engine
 from radixflow_jax.models import load
 
 

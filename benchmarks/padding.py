@@ -27,7 +27,7 @@ from radixflow_jax.runner.inputs import SamplingRow
 from radixflow_jax.runner.shapes import ShapeConfig, Variant
 from radixflow_jax.runner.window import variant_for
 from radixflow_jax.scheduler.plan import RoundPlan
-from radixflow_jax.scheduler.scheduler import SchedulerConfig
+from radixflow_jax.scheduler.config import SchedulerConfig
 
 CHUNK = 64
 

@@ -27,7 +27,7 @@ from radixflow_jax.bench.run import BenchConfig, model_runner, relative_change, 
 from radixflow_jax.bench.workloads import WorkloadSpec, generate
 from radixflow_jax.engine.core import EngineConfig
 from radixflow_jax.paths import xla_cache_dir
-from radixflow_jax.engine.specs import ROUND_OVERHEAD_EAGER_S, ROUND_OVERHEAD_GRAPH_S, get_device_spec, get_model_spec
+from radixflow_jax.sim.specs import ROUND_OVERHEAD_EAGER_S, ROUND_OVERHEAD_GRAPH_S, get_device_spec, get_model_spec
 
 HYBRIDS = (
     ("qwen3.5-4b", "h200"), ("qwen3.5-9b", "h200"), ("qwen3.5-27b", "h200"), ("qwen3.5-35b-a3b", "h200"),
@@ -243,7 +243,7 @@ at almost unchanged reuse, and no gain on a full-attention control.
 Round time = per-round cost + max(FLOPs / ({dev.mfu:g} peak), bytes / ({dev.mbu:g} bandwidth)), where the dense FLOPs
 (projections, MLPs, chunked scans, LM head) count every token slot of the round's step shape
 (padding costs, a filled bubble is free) and attention, KV reads and state traffic count the real
-rows (DESIGN.md section 8). Sources of the constants (`radixflow_jax/engine/specs.py`): per-round
+rows (docs/design.md, "Executors and shapes"). Sources of the constants (`radixflow_jax/engine/specs.py`): per-round
 cost {g:.1f} ms = a CUDA-graph decode step's 0.3 ms beyond its weight read (Llama-3.1-8B on H100:
 5.1 ms graph vs 4.79 ms of weights at peak bandwidth; eager 8.4 ms; https://cloudai.pt/tag/cuda-graphs/)
 + this project's measured host plan/build (0.66 ms median, docs/performance.md); the second value,

@@ -37,7 +37,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 from radixflow_jax.scheduler.plan import RoundPlan  # noqa: E402
 from radixflow_jax.scheduler.request import Request  # noqa: E402
-from radixflow_jax.scheduler.scheduler import Scheduler, SchedulerConfig  # noqa: E402
+from radixflow_jax.scheduler.config import SchedulerConfig  # noqa: E402
+from radixflow_jax.scheduler.scheduler import Scheduler  # noqa: E402
 
 
 def _check_plan(s: Scheduler, plan: RoundPlan) -> None:

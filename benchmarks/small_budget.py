@@ -29,7 +29,8 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 from radixflow_jax.scheduler.request import Request  # noqa: E402
-from radixflow_jax.scheduler.scheduler import Scheduler, SchedulerConfig  # noqa: E402
+from radixflow_jax.scheduler.config import SchedulerConfig  # noqa: E402
+from radixflow_jax.scheduler.scheduler import Scheduler  # noqa: E402
 
 
 class DecodeFirst(Scheduler):

@@ -26,11 +26,11 @@ def model_soak(requests: int, policy: str, seed: int, abort_rate: float = 0.15) 
     """The shorter soak on the model executor: aborts (between rounds and mid-round), a failed step
     every ~15 rounds (every kind), audits before and after every round, outputs equal the cold run."""
     from radixflow_jax.engine.core import EngineConfig
-    from radixflow_jax.engine.faults import FAULT_KINDS, Fault, FaultyExecutor
-    from radixflow_jax.engine.harness import Harness
-    from radixflow_jax.engine.llm import build_engine
+    from radixflow_jax.reliability.faults import FAULT_KINDS, Fault, FaultyExecutor
+    from radixflow_jax.reliability.harness import Harness
+    from radixflow_jax.engine.build import build_engine
     from radixflow_jax.engine.params import SamplingParams
-    from radixflow_jax.engine.wiring import wire_engine
+    from radixflow_jax.engine.build import wire_engine
     from radixflow_jax.models import load
 
     rng = random.Random(seed)
@@ -86,7 +86,7 @@ def main() -> int:
     p.add_argument("--json", default=None, help="write the reports here")
     args = p.parse_args()
     logging.basicConfig(level=logging.CRITICAL)  # failed steps are expected: the report counts them
-    from radixflow_jax.engine.soak import SoakConfig, run_soak
+    from radixflow_jax.reliability.soak import SoakConfig, run_soak
 
     reports = []
     for policy in args.policies.split(","):

@@ -53,7 +53,7 @@ if TYPE_CHECKING:  # heavy imports stay lazy so --help is instant
     from transformers import PreTrainedModel
 
     from radixflow_jax.engine.core import RoundRecord
-    from radixflow_jax.engine.llm import LLM
+    from radixflow_jax.llm import LLM
     from radixflow_jax.engine.params import SamplingParams
     from radixflow_jax.engine.protocol import StepResult
     from radixflow_jax.runner.inputs import SamplingRow
@@ -178,7 +178,7 @@ class VariantRecorder:
 def planned_variants(llm: LLM, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[Variant]:
     """The variants the workload will select: the same scheduler config and pools, a recording
     executor. With EOS ignored the plan does not depend on the sampled ids."""
-    from radixflow_jax.engine.wiring import wire_engine
+    from radixflow_jax.engine.build import wire_engine
 
     ex = llm.engine.executor
     recorder = VariantRecorder(ex.shapes, llm.engine.overlap, ex.num_slots)

@@ -13,7 +13,7 @@ __all__ = ["LLM", "RequestOutput", "SamplingParams", "UnsupportedParameterError"
 
 def __getattr__(name: str) -> Any:
     if name == "LLM":
-        from radixflow_jax.engine.llm import LLM
+        from radixflow_jax.llm import LLM
 
         return LLM
     if name in ("RequestOutput", "SamplingParams", "UnsupportedParameterError"):

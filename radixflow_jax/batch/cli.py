@@ -38,8 +38,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from radixflow_jax.batch.runner import BatchJob, JobConfig, JobStopped, check_start
-    from radixflow_jax.engine import distributed
-    from radixflow_jax.engine.llm import LLM
+    from radixflow_jax.replicas import distributed
+    from radixflow_jax.llm import LLM
 
     cfg = JobConfig(
         input=args.input, output=args.output, resume=args.resume, on_error=args.on_error, window=args.window,

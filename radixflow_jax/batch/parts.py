@@ -1,6 +1,6 @@
 """A batch job across processes: each process answers its share of the requests, process 0 merges.
 
-Process ``p`` of ``k`` (started through ``jax.distributed``, see ``engine/distributed.py``) runs an
+Process ``p`` of ``k`` (started through ``jax.distributed``, see ``replicas/distributed.py``) runs an
 ordinary :class:`BatchJob` over the contiguous requests :func:`process_share` gives it, into its own
 part file ``OUTPUT.part{p}-of-{k}`` with its own state file, so each part resumes exactly as a
 one-process job does. After a barrier, process 0 concatenates the parts in process order into
@@ -27,7 +27,7 @@ from radixflow_jax.batch.output import (
 )  # fmt: skip
 from radixflow_jax.batch.runner import BatchJob, JobConfig, JobStats, JobStopped, model_fingerprint
 from radixflow_jax.engine.core import EngineCore
-from radixflow_jax.engine.distributed import barrier, process_share
+from radixflow_jax.replicas.distributed import barrier, process_share
 from radixflow_jax.models.api import LoadedModel
 
 

@@ -19,10 +19,10 @@ from radixflow_jax.bench.driver import RunResult
 from radixflow_jax.bench.repeats import Repeated
 from radixflow_jax.bench.run import BenchConfig, model_runner, relative_change, run_policies, sim_runner
 from radixflow_jax.bench.sweep import format_sweep, parse_rates, plot_sweep, sweep, sweep_json
-from radixflow_jax.engine.sim import BUCKET_SETS
+from radixflow_jax.sim.executor import BUCKET_SETS
 from radixflow_jax.bench.workloads import ARRIVALS, WORKLOADS, BenchRequest, WorkloadSpec, generate
 from radixflow_jax.engine.core import EngineConfig
-from radixflow_jax.engine.specs import DEVICE_SPECS, MODEL_SPECS, get_device_spec, get_model_spec
+from radixflow_jax.sim.specs import DEVICE_SPECS, MODEL_SPECS, get_device_spec, get_model_spec
 from radixflow_jax.paths import xla_cache_dir
 
 COLUMNS = (
@@ -162,7 +162,7 @@ def run(args: argparse.Namespace) -> int:
     if args.replicas < 1:
         raise ValueError(f"--replicas must be >= 1, got {args.replicas}")
     if args.replicas > 1:
-        from radixflow_jax.engine.router import RouterConfig
+        from radixflow_jax.replicas.router import RouterConfig
 
         RouterConfig(policy=args.router)  # refuses an unknown router before any work
     if args.replicas > 1 and (executor != "sim" or args.sweep_rates or args.repeats > 1):

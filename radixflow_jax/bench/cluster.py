@@ -2,7 +2,7 @@
 
 Every replica is a simulated engine with its own virtual clock (replicas run concurrently). The
 cluster driver is a discrete-event loop: the next event is either the next arrival (routed by
-:class:`~radixflow_jax.engine.router.ReplicaSet` at its arrival time, from the replicas' state at
+:class:`~radixflow_jax.replicas.router.ReplicaSet` at its arrival time, from the replicas' state at
 that time) or the round of the busy replica whose clock is earliest. An idle replica's clock jumps
 to the arrival it receives. Single-turn workloads only (a follow-up turn would need the router to
 see the answer first; the multi-turn workload is refused).
@@ -16,12 +16,13 @@ import types
 from typing import Any, Sequence
 
 from radixflow_jax.bench.driver import RunResult, summarize
-from radixflow_jax.bench.run import BenchConfig, build_sim_engine
+from radixflow_jax.bench.run import BenchConfig
+from radixflow_jax.sim.engines import build_sim_engine
 from radixflow_jax.bench.workloads import BenchRequest
 from radixflow_jax.engine.params import RequestOutput, SamplingParams
-from radixflow_jax.engine.router import ReplicaSet, RouterConfig
-from radixflow_jax.engine.sim import VirtualClock
-from radixflow_jax.engine.specs import DeviceSpec, ModelSpec
+from radixflow_jax.replicas.router import ReplicaSet, RouterConfig
+from radixflow_jax.sim.executor import VirtualClock
+from radixflow_jax.sim.specs import DeviceSpec, ModelSpec
 
 
 @dataclasses.dataclass(frozen=True)
@@ -116,7 +117,7 @@ def format_cluster(results: Sequence[ClusterResult]) -> str:
 
 def run_cluster_cli(args: Any, cfg: BenchConfig, requests: Sequence[BenchRequest], config: dict[str, Any]) -> int:
     """``radixflow bench --executor sim --replicas N --router R``: every policy behind the router."""
-    from radixflow_jax.engine.specs import get_device_spec, get_model_spec
+    from radixflow_jax.sim.specs import get_device_spec, get_model_spec
 
     router = RouterConfig(policy=args.router)
     spec, device = get_model_spec(args.model), get_device_spec(args.device)

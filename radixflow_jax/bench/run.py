@@ -14,10 +14,10 @@ from typing import Any, Callable
 from radixflow_jax.bench.driver import RunResult, drive, summarize
 from radixflow_jax.bench.repeats import Repeated, run_repeated
 from radixflow_jax.bench.workloads import BenchRequest
-from radixflow_jax.engine.core import EngineConfig, EngineCore, RoundRecord
-from radixflow_jax.engine.sim import BucketSet, RooflineCost, SimExecutor, VirtualClock
-from radixflow_jax.engine.specs import DeviceSpec, ModelSpec
-from radixflow_jax.engine.wiring import Wiring, wire_engine
+from radixflow_jax.engine.core import EngineConfig, RoundRecord
+from radixflow_jax.sim.engines import build_sim_engine
+from radixflow_jax.sim.executor import VirtualClock
+from radixflow_jax.sim.specs import DeviceSpec, ModelSpec
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,7 +42,7 @@ def model_runner(
     progress: Callable[[str, int, int], None] | None = None,
 ) -> Runner:  # fmt: skip
     """One policy on a fresh engine over one loaded model (a ``LoadedModel`` or a name)."""
-    from radixflow_jax.engine.llm import build_engine
+    from radixflow_jax.engine.build import build_engine
     from radixflow_jax.models.api import load
 
     loaded = load(model, dtype=dtype) if isinstance(model, str) else model
@@ -90,36 +90,6 @@ def run_model(
     return (results, records) if with_records else results
 
 
-def sim_pools(spec: ModelSpec, device: DeviceSpec, page_size: int, state_fraction: float = 0.3) -> tuple[int, int]:
-    """``(num_kv_pages, num_state_slots)`` from the device memory left after the weights (90 % usable)."""
-    free = 0.9 * device.memory_bytes - spec.total_params * spec.dtype_bytes
-    if free <= 0:
-        raise ValueError(f"{spec.name} ({spec.total_params / 1e9:.1f}B parameters) does not fit on {device.name}")
-    slots = int(free * state_fraction // spec.state_bytes) if spec.is_hybrid else 1
-    kv_bytes = free - (slots * spec.state_bytes if spec.is_hybrid else 0)
-    pages = int(kv_bytes // (spec.kv_bytes_per_token * page_size))
-    return pages, max(slots, 1)
-
-
-def build_sim_engine(
-    spec: ModelSpec, device: DeviceSpec, ec: EngineConfig, *, buckets: str = "pow2", overhead_s: float | None = None
-) -> EngineCore:
-    """A simulated engine for ``spec`` on ``device``: pools from the device memory (unless ``ec``
-    sets them), rounds padded to the ``buckets`` set, round time from :class:`RooflineCost`
-    (``overhead_s`` overrides the device spec's per-round cost)."""
-    pages, slots = sim_pools(spec, device, ec.page_size)
-    if ec.num_kv_pages is not None:
-        pages = ec.num_kv_pages
-    if ec.num_state_slots is not None:
-        slots = ec.num_state_slots
-    wiring = Wiring(ec, spec.is_hybrid, spec.chunk_sizes, pages, slots, ec.max_model_len or 32768)
-    clock = VirtualClock()
-    cost = RooflineCost(spec, device, overhead_s=overhead_s)
-    bucket_set = BucketSet(buckets, ec.max_num_batched_tokens, ec.max_num_seqs)
-    engine = wire_engine(wiring, lambda shapes: SimExecutor(cost, clock, bucket_set), clock=clock)
-    return engine
-
-
 def run_sim(
     spec: ModelSpec, device: DeviceSpec, requests: list[BenchRequest], cfg: BenchConfig,
     progress: Callable[[str, int, int], None] | None = None, with_records: bool = False,
@@ -142,19 +112,3 @@ def relative_change(base: RunResult, new: RunResult) -> dict[str, float]:
 def timed(fn: Callable[[], list[RunResult]]) -> tuple[list[RunResult], float]:
     start = time.perf_counter()
     return fn(), time.perf_counter() - start
-
-
-def calibrate(engine: EngineCore) -> "CalibratedCost":
-    """A cost model fitted to the measured rounds (plan + build + step) of a model-executor run."""
-    from radixflow_jax.engine.sim import CalibratedCost
-
-    return CalibratedCost.fit([(r.token_slots, r.row_slots, r.plan_s + r.build_s + r.step_s) for r in engine.records])
-
-
-def mirror_sim_engine(engine: EngineCore, cost: Any) -> EngineCore:
-    """A simulated engine wired like ``engine`` (same configuration, pools, step shapes and overlap
-    mode, so the same decisions), with ``cost`` as its round time."""
-    if not isinstance(engine.wiring, Wiring):
-        raise ValueError("mirror_sim_engine needs an engine built by engine/wiring.py")
-    clock = VirtualClock()
-    return wire_engine(engine.wiring, lambda shapes: SimExecutor(cost, clock, shapes, overlap=engine.overlap), clock=clock)

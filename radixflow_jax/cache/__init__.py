@@ -1,6 +1,6 @@
 """Host-side prefix cache: radix tree of KV pages + recurrent-state checkpoints, pools, eviction.
 
-Plain Python over integers: this package imports neither JAX nor numpy (DESIGN.md section 3).
+Plain Python over integers: this package imports neither JAX nor numpy (docs/design.md, "Layers").
 """
 
 from radixflow_jax.cache.config import CacheConfig

@@ -36,7 +36,7 @@ class CacheConfig:
 
     @classmethod
     def from_chunk(cls, page_size: int, chunk: int, *, hybrid: bool = True) -> CacheConfig:
-        """The config with ``G = lcm(page_size, chunk)`` (the DESIGN.md grid)."""
+        """The config with ``G = lcm(page_size, chunk)`` (the grid of docs/design.md)."""
         return cls(page_size=page_size, grid=math.lcm(page_size, chunk), hybrid=hybrid)
 
     def align_down(self, num_tokens: int) -> int:

@@ -1,4 +1,4 @@
-"""Where checkpoints are planted (DESIGN.md section 5): the one home of the placement rules.
+"""Where checkpoints are planted (docs/design.md, "Radix cache with recurrent checkpoints"): the one home of the placement rules.
 
 Checkpoints go (a) on the grid ``G`` as a prefill advances, spaced by :func:`spacing`; (b) at
 *branch points*: when a request's path leaves an existing or pending path at token depth ``d``,

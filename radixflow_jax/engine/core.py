@@ -1,7 +1,7 @@
-"""The engine loop (DESIGN.md section 4): plan a round -> build arrays -> run the step -> commit.
+"""The engine loop (docs/design.md, "One round"): plan a round -> build arrays -> run the step -> commit.
 
 :class:`EngineCore` is single-threaded and step-driven: ``add_request`` / ``abort`` / ``step``.
-``engine/background.py`` runs it on a thread for servers and streaming clients. Every round leaves
+``replicas/background.py`` runs it on a thread for servers and streaming clients. Every round leaves
 a :class:`RoundRecord` (slots, padding, bubbles, consumers, timings) in ``records``.
 
 Failure recovery (``docs/reliability.md``): a round whose step raises is not committed. The step may
@@ -38,7 +38,8 @@ from radixflow_jax.scheduler.plan import RoundPlan
 from radixflow_jax.engine.params import RequestOutput, SamplingParams
 from radixflow_jax.runner.inputs import SamplingRow
 from radixflow_jax.scheduler.request import Request
-from radixflow_jax.scheduler.scheduler import Scheduler, SchedulerConfig
+from radixflow_jax.scheduler.config import SchedulerConfig
+from radixflow_jax.scheduler.scheduler import Scheduler
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +73,7 @@ class EngineCore:
         self.num_step_failures = 0  # rounds whose step raised (recovered)
         self._failed_in_a_row = 0
         self._failing: dict[int, int] = {}  # request id -> failed rounds in a row it ran in
-        self.wiring = wiring  # what engine/wiring.py built this engine from (None when built by hand)
+        self.wiring = wiring  # what engine/build.py built this engine from (None when built by hand)
         self.vocab_size = vocab_size
         # the default wall clock leaves compile pauses out; a clock given by the caller (a virtual
         # clock of the simulated executor, where nothing compiles) is used as it is

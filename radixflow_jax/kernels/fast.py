@@ -1,4 +1,4 @@
-"""Faster XLA formulations of the hot ops for the CPU (DESIGN.md section 7).
+"""Faster XLA formulations of the hot ops for the CPU (docs/design.md, "Kernels").
 
 Each function has the exact signature and contract of its reference in ``kernels/`` (the oracle)
 and is tested against it (``tests/kernels/test_fast.py``); ``kernels/ops.py`` picks them under the

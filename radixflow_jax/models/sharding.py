@@ -50,7 +50,7 @@ _ROW = {"o_proj", "down_proj", "out_proj"}
 def make_mesh(tensor_parallel_size: int, data_parallel_size: int = 1, first_device: int = 0) -> Mesh:
     """A ``(data, tensor)`` mesh over local devices ``first_device .. first_device + data * tensor - 1``.
 
-    Local: in a job of several processes (``engine/distributed.py``) a mesh never spans processes,
+    Local: in a job of several processes (``replicas/distributed.py``) a mesh never spans processes,
     so an engine's one host-side scheduler drives all of its devices."""
     n = tensor_parallel_size * data_parallel_size
     if tensor_parallel_size < 1 or data_parallel_size < 1 or first_device < 0:

@@ -8,7 +8,7 @@ position 0 of page 0, state slot 0). The other rows, in plan order, pack their s
 prefill region from token slot ``num_decode`` on; prefill rows left free are empty spans at the
 end.
 
-Padding rules (DESIGN.md section 4): padding tokens write their KV into the reserved page 0,
+Padding rules (docs/design.md, "One round"): padding tokens write their KV into the reserved page 0,
 padding rows run in the reserved state slot 0 and copy slot 0 onto itself, padding emits write
 slot 0. A padded token never changes a real page or slot.
 """

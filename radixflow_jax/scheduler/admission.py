@@ -1,4 +1,4 @@
-"""The admission core's vocabulary: decisions, policies and queue orders (DESIGN.md section 6).
+"""The admission core's vocabulary: decisions, policies and queue orders (docs/design.md, "Scheduling").
 
 For each waiting request, in queue order, the core answers one :class:`Decision`. The policies
 differ in exactly one place, the answer for a *consumer* (a request whose best prefix match ends at

@@ -35,11 +35,11 @@ Invariants:
 from __future__ import annotations
 
 import collections
-import dataclasses
-from typing import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
-from radixflow_jax.cache import CacheConfig, PagePool, RadixCache, SlotPool, placement
-from radixflow_jax.scheduler.admission import QUEUE_ORDERS, Decision, get_policy
+from radixflow_jax.cache import CacheConfig, PagePool, RadixCache, SlotPool
+from radixflow_jax.scheduler.admission import Decision, get_policy
+from radixflow_jax.scheduler.config import SchedulerConfig
 from radixflow_jax.scheduler.lookahead import LookaheadConfig, WaitingIndex, placements
 from radixflow_jax.scheduler.memory import Memory
 from radixflow_jax.scheduler.overlap import OverlapMixin
@@ -47,35 +47,6 @@ from radixflow_jax.scheduler.pairing import PairingMixin
 from radixflow_jax.scheduler.plan import RoundPlan, RoundStats, RowPlan
 from radixflow_jax.scheduler.request import Request, RequestStatus, drop_in_flight
 from radixflow_jax.scheduler.running import RunningMixin
-
-
-@dataclasses.dataclass(frozen=True)
-class SchedulerConfig:
-    max_num_seqs: int
-    max_num_batched_tokens: int
-    page_size: int
-    grid: int
-    hybrid: bool
-    policy: str = "radixflow"
-    queue_order: str = "fcfs"
-    enable_prefix_cache: bool = True
-    max_consumer_wait: int = 16
-    checkpoint_interval: int = 0  # 0: adaptive, see max_checkpoints
-    max_checkpoints: int = 8  # adaptive spacing: about this many grid checkpoints over a prompt
-    branch_checkpoints: bool = True  # branch points (existing paths and waiting siblings), final tokens
-
-    def __post_init__(self) -> None:
-        get_policy(self.policy)
-        if self.queue_order not in QUEUE_ORDERS:
-            raise ValueError(f"queue_order {self.queue_order!r}: expected one of {', '.join(QUEUE_ORDERS)}")
-        if self.max_num_seqs < 1:
-            raise ValueError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
-        if self.max_num_batched_tokens < max(self.grid, self.max_num_seqs):
-            raise ValueError(
-                f"max_num_batched_tokens={self.max_num_batched_tokens} must be >= the checkpoint grid {self.grid} "
-                f"and >= max_num_seqs={self.max_num_seqs}"
-            )
-        placement.spacing(self.grid, self.grid, interval=self.checkpoint_interval)  # validates the interval
 
 
 class Scheduler(RunningMixin, PairingMixin, OverlapMixin):

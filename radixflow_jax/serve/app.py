@@ -28,9 +28,9 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from radixflow_jax.engine.background import BackgroundEngine, EngineDeadError, RequestFailedError, RequestHandle
+from radixflow_jax.replicas.background import BackgroundEngine, EngineDeadError, RequestFailedError, RequestHandle
 from radixflow_jax.engine.params import RequestOutput
-from radixflow_jax.engine.replicated import ReplicatedEngine
+from radixflow_jax.replicas.replicated import ReplicatedEngine
 from radixflow_jax.serve import protocol
 from radixflow_jax.serve import responses as R
 from radixflow_jax.serve.metrics import ServerMetrics

@@ -26,10 +26,10 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from radixflow_jax.engine.background import BackgroundEngine
+from radixflow_jax.replicas.background import BackgroundEngine
 from radixflow_jax.engine.core import RoundRecord
 from radixflow_jax.engine.params import RequestOutput
-from radixflow_jax.engine.replicated import ReplicatedEngine
+from radixflow_jax.replicas.replicated import ReplicatedEngine
 
 P = "radixflow:"
 _TTFT = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0)

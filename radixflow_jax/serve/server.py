@@ -18,6 +18,7 @@ import os
 import sys
 from typing import Any
 
+from radixflow_jax.engine.build import memory_pools
 from radixflow_jax.engine.core import EngineConfig
 from radixflow_jax.paths import xla_cache_dir
 
@@ -67,44 +68,21 @@ def device_memory_bytes() -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
-def size_pools(model: Any, ec: EngineConfig, fraction: float, total_bytes: int) -> tuple[int, int]:
-    """``(num_kv_pages, num_state_slots)`` (reserved ids included) filling ``fraction`` of memory."""
+def param_bytes(model: Any) -> int:
+    """Bytes of a loaded model's parameters (what ``memory_pools`` subtracts)."""
     import jax
-    import numpy as np
 
-    from radixflow_jax.models.batch import state_bytes_per_slot
-
-    if not 0 < fraction <= 1:
-        raise ValueError(f"--memory-fraction must be in (0, 1], got {fraction}")
-    cfg = model.config
-    itemsize = np.dtype(model.dtype).itemsize
-    params = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(model.params))
-    reserve = ec.max_num_batched_tokens * (cfg.hidden_size * 64 + cfg.vocab_size) * 4  # activations and logits
-    budget = int(fraction * total_bytes) - params - reserve
-    att = cfg.attention
-    page_bytes = 2 * len(cfg.attention_layers) * ec.page_size * att.num_kv_heads * att.head_dim * itemsize if att else 0
-    slot_bytes = state_bytes_per_slot(cfg, model.dtype) if cfg.is_hybrid else 0
-    slots = 1
-    if slot_bytes:
-        wanted = ec.max_num_seqs + max(64, 8 * ec.max_num_seqs)
-        slots = 1 + max(0, min(wanted, (budget // 2) // slot_bytes))
-    left = budget - (slots - 1) * slot_bytes
-    pages = 1 + (left // page_bytes if page_bytes else 0)
-    if budget <= 0 or pages < 2 or (slot_bytes and slots < 2):
-        raise ValueError(
-            f"--memory-fraction {fraction} of {total_bytes / 2**30:.1f} GiB leaves no room for KV pages and state "
-            f"slots after {params / 2**30:.2f} GiB of parameters and {reserve / 2**30:.2f} GiB of activations"
-        )
-    return int(pages), int(slots)
+    return sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(model.params))
 
 
 def build_state(args: argparse.Namespace) -> Any:
     import functools
 
-    from radixflow_jax.engine.background import BackgroundEngine
-    from radixflow_jax.engine.llm import build_engine, replica_models
-    from radixflow_jax.engine.replicated import ReplicatedEngine
-    from radixflow_jax.engine.router import RouterConfig
+    from radixflow_jax.replicas.background import BackgroundEngine
+    from radixflow_jax.engine.build import build_engine
+    from radixflow_jax.replicas.placement import replica_models
+    from radixflow_jax.replicas.replicated import ReplicatedEngine
+    from radixflow_jax.replicas.router import RouterConfig
     from radixflow_jax.serve.app import ServerConfig, ServerState
     from radixflow_jax.serve.metrics import ServerMetrics
 
@@ -124,7 +102,9 @@ def build_state(args: argparse.Namespace) -> Any:
         if args.num_kv_pages is not None or args.num_state_slots is not None:
             raise ValueError("--memory-fraction sizes the pools: do not also give --num-kv-pages/--num-state-slots")
         sharing = sum(m is model for m in models)  # replicas on one device split its memory
-        pages, slots = size_pools(model, ec, args.memory_fraction / sharing, device_memory_bytes())
+        pages, slots = memory_pools(
+            model.config, model.dtype, ec, args.memory_fraction / sharing, device_memory_bytes(), param_bytes(model)
+        )
         ec = dataclasses.replace(ec, num_kv_pages=pages, num_state_slots=slots)
     name = args.served_model_name or args.model
     metrics = ServerMetrics(name, hybrid=model.config.is_hybrid)

@@ -21,7 +21,7 @@ import pytest
 
 from radixflow_jax.batch import BatchJob, JobConfig, JobStopped
 from radixflow_jax.batch.output import ResumeError, state_path
-from radixflow_jax.engine.llm import LLM
+from radixflow_jax.llm import LLM
 from radixflow_jax.engine.params import SamplingParams
 
 SMALL = dict(max_num_seqs=4, max_num_batched_tokens=64, max_model_len=512, warmup=False)

@@ -7,7 +7,7 @@ from __future__ import annotations
 from radixflow_jax.bench.run import BenchConfig, run_sim
 from radixflow_jax.bench.workloads import WorkloadSpec, generate
 from radixflow_jax.engine.core import EngineConfig
-from radixflow_jax.engine.specs import get_device_spec, get_model_spec
+from radixflow_jax.sim.specs import get_device_spec, get_model_spec
 
 
 def test_pair_beats_native_and_radixflow_on_dense_hybrid_sessions() -> None:

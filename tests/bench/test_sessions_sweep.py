@@ -12,8 +12,8 @@ from radixflow_jax import cli
 from radixflow_jax.bench.driver import RunResult
 from radixflow_jax.bench.repeats import summarize_repeats
 from radixflow_jax.bench.workloads import WorkloadSpec, generate
-from radixflow_jax.engine.sim import BucketSet, RooflineCost
-from radixflow_jax.engine.specs import get_device_spec, get_model_spec
+from radixflow_jax.sim.executor import BucketSet, RooflineCost
+from radixflow_jax.sim.specs import get_device_spec, get_model_spec
 from radixflow_jax.scheduler.plan import RoundPlan, RoundStats, RowPlan
 
 
@@ -126,7 +126,7 @@ def test_cli_sim_only_options_refused_on_the_model_executor(capsys) -> None:
 
 
 def test_calibrated_line_has_no_negative_terms() -> None:
-    from radixflow_jax.engine.sim import CalibratedCost
+    from radixflow_jax.engine.roundcost import CalibratedCost
 
     # measured: time grows with tokens and shrinks with rows -> the row term is dropped, refitted
     cost = CalibratedCost.fit([(64, 1, 0.010), (128, 8, 0.012), (256, 1, 0.030), (512, 8, 0.045)])

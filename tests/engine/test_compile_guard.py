@@ -16,7 +16,7 @@ import pytest
 
 from radixflow_jax import LLM
 from radixflow_jax.engine.core import EngineConfig, EngineCore
-from radixflow_jax.engine.llm import build_engine, pool_sizes
+from radixflow_jax.engine.build import build_engine, pool_sizes
 from radixflow_jax.engine.params import SamplingParams
 from radixflow_jax.runner.shapes import Variant
 from radixflow_jax.runner.step import CompileAfterWarmupError

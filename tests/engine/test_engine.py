@@ -1,4 +1,4 @@
-"""End-to-end engine tests: the cache never changes greedy outputs (DESIGN.md section 9's last line).
+"""End-to-end engine tests: the cache never changes greedy outputs (docs/design.md, "Lessons from other engines", last line).
 
 The cache-off oracle runs in the fixed bucket mode (one step variant per engine shape, see
 ``tests/engine/workloads.py``) and one engine of it per preset serves every test of the module.

@@ -12,12 +12,12 @@ from typing import Sequence
 
 import pytest
 
-from radixflow_jax.engine.audit import assert_drained
+from radixflow_jax.reliability.audit import assert_drained
 from radixflow_jax.engine.core import EngineConfig, EngineCore
-from radixflow_jax.engine.faults import Fault, FaultyExecutor
-from radixflow_jax.engine.llm import build_engine
+from radixflow_jax.reliability.faults import Fault, FaultyExecutor
+from radixflow_jax.engine.build import build_engine
 from radixflow_jax.engine.params import SamplingParams
-from radixflow_jax.engine.wiring import wire_engine
+from radixflow_jax.engine.build import wire_engine
 from tests.engine.workloads import GUARDED, shared_prefix_prompts
 
 CONFIG = EngineConfig(**GUARDED)  # fine buckets of the compile guard's shape: its warm-up compiled every variant

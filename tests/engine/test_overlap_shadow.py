@@ -1,5 +1,5 @@
 """Overlap on the shadow device (no JAX): every context, state and checkpoint read of every row is
-checked (``engine/shadow.py``) while the engine plans round r+1 before round r commits, under a
+checked (``reliability/shadow.py``) while the engine plans round r+1 before round r commits, under a
 short page pool (preemption), aborts between rounds and while rounds run, and failed rounds. The
 shadow runs the rounds in launch order, as the device does; a row's ``UNKNOWN_TOKEN`` input is the
 sample of the round launched before it, and the KV and state it reads are checked against the
@@ -15,13 +15,13 @@ from typing import Mapping
 import pytest
 
 from radixflow_jax.engine.core import EngineCore, ServingClock
-from radixflow_jax.engine.faults import Fault, FaultyExecutor
-from radixflow_jax.engine.harness import Harness
+from radixflow_jax.reliability.faults import Fault, FaultyExecutor
+from radixflow_jax.reliability.harness import Harness
 from radixflow_jax.engine.params import SamplingParams
 from radixflow_jax.engine.protocol import StepResult
-from radixflow_jax.engine.shadow import ShadowExecutor
-from radixflow_jax.engine.sim import VirtualClock
-from radixflow_jax.engine.wiring import Wiring, wire_engine
+from radixflow_jax.reliability.shadow import ShadowExecutor
+from radixflow_jax.sim.executor import VirtualClock
+from radixflow_jax.engine.build import Wiring, wire_engine
 from radixflow_jax.runner.inputs import SamplingRow
 from radixflow_jax.scheduler.plan import UNKNOWN_TOKEN, RoundPlan
 from tests.reliability.scenarios import BASE, CACHING_POLICIES, cold_outputs, tokens

@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 
 from radixflow_jax.bench.driver import drive
-from radixflow_jax.bench.run import calibrate, mirror_sim_engine
+from radixflow_jax.sim.engines import calibrate, mirror_sim_engine
 from radixflow_jax.bench.workloads import WorkloadSpec, generate
 from radixflow_jax.engine.core import EngineConfig
-from radixflow_jax.engine.llm import build_engine
+from radixflow_jax.engine.build import build_engine
 from radixflow_jax.engine.roundcost import MeasuredRoundCost
 from tests.engine.workloads import GUARDED
 

@@ -15,14 +15,14 @@ import sys
 
 def main() -> None:
     coordinator, pid, nproc, workdir = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
-    from radixflow_jax.engine import distributed
+    from radixflow_jax.replicas import distributed
 
     distributed.initialize(distributed.DistributedConfig(coordinator, nproc, pid))
     import jax
 
     from radixflow_jax.batch.parts import run_share
     from radixflow_jax.batch.runner import JobConfig
-    from radixflow_jax.engine.llm import LLM
+    from radixflow_jax.llm import LLM
     from radixflow_jax.engine.params import SamplingParams
 
     with open(os.path.join(workdir, "job.json")) as f:

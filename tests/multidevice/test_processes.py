@@ -26,8 +26,8 @@ import pytest
 from radixflow_jax.batch import BatchJob, JobConfig
 from radixflow_jax.batch.output import ResumeError, state_path
 from radixflow_jax.batch.parts import part_path, run_share
-from radixflow_jax.engine.distributed import DistributedConfig, free_port, process_share
-from radixflow_jax.engine.llm import LLM
+from radixflow_jax.replicas.distributed import DistributedConfig, free_port, process_share
+from radixflow_jax.llm import LLM
 from radixflow_jax.engine.params import SamplingParams
 
 # one step variant per engine ("fixed" buckets): each process compiles once

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from jax.sharding import NamedSharding
 
-from radixflow_jax.engine.llm import LLM
+from radixflow_jax.llm import LLM
 from radixflow_jax.engine.params import SamplingParams
 from radixflow_jax.models import presets
 from radixflow_jax.models.api import LoadedModel
@@ -220,7 +220,7 @@ def test_pallas_kernels_per_shard_equal_one_device(name: str, monkeypatch) -> No
 
 
 def test_pallas_refused_where_heads_are_not_self_contained(models: dict[str, LoadedModel]) -> None:
-    from radixflow_jax.engine.llm import step_kernels
+    from radixflow_jax.engine.build import step_kernels
 
     with pytest.raises(ConfigError, match="num_key_value_heads"):
         LLM(models["gdn"], tensor_parallel_size=4, kernels="pallas")  # 2 KV heads < 4 ranks

@@ -7,10 +7,10 @@ import dataclasses
 import random
 
 from radixflow_jax.engine.core import EngineConfig, EngineCore
-from radixflow_jax.engine.faults import Fault
-from radixflow_jax.engine.harness import Harness, HarnessReport, shadow_engine, shadow_of
+from radixflow_jax.reliability.faults import Fault
+from radixflow_jax.reliability.harness import Harness, HarnessReport, shadow_engine, shadow_of
 from radixflow_jax.engine.params import SamplingParams
-from radixflow_jax.engine.soak import cold_tokens
+from radixflow_jax.reliability.soak import cold_tokens
 from radixflow_jax.scheduler.admission import POLICIES
 
 # every policy that caches, `pair` included (the shadow device runs a paired consumer after the

@@ -13,8 +13,8 @@ import pytest
 
 from radixflow_jax.cache.tree import iter_nodes
 from radixflow_jax.engine.core import EngineFailure
-from radixflow_jax.engine.faults import Fault
-from radixflow_jax.engine.harness import Harness, shadow_of
+from radixflow_jax.reliability.faults import Fault
+from radixflow_jax.reliability.harness import Harness, shadow_of
 from radixflow_jax.engine.params import SamplingParams
 from radixflow_jax.scheduler.request import RequestStatus
 from tests.reliability.scenarios import CACHING_POLICIES, GREEDY, check_run, cold_outputs, engine, tokens

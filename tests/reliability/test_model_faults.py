@@ -11,11 +11,11 @@ import dataclasses
 import pytest
 
 from radixflow_jax.engine.core import EngineConfig, EngineCore
-from radixflow_jax.engine.faults import Fault, FaultyExecutor
-from radixflow_jax.engine.harness import Harness, HarnessReport
-from radixflow_jax.engine.llm import build_engine
+from radixflow_jax.reliability.faults import Fault, FaultyExecutor
+from radixflow_jax.reliability.harness import Harness, HarnessReport
+from radixflow_jax.engine.build import build_engine
 from radixflow_jax.engine.params import SamplingParams
-from radixflow_jax.engine.wiring import wire_engine
+from radixflow_jax.engine.build import wire_engine
 from tests.engine.workloads import SMALL_FIXED, shared_prefix_prompts
 
 # the fixed-bucket engine shape of tests/engine/test_engine.py: one step variant, shared through the

@@ -8,8 +8,8 @@ import dataclasses
 import pytest
 
 from radixflow_jax.cache.pools import InvariantError
-from radixflow_jax.engine.harness import Harness, shadow_of
-from radixflow_jax.engine.shadow import ShadowExecutor, ShadowMismatch
+from radixflow_jax.reliability.harness import Harness, shadow_of
+from radixflow_jax.reliability.shadow import ShadowExecutor, ShadowMismatch
 from radixflow_jax.scheduler.plan import RoundPlan, RoundStats, RowPlan
 from tests.reliability.scenarios import GREEDY, engine
 from tests.reliability.test_engine_scenarios import _shared_prefix
@@ -75,7 +75,7 @@ def test_a_leaked_slot_is_caught_by_the_audit(monkeypatch) -> None:
 
 def test_stale_state_after_a_failed_step_is_caught_without_the_flush(monkeypatch) -> None:
     """Recovery that rebuilt the pools but kept the cache's checkpoints would read garbage."""
-    from radixflow_jax.engine.faults import Fault
+    from radixflow_jax.reliability.faults import Fault
 
     h = Harness(engine("radixflow", faults=(Fault(6, "donated"),)))
     mem = h.core.scheduler.memory

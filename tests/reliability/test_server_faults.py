@@ -19,9 +19,9 @@ import httpx
 import pytest
 import uvicorn
 
-from radixflow_jax.engine.background import BackgroundEngine
-from radixflow_jax.engine.faults import Fault
-from radixflow_jax.engine.soak import cold_tokens
+from radixflow_jax.replicas.background import BackgroundEngine
+from radixflow_jax.reliability.faults import Fault
+from radixflow_jax.reliability.soak import cold_tokens
 from radixflow_jax.serve.app import ServerConfig, ServerState, create_app
 from radixflow_jax.serve.launch import free_port
 from radixflow_jax.serve.metrics import ServerMetrics
@@ -211,7 +211,7 @@ def test_full_queue_answers_429_and_accepted_requests_complete() -> None:
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
 def test_an_error_outside_the_step_stops_the_engine_loudly(caplog) -> None:
     """Planning raises (not the step): no retry; open requests fail with the reason, it is logged."""
-    from radixflow_jax.engine.background import EngineDeadError
+    from radixflow_jax.replicas.background import EngineDeadError
     from radixflow_jax.engine.params import SamplingParams
 
     caplog.set_level(logging.ERROR)

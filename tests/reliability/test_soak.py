@@ -10,7 +10,7 @@ import logging
 
 import pytest
 
-from radixflow_jax.engine.soak import SoakConfig, run_soak
+from radixflow_jax.reliability.soak import SoakConfig, run_soak
 from tests.reliability.scenarios import CACHING_POLICIES
 
 

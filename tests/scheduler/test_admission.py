@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from radixflow_jax.scheduler.request import Request
-from radixflow_jax.scheduler.scheduler import Scheduler, SchedulerConfig
+from radixflow_jax.scheduler.config import SchedulerConfig
+from radixflow_jax.scheduler.scheduler import Scheduler
 
 ARTICLE = tuple(range(100, 132))  # 32 tokens: checkpoints at 8, 16, 24, 32
 

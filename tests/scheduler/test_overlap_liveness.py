@@ -27,7 +27,8 @@ from __future__ import annotations
 import pytest
 
 from radixflow_jax.scheduler.request import Request
-from radixflow_jax.scheduler.scheduler import Scheduler, SchedulerConfig
+from radixflow_jax.scheduler.config import SchedulerConfig
+from radixflow_jax.scheduler.scheduler import Scheduler
 
 PREFIX = tuple(range(3000, 3040))
 A = PREFIX + (54, 18, 14, 37, 58, 59, 19, 57, 41, 33, 43, 14)

@@ -5,7 +5,8 @@ when the producer leaves before the commit fence."""
 from __future__ import annotations
 
 from radixflow_jax.scheduler.request import Request, RequestStatus
-from radixflow_jax.scheduler.scheduler import Scheduler, SchedulerConfig
+from radixflow_jax.scheduler.config import SchedulerConfig
+from radixflow_jax.scheduler.scheduler import Scheduler
 
 PREFIX = tuple(range(100, 140))  # 40 shared tokens: grid 8, page 4
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from radixflow_jax.cache.placement import Placement
 from radixflow_jax.scheduler.request import Request
-from radixflow_jax.scheduler.scheduler import Scheduler, SchedulerConfig
+from radixflow_jax.scheduler.config import SchedulerConfig
+from radixflow_jax.scheduler.scheduler import Scheduler
 
 ARTICLE = tuple(range(100, 137))  # 37 shared tokens: branch point floor(37 / 8) * 8 = 32
 

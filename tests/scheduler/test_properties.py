@@ -20,7 +20,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from radixflow_jax.scheduler.request import Request, RequestStatus
-from radixflow_jax.scheduler.scheduler import Scheduler, SchedulerConfig
+from radixflow_jax.scheduler.config import SchedulerConfig
+from radixflow_jax.scheduler.scheduler import Scheduler
 
 PREFIXES = [tuple(range(1000 * i, 1000 * i + 40)) for i in range(1, 4)]
 

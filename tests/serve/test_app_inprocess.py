@@ -3,21 +3,19 @@
 
 from __future__ import annotations
 
-import types
-
 import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
-from radixflow_jax.bench.run import build_sim_engine
-from radixflow_jax.engine.background import BackgroundEngine
+from radixflow_jax.engine.build import memory_pools
 from radixflow_jax.engine.core import EngineConfig
-from radixflow_jax.engine.specs import get_device_spec, get_model_spec
 from radixflow_jax.models.api import read_config, resolve_model_path
 from radixflow_jax.models.batch import state_bytes_per_slot
+from radixflow_jax.replicas.background import BackgroundEngine
 from radixflow_jax.serve.app import ServerConfig, ServerState, TextStream, create_app
 from radixflow_jax.serve.metrics import ServerMetrics
-from radixflow_jax.serve.server import size_pools
+from radixflow_jax.sim.engines import build_sim_engine
+from radixflow_jax.sim.specs import get_device_spec, get_model_spec
 
 
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")  # the engine thread re-raises
@@ -51,23 +49,22 @@ def test_engine_death_gives_503():
 
 def test_memory_fraction_sizes_both_pools():
     cfg = read_config(resolve_model_path("tiny-qwen3.5"))
-    model = types.SimpleNamespace(config=cfg, dtype=np.float32, params={"w": np.zeros((1000, 100), np.float32)})
     ec = EngineConfig(max_num_seqs=4, max_num_batched_tokens=64)
     att = cfg.attention
     page_bytes = 2 * len(cfg.attention_layers) * ec.page_size * att.num_kv_heads * att.head_dim * 4
     slot_bytes = state_bytes_per_slot(cfg, np.float32)
     total = 2**30
-    pages, slots = size_pools(model, ec, 0.5, total)
+    pages, slots = memory_pools(cfg, np.float32, ec, 0.5, total, 400_000)
     assert slots - 1 == 4 + 64  # the fixed sizing's slots fit in half the budget
     used = (pages - 1) * page_bytes + (slots - 1) * slot_bytes
     budget = 0.5 * total - 400_000 - 64 * (cfg.hidden_size * 64 + cfg.vocab_size) * 4
     assert budget - page_bytes < used <= budget  # the rest went to KV pages
-    small_pages, _ = size_pools(model, ec, 0.25, total)
+    small_pages, _ = memory_pools(cfg, np.float32, ec, 0.25, total, 400_000)
     assert small_pages < pages
     with pytest.raises(ValueError, match="leaves no room"):
-        size_pools(model, ec, 0.0001, total)
+        memory_pools(cfg, np.float32, ec, 0.0001, total, 400_000)
     with pytest.raises(ValueError, match=r"\(0, 1\]"):
-        size_pools(model, ec, 1.5, total)
+        memory_pools(cfg, np.float32, ec, 1.5, total, 400_000)
 
 
 def test_text_stream_holds_back_stop_prefix_and_partial_utf8():

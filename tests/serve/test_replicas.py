@@ -11,13 +11,13 @@ import re
 import pytest
 from fastapi.testclient import TestClient
 
-from radixflow_jax.bench.run import build_sim_engine
-from radixflow_jax.engine.background import BackgroundEngine, EngineDeadError
+from radixflow_jax.sim.engines import build_sim_engine
+from radixflow_jax.replicas.background import BackgroundEngine, EngineDeadError
 from radixflow_jax.engine.core import EngineConfig
 from radixflow_jax.engine.params import SamplingParams
-from radixflow_jax.engine.replicated import ReplicatedEngine
-from radixflow_jax.engine.router import RouterConfig
-from radixflow_jax.engine.specs import get_device_spec, get_model_spec
+from radixflow_jax.replicas.replicated import ReplicatedEngine
+from radixflow_jax.replicas.router import RouterConfig
+from radixflow_jax.sim.specs import get_device_spec, get_model_spec
 from radixflow_jax.serve.app import ServerConfig, ServerState, create_app
 from radixflow_jax.serve.metrics import ServerMetrics
 

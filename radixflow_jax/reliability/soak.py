@@ -3,7 +3,7 @@
 Requests share prefixes (``articles``), arrive a few per round, and are aborted at random (before a
 round, or while the round that runs them executes); random rounds fail (every fault kind); the
 pools are small, so eviction and preemption are constant. After every round the harness audits
-the engine (DESIGN.md section 5 and exact ownership); every checkpoint a round reads is checked to
+the engine (docs/design.md, "Radix cache with recurrent checkpoints" and exact ownership); every checkpoint a round reads is checked to
 be committed; the shadow executor checks every context and state read; every completed greedy
 output is compared with the cold output (the shadow model's next-token function applied to the
 prompt, which is what a cache-off run computes: ``tests/reliability`` checks that equality on real
@@ -19,10 +19,10 @@ import time
 from typing import Any
 
 from radixflow_jax.engine.core import EngineConfig
-from radixflow_jax.engine.faults import FAULT_KINDS, Fault
-from radixflow_jax.engine.harness import Harness, shadow_engine, shadow_of
+from radixflow_jax.reliability.faults import FAULT_KINDS, Fault
+from radixflow_jax.reliability.harness import Harness, shadow_engine, shadow_of
 from radixflow_jax.engine.params import RequestOutput, SamplingParams
-from radixflow_jax.engine.shadow import token_for
+from radixflow_jax.reliability.shadow import token_for
 
 
 @dataclasses.dataclass(frozen=True)

@@ -7,12 +7,13 @@ from __future__ import annotations
 import pytest
 
 from radixflow_jax.bench.cluster import drive_cluster, run_cluster
-from radixflow_jax.bench.run import BenchConfig, build_sim_engine
+from radixflow_jax.bench.run import BenchConfig
+from radixflow_jax.sim.engines import build_sim_engine
 from radixflow_jax.bench.workloads import WorkloadSpec, generate
 from radixflow_jax.engine.core import EngineConfig
 from radixflow_jax.engine.params import SamplingParams
-from radixflow_jax.engine.router import ReplicaSet, Router, RouterConfig, state_ready_prefix
-from radixflow_jax.engine.specs import get_device_spec, get_model_spec
+from radixflow_jax.replicas.router import ReplicaSet, Router, RouterConfig, state_ready_prefix
+from radixflow_jax.sim.specs import get_device_spec, get_model_spec
 from tests.engine.workloads import SMALL_FIXED
 
 SPEC, DEVICE = get_model_spec("qwen3.5-9b"), get_device_spec("h200")
@@ -104,7 +105,7 @@ def test_bench_cli_replicas(tmp_path, capsys) -> None:
 
 
 def test_llm_data_parallel_replicas_match_one_engine(tiny_model) -> None:
-    from radixflow_jax.engine.llm import LLM
+    from radixflow_jax.llm import LLM
 
     article = list(range(3, 70))
     prompts = [article + [100 + i, 200 + i] for i in range(3)] + [[300 + i for i in range(20)]]

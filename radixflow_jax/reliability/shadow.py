@@ -1,6 +1,6 @@
 """The shadow executor: a simulated device whose memory is symbolic, so every read is checked.
 
-It runs a round the way the jitted step does (DESIGN.md section 4), over token ids instead of
+It runs a round the way the jitted step does (docs/design.md, "One round"), over token ids instead of
 tensors: a KV page holds the token ids written at its positions; a state slot holds
 ``(depth, digest)``, the number of tokens the recurrent state has consumed and a digest of exactly
 those tokens. A row first reads (its context from the KV pages written before this round, its

@@ -20,13 +20,13 @@ from typing import Callable, Sequence
 
 from radixflow_jax.cache.pools import InvariantError
 from radixflow_jax.cache.tree import Node
-from radixflow_jax.engine.audit import assert_drained, audit_engine, committed_slots
+from radixflow_jax.reliability.audit import assert_drained, audit_engine, committed_slots
 from radixflow_jax.engine.core import EngineConfig, EngineCore
-from radixflow_jax.engine.faults import Fault, FaultyExecutor
+from radixflow_jax.reliability.faults import Fault, FaultyExecutor
 from radixflow_jax.engine.params import RequestOutput, SamplingParams
-from radixflow_jax.engine.shadow import ShadowExecutor
-from radixflow_jax.engine.sim import VirtualClock
-from radixflow_jax.engine.wiring import Wiring, wire_engine
+from radixflow_jax.reliability.shadow import ShadowExecutor
+from radixflow_jax.sim.executor import VirtualClock
+from radixflow_jax.engine.build import Wiring, wire_engine
 from radixflow_jax.scheduler.plan import RoundPlan
 
 ENDINGS = ("stop", "length", "abort", "error")  # a request ends in exactly one of these

@@ -1,4 +1,4 @@
-"""Whole-engine invariant audit (DESIGN.md section 5), run between rounds by the reliability tests
+"""Whole-engine invariant audit (docs/design.md, "Radix cache with recurrent checkpoints"), run between rounds by the reliability tests
 and the soak. O(pools + tree + requests): for small pools, not for production.
 
 :func:`audit_engine` checks, beyond the cache's own ``check_invariants`` (tree, producer index,

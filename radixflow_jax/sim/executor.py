@@ -4,7 +4,7 @@ cost model of round time, on a virtual clock.
 Cost models:
   * :class:`RooflineCost`: ``overhead + max(FLOPs / (peak * mfu), bytes / (bandwidth * mbu))`` for a
     :class:`ModelSpec` on a :class:`DeviceSpec`, costed the way the fixed-shape step runs a round
-    (DESIGN.md section 8): the dense work (projections, MLPs, chunked scans, the LM head) over every
+    (docs/design.md, "Executors and shapes"): the dense work (projections, MLPs, chunked scans, the LM head) over every
     *token slot* of the variant, so padding costs as much as a real token and a filled bubble is
     free; attention, KV reads and state traffic (read, write, copy-in, checkpoint emits) over the
     real rows only; weights read once per round; the fixed per-round cost from the device spec; a
@@ -21,7 +21,7 @@ import dataclasses
 from typing import Mapping, Protocol, Sequence
 
 from radixflow_jax.engine.protocol import StepResult
-from radixflow_jax.engine.specs import DeviceSpec, ModelSpec
+from radixflow_jax.sim.specs import DeviceSpec, ModelSpec
 from radixflow_jax.runner.inputs import SamplingRow
 from radixflow_jax.runner.shapes import ShapeConfig, powers_of_two
 from radixflow_jax.runner.window import variant_for
@@ -130,53 +130,6 @@ class BucketSet:
         if all_decode and self.kind != "fixed":
             return rows, rows
         return next(t for t in self.token_buckets if t >= max(num_tokens, rows)), rows
-
-
-@dataclasses.dataclass(frozen=True)
-class CalibratedCost:
-    """Per-variant mean measured round times ``{(token_slots, row_slots): seconds}`` plus a line
-    fitted over them for variants never measured."""
-
-    table: Mapping[tuple[int, int], float]
-    intercept: float
-    per_token: float
-    per_row: float
-
-    def round_time(self, plan: RoundPlan, token_slots: int, row_slots: int) -> float:
-        key = (token_slots, row_slots)
-        if key in self.table:
-            return self.table[key]
-        return max(self.intercept + self.per_token * token_slots + self.per_row * row_slots, 0.0)
-
-    @classmethod
-    def fit(cls, samples: Sequence[tuple[int, int, float]]) -> CalibratedCost:
-        """From ``(token_slots, row_slots, seconds)`` measurements (e.g. ``EngineCore.records``). The
-        line has non-negative terms (a term that fits negative is dropped and the rest refitted),
-        so a variant never measured is never predicted cheaper than free."""
-        import numpy as np
-
-        if not samples:
-            raise ValueError("calibration needs at least one measured round")
-        groups: dict[tuple[int, int], list[float]] = {}
-        for t, r, s in samples:
-            groups.setdefault((t, r), []).append(s)
-        # the mean (not the median): totals over a run are what the simulator has to predict
-        table = {k: float(np.mean(v)) for k, v in groups.items()}
-        y = np.array(list(table.values()))
-        if len(table) < 3:
-            return cls(table, float(np.mean(y)), 0.0, 0.0)
-        x = np.array([[1.0, t, r] for t, r in table])
-        keep = [0, 1, 2]
-        coef = np.zeros(3)
-        while keep:
-            sol, *_ = np.linalg.lstsq(x[:, keep], y, rcond=None)
-            if (sol >= 0).all():
-                coef[keep] = sol
-                break
-            keep = [k for k, c in zip(keep, sol) if c >= 0] if (sol >= 0).any() else []
-        if not keep:
-            return cls(table, float(np.mean(y)), 0.0, 0.0)
-        return cls(table, float(coef[0]), float(coef[1]), float(coef[2]))
 
 
 class SimExecutor:

@@ -14,9 +14,9 @@ import threading
 import pytest
 
 from radixflow_jax import LLM, SamplingParams
-from radixflow_jax.engine.background import BackgroundEngine, EngineDeadError, RequestHandle
+from radixflow_jax.replicas.background import BackgroundEngine, EngineDeadError, RequestHandle
 from radixflow_jax.engine.core import EngineConfig, EngineCore
-from radixflow_jax.engine.llm import build_engine
+from radixflow_jax.engine.build import build_engine
 from radixflow_jax.engine.params import RequestOutput
 
 SMALL = dict(max_num_seqs=4, max_num_batched_tokens=64, max_model_len=512, warmup=False)

@@ -123,7 +123,7 @@ def generate_across_processes(
     llm: Any, prompts: Sequence[Any], sampling_params: SamplingParams | Sequence[SamplingParams] | None = None
 ) -> list[RequestOutput]:
     """Data parallelism across processes: every process calls this with the same ``prompts``; each
-    runs its :func:`process_share` on its own ``llm`` (an :class:`~radixflow_jax.engine.llm.LLM`),
+    runs its :func:`process_share` on its own ``llm`` (an :class:`~radixflow_jax.llm.LLM`),
     and all outputs come back on every process in prompt order. ``request_id`` is the prompt's index."""
     import jax
 

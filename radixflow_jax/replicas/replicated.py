@@ -3,7 +3,7 @@
 :class:`ReplicatedEngine` offers the serving interface of one :class:`BackgroundEngine`
 (``submit``, ``num_waiting``, ``num_running``, ``error``, ``is_running``, ``shutdown``) over M
 replicas, each a whole engine (its own scheduler, radix cache, pools and thread) on its own device
-group or sharing the model's device (``engine/llm.py``'s ``replica_groups``).
+group or sharing the model's device (``llm.py``'s ``replica_groups``).
 
 Invariants:
   * Routing happens on the caller's thread under one lock and reads only what is safe off the engine
@@ -23,10 +23,10 @@ import concurrent.futures
 import threading
 from typing import Any, Callable, Sequence
 
-from radixflow_jax.engine.background import BackgroundEngine, RequestHandle, checked_prompt
+from radixflow_jax.replicas.background import BackgroundEngine, RequestHandle, checked_prompt
 from radixflow_jax.engine.core import EngineCore
 from radixflow_jax.engine.params import SamplingParams
-from radixflow_jax.engine.router import Router, RouterConfig
+from radixflow_jax.replicas.router import Router, RouterConfig
 
 
 class ReplicatedEngine:

@@ -1,0 +1,220 @@
+"""The one place engines are assembled and their pools sized.
+
+An engine is built from a :class:`Wiring` (engine config -> checkpoint grid, step shapes, scheduler
+config, pool sizes) and an executor factory. Every kind goes through :func:`wire_engine`: the model
+engine (:func:`build_engine`), the simulated engine and the simulated mirror of a model engine
+(``sim/engines.py``), so they make the same scheduling decisions from the same configuration.
+
+Pool sizes come from configurations alone, never from loaded weights, so a memory plan can use the
+same sizers: :func:`pool_sizes` (the engine's defaults for a model config), :func:`memory_pools`
+(``radixflow serve --memory-fraction``) and :func:`device_pools` (the simulator's device memory).
+
+No JAX at import time: the executor is built by the caller's factory from the step shapes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import time
+from typing import TYPE_CHECKING, Any, Callable, Sequence
+
+from radixflow_jax.engine.core import EngineConfig, EngineCore, model_grid
+from radixflow_jax.engine.protocol import Executor
+from radixflow_jax.engine.roundcost import MeasuredRoundCost
+from radixflow_jax.runner.shapes import ShapeConfig
+from radixflow_jax.scheduler.config import SchedulerConfig
+
+if TYPE_CHECKING:
+    from radixflow_jax.models.api import LoadedModel
+    from radixflow_jax.models.config import ModelConfig
+
+@dataclasses.dataclass(frozen=True)
+class Wiring:
+    """Everything an engine is built from besides its executor. ``chunk_sizes``: the recurrent
+    kernels' chunks (the grid is ``lcm(page size, chunks)``; empty for attention-only models);
+    ``num_pages`` / ``num_slots`` include the reserved id 0 of each pool."""
+
+    config: EngineConfig
+    hybrid: bool
+    chunk_sizes: tuple[int, ...]
+    num_pages: int
+    num_slots: int
+    max_model_len: int
+
+    @property
+    def grid(self) -> int:
+        return model_grid(self.chunk_sizes, self.config.page_size)
+
+    def shapes(self) -> ShapeConfig:
+        ec = self.config
+        return ShapeConfig(
+            max_tokens=ec.max_num_batched_tokens, max_rows=ec.max_num_seqs,
+            max_pages_per_row=math.ceil(self.max_model_len / ec.page_size), grid=self.grid, mode=ec.bucket_mode,
+        )  # fmt: skip
+
+    def scheduler(self) -> SchedulerConfig:
+        ec = self.config
+        return SchedulerConfig(
+            max_num_seqs=ec.max_num_seqs, max_num_batched_tokens=ec.max_num_batched_tokens,
+            page_size=ec.page_size, grid=self.grid, hybrid=self.hybrid, policy=ec.policy,
+            queue_order=ec.queue_order, enable_prefix_cache=ec.enable_prefix_cache,
+            max_consumer_wait=ec.max_consumer_wait, checkpoint_interval=ec.checkpoint_interval,
+            max_checkpoints=ec.max_checkpoints, branch_checkpoints=ec.branch_checkpoints,
+        )  # fmt: skip
+
+
+def wire_engine(
+    wiring: Wiring,
+    make_executor: Callable[[ShapeConfig], Executor],
+    *,
+    clock: Callable[[], float] = time.perf_counter,
+    eos_token_ids: Sequence[int] = (),
+    tokenizer: object | None = None,
+    vocab_size: int | None = None,
+) -> EngineCore:
+    """An engine over ``make_executor(wiring.shapes())``; ``engine.wiring`` keeps ``wiring``."""
+    executor = make_executor(wiring.shapes())
+    engine = EngineCore(
+        executor, wiring.scheduler(), num_pages=wiring.num_pages, num_slots=wiring.num_slots,
+        max_model_len=wiring.max_model_len, eos_token_ids=eos_token_ids, tokenizer=tokenizer,
+        seed=wiring.config.seed, clock=clock, vocab_size=vocab_size, wiring=wiring,
+        step_retries=wiring.config.step_retries, max_failed_rounds=wiring.config.max_failed_rounds,
+        overlap=wiring.config.overlap,
+    )  # fmt: skip
+    # policy `pair` admits fill work by the executor's round cost: the simulator's model
+    # (`plan_cost`), else the running medians of the rounds this engine measures
+    plan_cost = getattr(executor, "plan_cost", None)
+    if plan_cost is not None:
+        engine.scheduler.round_cost = plan_cost
+    elif wiring.config.policy == "pair":
+        engine.scheduler.round_cost = MeasuredRoundCost(wiring.shapes(), engine.records)
+    return engine
+
+
+def recurrent_chunks(cfg: ModelConfig) -> list[int]:
+    chunks = []
+    if cfg.gdn is not None:
+        chunks.append(cfg.gdn.chunk_size)
+    if cfg.mamba is not None:
+        chunks.append(cfg.mamba.chunk_size)
+    return chunks
+
+
+def pool_sizes(cfg: ModelConfig, ec: EngineConfig, max_model_len: int) -> tuple[int, int]:
+    """``(num_kv_pages, num_state_slots)`` including the reserved id 0 of each pool; checks minimums."""
+    pages_per_seq = math.ceil(max_model_len / ec.page_size)
+    min_pages, min_slots = pages_per_seq + 1, 2 if cfg.is_hybrid else 1
+    pages = ec.num_kv_pages if ec.num_kv_pages is not None else 1 + max(
+        2 * ec.max_num_seqs * math.ceil(min(max_model_len, 2048) / ec.page_size), pages_per_seq
+    )
+    slots = ec.num_state_slots if ec.num_state_slots is not None else 1 + ec.max_num_seqs + max(64, 8 * ec.max_num_seqs)
+    if not cfg.is_hybrid:
+        slots = 1
+    if pages < min_pages:
+        raise ValueError(
+            f"num_kv_pages={pages} cannot hold one request of max_model_len={max_model_len} tokens: "
+            f"the minimum is {min_pages} ({pages_per_seq} pages of {ec.page_size} tokens + the reserved page 0)"
+        )
+    if slots < min_slots:
+        raise ValueError(f"num_state_slots={slots}: the minimum is {min_slots} (one request + the reserved slot 0)")
+    return pages, slots
+
+
+def enable_compilation_cache(directory: str) -> None:
+    """Turns on JAX's persistent compilation cache (a process-wide JAX setting)."""
+    import jax
+
+    os.makedirs(directory, exist_ok=True)
+    jax.config.update("jax_compilation_cache_dir", directory)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+
+
+def step_kernels(model: LoadedModel, kernels: str) -> str:
+    """The kernel backend of ``model``'s step. A tensor-parallel model runs Pallas kernels per shard
+    only where its heads are self-contained (``models/sharding.check_pallas_shards``): elsewhere a
+    forced ``pallas`` is refused naming the field, and ``auto`` (which means the best backend that
+    can run) takes the XLA forms."""
+    from radixflow_jax.models.config import ConfigError
+    from radixflow_jax.models.sharding import check_pallas_shards
+
+    tp = getattr(model, "tensor_parallel_size", 1)
+    if tp > 1 and kernels in ("auto", "pallas"):
+        try:
+            check_pallas_shards(model.config, tp)
+        except ConfigError:
+            if kernels == "pallas":
+                raise
+            return "xla"
+    return kernels
+
+
+def build_engine(model: LoadedModel, ec: EngineConfig) -> EngineCore:
+    """The model engine of ``model`` under ``ec``: pools sized by :func:`pool_sizes`, a
+    :class:`~radixflow_jax.engine.executor.ModelExecutor` over the wired step shapes."""
+    from radixflow_jax.engine.executor import ModelExecutor, stderr_progress
+
+    cfg = model.config
+    if ec.compilation_cache_dir:
+        enable_compilation_cache(ec.compilation_cache_dir)
+    max_model_len = ec.max_model_len or min(cfg.max_position_embeddings, 8192)
+    num_pages, num_slots = pool_sizes(cfg, ec, max_model_len)
+    kernels = step_kernels(model, ec.kernels)
+    wiring = Wiring(ec, cfg.is_hybrid, tuple(recurrent_chunks(cfg)), num_pages, num_slots, max_model_len)
+
+    def executor(shapes: ShapeConfig) -> Executor:
+        return ModelExecutor(
+            model, shapes, page_size=ec.page_size, num_pages=num_pages, num_slots=num_slots,
+            kernels=kernels, warmup=ec.warmup_all, progress=stderr_progress if ec.warmup_progress else None,
+            penalty_window=min(max_model_len, 4096) if ec.penalty_window is None else ec.penalty_window,
+        )  # fmt: skip
+
+    eos = tuple(cfg.eos_token_ids) + (model.tokenizer.eos_token_ids if model.tokenizer else ())
+    return wire_engine(wiring, executor, eos_token_ids=eos, tokenizer=model.tokenizer, vocab_size=cfg.vocab_size)
+
+
+def memory_pools(
+    cfg: ModelConfig, dtype: str, ec: EngineConfig, fraction: float, total_bytes: int, param_bytes: int
+) -> tuple[int, int]:
+    """``(num_kv_pages, num_state_slots)`` (reserved ids included) filling ``fraction`` of
+    ``total_bytes`` after ``param_bytes`` of parameters and an activation reserve
+    (``radixflow serve --memory-fraction``). From the configuration alone: no weights are read."""
+    import numpy as np
+
+    from radixflow_jax.models.batch import state_bytes_per_slot
+
+    if not 0 < fraction <= 1:
+        raise ValueError(f"--memory-fraction must be in (0, 1], got {fraction}")
+    itemsize = np.dtype(dtype).itemsize
+    params = param_bytes
+    reserve = ec.max_num_batched_tokens * (cfg.hidden_size * 64 + cfg.vocab_size) * 4  # activations and logits
+    budget = int(fraction * total_bytes) - params - reserve
+    att = cfg.attention
+    page_bytes = 2 * len(cfg.attention_layers) * ec.page_size * att.num_kv_heads * att.head_dim * itemsize if att else 0
+    slot_bytes = state_bytes_per_slot(cfg, dtype) if cfg.is_hybrid else 0
+    slots = 1
+    if slot_bytes:
+        wanted = ec.max_num_seqs + max(64, 8 * ec.max_num_seqs)
+        slots = 1 + max(0, min(wanted, (budget // 2) // slot_bytes))
+    left = budget - (slots - 1) * slot_bytes
+    pages = 1 + (left // page_bytes if page_bytes else 0)
+    if budget <= 0 or pages < 2 or (slot_bytes and slots < 2):
+        raise ValueError(
+            f"--memory-fraction {fraction} of {total_bytes / 2**30:.1f} GiB leaves no room for KV pages and state "
+            f"slots after {params / 2**30:.2f} GiB of parameters and {reserve / 2**30:.2f} GiB of activations"
+        )
+    return int(pages), int(slots)
+
+
+def device_pools(spec: Any, device: Any, page_size: int, state_fraction: float = 0.3) -> tuple[int, int]:
+    """``(num_kv_pages, num_state_slots)`` from the device memory left after the weights (90 % usable):
+    the simulator's pools. ``spec`` / ``device``: a ``sim.specs.ModelSpec`` / ``DeviceSpec`` (read by
+    field, so this layer does not import the simulator)."""
+    free = 0.9 * device.memory_bytes - spec.total_params * spec.dtype_bytes
+    if free <= 0:
+        raise ValueError(f"{spec.name} ({spec.total_params / 1e9:.1f}B parameters) does not fit on {device.name}")
+    slots = int(free * state_fraction // spec.state_bytes) if spec.is_hybrid else 1
+    kv_bytes = free - (slots * spec.state_bytes if spec.is_hybrid else 0)
+    pages = int(kv_bytes // (spec.kv_bytes_per_token * page_size))
+    return pages, max(slots, 1)

@@ -1,0 +1,47 @@
+"""Simulated engines: a :class:`ModelSpec` on a :class:`DeviceSpec` (pools from the device memory,
+round time from a cost model, a virtual clock), and the simulated mirror of a model engine. Both are
+assembled by ``engine/build.py`` like every engine, so they decide as the model engine would."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from radixflow_jax.engine.build import Wiring, device_pools, wire_engine
+from radixflow_jax.engine.config import EngineConfig
+from radixflow_jax.engine.core import EngineCore
+from radixflow_jax.engine.roundcost import CalibratedCost
+from radixflow_jax.sim.executor import BucketSet, RooflineCost, SimExecutor, VirtualClock
+from radixflow_jax.sim.specs import DeviceSpec, ModelSpec
+
+
+def build_sim_engine(
+    spec: ModelSpec, device: DeviceSpec, ec: EngineConfig, *, buckets: str = "pow2", overhead_s: float | None = None
+) -> EngineCore:
+    """A simulated engine for ``spec`` on ``device``: pools from the device memory (unless ``ec``
+    sets them), rounds padded to the ``buckets`` set, round time from :class:`RooflineCost`
+    (``overhead_s`` overrides the device spec's per-round cost)."""
+    pages, slots = device_pools(spec, device, ec.page_size)
+    if ec.num_kv_pages is not None:
+        pages = ec.num_kv_pages
+    if ec.num_state_slots is not None:
+        slots = ec.num_state_slots
+    wiring = Wiring(ec, spec.is_hybrid, spec.chunk_sizes, pages, slots, ec.max_model_len or 32768)
+    clock = VirtualClock()
+    cost = RooflineCost(spec, device, overhead_s=overhead_s)
+    bucket_set = BucketSet(buckets, ec.max_num_batched_tokens, ec.max_num_seqs)
+    engine = wire_engine(wiring, lambda shapes: SimExecutor(cost, clock, bucket_set), clock=clock)
+    return engine
+
+
+def calibrate(engine: EngineCore) -> CalibratedCost:
+    """A cost model fitted to the measured rounds (plan + build + step) of a model-executor run."""
+    return CalibratedCost.fit([(r.token_slots, r.row_slots, r.plan_s + r.build_s + r.step_s) for r in engine.records])
+
+
+def mirror_sim_engine(engine: EngineCore, cost: Any) -> EngineCore:
+    """A simulated engine wired like ``engine`` (same configuration, pools, step shapes and overlap
+    mode, so the same decisions), with ``cost`` as its round time."""
+    if not isinstance(engine.wiring, Wiring):
+        raise ValueError("mirror_sim_engine needs an engine built by engine/build.py")
+    clock = VirtualClock()
+    return wire_engine(engine.wiring, lambda shapes: SimExecutor(cost, clock, shapes, overlap=engine.overlap), clock=clock)
