@@ -22,7 +22,7 @@ from typing import Mapping
 import numpy as np
 
 from radixflow_jax.engine.core import EngineCore
-from radixflow_jax.engine.protocol import StepResult
+from radixflow_jax.engine.protocol import ExecutorCapabilities, StepResult
 from radixflow_jax.runner.inputs import SamplingRow
 from radixflow_jax.runner.shapes import ShapeConfig, Variant
 from radixflow_jax.runner.window import variant_for
@@ -34,6 +34,8 @@ CHUNK = 64
 
 class Selector:
     """Selects a variant per round (``old``: mixed rounds without a decode region) and counts slots."""
+
+    capabilities = ExecutorCapabilities()
 
     def __init__(self, shapes: ShapeConfig, old: bool):
         self.shapes, self.old = shapes, old

@@ -243,10 +243,10 @@ at almost unchanged reuse, and no gain on a full-attention control.
 Round time = per-round cost + max(FLOPs / ({dev.mfu:g} peak), bytes / ({dev.mbu:g} bandwidth)), where the dense FLOPs
 (projections, MLPs, chunked scans, LM head) count every token slot of the round's step shape
 (padding costs, a filled bubble is free) and attention, KV reads and state traffic count the real
-rows (docs/design.md, "Executors and shapes"). Sources of the constants (`radixflow_jax/engine/specs.py`): per-round
+rows (docs/design.md, "Executors and shapes"). Sources of the constants (`radixflow_jax/sim/specs.py`): per-round
 cost {g:.1f} ms = a CUDA-graph decode step's 0.3 ms beyond its weight read (Llama-3.1-8B on H100:
 5.1 ms graph vs 4.79 ms of weights at peak bandwidth; eager 8.4 ms; https://cloudai.pt/tag/cuda-graphs/)
-+ this project's measured host plan/build (0.66 ms median, docs/performance.md); the second value,
++ this project's measured host plan/build (0.66 ms median, docs/perf-log.md); the second value,
 {e:.1f} ms, is that figure's eager-minus-graph launch cost. MBU {dev.mbu:g} is the low end of the 70-85 % cited
 for tuned CUDA serving stacks (https://www.open-source-ai.tech/glossary/model-bandwidth-utilization,
 a rule of thumb); MFU {dev.mfu:g} is an assumption (no public per-round figure found). No GPU of this project

@@ -61,9 +61,8 @@ class LLM:
         if len(per) != len(prompts):
             raise ValueError(f"{len(per)} sampling params for {len(prompts)} prompts")
         encoded = [self._ids(p) for p in prompts]
-        for ids, p in zip(encoded, per):  # validate everything before queueing anything
-            self.engine.validate(ids, p)
-        rids = [self.replicas.add_request(ids, p) for ids, p in zip(encoded, per)]
+        checked = [self.engine.check(ids, p) for ids, p in zip(encoded, per)]  # every one before queueing any
+        rids = [self.replicas.add(c) for c in checked]
         while self.replicas.has_unfinished():
             self.replicas.step()
         outputs = [self.replicas.output(r) for r in rids]

@@ -1,6 +1,6 @@
 """``radixflow batch``: run a JSONL file of requests through the engine, resumable after a kill.
 
-The job drives the engine's own request path (:class:`EngineCore`: ``validate``, ``add_request``,
+The job drives the engine's own request path (:class:`EngineCore`: ``check``, ``add``,
 ``step``), the same one ``LLM`` and the server use. Input is read through grain in blocks of
 ``window`` requests; each block is submitted sorted by prompt tokens (``group``), so requests that
 share a prefix run back to back and hit the radix cache, while at most two blocks are in flight and
@@ -37,6 +37,7 @@ from radixflow_jax.batch.output import (
     state_path,
 )
 from radixflow_jax.engine.core import EngineCore
+from radixflow_jax.engine.intake import CheckedRequest
 from radixflow_jax.models.api import LoadedModel
 
 
@@ -216,13 +217,14 @@ class BatchJob:
                 seen: set[Any]) -> int | None:  # fmt: skip
         """Submits a block (grouped by prompt); error items become records or stop the job."""
         ok: list[BatchItem] = []
+        checked: dict[int, CheckedRequest] = {}  # item index -> the engine's one check of it
         for item in block:
             error = item.error
             if error is None and item.key in seen:
                 error = LineError(item.line, f"line {item.line}: duplicate id {item.key!r}", "duplicate_id")
             if error is None:
                 try:
-                    self.engine.validate(list(item.prompt_ids), item.params)  # type: ignore[arg-type]
+                    checked[item.index] = self.engine.check(list(item.prompt_ids), item.params)  # type: ignore[arg-type]
                 except ValueError as exc:
                     error = LineError(item.line, f"line {item.line}: {exc}")
             if error is not None and self.cfg.on_error == "fail":
@@ -236,7 +238,7 @@ class BatchJob:
         else:
             stop = None
         for item in sorted(ok, key=lambda it: it.prompt_ids) if self.cfg.group else ok:
-            rid = self.engine.add_request(list(item.prompt_ids), item.params)  # type: ignore[arg-type]
+            rid = self.engine.add(checked[item.index])
             running[rid] = item
         return stop
 

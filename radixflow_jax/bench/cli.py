@@ -10,6 +10,8 @@ shared machine; it is not the default because one repeat of the default bench al
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import functools
 import json
 import os
 import sys
@@ -132,10 +134,37 @@ def format_spreads(reps: list[Repeated]) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    """``radixflow bench``: checks every option before any work, then runs the workload (over
+    HTTP, on simulated replicas, at each sweep rate, or once) and prints its table."""
     if args.url:  # over HTTP: the server owns the engine and the policy
         from radixflow_jax.bench.http import run_url
 
         return run_url(args, _requests(args, "model", None))
+    policies, executor, rates = _checked(args)
+    cfg, seqs, tokens = _bench_config(args, executor, policies)
+    progress = _progress(not args.no_progress)
+    model = None
+    if executor == "model":
+        from radixflow_jax.models.api import load
+
+        model = load(args.model, dtype=args.dtype)
+    encode = model.encode if model is not None and model.tokenizer else None
+    config = _run_config(args, executor, cfg, seqs, tokens)
+    if args.replicas > 1:
+        from radixflow_jax.bench.cluster import run_cluster_cli
+
+        return run_cluster_cli(args, cfg, _requests(args, executor, encode), config)
+    run_at = functools.partial(_run_at, args, executor, cfg, model, encode, progress)
+    if rates:
+        _report_sweep(args, sweep(rates, lambda rate: run_at(rate)[1]), config)
+    else:
+        _report_runs(args, *run_at(None), config)
+    return 0
+
+
+def _checked(args: argparse.Namespace) -> tuple[tuple[str, ...], str, list[float] | None]:
+    """The policies, the executor (``sim`` for a model spec) and the sweep rates, after every
+    check of the options that needs no model (``ValueError`` names the first option at fault)."""
     policies = tuple(p.strip() for p in args.policies.split(",") if p.strip())
     from radixflow_jax.scheduler.admission import get_policy
 
@@ -172,7 +201,11 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("--sweep-rates needs a generated workload (a JSONL file carries its own arrival times)")
     if args.plot and not os.path.splitext(args.plot)[1]:
         raise ValueError("--plot needs a file name such as out.png")
-    repeats = args.repeats
+    return policies, executor, rates
+
+
+def _bench_config(args: argparse.Namespace, executor: str, policies: tuple[str, ...]) -> tuple[BenchConfig, int, int]:
+    """The bench configuration, with the engine's row and token budgets (defaults per executor)."""
     seqs = args.max_num_seqs or (8 if executor == "model" else 64)
     tokens = args.max_num_batched_tokens or (512 if executor == "model" else 8192)
     cache_dir = None if args.no_compile_cache else xla_cache_dir()
@@ -181,55 +214,58 @@ def run(args: argparse.Namespace) -> int:
     )
     overhead = args.round_overhead_ms / 1e3 if args.round_overhead_ms is not None else None
     cfg = BenchConfig(policies=policies, engine=engine, buckets=args.buckets, overhead_s=overhead)
-    progress = _progress(not args.no_progress)
-    model = None
-    if executor == "model":
-        from radixflow_jax.models.api import load
+    return cfg, seqs, tokens
 
-        model = load(args.model, dtype=args.dtype)
-    encode = model.encode if model is not None and model.tokenizer else None
 
-    def run_at(rate: float | None) -> tuple[list[BenchRequest], list[Repeated], dict]:
-        requests = _requests(args, executor, encode, rate)
-        if executor == "sim":
-            runner = sim_runner(get_model_spec(args.model), get_device_spec(args.device), requests, cfg, progress)
-        else:
-            runner = model_runner(model, requests, cfg, progress=progress)
-        reps, records = run_policies(runner, cfg, repeats)
-        return requests, reps, records
-
+def _run_config(args: argparse.Namespace, executor: str, cfg: BenchConfig, seqs: int, tokens: int) -> dict[str, Any]:
+    """The ``config`` block of the JSON output (sim: the device's cost-model parameters too)."""
     config = {"model": args.model, "executor": executor, "device": args.device if executor == "sim" else "cpu",
               "workload": args.workload, "arrival": args.arrival, "session_window": args.session_window,
-              "seed": args.seed, "max_num_seqs": seqs, "max_num_batched_tokens": tokens, "policies": list(policies),
-              "repeats": repeats}  # fmt: skip
+              "seed": args.seed, "max_num_seqs": seqs, "max_num_batched_tokens": tokens,
+              "policies": list(cfg.policies), "repeats": args.repeats}  # fmt: skip
     if executor == "sim":
-        dev = get_device_spec(args.device)
+        dev, overhead = get_device_spec(args.device), cfg.overhead_s
         config.update(buckets=args.buckets, round_overhead_s=overhead if overhead is not None else dev.round_overhead_s,
                       overhead_source=dev.overhead_source if overhead is None else "--round-overhead-ms",
                       mfu=dev.mfu, mbu=dev.mbu)  # fmt: skip
-    if args.replicas > 1:
-        from radixflow_jax.bench.cluster import run_cluster_cli
+    return config
 
-        return run_cluster_cli(args, cfg, _requests(args, executor, encode), config)
 
-    if rates:
-        points = sweep(rates, lambda rate: run_at(rate)[1])
-        print(format_sweep(points))
-        if args.json_out:
-            with open(args.json_out, "w") as f:
-                json.dump({"config": config, "sweep": sweep_json(points)}, f, indent=2)
-        if args.plot:
-            plot_sweep(args.plot, points)
-        return 0
-    requests, reps, records = run_at(None)
+def _run_at(
+    args: argparse.Namespace, executor: str, cfg: BenchConfig, model: Any, encode: Any, progress: Any,
+    rate: float | None,
+) -> tuple[list[BenchRequest], list[Repeated], dict]:
+    """Every policy on the workload at ``rate`` (None: the option's or the default), ``args.repeats`` times."""
+    requests = _requests(args, executor, encode, rate)
+    if executor == "sim":
+        runner = sim_runner(get_model_spec(args.model), get_device_spec(args.device), requests, cfg, progress)
+    else:
+        runner = model_runner(model, requests, cfg, progress=progress)
+    reps, records = run_policies(runner, cfg, args.repeats)
+    return requests, reps, records
+
+
+def _report_sweep(args: argparse.Namespace, points: Any, config: dict[str, Any]) -> None:
+    """Prints the sweep table; writes ``--json`` and ``--plot`` when asked."""
+    print(format_sweep(points))
+    if args.json_out:
+        with open(args.json_out, "w") as f:
+            json.dump({"config": config, "sweep": sweep_json(points)}, f, indent=2)
+    if args.plot:
+        plot_sweep(args.plot, points)
+
+
+def _report_runs(
+    args: argparse.Namespace, requests: list[BenchRequest], reps: list[Repeated], records: dict, config: dict[str, Any]
+) -> None:
+    """Prints the policy table (and the spreads over repeats); writes ``--json`` (runs, every
+    repeat, every round record) and ``--plot`` when asked."""
     runs = [r.median for r in reps]
     print(format_table(runs))
-    if repeats > 1:
+    if args.repeats > 1:
         print(format_spreads(reps))
     config["num_requests"] = len(requests)
     if args.json_out:
-        import dataclasses
-
         payload = {
             "config": config,
             "runs": [dict(r.median.as_dict(), spread=r.spread) for r in reps],
@@ -242,4 +278,3 @@ def run(args: argparse.Namespace) -> int:
         from radixflow_jax.bench.plots import plot_runs
 
         plot_runs(args.plot, runs, records)
-    return 0

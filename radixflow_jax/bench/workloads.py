@@ -1,6 +1,6 @@
 """Seeded benchmark workloads (token ids; no dataset is downloaded).
 
-Statistics follow REFERENCES.md section 4:
+Statistics follow docs/design.md, "Workloads and model sizes":
   * ``race``: articles of ~420 tokens (middle/high school mix), 3-5 questions each of ~45 tokens
     (question + 4 options + template), one-letter answers;
   * ``quality``: articles of ~6.5-7k tokens, up to 20 questions each (~17.7 on average), 60-80 tokens;

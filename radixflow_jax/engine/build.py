@@ -83,11 +83,11 @@ def wire_engine(
         step_retries=wiring.config.step_retries, max_failed_rounds=wiring.config.max_failed_rounds,
         overlap=wiring.config.overlap,
     )  # fmt: skip
-    # policy `pair` admits fill work by the executor's round cost: the simulator's model
-    # (`plan_cost`), else the running medians of the rounds this engine measures
-    plan_cost = getattr(executor, "plan_cost", None)
-    if plan_cost is not None:
-        engine.scheduler.round_cost = plan_cost
+    # policy `pair` admits fill work by the executor's round cost: its declared cost model (the
+    # simulator's), else the running medians of the rounds this engine measures
+    round_cost = executor.capabilities.round_cost
+    if round_cost is not None:
+        engine.scheduler.round_cost = round_cost
     elif wiring.config.policy == "pair":
         engine.scheduler.round_cost = MeasuredRoundCost(wiring.shapes(), engine.records)
     return engine

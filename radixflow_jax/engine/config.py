@@ -2,7 +2,7 @@
 
 :class:`EngineConfig` (budgets, pools, policy, overlap, compile options), :class:`RoundRecord` (what
 one round carried and cost), :class:`ServingClock` (wall time minus first-use compiles),
-:class:`EngineFailure` and the checkpoint grid. No JAX here. ``engine.core`` re-exports every name.
+:class:`EngineFailure` and the checkpoint grid. No JAX here.
 """
 
 from __future__ import annotations
@@ -10,6 +10,9 @@ from __future__ import annotations
 import dataclasses
 import math
 from typing import Callable, Sequence
+
+from radixflow_jax.engine.protocol import StepResult
+from radixflow_jax.scheduler.plan import RoundPlan, RoundStats
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,6 +56,11 @@ class EngineConfig:
 
 @dataclasses.dataclass(frozen=True)
 class RoundRecord:
+    """One committed round: what it carried (from its plan and the scheduler's :class:`RoundStats`,
+    fields of the same name), the variant it ran in and its timings (from the :class:`StepResult`,
+    fields of the same name). ``bubble_*`` are the stats' ``shadow_*``: budget left idle while
+    requests behind a consumer stop were admissible, measured by the scheduler's shadow scan."""
+
     index: int
     num_tokens: int
     num_rows: int
@@ -83,6 +91,20 @@ class RoundRecord:
     host_s: float = 0.0
     overlapped: bool = False  # launched while the previous round was in flight
 
+    @classmethod
+    def of(
+        cls, index: int, plan: RoundPlan, result: StepResult, *, plan_s: float, host_s: float, overlapped: bool
+    ) -> RoundRecord:
+        """The record of round ``index``: ``plan``'s counts and stats, ``result``'s slots and times."""
+        stats, num_tokens = plan.stats, plan.num_tokens
+        return cls(
+            index=index, num_tokens=num_tokens, num_rows=len(plan.rows), num_decode=plan.num_decode,
+            padding_tokens=result.token_slots - num_tokens, bubble_tokens=stats.shadow_tokens,
+            bubble_rows=stats.shadow_rows, plan_s=plan_s, host_s=host_s, overlapped=overlapped,
+            **{name: getattr(stats, name) for name in _FROM_STATS},
+            **{name: getattr(result, name) for name in _FROM_RESULT},
+        )  # fmt: skip
+
     @property
     def kind(self) -> str:
         """``decode`` (only one-token rows), ``prefill`` (none) or ``mixed``."""
@@ -91,10 +113,20 @@ class RoundRecord:
         return "mixed" if self.num_decode else "prefill"
 
 
+def _shared_fields(source: type) -> tuple[str, ...]:
+    """The :class:`RoundRecord` fields ``source`` (a dataclass) has under the same name."""
+    theirs = {f.name for f in dataclasses.fields(source)}
+    return tuple(f.name for f in dataclasses.fields(RoundRecord) if f.name in theirs)
+
+
+_FROM_STATS = _shared_fields(RoundStats)  # admitted, consumers_*, preempted, checkpoints_*, ...
+_FROM_RESULT = _shared_fields(StepResult)  # token_slots, row_slots, decode_slots, build_s, step_s
+
+
 class ServingClock:
     """The engine's time: the given clock minus the time spent compiling step variants on first use,
-    so latencies and arrival schedules measure serving, not compiling. Other attributes (a virtual
-    clock's ``advance``) pass through to the given clock."""
+    so latencies and arrival schedules measure serving, not compiling (the engine wraps only the
+    default wall clock; a virtual clock is used as it is)."""
 
     def __init__(self, base: Callable[[], float]):
         self.base = base
@@ -102,9 +134,6 @@ class ServingClock:
 
     def __call__(self) -> float:
         return self.base() - self.paused_s
-
-    def __getattr__(self, name: str) -> object:
-        return getattr(self.base, name)
 
 
 class EngineFailure(RuntimeError):

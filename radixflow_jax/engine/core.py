@@ -13,7 +13,7 @@ error text. An ``AssertionError`` (a broken invariant) or an exception whose cla
 recovery itself fails, or ``max_failed_rounds`` rounds fail in a row, :class:`EngineFailure` is
 raised: the engine cannot serve and its owner must fail what is in flight.
 
-Overlap (``overlap=True`` and an executor with ``supports_overlap``): ``step`` plans and launches
+Overlap (``overlap=True`` and an executor whose capabilities offer it): ``step`` plans and launches
 round r+1 while the device runs round r, then collects and commits r (the scheduler's ``launch`` /
 ``commit``, see ``scheduler/scheduler.py``). Each ``step`` still commits one round and returns its
 outputs; one round stays in flight between calls (``has_unfinished`` counts it). Round
@@ -30,13 +30,14 @@ import dataclasses
 import itertools
 import logging
 import time
-from typing import Callable, Sequence
+from typing import Callable, Sequence, cast
 
-from radixflow_jax.engine.detok import IncrementalText
-from radixflow_jax.engine.protocol import Executor, StepResult
+from radixflow_jax.engine.intake import CheckedRequest, RequestLimits
+from radixflow_jax.engine.recovery import failure_text, is_fatal, rebuild
+from radixflow_jax.engine.protocol import Executor, LaunchHandle, OverlapExecutor, StepResult
 from radixflow_jax.scheduler.plan import RoundPlan
 from radixflow_jax.engine.params import RequestOutput, SamplingParams
-from radixflow_jax.runner.inputs import SamplingRow
+from radixflow_jax.engine.record import RequestRecord, SamplingRows
 from radixflow_jax.scheduler.request import Request
 from radixflow_jax.scheduler.config import SchedulerConfig
 from radixflow_jax.scheduler.scheduler import Scheduler
@@ -72,7 +73,6 @@ class EngineCore:
         self.max_failed_rounds = max_failed_rounds
         self.num_step_failures = 0  # rounds whose step raised (recovered)
         self._failed_in_a_row = 0
-        self._failing: dict[int, int] = {}  # request id -> failed rounds in a row it ran in
         self.wiring = wiring  # what engine/build.py built this engine from (None when built by hand)
         self.vocab_size = vocab_size
         # the default wall clock leaves compile pauses out; a clock given by the caller (a virtual
@@ -86,13 +86,14 @@ class EngineCore:
         self.seed = seed
         self.records: list[RoundRecord] = []  # a long-running owner may trim it; num_rounds keeps counting
         self._ids = itertools.count()
-        self._params: dict[int, SamplingParams] = {}
-        self._sampling: dict[int, SamplingRow] = {}
-        self._outputs: dict[int, RequestOutput] = {}
-        self._detok: dict[int, IncrementalText] = {}  # incremental text of running requests
-        self.penalty_window = int(getattr(executor, "penalty_window", 0))  # 0: the executor cannot penalise
-        self.supports_logprobs = bool(getattr(executor, "supports_logprobs", False))
-        self.overlap = overlap and bool(getattr(executor, "supports_overlap", False))
+        self._records: dict[int, RequestRecord] = {}  # request id -> its engine-side state (engine/record.py)
+        self._sampling = SamplingRows(self._records)  # the view executors read
+        caps = executor.capabilities
+        self.overlap = overlap and caps.overlap
+        self.limits = RequestLimits(
+            max_model_len, self.scheduler.max_request_tokens(), caps.penalty_window, caps.logprobs,
+            tokenizer is not None, vocab_size,
+        )  # fmt: skip
         self._in_flight: _Launched | None = None  # overlap: the round launched and not collected yet
         self._host_tail = 0.0  # host time after the latest result was fetched, inside step()
 
@@ -102,28 +103,10 @@ class EngineCore:
         return self.scheduler.round_index
 
     # --------------------------------------------------------------------------------- requests
-    def validate(self, prompt_ids: Sequence[int], params: SamplingParams) -> None:
-        """Raises ``ValueError`` for a request this engine cannot run (nothing is queued)."""
-        if not prompt_ids:
-            raise ValueError("the prompt is empty")
-        if len(prompt_ids) + params.max_tokens > self.max_model_len:
-            raise ValueError(
-                f"prompt ({len(prompt_ids)} tokens) + max_tokens ({params.max_tokens}) exceeds "
-                f"max_model_len={self.max_model_len}"
-            )
-        if params.has_penalty and len(prompt_ids) + params.max_tokens > self.penalty_window:
-            raise ValueError(
-                f"penalties need the whole context in the penalty window ({self.penalty_window} tokens, engine option "
-                f"penalty_window); this request has {len(prompt_ids)} prompt tokens + max_tokens {params.max_tokens}"
-            )
-        if params.logprobs is not None and not self.supports_logprobs:
-            raise ValueError("logprobs are not available with this executor")
-        if params.stop and self.tokenizer is None:
-            raise ValueError("stop strings need a tokenizer; this model has none (use stop_token_ids)")
-        if self.vocab_size is not None:
-            bad = next((t for t in prompt_ids if not 0 <= int(t) < self.vocab_size), None)
-            if bad is not None:
-                raise ValueError(f"token id {bad} is outside the vocabulary [0, {self.vocab_size})")
+    def check(self, prompt: Sequence[int], params: SamplingParams) -> CheckedRequest:
+        """The request's one validation (``engine/intake.py``); reads only fixed settings, so any
+        thread may call it. Raises ``TypeError`` / ``ValueError``; nothing is queued."""
+        return self.limits.check(prompt, params)
 
     def forget(self, request_id: int) -> None:
         """Drops a finished request's bookkeeping (long-running servers call this after delivery)."""
@@ -131,46 +114,38 @@ class EngineCore:
         if req is not None and not req.is_finished:
             raise ValueError(f"request {request_id} is still running")
         self.scheduler.requests.pop(request_id, None)
-        for table in (self._params, self._sampling, self._outputs, self._detok, self._failing):
-            table.pop(request_id, None)
+        self._records.pop(request_id, None)
 
     def add_request(
         self, prompt_ids: Sequence[int], params: SamplingParams, *, arrival_time: float | None = None
     ) -> int:
-        """Queues a request; raises ``ValueError`` (nothing queued) on a prompt the engine cannot run."""
-        self.validate(prompt_ids, params)
+        """Checks and queues a request; raises (nothing queued) on a prompt the engine cannot run."""
+        return self.add(self.check(prompt_ids, params), arrival_time=arrival_time)
+
+    def add(self, checked: CheckedRequest, *, arrival_time: float | None = None) -> int:
+        """Queues a request :meth:`check` accepted (on this engine or an identical replica)."""
+        params = checked.params
         rid = next(self._ids)
         stops = set(params.stop_token_ids) | (set() if params.ignore_eos else set(self.eos_token_ids))
-        req = Request(rid, tuple(int(t) for t in prompt_ids), params.max_tokens, frozenset(stops))
+        req = Request(rid, checked.prompt, params.max_tokens, frozenset(stops))
         req.arrival_time = self.clock() if arrival_time is None else arrival_time
         self.scheduler.add(req)
-        self._params[rid] = params
-        seed = params.seed if params.seed is not None else hash((self.seed, rid)) & 0xFFFFFFFF
-        self._sampling[rid] = SamplingRow(
-            params.temperature, params.top_k, params.top_p, params.min_p, seed, params.presence_penalty,
-            params.frequency_penalty, params.repetition_penalty, -1 if params.logprobs is None else params.logprobs,
-            req.prompt if params.has_penalty else (), req.output if params.has_penalty else (),
-        )  # fmt: skip
-        self._outputs[rid] = RequestOutput(
-            rid, req.prompt, [], None, None, len(req.prompt), 0, req.arrival_time,
-            logprobs=[] if params.logprobs is not None else None,
-        )  # fmt: skip
+        self._records[rid] = RequestRecord.open(req, params, hash((self.seed, rid)) & 0xFFFFFFFF)
         return rid
 
     def abort(self, request_id: int) -> RequestOutput | None:
         req = self.scheduler.abort(request_id)
         if req is None:
             return None
-        out = self._outputs[request_id]
-        out.finish_reason, out.finish_time = "abort", self.clock()
-        self._sampling.pop(request_id, None)
-        self._detok.pop(request_id, None)
+        rec = self._records[request_id]
+        rec.output.finish_reason, rec.output.finish_time = "abort", self.clock()
+        rec.close()
         if self._in_flight is not None and not self.scheduler.has_work():
             # overlap: nothing is left to run; commit the round in flight now, so its fence releases
             # what the aborted requests hold and the engine has nothing unfinished
             launched, self._in_flight = self._in_flight, None
             self._collect(launched)
-        return out
+        return rec.output
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_work() or self._in_flight is not None
@@ -189,7 +164,7 @@ class EngineCore:
         try:
             result = self.executor.execute(plan, self._sampling)
         except Exception as exc:  # a failed step: rebuild and retry (or fail its requests), keep serving
-            if _fatal(exc):
+            if is_fatal(exc):
                 raise  # a broken invariant or a guard (e.g. compile after warm-up): a bug, not a device error
             return self._recover(plan, exc)
         host_s = self._host_tail + (t1 - t0) + result.build_s
@@ -234,12 +209,13 @@ class EngineCore:
             return None
         self.scheduler.launch(plan)
         try:
-            handle = self.executor.launch(plan, self._sampling, None if prev is None else prev.handle)
+            executor = cast(OverlapExecutor, self.executor)  # self.overlap: its capabilities say so
+            handle = executor.launch(plan, self._sampling, None if prev is None else prev.handle)
         except Exception as exc:
-            if _fatal(exc):
+            if is_fatal(exc):
                 raise
             raise _LaunchFailed(plan, exc) from exc
-        compile_s = getattr(handle, "compile_s", 0.0)
+        compile_s = handle.compile_s
         if compile_s and isinstance(self.clock, ServingClock):
             self.clock.paused_s += compile_s  # now: the round in flight commits after this
         host_s = 0.0 if prev is not None else self._host_tail + (time.perf_counter() - start)
@@ -248,8 +224,8 @@ class EngineCore:
     def _needs_commit_first(self, plan: RoundPlan) -> bool:
         """The next round cannot be planned before ``plan``'s tokens are on the host (module docstring)."""
         for row in plan.rows:
-            params = self._sampling.get(row.request_id)
-            if row.sample and params is not None and params.has_penalty:
+            sampling = self._sampling.get(row.request_id)
+            if row.sample and sampling is not None and sampling.has_penalty:
                 return True
         return self.scheduler.plants_on_unknown()
 
@@ -257,9 +233,9 @@ class EngineCore:
         """Waits for a launched round and commits it; ``(outputs, failed)``. A failure voids the round
         launched after it (``_in_flight``) and recovers."""
         try:
-            result = self.executor.collect(launched.handle)
+            result = cast(OverlapExecutor, self.executor).collect(launched.handle)
         except Exception as exc:
-            if _fatal(exc):
+            if is_fatal(exc):
                 raise
             self._in_flight = None
             return self._recover(launched.plan, exc), True
@@ -273,28 +249,31 @@ class EngineCore:
         went through ``_launch_next`` (overlap), which took its compile time off the clock already."""
         fetched = time.perf_counter()
         self._failed_in_a_row = 0
-        if self._failing:  # these requests ran a round successfully: their retry count starts over
+        if self.num_step_failures:  # these requests ran a round successfully: their retry count starts over
             for row in plan.rows:
-                self._failing.pop(row.request_id, None)
+                rec = self._records.get(row.request_id)
+                if rec is not None:
+                    rec.failures = 0
         if result.logprobs:
             reqs = self.scheduler.requests
             live = {r.request_id for r in plan.rows if r.request_id in reqs and reqs[r.request_id].epoch == r.epoch}
             for rid, lp in result.logprobs.items():
-                out = self._outputs.get(rid)
-                if rid in live and out is not None and out.logprobs is not None and out.finish_reason is None:
-                    out.logprobs.append(lp)  # not for a stale row (preempted after planning, overlap)
+                rec = self._records.get(rid)
+                if rid in live and rec is not None:  # not for a stale row (preempted after planning, overlap)
+                    rec.add_logprobs(lp)
         if result.compile_s and isinstance(self.clock, ServingClock) and not launched:
             self.clock.paused_s += result.compile_s  # (a launched round's was taken off at its launch)
         finished = self.scheduler.commit(plan, result.sampled)
-        self._record(plan, result, plan_s, host_s, overlapped)
+        self.records.append(
+            RoundRecord.of(self.num_rounds - 1, plan, result, plan_s=plan_s, host_s=host_s, overlapped=overlapped)
+        )
         now = self.clock()
         changed = []
         for row in plan.rows:
             if row.sample and row.request_id in self.scheduler.requests:
                 changed.append(self._update(row.request_id, now))
         for req in finished:
-            out = self._outputs[req.request_id]
-            if out.finish_reason is None:
+            if self._records[req.request_id].output.finish_reason is None:
                 self._finalize(req, now)
         self._host_tail = time.perf_counter() - fetched
         return changed
@@ -310,101 +289,42 @@ class EngineCore:
         sched = self.scheduler
         self._in_flight = None
         self._host_tail = 0.0
-        try:
-            sched.drop_in_flight()  # overlap: the rounds launched after the failed one are void too
-            sched.requeue_running()  # their device state is gone: recompute from the tokens so far
-            sched.memory.flush()
-            self.executor.reset()
-            used = sched.memory.pages.num_used, sched.memory.slots.num_used if sched.memory.slots else 0
-            if any(used):
-                raise RuntimeError(f"{used[0]} pages and {used[1]} state slots still in use after the flush")
-        except Exception as err:
-            raise EngineFailure(f"recovery from a failed step ({exc!r}) failed: {err!r}") from err
+        rebuild(sched, self.executor, exc)
         now = self.clock()
         failed = []
         for row in plan.rows:
             req = sched.requests.get(row.request_id)
             if req is None or req.is_finished:
                 continue  # aborted while the round ran
-            n = self._failing[req.request_id] = self._failing.get(req.request_id, 0) + 1
+            rec = self._records[req.request_id]
+            n = rec.failures = rec.failures + 1
             if n > self.step_retries:
-                del self._failing[req.request_id]
+                rec.failures = 0
                 sched.finish(req.request_id, "error")
                 self._finalize(req, now)
-                out = self._outputs[req.request_id]
-                out.error = f"the step failed in {n} rounds in a row that this request ran in; last error: {exc!r}"
-                failed.append(out)
+                rec.output.error = failure_text(n, exc)
+                failed.append(rec.output)
         return failed
 
     def _update(self, rid: int, now: float) -> RequestOutput:
+        """The output of a request its round sampled; a stop string in its text ends it."""
         req = self.scheduler.requests[rid]
-        out = self._outputs[rid]
-        out.token_ids = req.committed_output
-        out.cached_tokens = req.cached_tokens
-        if out.first_token_time is None:
-            out.first_token_time, out.first_token_round = now, self.num_rounds
-        params = self._params[rid]
-        if self.tokenizer is not None:
-            detok = self._detok.setdefault(rid, IncrementalText(self.tokenizer))
-            seen = len(detok.text)  # no stop string was complete in this much text
-            out.text = detok.finish(out.token_ids) if req.is_finished else detok.update(out.token_ids)
-            starts = [0 if req.is_finished else max(0, seen - len(s) + 1) for s in params.stop]
-            hit = min((h for h in (out.text.find(s, a) for s, a in zip(params.stop, starts)) if h >= 0), default=-1)
-            if hit >= 0:
-                out.text = out.text[:hit]
-                if req.is_finished:
-                    req.finish_reason = "stop"  # the completing token was also the last allowed one
-                else:
-                    self.scheduler.finish(rid, "stop")
+        rec = self._records[rid]
+        rec.progress(req, now, self.num_rounds)
+        if self.tokenizer is not None and rec.update_text(self.tokenizer, req.is_finished):
+            if req.is_finished:
+                req.finish_reason = "stop"  # the completing token was also the last allowed one
+            else:
+                self.scheduler.finish(rid, "stop")
         if req.is_finished:
             self._finalize(req, now)
-        return out
+        return rec.output
 
     def _finalize(self, req: Request, now: float) -> None:
-        out = self._outputs[req.request_id]
-        out.token_ids = list(req.output)
-        out.finish_reason = req.finish_reason
-        out.finish_time, out.finish_round = now, self.num_rounds
-        self._sampling.pop(req.request_id, None)
-        self._detok.pop(req.request_id, None)
-
-    def _record(self, plan, result: StepResult, plan_s: float, host_s: float, overlapped: bool) -> None:
-        # Bubble: budget left idle while requests behind a consumer stop were admissible; the
-        # scheduler's shadow scan measured what they would have brought within the budget left.
-        st = plan.stats
-        self.records.append(
-            RoundRecord(
-                index=self.num_rounds - 1,
-                num_tokens=plan.num_tokens,
-                num_rows=len(plan.rows),
-                token_slots=result.token_slots,
-                row_slots=result.row_slots,
-                padding_tokens=result.token_slots - plan.num_tokens,
-                bubble_tokens=st.shadow_tokens,
-                bubble_rows=st.shadow_rows,
-                admitted=st.admitted,
-                consumers_blocked=st.consumers_blocked,
-                consumers_waiting=st.consumers_waiting,
-                preempted=st.preempted,
-                checkpoints_planted=st.checkpoints_planted,
-                checkpoints_skipped=st.checkpoints_skipped,
-                checkpoints_evicted_unused=st.checkpoints_evicted_unused,
-                plan_s=plan_s,
-                build_s=result.build_s,
-                step_s=result.step_s,
-                num_decode=plan.num_decode,
-                decode_slots=result.decode_slots,
-                consumers_paired=st.consumers_paired,
-                fill_declined=st.fill_declined,
-                pairs_declined=st.pairs_declined,
-                prefill_first=st.prefill_first,
-                host_s=host_s,
-                overlapped=overlapped,
-            )
-        )
+        self._records[req.request_id].finalize(req, now, self.num_rounds)
 
     def output(self, request_id: int) -> RequestOutput:
-        return self._outputs[request_id]
+        return self._records[request_id].output
 
     def run_until_done(self) -> None:
         while self.has_unfinished():
@@ -416,7 +336,7 @@ class _Launched:
     """A round launched with overlap: its plan, the executor's handle, and its host timings."""
 
     plan: RoundPlan
-    handle: object
+    handle: LaunchHandle
     plan_s: float
     host_s: float
     overlapped: bool
@@ -428,8 +348,3 @@ class _LaunchFailed(Exception):
     def __init__(self, plan: RoundPlan, exc: Exception):
         super().__init__(repr(exc))
         self.plan, self.exc = plan, exc
-
-
-def _fatal(exc: Exception) -> bool:
-    """A broken invariant or a guard (``recoverable = False``): a bug, not a device error."""
-    return isinstance(exc, AssertionError) or not getattr(exc, "recoverable", True)

@@ -25,7 +25,7 @@ from radixflow_jax.runner.inputs import SamplingRow, build_arrays
 from radixflow_jax.runner.shapes import ShapeConfig, Variant
 from radixflow_jax.runner.step import CompiledStep, out_rows, splice_defaults
 from radixflow_jax.runner.window import select_round
-from radixflow_jax.engine.protocol import StepResult
+from radixflow_jax.engine.protocol import ExecutorCapabilities, StepResult
 from radixflow_jax.scheduler.plan import UNKNOWN_TOKEN, RoundPlan
 
 
@@ -69,9 +69,9 @@ def splice_sources(plan: RoundPlan, plan_rows: np.ndarray, cu_seqlens: np.ndarra
 
 class ModelExecutor:
     """Owns the device pools and the compiled step variants of one model. ``penalty_window``: the
-    longest context (prompt + output) a penalised request may have (the width of its arrays)."""
-
-    supports_logprobs = True
+    longest context (prompt + output) a penalised request may have (the width of its arrays).
+    Capabilities: logprobs, penalties within ``penalty_window``, and overlap on one device (the
+    sampled array feeds the next step as it is; sharded pools keep the synchronous path)."""
 
     def __init__(
         self,
@@ -102,6 +102,9 @@ class ModelExecutor:
             model.graphdef, model.params, self.cache, shapes, kernels, penalty_window,
             shared=model.compiled_variants,
         )  # fmt: skip
+        self.capabilities = ExecutorCapabilities(
+            overlap=self.step.single_device, logprobs=True, penalty_window=penalty_window
+        )
         self.progress = progress
         self.warmup_s = 0.0
         self._no_prev = jax.device_put(np.zeros(out_rows(shapes), np.int32))  # prev_tokens of a round that splices nothing
@@ -123,12 +126,6 @@ class ModelExecutor:
                     f"in {time.perf_counter() - t:.1f}s"
                 )
         self.warmup_s += time.perf_counter() - start
-
-    @property
-    def supports_overlap(self) -> bool:
-        """Rounds can be launched before the previous one is collected (one device: the sampled
-        array feeds the next step as it is; sharded pools keep the synchronous path)."""
-        return self.step.single_device
 
     def execute(self, plan: RoundPlan, sampling: Mapping[int, SamplingRow]) -> StepResult:
         return self.collect(self.launch(plan, sampling))
@@ -187,12 +184,17 @@ class ModelExecutor:
             handle.compile_s,
         )
 
-    def reset(self) -> None:
-        """Rebuilds the pools (zeros) after a failed step, which may have consumed the donated ones;
-        the compiled variants stay valid (same shapes and dtypes). The old buffers are freed first."""
+    def lose_device_state(self) -> None:
+        """Deletes the pool buffers, as a failed step that consumed its donated pools leaves them
+        (fault injection, ``reliability/faults.py``); :meth:`reset` rebuilds them."""
         for leaf in jax.tree_util.tree_leaves(self.cache):
             if not leaf.is_deleted():
                 leaf.delete()
+
+    def reset(self) -> None:
+        """Rebuilds the pools (zeros) after a failed step, which may have consumed the donated ones;
+        the compiled variants stay valid (same shapes and dtypes). The old buffers are freed first."""
+        self.lose_device_state()
         num_pages, num_slots = self.pool_sizes
         cfg, dtype = self.model.config, self.model.dtype
         self.cache = self.model.place_cache(

@@ -1,12 +1,16 @@
-"""What an executor is (no JAX here: the simulated executor and the engine loop need none)."""
+"""What an executor is (no JAX here: the simulated executor and the engine loop need none).
+
+Every executor declares what it can do in :class:`ExecutorCapabilities`, which the engine reads
+once, when it is built; the engine never probes an executor for optional attributes.
+"""
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Mapping, Protocol
+from typing import Any, Callable, Mapping, Protocol, Sequence
 
 from radixflow_jax.runner.inputs import SamplingRow
-from radixflow_jax.scheduler.plan import RoundPlan
+from radixflow_jax.scheduler.plan import RoundPlan, RowPlan
 
 
 @dataclasses.dataclass(frozen=True)
@@ -26,7 +30,28 @@ class StepResult:
     compile_s: float = 0.0
 
 
+@dataclasses.dataclass(frozen=True)
+class ExecutorCapabilities:
+    """What an executor offers beyond ``execute`` / ``reset``; the defaults offer nothing.
+
+    ``overlap``: the executor is an :class:`OverlapExecutor` whose ``launch`` may run while the round
+    launched before it is not collected yet (the engine overlaps only when its config asks too).
+    ``logprobs``: results carry logprobs for rows whose ``SamplingRow.logprobs >= 0``; without it the
+    engine refuses requests that ask for them.
+    ``penalty_window``: the longest context (prompt + output) a penalised row may have; 0: the
+    executor applies no penalties and the engine refuses penalised requests.
+    ``round_cost``: seconds a round of these rows would take, from a cost model (the simulator's),
+    for policy ``pair``'s fill rule; None: the engine measures its own rounds instead."""
+
+    overlap: bool = False
+    logprobs: bool = False
+    penalty_window: int = 0
+    round_cost: Callable[[Sequence[RowPlan]], float] | None = None
+
+
 class Executor(Protocol):
+    capabilities: ExecutorCapabilities
+
     def execute(self, plan: RoundPlan, sampling: Mapping[int, SamplingRow]) -> StepResult: ...
 
     def reset(self) -> None:
@@ -35,20 +60,33 @@ class Executor(Protocol):
         ...
 
 
+class LaunchHandle(Protocol):
+    """What ``launch`` returns: opaque to the engine but for ``compile_s``, the seconds of first-use
+    compiling spent inside ``launch`` (0 when nothing compiled)."""
+
+    @property
+    def compile_s(self) -> float: ...
 
 
 class OverlapExecutor(Executor, Protocol):
-    """An executor the engine can run with overlap (``EngineConfig.overlap``): ``launch`` dispatches a
+    """An executor the engine can run with overlap (``capabilities.overlap``): ``launch`` dispatches a
     round and returns at once with a handle; ``collect`` waits for its result. ``prev`` is the handle
     of the round launched just before, not collected yet: rows whose input is ``UNKNOWN_TOKEN`` take
-    it from that round's samples on the device. A device error may surface at ``collect``.
-    ``supports_overlap`` may be False (the engine then calls ``execute``). A handle may carry
-    ``compile_s``: seconds of first-use compiling spent inside ``launch``, which the engine takes off
-    its serving clock when ``launch`` returns (before it commits the round in flight); the result's
-    ``compile_s`` then repeats that figure for the round record only."""
+    it from that round's samples on the device. A device error may surface at ``collect``. The
+    engine takes the handle's ``compile_s`` off its serving clock when ``launch`` returns (before it
+    commits the round in flight); the result's ``compile_s`` then repeats that figure for the round
+    record only."""
 
-    supports_overlap: bool
-
-    def launch(self, plan: RoundPlan, sampling: Mapping[int, SamplingRow], prev: Any = None) -> Any: ...
+    def launch(self, plan: RoundPlan, sampling: Mapping[int, SamplingRow], prev: Any = None) -> LaunchHandle: ...
 
     def collect(self, handle: Any) -> StepResult: ...
+
+
+@dataclasses.dataclass(frozen=True)
+class DeferredRound:
+    """The handle of an executor that runs a launched round only when it is collected (the
+    simulated and recording executors): the round's plan and sampling rows; nothing compiles."""
+
+    plan: RoundPlan
+    sampling: Mapping[int, SamplingRow]
+    compile_s: float = 0.0

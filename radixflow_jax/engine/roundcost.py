@@ -1,5 +1,5 @@
 """The round cost of an executor without a cost model (the model executor), from measurement: what
-policy ``pair``'s fill rule (``Scheduler._fill_pays``) asks for on the model executor.
+policy ``pair``'s fill rule (``scheduler/pairing.Pairing.fill_pays``) asks for on the model executor.
 
 :class:`MeasuredRoundCost` reads the engine's round records as they appear and keeps, per step
 variant ``(token slots, row slots, decode slots)`` and per kind of round (with or without a paired

@@ -74,7 +74,7 @@ def unit_lower_solve(system: jnp.ndarray, rhs: jnp.ndarray, block: int = 16) -> 
     return jnp.concatenate(parts, axis=-2)
 
 
-SUB_CHUNK = 32  # measured 2026-12-01 (docs/performance.md): 32 beat 64 and 16 on 4x256, 32x32 and 64x32 rows
+SUB_CHUNK = 32  # measured 2026-12-01 (docs/perf-log.md): 32 beat 64 and 16 on 4x256, 32x32 and 64x32 rows
 
 
 class _Terms(NamedTuple):
@@ -129,7 +129,7 @@ def _used_terms(chunks: list[jnp.ndarray], used: jnp.ndarray, num_tokens: int, c
     C)``, i.e. rows of about two chunks or less): 64 rows of 32 tokens use half of their chunks and
     the kernel took 62.2 instead of 82.9 ms (32 x 32: 28.8 against 36.6), while on 4 rows of 288
     tokens the split took 21.8 against 17.1 ms (medians of 11-21, interleaved, 2026-12-01,
-    docs/performance.md). Running the whole kernel under a ``lax.cond`` instead (over the first
+    docs/perf-log.md). Running the whole kernel under a ``lax.cond`` instead (over the first
     ``ceil(T / C)`` chunks when no row ends off the grid) took a replayed 1088-slot mixed round
     from 476 to 444 ms, but added 0.36 CPU-s to every compile of this kernel at the tests'
     optimisation level and took the cold test suite to 14 min 43 s; not kept (2026-12-01)."""
@@ -215,7 +215,7 @@ def gated_delta_decode(
     ``A + k u^T`` and the output ``(A + k u^T)^T q = A^T q + u (k . q)``, so the new state is only
     written (the reference reads it again for ``S'^T q``). One 64-row layer of the vs_transformers
     model, its window read and written in place: 0.67 against 1.15 ms (median of 15, 2026-12-01,
-    docs/performance.md)."""
+    docs/perf-log.md)."""
     scale = _gd._resolve_scale(scale, q.shape[-1])
     qf, kf, vf, gf, bf = _gd._prepare(q, k, v, g, beta)
     qs = qf * scale

@@ -157,7 +157,7 @@ def _pallas_impl(op: str) -> Callable[..., Any] | None:
     Pallas entry: each is one memory-bound pass (read the state / window once, write it once) with
     no reduction or reuse for a kernel to tile, which XLA fuses on TPU/GPU; ``write_kv`` is an
     in-place scatter into donated pools. On the CPU, where XLA did not fuse the decode update
-    into one pass (docs/performance.md, "Native CPU kernels"), the Gated DeltaNet update of a
+    into one pass (docs/perf-log.md, "Native CPU kernels"), the Gated DeltaNet update of a
     decode-only call runs the native kernel instead (:func:`gated_delta_decode_window`).
     """
     kernels: dict[str, Callable[..., Any]] = {

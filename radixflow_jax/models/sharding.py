@@ -4,7 +4,7 @@ the load-time re-striping of Qwen3.5's split ``in_proj_qkv`` / conv channels and
 
 The step stays one SPMD program: parameters and pools are placed with ``NamedSharding`` and the
 jitted step is partitioned by XLA (GSPMD), which inserts the reductions after row-parallel
-projections. What is split on which axis (see docs/architecture.md, "Sharding"):
+projections. What is split on which axis (see docs/design.md, "Sharding"):
 
 * attention: ``q_proj`` and (when the KV heads divide N) ``k_proj``/``v_proj`` column-parallel on
   heads, KV pages on the KV-head axis; KV projections and pages are replicated when N exceeds the

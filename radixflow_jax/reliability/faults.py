@@ -8,16 +8,16 @@ and its result is lost: a host-side error after the device finished) or ``donate
 its result is lost and the donated pools are gone: a device error). ``on_execute(plan)`` runs before
 every step, after planning and before commit: the place to abort requests whose round is running.
 ``fail_reset`` makes every later ``reset`` raise (recovery fails: the engine must stop, loudly).
-With overlap (an inner executor that has ``launch``/``collect``) the faults hit ``launch`` calls.
-No JAX here unless a ``donated`` fault hits the model executor.
+With overlap (an inner executor whose capabilities say so) the faults hit ``launch`` calls.
+No JAX here.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, Mapping
+from typing import Callable, Mapping, Protocol, cast
 
-from radixflow_jax.engine.protocol import Executor, StepResult
+from radixflow_jax.engine.protocol import Executor, ExecutorCapabilities, LaunchHandle, OverlapExecutor, StepResult
 from radixflow_jax.runner.inputs import SamplingRow
 from radixflow_jax.scheduler.plan import RoundPlan
 
@@ -47,35 +47,42 @@ class Fault:
         return self.round <= call < self.round + self.times
 
 
-def lose_device_state(executor: object) -> None:
-    """Destroys what a failed step with donated pools destroys: the shadow executor's memory, or the
-    model executor's pool buffers (deleted, as donation does)."""
-    lose = getattr(executor, "lose_device_state", None)
-    if lose is not None:
-        lose()
-        return
-    cache = getattr(executor, "cache", None)
-    if cache is None:
-        return  # the simulated executor holds no device state
-    import jax
+class FaultTarget(Executor, Protocol):
+    """An executor faults can hit (with ``capabilities.overlap``, an :class:`OverlapExecutor`):
+    ``lose_device_state`` destroys what a failed step with donated pools destroys (the model
+    executor deletes its pool buffers, the shadow scrambles its memory, the simulated executor
+    holds nothing)."""
 
-    for leaf in jax.tree_util.tree_leaves(cache):
-        if not leaf.is_deleted():
-            leaf.delete()
+    def lose_device_state(self) -> None: ...
+
+
+@dataclasses.dataclass(frozen=True)
+class _FaultyLaunch:
+    """A launched round: the inner executor's handle, the fault that hits it (or None), its call index."""
+
+    inner: LaunchHandle
+    fault: Fault | None
+    call: int
+
+    @property
+    def compile_s(self) -> float:
+        return self.inner.compile_s
 
 
 class FaultyExecutor:
-    """Wraps an executor; see the module docstring. Counts ``calls``, ``faults_raised``, ``resets``."""
+    """Wraps an executor; see the module docstring. Counts ``calls``, ``faults_raised``, ``resets``.
+    Its capabilities are the inner executor's."""
 
     def __init__(
         self,
-        inner: Executor,
+        inner: FaultTarget,
         faults: tuple[Fault, ...] = (),
         *,
         on_execute: Callable[[RoundPlan], None] | None = None,
         fail_reset: bool = False,
     ):
         self.inner = inner
+        self.capabilities: ExecutorCapabilities = inner.capabilities
         self.faults = tuple(faults)
         self._by_call = {call: f for f in reversed(self.faults) for call in range(f.round, f.round + f.times)}
         self.on_execute = on_execute
@@ -83,9 +90,6 @@ class FaultyExecutor:
         self.calls = 0
         self.faults_raised = 0
         self.resets = 0
-
-    def __getattr__(self, name: str) -> object:  # penalty_window, supports_logprobs, cache, ...
-        return getattr(self.inner, name)
 
     def execute(self, plan: RoundPlan, sampling: Mapping[int, SamplingRow]) -> StepResult:
         call = self.calls
@@ -99,14 +103,12 @@ class FaultyExecutor:
         if fault.when != "before":
             self.inner.execute(plan, sampling)
         if fault.when == "donated":
-            lose_device_state(self.inner)
+            self.inner.lose_device_state()
         raise InjectedFault(f"injected {fault.when} fault in step call {call}")
 
-    @property
-    def supports_overlap(self) -> bool:
-        return bool(getattr(self.inner, "supports_overlap", False))
-
-    def launch(self, plan: RoundPlan, sampling: Mapping[int, SamplingRow], prev: object = None) -> object:
+    def launch(
+        self, plan: RoundPlan, sampling: Mapping[int, SamplingRow], prev: _FaultyLaunch | None = None
+    ) -> _FaultyLaunch:
         """Overlap: a ``before`` fault raises here (nothing was dispatched); ``after`` and ``donated``
         faults dispatch the step and raise at ``collect``, as a device error surfaces when the result
         is fetched."""
@@ -118,17 +120,18 @@ class FaultyExecutor:
         if fault is not None and fault.when == "before":
             self.faults_raised += 1
             raise InjectedFault(f"injected before fault in step call {call}")
-        return (self.inner.launch(plan, sampling, None if prev is None else prev[0]), fault, call)
+        inner = cast(OverlapExecutor, self.inner)  # launch is called only when capabilities.overlap
+        return _FaultyLaunch(inner.launch(plan, sampling, None if prev is None else prev.inner), fault, call)
 
-    def collect(self, handle: object) -> StepResult:
-        inner, fault, call = handle
-        result = self.inner.collect(inner)
+    def collect(self, handle: _FaultyLaunch) -> StepResult:
+        result = cast(OverlapExecutor, self.inner).collect(handle.inner)
+        fault = handle.fault
         if fault is None:
             return result
         self.faults_raised += 1
         if fault.when == "donated":
-            lose_device_state(self.inner)
-        raise InjectedFault(f"injected {fault.when} fault in step call {call}")
+            self.inner.lose_device_state()
+        raise InjectedFault(f"injected {fault.when} fault in step call {handle.call}")
 
     def reset(self) -> None:
         self.resets += 1

@@ -24,6 +24,7 @@ from radixflow_jax.reliability.audit import assert_drained, audit_engine, commit
 from radixflow_jax.engine.core import EngineConfig, EngineCore
 from radixflow_jax.reliability.faults import Fault, FaultyExecutor
 from radixflow_jax.engine.params import RequestOutput, SamplingParams
+from radixflow_jax.engine.protocol import Executor
 from radixflow_jax.reliability.shadow import ShadowExecutor
 from radixflow_jax.sim.executor import VirtualClock
 from radixflow_jax.engine.build import Wiring, wire_engine
@@ -193,7 +194,8 @@ class Harness:
                 changed = core.step()
             finally:
                 self._in_round = False
-            found = self.violations + list(getattr(self.executor.inner, "violations", ()))
+            inner = _unwrapped(self.executor)
+            found = self.violations + (inner.violations if isinstance(inner, ShadowExecutor) else [])
             if found:  # a check failed inside the step: the engine recovered, the scenario must not pass
                 raise InvariantError(f"round {core.num_rounds}: {found[0]}")
             for rid in self._forget_after_round:
@@ -235,10 +237,15 @@ def shadow_engine(
     return core
 
 
+def _unwrapped(executor: Executor) -> Executor:
+    """The executor under any fault wrappers."""
+    while isinstance(executor, FaultyExecutor):
+        executor = executor.inner
+    return executor
+
+
 def shadow_of(core: EngineCore) -> ShadowExecutor:
-    ex = core.executor
-    while isinstance(ex, FaultyExecutor):
-        ex = ex.inner
+    ex = _unwrapped(core.executor)
     if not isinstance(ex, ShadowExecutor):
         raise TypeError(f"the engine runs {type(ex).__name__}, not the shadow executor")
     return ex

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from typing import Callable, Mapping, Sequence
 
-from radixflow_jax.engine.protocol import StepResult
+from radixflow_jax.engine.protocol import ExecutorCapabilities, StepResult
 from radixflow_jax.runner.inputs import SamplingRow
 from radixflow_jax.scheduler.plan import RoundPlan, RowPlan
 
@@ -49,9 +49,10 @@ def token_for(sequence: Sequence[int], vocab: int) -> int:
 
 class ShadowExecutor:
     """See the module docstring. ``truth(request_id)``: the request's real tokens (prompt + output
-    so far), to check contexts against; ``round_s``: the virtual time a round takes on ``clock``."""
+    so far), to check contexts against; ``round_s``: the virtual time a round takes on ``clock``.
+    No capabilities: synchronous, no logprobs, no penalties, no round cost model."""
 
-    supports_logprobs = False
+    capabilities = ExecutorCapabilities()
 
     def __init__(
         self,

@@ -20,12 +20,12 @@ import asyncio
 import concurrent.futures
 import dataclasses
 import logging
-import numbers
 import queue
 import threading
 from typing import Any, AsyncIterator, Callable, Iterator, Protocol, Sequence
 
 from radixflow_jax.engine.core import EngineCore, RoundRecord
+from radixflow_jax.engine.intake import CheckedRequest
 from radixflow_jax.engine.params import RequestOutput, SamplingParams
 
 
@@ -39,8 +39,7 @@ class RequestFailedError(RuntimeError):
 
 @dataclasses.dataclass
 class _Pending:
-    prompt: list[int]
-    params: SamplingParams
+    request: CheckedRequest
     handle: RequestHandle
 
 
@@ -143,22 +142,6 @@ class EngineObserver(Protocol):
     def __call__(self, events: Sequence[RequestOutput], records: Sequence[RoundRecord]) -> None: ...
 
 
-def checked_prompt(core: EngineCore, prompt: Sequence[int], params: SamplingParams) -> list[int]:
-    """The prompt as token ids, or ``TypeError`` / ``ValueError`` naming what is wrong. Reads only the
-    core's fixed settings, so it is safe off the engine thread."""
-    if not isinstance(params, SamplingParams):
-        raise TypeError(f"params must be SamplingParams, got {type(params).__name__}")
-    if isinstance(prompt, (str, bytes)):
-        raise TypeError("prompt must be a list of token ids")
-    if len(prompt) == 0:
-        raise ValueError("the prompt is empty")
-    if any(isinstance(t, bool) or not isinstance(t, numbers.Integral) for t in prompt):
-        raise ValueError("prompt token ids must be integers")
-    ids = [int(t) for t in prompt]
-    core.validate(ids, params)
-    return ids
-
-
 class BackgroundEngine:
     def __init__(self, core: EngineCore, *, observer: EngineObserver | None = None, trim_records: bool = False):
         self.core = core
@@ -176,15 +159,19 @@ class BackgroundEngine:
         self._thread.start()
 
     def submit(self, prompt: Sequence[int], params: SamplingParams) -> RequestHandle:
-        """Queues a request. Validation errors raise here, in the caller's thread."""
-        ids = checked_prompt(self.core, prompt, params)
+        """Queues a request. Validation errors (``EngineCore.check``, the request's one check) raise
+        here, in the caller's thread."""
+        return self.enqueue(self.core.check(prompt, params))
+
+    def enqueue(self, request: CheckedRequest) -> RequestHandle:
+        """Queues a request checked by this engine's core or an identical one (a replica's)."""
         handle = RequestHandle(self)
         with self._wake:  # checked under the lock: the thread fails or drops the inbox under it too
             if self._error is not None:
                 raise EngineDeadError(f"engine stopped: {self._error!r}")
             if self._stopped:
                 raise EngineDeadError("engine was shut down")
-            self._inbox.append(_Pending(ids, params, handle))
+            self._inbox.append(_Pending(request, handle))
             self._wake.notify()
         return handle
 
@@ -247,8 +234,8 @@ class BackgroundEngine:
         delivered: list[RequestOutput] = []
         for item in inbox:
             try:
-                rid = self.core.add_request(item.prompt, item.params)
-            except Exception as exc:  # a bad request fails alone; add_request queues nothing then
+                rid = self.core.add(item.request)
+            except Exception as exc:  # checked already; should the scheduler refuse it, it fails alone
                 item.handle._push(exc)
                 continue
             item.handle.request_id = rid

@@ -13,8 +13,8 @@ Invariants:
     share a prefix still follow the first one routed with it.
   * A request lives on one replica for its whole life: its handle talks to that replica only, so an
     abort, a disconnect or a failed step touches no other replica.
-  * The replicas are identical engines: a prompt one refuses, all refuse (``submit`` validates before
-    routing), and every replica's output equals what a single engine computes.
+  * The replicas are identical engines: a prompt one refuses, all refuse (``submit`` checks it once,
+    before routing, and the chosen replica queues the checked request), and every replica's output equals what a single engine computes.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import concurrent.futures
 import threading
 from typing import Any, Callable, Sequence
 
-from radixflow_jax.replicas.background import BackgroundEngine, RequestHandle, checked_prompt
+from radixflow_jax.replicas.background import BackgroundEngine, RequestHandle
 from radixflow_jax.engine.core import EngineCore
 from radixflow_jax.engine.params import SamplingParams
 from radixflow_jax.replicas.router import Router, RouterConfig
@@ -44,15 +44,17 @@ class ReplicatedEngine:
         return self.replicas[0].core
 
     def submit(self, prompt: Sequence[int], params: SamplingParams) -> RequestHandle:
-        """Routes and queues a request; validation errors raise here, before any replica is chosen."""
-        ids = checked_prompt(self.core, prompt, params)
+        """Routes and queues a request; validation errors raise here, before any replica is chosen
+        (the first replica's check holds for all: they are identical), and the chosen replica takes
+        the checked request as it is."""
+        checked = self.core.check(prompt, params)
         with self._lock:
             if len(self.replicas) == 1:
                 choice = 0
             else:
                 loads = [r.num_waiting + r.num_running for r in self.replicas]
-                choice = self.router.choose(ids, loads, [0] * len(self.replicas))
-        return self.replicas[choice].submit(ids, params)
+                choice = self.router.choose(checked.prompt, loads, [0] * len(self.replicas))
+        return self.replicas[choice].enqueue(checked)
 
     def call_all(self, fn: Callable[[EngineCore], Any]) -> list[concurrent.futures.Future[Any]]:
         """Runs ``fn(core)`` on every replica's thread (before its next round); one future each."""

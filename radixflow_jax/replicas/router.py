@@ -26,6 +26,7 @@ import dataclasses
 from typing import Sequence
 
 from radixflow_jax.engine.core import EngineCore
+from radixflow_jax.engine.intake import CheckedRequest
 from radixflow_jax.engine.params import RequestOutput, SamplingParams
 
 ROUTERS = ("prefix", "round-robin", "least-loaded")
@@ -155,9 +156,14 @@ class ReplicaSet:
     def add_request(
         self, prompt: Sequence[int], params: SamplingParams, *, arrival_time: float | None = None
     ) -> tuple[int, int]:
-        self.engines[0].validate(prompt, params)  # replicas are identical: refuse before routing
-        replica = self.route(prompt)
-        return replica, self.engines[replica].add_request(prompt, params, arrival_time=arrival_time)
+        """Checks (once: the replicas are identical, so the first one's check holds for all), routes
+        and queues a request."""
+        return self.add(self.engines[0].check(prompt, params), arrival_time=arrival_time)
+
+    def add(self, checked: CheckedRequest, *, arrival_time: float | None = None) -> tuple[int, int]:
+        """Routes and queues a request a replica's ``check`` accepted."""
+        replica = self.route(checked.prompt)
+        return replica, self.engines[replica].add(checked, arrival_time=arrival_time)
 
     def has_unfinished(self) -> bool:
         return any(e.has_unfinished() for e in self.engines)

@@ -98,10 +98,36 @@ def build_arrays(
 ) -> StepArrays:
     """``penalty_window``: width ``W`` of the penalty context arrays (0: penalties unavailable);
     ``decode``: the round's decode placement (``runner/window.select_round``; None: placed here,
-    with ``base`` the lowest decode slot, which the caller must know fits its pool)."""
-    t, r, m = variant.num_tokens, variant.num_rows, variant.max_emits
+    with ``base`` the lowest decode slot, which the caller must know fits its pool).
+
+    Every check runs before the arrays it guards are written, in this order (the first failing one
+    raises ``ValueError``): the decode window, the variant's capacity, each row's pages, decode-row
+    emits, pairings, penalty contexts."""
     if decode is None:
         decode = place_decode(plan, variant.num_decode)
+    order = _check_fits(plan, variant, decode)
+    prefill = tuple(plan.rows[i] for i in order)
+    region = [_PAD_DECODE] * variant.num_decode
+    for i in decode.rows:
+        region[plan.rows[i].slot - decode.base] = plan.rows[i]
+    rows = tuple(region) + prefill
+    _check_pages(rows, page_size, max_pages)
+    a = _empty_arrays(variant, max_pages, penalty_window, decode.base)
+    _fill_tokens(a, rows, page_size)
+    _fill_emits(a, rows, variant.num_decode)
+    _fill_sampling(a, rows, sampling, penalty_window)
+    plan_rows = np.zeros(len(plan.rows), np.int64)
+    for i in decode.rows:
+        plan_rows[i] = plan.rows[i].slot - decode.base
+    plan_rows[order] = np.arange(variant.num_decode, variant.num_decode + len(prefill))
+    a.plan_rows = plan_rows
+    return a
+
+
+def _check_fits(plan: RoundPlan, variant: Variant, decode: DecodePlacement) -> list[int]:
+    """Raises unless the placed decode rows fit the decode window and the other rows (tokens, rows,
+    and every row's emits) fit the variant; returns the plan indices of the other rows, in order.
+    Checked before filling: an oversized plan must raise this, not an index/broadcast error halfway."""
     d = len(decode.rows)
     fits = all(0 <= plan.rows[i].slot - decode.base < variant.num_decode for i in decode.rows)
     if d > variant.num_decode or not fits:
@@ -109,16 +135,33 @@ def build_arrays(
                          f"of {variant.num_decode} slots from {decode.base}")  # fmt: skip
     in_window = set(decode.rows)
     order = [i for i in range(len(plan.rows)) if i not in in_window]
-    prefill = tuple(plan.rows[i] for i in order)
-    # checked before filling: an oversized plan must raise this, not an index/broadcast error halfway
-    prefill_tokens = sum(len(row.tokens) for row in prefill)
+    prefill_tokens = sum(len(plan.rows[i].tokens) for i in order)
     num_emits = sum(len(row.emits) for row in plan.rows)
-    if prefill_tokens > variant.prefill_tokens or len(prefill) > variant.prefill_rows or num_emits > m:
+    if prefill_tokens > variant.prefill_tokens or len(order) > variant.prefill_rows or num_emits > variant.max_emits:
         raise ValueError(
-            f"plan ({d} decode rows; {prefill_tokens} tokens in {len(prefill)} other rows; {num_emits} emits) "
+            f"plan ({d} decode rows; {prefill_tokens} tokens in {len(order)} other rows; {num_emits} emits) "
             f"exceeds variant {variant}"
         )
-    a = StepArrays(
+    return order
+
+
+def _check_pages(rows: Sequence[RowPlan], page_size: int, max_pages: int) -> None:
+    """Raises unless every row's pages fit the page table and cover the positions it writes."""
+    for row in rows:
+        n = len(row.tokens)
+        if len(row.pages) > max_pages:
+            raise ValueError(f"request {row.request_id} needs {len(row.pages)} pages, the page table holds {max_pages}")
+        if len(row.pages) * page_size < row.start + n:
+            raise ValueError(
+                f"request {row.request_id}: {len(row.pages)} pages of {page_size} do not cover positions "
+                f"{row.start}..{row.start + n - 1}"
+            )
+
+
+def _empty_arrays(variant: Variant, max_pages: int, penalty_window: int, decode_base: int) -> StepArrays:
+    """The arrays of ``variant`` with every row and token padding (neutral sampling, no emits)."""
+    t, r, m = variant.num_tokens, variant.num_rows, variant.max_emits
+    return StepArrays(
         tokens=np.zeros(t, np.int32),
         cu_seqlens=np.zeros(r + 1, np.int32),
         kv_lens=np.zeros(r, np.int32),
@@ -143,23 +186,16 @@ def build_arrays(
         ctx_out=np.zeros((r, penalty_window), np.bool_),
         want_logprobs=np.zeros(r, np.bool_),
         pair_emit=np.full(r, -1, np.int32),
-        decode_base=np.asarray(decode.base, np.int32),
+        decode_base=np.asarray(decode_base, np.int32),
     )
-    region = [_PAD_DECODE] * variant.num_decode
-    for i in decode.rows:
-        region[plan.rows[i].slot - decode.base] = plan.rows[i]
-    rows = tuple(region) + prefill
+
+
+def _fill_tokens(a: StepArrays, rows: Sequence[RowPlan], page_size: int) -> None:
+    """Token ids, page table, KV slot of every token, row boundaries and lengths, state slots.
+    Rows past ``len(rows)`` stay empty spans at the end (``cu_seqlens`` repeats the total)."""
     nr = len(rows)
     lens = [len(row.tokens) for row in rows]
     starts = [row.start for row in rows]
-    for row, n in zip(rows, lens):
-        if len(row.pages) > max_pages:
-            raise ValueError(f"request {row.request_id} needs {len(row.pages)} pages, the page table holds {max_pages}")
-        if len(row.pages) * page_size < row.start + n:
-            raise ValueError(
-                f"request {row.request_id}: {len(row.pages)} pages of {page_size} do not cover positions "
-                f"{row.start}..{row.start + n - 1}"
-            )
     # one vectorised pass per array: per-row numpy calls dominated the host overhead
     cu = np.zeros(nr + 1, np.int64)
     np.cumsum(lens, out=cu[1:])
@@ -177,9 +213,15 @@ def build_arrays(
     a.logits_index[:nr] = cu[1:] - 1
     a.state_slots[:nr] = [row.slot for row in rows]
     a.copy_src[:nr] = [row.slot if row.copy_from is None else row.copy_from for row in rows]
+
+
+def _fill_emits(a: StepArrays, rows: Sequence[RowPlan], num_decode: int) -> None:
+    """Checkpoint emits in row order, and each paired row's emit index. A decode row (the first
+    ``num_decode``) emits only after its one token and never pairs; a row pairs with the emit of an
+    unpaired row of the same round."""
     emits = [(i, offset, slot) for i, row in enumerate(rows) for offset, slot in row.emits]
     for i, offset, _ in emits:
-        if i < variant.num_decode and offset != 1:  # the model reads only a decode row's new state
+        if i < num_decode and offset != 1:  # the model reads only a decode row's new state
             raise ValueError(
                 f"request {rows[i].request_id}: a decode row emits after its one token, not at offset {offset}"
             )
@@ -189,12 +231,18 @@ def build_arrays(
     for i, row in enumerate(rows):
         if row.pair_slot is not None:
             j = emit_of.get(row.pair_slot)
-            if j is None or rows[emits[j][0]].pair_slot is not None or i < variant.num_decode:
+            if j is None or rows[emits[j][0]].pair_slot is not None or i < num_decode:
                 raise ValueError(
                     f"request {row.request_id} pairs with checkpoint slot {row.pair_slot}, which no unpaired "
                     "prefill row of the round emits"
                 )
             a.pair_emit[i] = j
+
+
+def _fill_sampling(a: StepArrays, rows: Sequence[RowPlan], sampling: Mapping[int, SamplingRow], window: int) -> None:
+    """Each row's sampling settings (``GREEDY`` for a request without any, and for padding rows);
+    a penalised row's prompt + output ids, which must fit the penalty ``window``, go into ``ctx_ids``."""
+    nr = len(rows)
     params = [sampling.get(row.request_id, GREEDY) for row in rows]
     a.temperature[:nr] = [p.temperature for p in params]
     a.top_k[:nr] = [p.top_k for p in params]
@@ -205,22 +253,16 @@ def build_arrays(
     for i, p in enumerate(params):
         if p.has_penalty:
             n_prompt, n_out = len(p.prompt), len(p.output)
-            if n_prompt + n_out > penalty_window:
+            if n_prompt + n_out > window:
                 raise ValueError(
                     f"request {rows[i].request_id}: {n_prompt + n_out} context tokens exceed the penalty window "
-                    f"{penalty_window}"
+                    f"{window}"
                 )
             a.presence[i], a.frequency[i] = p.presence_penalty, p.frequency_penalty
             a.repetition[i] = p.repetition_penalty
             a.ctx_ids[i, :n_prompt] = p.prompt
             a.ctx_ids[i, n_prompt : n_prompt + n_out] = p.output
             a.ctx_out[i, n_prompt : n_prompt + n_out] = True
-    plan_rows = np.zeros(len(plan.rows), np.int64)
-    for i in decode.rows:
-        plan_rows[i] = plan.rows[i].slot - decode.base
-    plan_rows[order] = np.arange(variant.num_decode, variant.num_decode + len(prefill))
-    a.plan_rows = plan_rows
-    return a
 
 
 def padding_arrays(variant: Variant, max_pages: int, penalty_window: int = 0) -> StepArrays:

@@ -27,7 +27,7 @@ for only ``FEW_EMITS`` checkpoint writes, taken when its plan emits no more: the
 compute and write every emit entry, padding included, and a decode row crosses a grid point once
 every ``grid`` tokens, so most decode rounds emit nothing (29 of 29 full decode rounds of
 ``benchmarks/vs_transformers.py``). Measured inside the compiled 64-row decode round of that
-workload (2026-12-01, docs/performance.md): 65 entries cost 6 ms of about 80 more than 4 do.
+workload (2026-12-01, docs/perf-log.md): 65 entries cost 6 ms of about 80 more than 4 do.
 """
 
 from __future__ import annotations

@@ -1,29 +1,19 @@
 """Where a span plants checkpoints, with a look-ahead at the waiting requests that share its start.
 
 Plain Python (no JAX). :class:`WaitingIndex` groups this round's waiting requests by their first
-``G`` tokens: only those can share a branch point deeper than 0 with a producer. The scheduler
-rebuilds it at the start of every ``schedule()`` and drops it at the end, so it never outlives the
-queue it indexes. The placement rules themselves live in ``cache/placement.py``.
+``G`` tokens: only those can share a branch point deeper than 0 with a producer. Each round's
+builder (``builder.RoundBuilder``) holds one over the queue as the round began and drops it with
+the round, so it never outlives the queue it indexes. :func:`placements` reads the placement
+settings from the ``SchedulerConfig``; the placement rules themselves live in ``cache/placement.py``.
 """
 
 from __future__ import annotations
 
-import dataclasses
-from typing import Iterable, Iterator
+from collections.abc import Iterable, Iterator
 
 from radixflow_jax.cache import placement
+from radixflow_jax.scheduler.config import SchedulerConfig
 from radixflow_jax.scheduler.request import Request, RequestStatus
-
-
-@dataclasses.dataclass(frozen=True)
-class LookaheadConfig:
-    """The scheduler settings placement needs (a view of ``SchedulerConfig``)."""
-
-    grid: int
-    hybrid: bool
-    branch_checkpoints: bool
-    checkpoint_interval: int
-    max_checkpoints: int
 
 
 class WaitingIndex:
@@ -54,7 +44,7 @@ class WaitingIndex:
 
 
 def placements(
-    cfg: LookaheadConfig, req: Request, start: int, end: int, branch_len: int | None, index: WaitingIndex
+    cfg: SchedulerConfig, req: Request, start: int, end: int, branch_len: int | None, index: WaitingIndex
 ) -> list[placement.Placement]:
     """Where ``req``'s span ``[start, end)`` plants checkpoints (rules in ``cache/placement.py``)."""
     if not cfg.hybrid or not placement.has_grid_position(start, end, cfg.grid):

@@ -13,7 +13,7 @@ Invariants:
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from radixflow_jax.cache import CacheConfig, PagePool, RadixCache, SlotPool
 from radixflow_jax.cache.placement import Placement

@@ -1,85 +1,129 @@
-"""Overlap inside the scheduler: the host side of a launched round, the rounds in flight and the
-requests fenced until their commit. A mixin of :class:`~radixflow_jax.scheduler.scheduler.Scheduler`
-(it uses the scheduler's config, memory, requests, running list and look-ahead), kept apart so the
-admission scan and the commit fence read on their own; the rules are in the scheduler's module
-docstring ("Overlap"). No JAX here.
+"""The in-flight record: rounds launched and not committed, and finished requests fenced until the
+commit of the last launched round that holds a row of them. No JAX here.
+
+Overlap (the engine plans round r+1 while the device runs round r): :meth:`InFlight.launch` applies
+the host side of a round before its result exists (``num_computed`` advances, a sampling row appends
+``UNKNOWN_TOKEN``), so the next ``schedule()`` plans from there; ``Scheduler.commit`` then fills in
+the sampled tokens, in launch order. Round r's checkpoints stay pending for the plan of r+1 (they
+commit at r's fence, depth by depth).
+
+Invariants:
+  * Rounds commit in launch order: :meth:`InFlight.retire` accepts only the oldest round in flight
+    (or, with none in flight, a round that was never launched).
+  * A request that finishes or is aborted while a launched round still holds a row of it (its
+    ``fence`` is that round's launch index) is released at that round's commit fence, never before
+    (:meth:`InFlight.release`, :meth:`InFlight.release_due`). A preempted or rolled-back request is
+    released at once: its rows in flight are stale (skipped at commit by their epoch), and a page or
+    slot given to another row can only be written by a later round, which the device runs after the
+    rounds in flight (the pools are threaded from one step into the next).
+  * Attention-only models: the full pages a launched row writes are pending KV of its request until
+    the commit (:meth:`InFlight.launch`), so a request planned meanwhile that shares them waits for
+    that commit and then hits, instead of computing the prefix cold.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import collections
+from collections.abc import Iterable, Mapping
 
+from radixflow_jax.scheduler.config import SchedulerConfig
 from radixflow_jax.scheduler.lookahead import WaitingIndex, placements
+from radixflow_jax.scheduler.memory import Memory
 from radixflow_jax.scheduler.plan import UNKNOWN_TOKEN, RoundPlan
 from radixflow_jax.scheduler.request import Request, RequestStatus
 
-if TYPE_CHECKING:
-    from radixflow_jax.scheduler.scheduler import Scheduler
 
-    _Base = Scheduler
-else:
-    _Base = object
+class InFlight:
+    def __init__(self, config: SchedulerConfig, memory: Memory):
+        self._config = config
+        self._memory = memory
+        self._rounds: collections.deque[RoundPlan] = collections.deque()  # launched, not committed
+        self._fenced: list[tuple[Request, bool]] = []  # (finished request, keep_prefix), released at a fence
 
-
-class OverlapMixin(_Base):
-    def launch(self, plan: RoundPlan) -> None:
-        """The host side of a round whose result is not known yet (overlap, see the module docstring):
-        each row's request advances past its span and a sampling row appends ``UNKNOWN_TOKEN``.
-        ``commit(plan, ...)`` must follow, in launch order."""
-        fence = self.round_index + len(self._in_flight)
-        for row in plan.rows:  # nothing may change the scheduler between a plan and its launch
-            req = self.requests[row.request_id]
-            if req.status is not RequestStatus.RUNNING or row.epoch != req.epoch:
-                raise ValueError(f"launch of a stale plan: request {req.request_id} left or restarted after planning")
-            self._publish_in_flight_kv(req, row.start, row.start + len(row.tokens))
-            req.num_computed = row.start + len(row.tokens)
-            req.in_flight += len(row.tokens)
-            req.fence = fence
-            if row.sample:
-                req.output.append(UNKNOWN_TOKEN)
-                req.unresolved += 1
-        self._in_flight.append(plan)
-
-    def _publish_in_flight_kv(self, req: Request, start: int, end: int) -> None:
-        """Attention-only models: the full pages a launched row writes become pending KV of ``req``
-        until its commit, so a request planned while the round runs (overlap) that shares them is a
-        consumer (it waits for the commit and then hits) instead of computing the prefix cold. A
-        hybrid's rows publish theirs when their checkpoints are planted. Without overlap the round
-        commits before the next plan, so nothing planned ever sees this pending KV; the round being
-        planned never does (it is published at launch). Only a row that fills a new page publishes
-        (most decode rows do not), so the tree is walked rarely."""
-        cache, p = self.memory.cache, self.config.page_size
-        if cache is None or self.config.hybrid:
-            return
-        depth = min(end, req.num_tokens - req.unresolved) // p * p
-        if depth > start // p * p:
-            cache.plant_pending(req.tokens[:depth], depth, None, req.request_id, req.pages)
-
-    @property
-    def num_in_flight(self) -> int:
+    def __len__(self) -> int:
         """Rounds launched and not committed."""
-        return len(self._in_flight)
+        return len(self._rounds)
 
     @property
     def fenced(self) -> tuple[Request, ...]:
         """Finished requests whose pages and slot wait for the commit fence of a round in flight."""
         return tuple(req for req, _ in self._fenced)
 
-    def plants_on_unknown(self) -> bool:
-        """Whether some running request's next decode row would plant a checkpoint on a path that ends
-        in a token a round in flight samples (the engine then commits that round before planning)."""
-        g = self.config.grid
-        for req in self.running:
-            q = req.num_computed
-            if req.unresolved and req.remaining == 1 and (q + 1) % g == 0:
-                if placements(self._lookahead, req, q, q + 1, None, WaitingIndex(g)):
-                    return True
+    def launch(self, plan: RoundPlan, requests: Mapping[int, Request], round_index: int) -> None:
+        """The host side of ``plan``, launched after ``round_index`` rounds committed: each row's
+        request advances past its span and a sampling row appends ``UNKNOWN_TOKEN``."""
+        fence = round_index + len(self._rounds)
+        for row in plan.rows:  # nothing may change the scheduler between a plan and its launch
+            req = requests[row.request_id]
+            if req.status is not RequestStatus.RUNNING or row.epoch != req.epoch:
+                raise ValueError(f"launch of a stale plan: request {req.request_id} left or restarted after planning")
+            self._publish_kv(req, row.start, row.start + len(row.tokens))
+            req.num_computed = row.start + len(row.tokens)
+            req.in_flight += len(row.tokens)
+            req.fence = fence
+            if row.sample:
+                req.output.append(UNKNOWN_TOKEN)
+                req.unresolved += 1
+        self._rounds.append(plan)
+
+    def _publish_kv(self, req: Request, start: int, end: int) -> None:
+        """Attention-only models: publishes the full pages of ``[start, end)`` as pending KV of ``req``
+        (module docstring). A hybrid's rows publish theirs when their checkpoints are planted.
+        Without overlap the round commits before the next plan, so nothing planned ever sees this
+        pending KV; the round being planned never does (it is published at launch). Only a row that
+        fills a new page publishes (most decode rows do not), so the tree is walked rarely."""
+        cache, p = self._memory.cache, self._config.page_size
+        if cache is None or self._config.hybrid:
+            return
+        depth = min(end, req.num_tokens - req.unresolved) // p * p
+        if depth > start // p * p:
+            cache.plant_pending(req.tokens[:depth], depth, None, req.request_id, req.pages)
+
+    def retire(self, plan: RoundPlan) -> bool:
+        """``plan`` commits: whether it was launched (it leaves the record). ``ValueError`` if rounds
+        are in flight and ``plan`` is not the oldest."""
+        if self._rounds and self._rounds[0] is plan:
+            self._rounds.popleft()
+            return True
+        if self._rounds:
+            raise ValueError("commit of a plan that is not the oldest round in flight")
         return False
 
-    def drop_in_flight(self) -> None:
-        """A launched round failed: every round in flight is void. Releases the fenced requests; the
-        caller requeues the running ones (``requeue_running``), which drops their uncommitted work."""
-        self._in_flight.clear()
+    def release(self, req: Request, round_index: int, *, keep_prefix: bool) -> None:
+        """A finished ``req`` gives up its pages and slot: now, or at the fence of the launched round
+        that still uses them (``round_index``: rounds committed)."""
+        if req.fence >= round_index:
+            self._fenced.append((req, keep_prefix))
+        else:
+            self._memory.release(req, keep_prefix=keep_prefix)
+
+    def release_due(self, round_index: int) -> None:
+        """After a commit (``round_index`` rounds committed): releases the fenced requests whose last
+        launched round has committed."""
+        if not self._fenced:
+            return
+        fenced, self._fenced = self._fenced, []
+        for req, keep_prefix in fenced:
+            if req.fence < round_index:
+                self._memory.release(req, keep_prefix=keep_prefix)
+            else:
+                self._fenced.append((req, keep_prefix))
+
+    def drop(self) -> None:
+        """A launched round failed: every round in flight is void, and the fenced requests are
+        released (their rounds will never commit)."""
+        self._rounds.clear()
         fenced, self._fenced = self._fenced, []
         for req, _ in fenced:
-            self.memory.release(req, keep_prefix=False)
+            self._memory.release(req, keep_prefix=False)
+
+    def plants_on_unknown(self, running: Iterable[Request]) -> bool:
+        """Whether some running request's next decode row would plant a checkpoint on a path that ends
+        in a token a round in flight samples (the engine then commits that round before planning)."""
+        g = self._config.grid
+        for req in running:
+            q = req.num_computed
+            on_grid = req.unresolved and req.remaining == 1 and (q + 1) % g == 0
+            if on_grid and placements(self._config, req, q, q + 1, None, WaitingIndex(g)):
+                return True
+        return False

@@ -54,7 +54,6 @@ class Request:
     unresolved: int = 0
     fence: int = -1
     epoch: int = 0
-    extra: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     @property
     def tokens(self) -> tuple[int, ...]:

@@ -16,6 +16,10 @@ Invariants:
     alternatives; chat: ``logprobs`` + ``top_logprobs``).
   * Defaults follow the OpenAI API: ``temperature`` 1, ``top_p`` 1; completions ``max_tokens`` 16,
     chat ``max_tokens`` fills the context (``max_model_len - prompt``) when the limit is known.
+  * Checks here are the API's own: the body's schema and the answers the OpenAI API defines for it
+    (the field named in ``param``, ``context_length_exceeded``, an empty or out-of-vocabulary prompt
+    as a 400 on ``prompt``). What the engine can run (penalty window, logprobs, stop strings, the KV
+    pool) is checked once, by the engine (``engine/intake.py``), when the request is submitted.
 """
 
 from __future__ import annotations

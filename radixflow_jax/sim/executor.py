@@ -20,7 +20,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Mapping, Protocol, Sequence
 
-from radixflow_jax.engine.protocol import StepResult
+from radixflow_jax.engine.protocol import DeferredRound, ExecutorCapabilities, StepResult
 from radixflow_jax.sim.specs import DeviceSpec, ModelSpec
 from radixflow_jax.runner.inputs import SamplingRow
 from radixflow_jax.runner.shapes import ShapeConfig, powers_of_two
@@ -134,7 +134,9 @@ class BucketSet:
 
 class SimExecutor:
     """Advances ``clock`` by the cost model's round time; pads like the model executor would: to
-    ``buckets`` (a :class:`BucketSet`), or to the runner's ``ShapeConfig`` variants, or not at all."""
+    ``buckets`` (a :class:`BucketSet`), or to the runner's ``ShapeConfig`` variants, or not at all.
+    Capabilities: its cost model as the round cost (:meth:`plan_cost`) and, when built with
+    ``overlap``, overlap; no logprobs, no penalties."""
 
     def __init__(
         self, cost: CostModel, clock: VirtualClock, shapes: ShapeConfig | BucketSet | None = None, token: int = 1,
@@ -147,13 +149,13 @@ class SimExecutor:
         # overlap=True: the engine plans round r+1 before round r commits, as with the model executor
         # (the mirror of an overlapped model engine); the clock still charges the rounds one after
         # the other and no host time. Default False: the synchronous engine.
-        self.supports_overlap = overlap
+        self.capabilities = ExecutorCapabilities(overlap=overlap, round_cost=self.plan_cost)
 
-    def launch(self, plan: RoundPlan, sampling: Mapping[int, SamplingRow], prev: object = None) -> tuple:
-        return plan, sampling
+    def launch(self, plan: RoundPlan, sampling: Mapping[int, SamplingRow], prev: object = None) -> DeferredRound:
+        return DeferredRound(plan, sampling)
 
-    def collect(self, handle: tuple) -> StepResult:
-        return self.execute(*handle)
+    def collect(self, handle: DeferredRound) -> StepResult:
+        return self.execute(handle.plan, handle.sampling)
 
     def plan_cost(self, rows: Sequence[RowPlan]) -> float:
         """Seconds a round of ``rows`` would take (padded as :meth:`execute` pads): the round cost
@@ -181,3 +183,6 @@ class SimExecutor:
 
     def reset(self) -> None:
         """Nothing to rebuild: the simulated executor holds no device buffers."""
+
+    def lose_device_state(self) -> None:
+        """Nothing to lose (fault injection): the simulated executor holds no device state."""

@@ -1,7 +1,7 @@
 """Model and device specifications for the simulated executor (plain Python, no JAX).
 
-Model sizes follow the models' published ``config.json`` values as collected in REFERENCES.md
-section 3; device numbers are public datasheet peaks (dense bf16 FLOP/s, HBM bandwidth, memory).
+Model sizes follow the models' published ``config.json`` values (docs/design.md,
+"Workloads and model sizes"); device numbers are public datasheet peaks (dense bf16 FLOP/s, HBM bandwidth, memory).
 """
 
 from __future__ import annotations
@@ -135,7 +135,7 @@ MODEL_SPECS: dict[str, ModelSpec] = {
 #    (https://cloudai.pt/tag/cuda-graphs/). Its weights (16.06 GB) take 4.79 ms at the 3.35 TB/s
 #    peak, so the graph-captured step spends about 0.3 ms beyond the weight read; add this
 #    project's own host work per round, plan + build 0.66 ms median at 64 running / 256 waiting
-#    (docs/performance.md, `benchmarks/host_overhead.py`): about 1.0 ms.
+#    (docs/perf-log.md, `benchmarks/host_overhead.py`): about 1.0 ms.
 #  * ROUND_OVERHEAD_EAGER_S: the same figure's eager - graph difference, 3.3 ms: the launch cost of
 #    a step that is not one compiled program (the second value docs/results.md reports).
 #  * MBU 0.7: the low end of the 70-85 % memory-bandwidth utilisation that tuned CUDA serving stacks

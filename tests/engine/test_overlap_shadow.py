@@ -18,7 +18,7 @@ from radixflow_jax.engine.core import EngineCore, ServingClock
 from radixflow_jax.reliability.faults import Fault, FaultyExecutor
 from radixflow_jax.reliability.harness import Harness
 from radixflow_jax.engine.params import SamplingParams
-from radixflow_jax.engine.protocol import StepResult
+from radixflow_jax.engine.protocol import ExecutorCapabilities, StepResult
 from radixflow_jax.reliability.shadow import ShadowExecutor
 from radixflow_jax.sim.executor import VirtualClock
 from radixflow_jax.engine.build import Wiring, wire_engine
@@ -27,10 +27,22 @@ from radixflow_jax.scheduler.plan import UNKNOWN_TOKEN, RoundPlan
 from tests.reliability.scenarios import BASE, CACHING_POLICIES, cold_outputs, tokens
 
 
+@dataclasses.dataclass
+class _ShadowLaunch:
+    """A launched round: run by the shadow at ``collect``; ``sampled`` once collected."""
+
+    plan: RoundPlan
+    sampling: Mapping[int, SamplingRow]
+    prev: _ShadowLaunch | None
+    snapshot: dict[int, list[int]]
+    sampled: dict[int, int] | None = None
+    compile_s: float = 0.0
+
+
 class LaunchOrderShadow:
     """The shadow executor behind ``launch`` / ``collect`` (see the module docstring)."""
 
-    supports_overlap = True
+    capabilities = ExecutorCapabilities(overlap=True)
 
     def __init__(self, inner: ShadowExecutor):
         self.inner = inner
@@ -39,20 +51,19 @@ class LaunchOrderShadow:
         self._truth: dict[int, list[int]] = {}
         inner.truth = lambda rid: self._truth[rid]
 
-    def __getattr__(self, name: str) -> object:
-        return getattr(self.inner, name)
-
     def execute(self, plan: RoundPlan, sampling: Mapping[int, SamplingRow]) -> StepResult:
         return self.collect(self.launch(plan, sampling))
 
-    def launch(self, plan: RoundPlan, sampling: Mapping[int, SamplingRow], prev: object = None) -> list:
+    def launch(
+        self, plan: RoundPlan, sampling: Mapping[int, SamplingRow], prev: _ShadowLaunch | None = None
+    ) -> _ShadowLaunch:
         reqs = self.core.scheduler.requests
         snapshot = {row.request_id: list(reqs[row.request_id].tokens) for row in plan.rows}
-        return [plan, sampling, prev, snapshot]
+        return _ShadowLaunch(plan, sampling, prev, snapshot)
 
-    def collect(self, handle: list) -> StepResult:
-        plan, sampling, prev, snapshot = handle
-        before = prev[4] if prev is not None else {}  # the previous round's samples (collected first)
+    def collect(self, handle: _ShadowLaunch) -> StepResult:
+        plan, sampling, prev, snapshot = handle.plan, handle.sampling, handle.prev, handle.snapshot
+        before = prev.sampled if prev is not None else {}  # the previous round's samples (collected first)
         rows, truth = [], {}
         for row in plan.rows:
             if row.tokens[-1] == UNKNOWN_TOKEN:
@@ -63,11 +74,14 @@ class LaunchOrderShadow:
             rows.append(row)
         self._truth = truth
         result = self.inner.execute(dataclasses.replace(plan, rows=tuple(rows)), sampling)
-        handle.append(result.sampled)
+        handle.sampled = result.sampled
         return result
 
     def reset(self) -> None:
         self.inner.reset()
+
+    def lose_device_state(self) -> None:
+        self.inner.lose_device_state()
 
 
 def _engine(policy: str, *, num_pages: int, faults=()) -> tuple[EngineCore, LaunchOrderShadow]:
@@ -150,7 +164,7 @@ class CompilingOnFirstUse:
     compiling on its handle and result (no time passes: the engine's bookkeeping is what is checked).
     ``paused_at_collect`` records the engine clock's paused seconds when each round is collected."""
 
-    supports_overlap = True
+    capabilities = ExecutorCapabilities(overlap=True)
 
     def __init__(self, compile_s: float):
         self.compile_s, self.launches = compile_s, 0

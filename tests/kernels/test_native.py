@@ -89,7 +89,7 @@ def test_ops_window_op_is_native_under_auto_only() -> None:
             args = (q, k, v, g, beta, jnp.asarray(pool), jnp.int32(2), jnp.asarray(real))
             text = fn.lower(*args).as_text()
             out, got = fn(*args)
-        assert (native.TARGET in text) == native_call, backend
+        assert (native.WINDOW.target in text) == native_call, backend
         np.testing.assert_allclose(np.asarray(out)[real], want_out[real], atol=2e-5, rtol=1e-5)
         np.testing.assert_allclose(np.asarray(got), want_pool, atol=2e-5, rtol=1e-5)
 
@@ -148,11 +148,11 @@ def test_native_decode_attention_matches_the_reference(lens, hq, hkv, page, wind
 def test_ops_attention_is_native_only_for_one_token_per_row() -> None:
     q, k, v, table, cu, kv = _attention_inputs(3, [5, 9, 2], 4, 2, 16, 4, 3)
     one_per_row = jax.jit(lambda *a: ops.paged_attention(*a, scale=0.25)).lower(q, k, v, table, cu, kv).as_text()
-    assert native.ATTENTION_TARGET in one_per_row
+    assert native.ATTENTION.target in one_per_row
     two_tokens = np.concatenate([q, q[:1]])  # 4 tokens over 3 rows: the XLA formulation
     cu2 = np.array([0, 2, 3, 4], np.int32)
     text = jax.jit(lambda *a: ops.paged_attention(*a, scale=0.25)).lower(two_tokens, k, v, table, cu2, kv).as_text()
-    assert native.ATTENTION_TARGET not in text
+    assert native.ATTENTION.target not in text
 
 
 def test_ops_attention_leaves_windows_and_caps_the_kernel_does_not_take_to_xla() -> None:
@@ -165,7 +165,7 @@ def test_ops_attention_leaves_windows_and_caps_the_kernel_does_not_take_to_xla()
     cases.append((dict(sliding_window=3, logit_soft_cap=2.0), True))
     for kw, native_call in cases:
         fn = jax.jit(lambda *a, kw=kw: ops.paged_attention(*a, scale=0.25, **kw))
-        assert (native.ATTENTION_TARGET in fn.lower(q, k, v, table, cu, kv).as_text()) == native_call, kw
+        assert (native.ATTENTION.target in fn.lower(q, k, v, table, cu, kv).as_text()) == native_call, kw
         want = np.asarray(paged_attention(q, k, v, table, cu, kv, scale=0.25, **kw))
         np.testing.assert_allclose(np.asarray(fn(q, k, v, table, cu, kv)), want, atol=2e-5, rtol=1e-5)
 
@@ -195,7 +195,7 @@ def test_ops_chunked_is_native_under_auto() -> None:
     for backend, native_call in (("auto", True), ("xla", False)):
         with ops.use_backend(backend):
             text = jax.jit(lambda *a: ops.gated_delta_chunked(*a, chunk_size=4)).lower(*args).as_text()
-        assert (native.SCAN_TARGET in text) == native_call, backend
+        assert (native.SCAN.target in text) == native_call, backend
 
 
 def test_native_scan_refuses_a_pair_chunk_off_the_contract() -> None:
@@ -241,4 +241,4 @@ def test_ops_ssd_is_native_under_auto() -> None:
     for backend, native_call in (("auto", True), ("xla", False)):
         with ops.use_backend(backend):
             text = jax.jit(lambda *a: ops.ssd_chunked(*a, chunk_size=4)).lower(*args).as_text()
-        assert (native.SSD_TARGET in text) == native_call, backend
+        assert (native.SSD.target in text) == native_call, backend

@@ -12,8 +12,9 @@ from radixflow_jax.engine.core import EngineConfig
 from radixflow_jax.models.api import read_config, resolve_model_path
 from radixflow_jax.models.batch import state_bytes_per_slot
 from radixflow_jax.replicas.background import BackgroundEngine
-from radixflow_jax.serve.app import ServerConfig, ServerState, TextStream, create_app
+from radixflow_jax.serve.app import ServerConfig, ServerState, create_app
 from radixflow_jax.serve.metrics import ServerMetrics
+from radixflow_jax.serve.streaming import TextStream
 from radixflow_jax.sim.engines import build_sim_engine
 from radixflow_jax.sim.specs import get_device_spec, get_model_spec
 

@@ -14,7 +14,7 @@ Four kernels, each sharing its work over XLA's intra-op threads:
     matmuls, chunk gathers and loops there.
   * ``ssd_scan.cc``: the same for Mamba2's SSD recurrence (:func:`ssd_scan`, the contract of
     ``ssd_chunked``), where the CPU had only the reference's chunked form.
-docs/performance.md, section "Native decode kernels", has the measurements.
+docs/perf-log.md, section "Native CPU kernels", has the measurements.
 
 ``RADIXFLOW_NATIVE`` says whether the step uses them: ``auto`` (default) builds them where a C++
 compiler is found and warns once, naming the reason, where it cannot (the step then runs the XLA
@@ -28,7 +28,10 @@ Invariants:
     (``-march=native``), so a cached library never runs on a CPU or a jaxlib it was not built for.
     A build writes a temporary file and renames it, so concurrent processes never load a
     half-written library.
-  * The FFI target is registered once per process (the registry is XLA's, process-wide), by
+  * One table, :data:`KERNELS`, names each kernel's source, handler symbol, FFI target and operand
+    dtypes; the build, the registration and every call (:func:`_call`) read it, so a kernel is
+    added in one place.
+  * The FFI targets are registered once per process (the registry is XLA's, process-wide), by
     :func:`_load`, which is memoised for that reason.
   * Each kernel has the contract of its reference (``kernels/gated_delta.gated_delta_decode`` on the
     window, ``kernels/attention.paged_attention``, ``gated_delta_chunked``, ``ssd_chunked``) and
@@ -48,6 +51,7 @@ import subprocess
 import tempfile
 import warnings
 from pathlib import Path
+from typing import NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -56,20 +60,50 @@ import numpy as np
 
 from radixflow_jax.paths import cache_root
 
-TARGET = "radixflow_gated_delta_decode_window"
-ATTENTION_TARGET = "radixflow_paged_attention_decode"
-SCAN_TARGET = "radixflow_gated_delta_scan"
-SSD_TARGET = "radixflow_ssd_scan"
-TARGETS = {
-    TARGET: "RadixflowGatedDeltaDecodeWindow",
-    ATTENTION_TARGET: "RadixflowPagedAttentionDecode",
-    SCAN_TARGET: "RadixflowGatedDeltaScan",
-    SSD_TARGET: "RadixflowSsdScan",
-}
-SOURCES = tuple(
-    Path(__file__).with_name(n)
-    for n in ("gated_delta_decode.cc", "paged_attention.cc", "gated_delta_scan.cc", "ssd_scan.cc")
+_DTYPES = {"f": jnp.float32, "i": jnp.int32}  # a Kernel.operands letter -> the dtype its Arg binds
+
+
+class Kernel(NamedTuple):
+    """One C++ kernel as the FFI sees it: its source file, the handler symbol that file exports and
+    the FFI target it is registered as.
+
+    Invariant: ``operands`` has one letter per ``Arg`` of the handler's ``Bind()`` in ``source``, in
+    order: ``f`` (``F32``; :func:`_call` casts to float32), ``i`` (``S32``; cast to int32) or ``=``
+    (``F32`` passed as it is: a buffer the caller has checked is float32, such as an aliased pool).
+    Every ``Ret`` is an ``F32`` buffer."""
+
+    source: str
+    symbol: str
+    target: str
+    operands: str
+
+
+WINDOW = Kernel(
+    "gated_delta_decode.cc",
+    "RadixflowGatedDeltaDecodeWindow",
+    "radixflow_gated_delta_decode_window",
+    operands="iifffff=",  # base, real, q, k, v, g, beta, pool (aliased to the second result)
 )
+ATTENTION = Kernel(
+    "paged_attention.cc",
+    "RadixflowPagedAttentionDecode",
+    "radixflow_paged_attention_decode",
+    operands="f==iii",  # q, k_pages, v_pages, page_table, cu_seqlens, kv_lens
+)
+SCAN = Kernel(
+    "gated_delta_scan.cc",
+    "RadixflowGatedDeltaScan",
+    "radixflow_gated_delta_scan",
+    operands="fffffifi",  # q, k, v, g, beta, cu_seqlens, initial_state, pair
+)
+SSD = Kernel(
+    "ssd_scan.cc",
+    "RadixflowSsdScan",
+    "radixflow_ssd_scan",
+    operands="fffffifi",  # x, dt, A, B, C, cu_seqlens, initial_state, pair
+)
+KERNELS = (WINDOW, ATTENTION, SCAN, SSD)  # the build compiles their sources in this order (part of the key)
+SOURCES = tuple(Path(__file__).with_name(kernel.source) for kernel in KERNELS)
 HEADERS = (Path(__file__).with_name("common.h"),)  # the work-sharing runner and the one-token delta rule
 FLAGS = ("-O3", "-march=native", "-fopenmp-simd", "-std=c++17", "-shared", "-fPIC", "-w")
 MAX_VALUE_DIM = 512  # the kernel's per-head scratch (kMaxValueDim in the source)
@@ -132,8 +166,8 @@ def _load() -> str | None:
         return "no C++ compiler (g++, c++, clang++ or $CXX) on PATH"
     try:
         lib = ctypes.cdll.LoadLibrary(str(_build(compiler)))
-        for target, symbol in TARGETS.items():
-            jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(getattr(lib, symbol)), platform="cpu")
+        for kernel in KERNELS:
+            jax.ffi.register_ffi_target(kernel.target, jax.ffi.pycapsule(getattr(lib, kernel.symbol)), platform="cpu")
     except (OSError, subprocess.SubprocessError, NativeUnavailableError, AttributeError) as exc:
         return f"{type(exc).__name__}: {exc}"
     return None
@@ -176,6 +210,28 @@ def _require() -> None:
         raise NativeUnavailableError(f"the native kernels cannot be used: {reason}")
 
 
+def _call(
+    kernel: Kernel, operands: Sequence[jax.typing.ArrayLike], shapes: Sequence[tuple[int, ...]], out_dtype: jnp.dtype,
+    *, aliases: dict[int, int] | None = None, **attrs: object,
+) -> list[jax.Array]:  # fmt: skip
+    """The one FFI call path: builds and registers the library if needed (:func:`_require`), casts
+    ``operands`` as ``kernel.operands`` says, and runs ``kernel`` with float32 results of ``shapes``
+    (``aliases``: operand index -> result index updated in place) and scalar ``attrs``. Returns the
+    results, the first (the per-token output) cast to ``out_dtype``, the rest (states) float32."""
+    _require()
+    if len(operands) != len(kernel.operands):
+        raise TypeError(f"{kernel.target} takes {len(kernel.operands)} operands, got {len(operands)}")
+    cast = [x if code == "=" else jnp.asarray(x, _DTYPES[code]) for code, x in zip(kernel.operands, operands)]
+    results = [jax.ShapeDtypeStruct(shape, jnp.float32) for shape in shapes]
+    out, *rest = jax.ffi.ffi_call(kernel.target, results, input_output_aliases=aliases)(*cast, **attrs)
+    return [out.astype(out_dtype), *rest]
+
+
+def _scale(q: jax.Array, scale: float | None) -> np.float32:
+    """The ``scale`` attribute: the given query scale, or ``dk ** -0.5``."""
+    return np.float32(q.shape[-1] ** -0.5 if scale is None else scale)
+
+
 def serves_window(v: jax.Array, pool: jax.Array) -> bool:
     """Shapes and dtypes the kernel takes: a float32 pool and a value head dim within its scratch."""
     return pool.dtype == jnp.float32 and pool.ndim == 4 and v.shape[-1] <= MAX_VALUE_DIM
@@ -189,21 +245,9 @@ def gated_delta_decode_window(
     ``base + r`` of ``pool [S, Hv, dk, dv]`` in place when ``real[r]`` (``q, k [d, Hk, dk]``,
     ``v [d, Hv, dv]``, ``g, beta [d, Hv]``; ``0 <= base <= S - d``); returns ``(out [d, Hv, dv] in
     v.dtype, pool)``. ``ops`` calls it where :func:`enabled` and :func:`serves_window` hold."""
-    _require()
-    d, heads, dv = v.shape
-    scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
-    f32 = jnp.float32
-    call = jax.ffi.ffi_call(
-        TARGET,
-        (jax.ShapeDtypeStruct((d, heads, dv), f32), jax.ShapeDtypeStruct(pool.shape, pool.dtype)),
-        input_output_aliases={7: 1},
-    )
-    out, pool = call(
-        jnp.reshape(jnp.asarray(base, jnp.int32), (1,)), real.astype(jnp.int32),
-        q.astype(f32), k.astype(f32), v.astype(f32), g.astype(f32), beta.astype(f32), pool,
-        scale=np.float32(scale),
-    )  # fmt: skip
-    return out.astype(v.dtype), pool
+    operands = (jnp.reshape(jnp.asarray(base, jnp.int32), (1,)), real, q, k, v, g, beta, pool)
+    out, pool = _call(WINDOW, operands, (v.shape, pool.shape), v.dtype, aliases={7: 1}, scale=_scale(q, scale))
+    return out, pool
 
 
 def serves_attention(
@@ -226,37 +270,30 @@ def paged_attention_decode(
     """``ops.paged_attention`` on the native kernel, for calls with one query token per row
     (``q [R, Hq, D]``, ``page_table [R, M]``; :func:`serves_attention`): the contract of
     ``kernels/attention.paged_attention``, output in ``q``'s dtype."""
-    _require()
-    call = jax.ffi.ffi_call(ATTENTION_TARGET, jax.ShapeDtypeStruct(q.shape, jnp.float32))
-    out = call(
-        q.astype(jnp.float32), k_pages, v_pages, jnp.asarray(page_table, jnp.int32),
-        jnp.asarray(cu_seqlens, jnp.int32), jnp.asarray(kv_lens, jnp.int32),
+    (out,) = _call(
+        ATTENTION, (q, k_pages, v_pages, page_table, cu_seqlens, kv_lens), (q.shape,), q.dtype,
         scale=np.float32(scale), window=np.int64(sliding_window or 0), soft_cap=np.float32(logit_soft_cap or 0.0),
     )  # fmt: skip
-    return out.astype(q.dtype)
+    return out
 
 
 def _scan(
-    target: str, values: jax.Array, per_token: tuple[jax.Array, ...], cu_seqlens: jax.Array, initial_state: jax.Array,
-    chunk_size: int, pair_chunk: jax.Array | None, **attrs: object,
+    kernel: Kernel, values: jax.Array, per_token: tuple[jax.Array, ...], cu_seqlens: jax.Array,
+    initial_state: jax.Array, chunk_size: int, pair_chunk: jax.Array | None, **attrs: object,
 ) -> tuple[jax.Array, jax.Array, jax.Array]:  # fmt: skip
-    """The FFI call of a scan kernel: operands ``(*per_token, cu_seqlens, initial_state, pair)``,
-    results ``(out like values [T, H, D], final [R, ...], chunk_states [N, ...])`` in float32."""
-    _require()
+    """A scan kernel's call: operands ``(*per_token, cu_seqlens, initial_state, pair)``, results
+    ``(out like values [T, H, D] in values.dtype, final [R, ...], chunk_states [N, ...])``, the
+    states float32; no pairing is ``pair = -1`` for every row."""
     from radixflow_jax.kernels.layout import num_chunks_for
 
-    f32 = jnp.float32
     rows, block = initial_state.shape[0], initial_state.shape[1:]
-    shapes = (
-        jax.ShapeDtypeStruct(values.shape, f32),
-        jax.ShapeDtypeStruct((rows, *block), f32),
-        jax.ShapeDtypeStruct((num_chunks_for(values.shape[0], rows, chunk_size), *block), f32),
-    )
-    pair = jnp.full((rows,), -1, jnp.int32) if pair_chunk is None else jnp.asarray(pair_chunk, jnp.int32)
-    return jax.ffi.ffi_call(target, shapes)(
-        *(jnp.asarray(x, f32) for x in per_token), jnp.asarray(cu_seqlens, jnp.int32),
-        jnp.asarray(initial_state, f32), pair, chunk=np.int64(chunk_size), **attrs,
+    chunks = num_chunks_for(values.shape[0], rows, chunk_size)
+    pair = jnp.full((rows,), -1, jnp.int32) if pair_chunk is None else pair_chunk
+    out, final, states = _call(
+        kernel, (*per_token, cu_seqlens, initial_state, pair), (values.shape, (rows, *block), (chunks, *block)),
+        values.dtype, chunk=np.int64(chunk_size), **attrs,
     )  # fmt: skip
+    return out, final, states
 
 
 def gated_delta_scan(
@@ -266,11 +303,7 @@ def gated_delta_scan(
     """``ops.gated_delta_chunked`` on the native kernel (the contract of
     ``kernels/gated_delta.gated_delta_chunked``): the recurrence token by token, each (row, head)
     holding its state in a local buffer, checkpoints written at the chunk grid; unused chunks are 0."""
-    scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
-    out, final, chunks = _scan(
-        SCAN_TARGET, v, (q, k, v, g, beta), cu_seqlens, initial_state, chunk_size, pair_chunk, scale=np.float32(scale)
-    )
-    return out.astype(v.dtype), final, chunks
+    return _scan(SCAN, v, (q, k, v, g, beta), cu_seqlens, initial_state, chunk_size, pair_chunk, scale=_scale(q, scale))
 
 
 def ssd_scan(
@@ -282,5 +315,4 @@ def ssd_scan(
     from radixflow_jax.kernels.ssd import _check_shapes
 
     _check_shapes(x, dt, A, B, C)  # the reference's checks, at trace time
-    y, final, chunks = _scan(SSD_TARGET, x, (x, dt, A, B, C), cu_seqlens, initial_state, chunk_size, pair_chunk)
-    return y.astype(x.dtype), final, chunks
+    return _scan(SSD, x, (x, dt, A, B, C), cu_seqlens, initial_state, chunk_size, pair_chunk)

@@ -6,9 +6,10 @@ Split of the work:
     triangular ``A_ij = beta_i exp(G_i - G_j) k_i . k_j``, solve ``(I + A) [U | W] =
     [beta V | beta exp(G) K]`` so a chunk's corrected values are ``U - W S0`` for its start state
     ``S0``. This needs no state, so it is one batched triangular solve.
-  * Pallas, sequential over each row's chunks, per (value head, dv block)::
+  * Pallas, sequential over each row's chunks, per (value head, dv block): the decayed chunk
+    body of :mod:`.decayed_scan` with query ``scale q``, key ``k``, log-decay ``G`` and the
+    corrected values ``Uc = U - W S0`` (``extra = W``), the state ``[dk, dv]``::
 
-        Uc    = U - W S0                                  [C, bv]
         O     = (scale q e^G) S0 + ((scale q k^T) o e^{G_i - G_j})_{j<=i} Uc
         S_end = e^{G_last} S0 + (k e^{G_last - G})^T Uc    [dk, bv]
 
@@ -27,26 +28,15 @@ zeros on ``"gpu"``); a zero-length row's final state is its initial state.
 
 from __future__ import annotations
 
-import functools
 from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 from jax.scipy.linalg import solve_triangular
 
-from radixflow_jax.kernels.layout import ChunkLayout, chunk_layout, gather_chunks, scatter_chunks
-from radixflow_jax.kernels.pallas.chunk_scan import ChunkInput, chunk_scan, final_states
-from radixflow_jax.kernels.pallas.common import (
-    Backend,
-    check_pow2,
-    decay_matrix,
-    last_of_column,
-    mm,
-    mm_nt,
-    mm_tn,
-    pick_block,
-    resolve_backend,
-)
+from radixflow_jax.kernels.layout import ChunkLayout, chunk_layout, gather_chunks
+from radixflow_jax.kernels.pallas.common import Backend, check_pow2, pick_block, resolve_backend
+from radixflow_jax.kernels.pallas.decayed_scan import decayed_scan
 
 _F32 = jnp.float32
 _HI = jax.lax.Precision.HIGHEST
@@ -57,8 +47,7 @@ class _Chunked(NamedTuple):
 
     q: jnp.ndarray  # [Hk, N, C, dk] input dtype
     k: jnp.ndarray  # [Hk, N, C, dk] input dtype
-    gcol: jnp.ndarray  # [Hv, N, C, 1] f32 cumulative log-decay in the chunk
-    grow: jnp.ndarray  # [Hv, N, 1, C] f32 the same, as a row
+    g: jnp.ndarray  # [Hv, N, C] f32 cumulative log-decay in the chunk
     w: jnp.ndarray  # [Hv, N, C, dk] f32 (I + A)^-1 beta e^G K
     u: jnp.ndarray  # [Hv, N, C, dv] f32 (I + A)^-1 beta V
 
@@ -90,29 +79,7 @@ def _prepare(
     rhs = jnp.concatenate([bc[..., None] * vc, (bc * jnp.exp(gcum))[..., None] * kv], axis=-1)
     solved = solve_triangular(system, rhs, lower=True, unit_diagonal=True)
     dv = v.shape[-1]
-    return _Chunked(qc, kc, gcum[..., :, None], gcum[..., None, :], solved[..., dv:], solved[..., :dv])
-
-
-def _chunk_step(
-    q: jnp.ndarray,
-    k: jnp.ndarray,
-    gcol: jnp.ndarray,
-    grow: jnp.ndarray,
-    w: jnp.ndarray,
-    u: jnp.ndarray,
-    state: jnp.ndarray,
-    *,
-    scale: float,
-) -> tuple[jnp.ndarray, jnp.ndarray]:
-    """One chunk on loaded values: returns ``(out [C, bv] f32, end state [dk, bv] f32)``."""
-    qs = q.astype(_F32) * scale
-    kf = k.astype(_F32)
-    attn = mm_nt(qs, kf) * decay_matrix(gcol, grow)
-    corrected = u - mm(w, state)
-    out = mm(qs * jnp.exp(gcol), state) + mm(attn, corrected)
-    glast = last_of_column(gcol)  # [1, 1]
-    new_state = jnp.exp(glast) * state + mm_tn(kf * jnp.exp(glast - gcol), corrected)
-    return out, new_state
+    return _Chunked(qc, kc, gcum, solved[..., dv:], solved[..., :dv])
 
 
 def gated_delta_chunked(
@@ -146,29 +113,23 @@ def gated_delta_chunked(
     cu = jnp.asarray(cu_seqlens, jnp.int32)
     layout = chunk_layout(cu, num_tokens, chunk_size)
     chunked = _prepare(q, k, v, g, beta, layout, chunk_size)
-    init = jnp.asarray(initial_state, _F32)
-    group = v.shape[1] // q.shape[1]
-    inputs = [
-        ChunkInput(chunked.q, head_div=group),
-        ChunkInput(chunked.k, head_div=group),
-        ChunkInput(chunked.gcol),
-        ChunkInput(chunked.grow),
-        ChunkInput(chunked.w),
-        ChunkInput(chunked.u, split_axis=-1),
-    ]
-    out, states = chunk_scan(
-        functools.partial(_chunk_step, scale=scale),
-        inputs,
-        init,
+    return decayed_scan(
+        chunked.q,
+        chunked.k,
+        chunked.u,
+        chunked.g,
+        chunked.w,
+        jnp.asarray(initial_state, _F32),
         layout,
-        out_width=dv,
+        num_tokens=num_tokens,
+        scale=scale,
+        value_major=False,
+        gated=False,
+        group=v.shape[1] // q.shape[1],
+        block=block_v,
         out_dtype=v.dtype,
-        state_split_axis=-1,
-        num_blocks=dv // block_v,
         backend=backend,
         interpret=interpret,
         name="gated_delta_chunked",
         pair_chunk=pair_chunk,
     )
-    out = scatter_chunks(jnp.moveaxis(out, 0, 2), layout, num_tokens)
-    return out, final_states(states, layout, init, pair_chunk), states

@@ -7,7 +7,9 @@ Per head ``h`` (B/C group ``h // (H // G)``) with state ``S`` in ``R^{P x N}``::
 Split of the work:
   * jnp, parallel: the layout gather (:mod:`radixflow_jax.kernels.layout`) into head-major
     ``[H, chunks, C, ...]`` tiles and the in-chunk cumulative log-decay ``a = cumsum(dt A)``.
-  * Pallas, one chunk per step, per (head, P block), with ``X = dt * x`` (``[C, bp]``)::
+  * Pallas, one chunk per step, per (head, P block): the decayed chunk body of
+    :mod:`.decayed_scan` with query ``C``, key ``B``, log-decay ``a`` and the values
+    ``X = dt * x`` (``[C, bp]``, gated in the kernel), the state ``[P, N]`` (``value_major``)::
 
         Y     = ((C B^T) o e^{a_i - a_j})_{j<=i} X + e^{a} (C S0^T)      [C, bp]
         S_end = e^{a_last} S0 + (X e^{a_last - a})^T B                    [bp, N]
@@ -27,19 +29,9 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-from radixflow_jax.kernels.layout import chunk_layout, gather_chunks, scatter_chunks
-from radixflow_jax.kernels.pallas.chunk_scan import ChunkInput, chunk_scan, final_states
-from radixflow_jax.kernels.pallas.common import (
-    Backend,
-    check_pow2,
-    decay_matrix,
-    last_of_column,
-    mm,
-    mm_nt,
-    mm_tn,
-    pick_block,
-    resolve_backend,
-)
+from radixflow_jax.kernels.layout import chunk_layout, gather_chunks
+from radixflow_jax.kernels.pallas.common import Backend, check_pow2, pick_block, resolve_backend
+from radixflow_jax.kernels.pallas.decayed_scan import decayed_scan
 
 _F32 = jnp.float32
 
@@ -50,25 +42,6 @@ def _check_shapes(x: jnp.ndarray, dt: jnp.ndarray, A: jnp.ndarray, B: jnp.ndarra
         raise ValueError(f"bad SSD shapes x={x.shape} dt={dt.shape} A={A.shape} B={B.shape} C={C.shape}")
     if heads % groups:
         raise ValueError(f"heads {heads} not divisible by groups {groups}")
-
-
-def _chunk_step(
-    x: jnp.ndarray,
-    dt: jnp.ndarray,
-    acol: jnp.ndarray,
-    arow: jnp.ndarray,
-    b: jnp.ndarray,
-    c: jnp.ndarray,
-    state: jnp.ndarray,
-) -> tuple[jnp.ndarray, jnp.ndarray]:
-    """One chunk on loaded values: x [C, bp], dt/acol [C, 1], arow [1, C], b/c [C, N], state [bp, N]."""
-    xdt = x.astype(_F32) * dt
-    bf, cf = b.astype(_F32), c.astype(_F32)
-    scores = mm_nt(cf, bf) * decay_matrix(acol, arow)
-    y = mm(scores, xdt) + jnp.exp(acol) * mm_nt(cf, state)
-    alast = last_of_column(acol)  # [1, 1]
-    new_state = jnp.exp(alast) * state + mm_tn(xdt * jnp.exp(alast - acol), bf)
-    return y, new_state
 
 
 def ssd_chunked(
@@ -105,29 +78,23 @@ def ssd_chunked(
         return jnp.moveaxis(gather_chunks(v, layout, chunk_size), 2, 0)
 
     dtc = tiles(jnp.asarray(dt, _F32))  # [H, NC, C]
-    acum = jnp.cumsum(dtc * jnp.asarray(A, _F32)[:, None, None], axis=-1)
-    inputs = [
-        ChunkInput(tiles(x), split_axis=-1),
-        ChunkInput(dtc[..., None]),
-        ChunkInput(acum[..., None]),
-        ChunkInput(acum[..., None, :]),
-        ChunkInput(tiles(B), head_div=group),
-        ChunkInput(tiles(C), head_div=group),
-    ]
-    init = jnp.asarray(initial_state, _F32)
-    y, states = chunk_scan(
-        _chunk_step,
-        inputs,
-        init,
+    return decayed_scan(
+        tiles(C),
+        tiles(B),
+        tiles(x),
+        jnp.cumsum(dtc * jnp.asarray(A, _F32)[:, None, None], axis=-1),
+        dtc,
+        jnp.asarray(initial_state, _F32),
         layout,
-        out_width=p,
+        num_tokens=num_tokens,
+        scale=1.0,
+        value_major=True,
+        gated=True,
+        group=group,
+        block=block_p,
         out_dtype=x.dtype,
-        state_split_axis=-2,
-        num_blocks=p // block_p,
         backend=backend,
         interpret=interpret,
         name="ssd_chunked",
         pair_chunk=pair_chunk,
     )
-    y = scatter_chunks(jnp.moveaxis(y, 0, 2), layout, num_tokens)
-    return y, final_states(states, layout, init, pair_chunk), states

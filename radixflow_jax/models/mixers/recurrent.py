@@ -134,7 +134,7 @@ class DecodeWindow(NamedTuple):
     of its reads (XLA then updates the donated pools in place; an in-place window write before the
     prefill rows' reads would make it copy the pools). On a 64-row decode round of
     ``benchmarks/vs_transformers.py`` this took the round from about 70 to about 47 ms (2026-12-01,
-    docs/performance.md). A decode row is real exactly when ``state_slots[r] == base + r``; a
+    docs/perf-log.md). A decode row is real exactly when ``state_slots[r] == base + r``; a
     padding decode row leaves its window slot's state as it was (the window write puts it back, the
     scatter sends it to the sink slot 0), so it never changes a slot some other row or checkpoint
     owns. Decode rows never start from another slot's checkpoint and are never fresh (the runner

@@ -1,0 +1,90 @@
+"""The one engine-side validation of a request: :meth:`RequestLimits.check` turns a prompt and its
+sampling params into a :class:`CheckedRequest`, or raises ``TypeError`` / ``ValueError`` naming what
+is wrong. ``EngineCore.add`` queues only checked requests, so nothing between the caller and the
+scheduler checks a prompt again.
+
+Where it runs: at the door of the engine. ``EngineCore.add_request`` checks and queues in one call
+(single-threaded callers); ``BackgroundEngine.submit`` and ``ReplicatedEngine.submit`` check in the
+caller's thread (errors raise there, before routing) and hand the checked request to the engine
+thread; ``LLM.generate`` and batch jobs check every prompt before queueing any.
+
+Invariants:
+  * :class:`RequestLimits` holds only settings fixed when the engine was built (a frozen copy), so
+    checking is safe off the engine thread and gives the same answer on every replica of one build.
+  * A :class:`CheckedRequest` has a non-empty tuple of ``int`` token ids inside the vocabulary, and
+    its prompt + ``max_tokens`` fits ``max_model_len``, the KV pool and (penalised) the penalty window.
+  * The checks run in a fixed order, so a request with several faults always gets the same error.
+The HTTP layer (``serve/protocol.py``) checks the OpenAI request body on its own terms (field names,
+its own context-length answer); the scheduler's ``add`` keeps its own preconditions for direct users.
+No JAX here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import numbers
+from typing import Sequence
+
+from radixflow_jax.engine.params import SamplingParams
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckedRequest:
+    """A request :meth:`RequestLimits.check` accepted: its token ids and sampling params."""
+
+    prompt: tuple[int, ...]
+    params: SamplingParams
+
+
+@dataclasses.dataclass(frozen=True)
+class RequestLimits:
+    """What one engine can run. ``pool_tokens``: the longest request its KV pool holds with nothing
+    else running; ``penalty_window``: the longest penalised context (0: no penalties);
+    ``logprobs``: its executor returns logprobs; ``stop_strings``: it has a tokenizer;
+    ``vocab_size``: None when unknown (no range check)."""
+
+    max_model_len: int
+    pool_tokens: int
+    penalty_window: int
+    logprobs: bool
+    stop_strings: bool
+    vocab_size: int | None
+
+    def check(self, prompt: Sequence[int], params: SamplingParams) -> CheckedRequest:
+        """See the module docstring; nothing is queued here."""
+        if not isinstance(params, SamplingParams):
+            raise TypeError(f"params must be SamplingParams, got {type(params).__name__}")
+        if isinstance(prompt, (str, bytes)):
+            raise TypeError("prompt must be a list of token ids")
+        if len(prompt) == 0:
+            raise ValueError("the prompt is empty")
+        if any(isinstance(t, bool) or not isinstance(t, numbers.Integral) for t in prompt):
+            raise ValueError("prompt token ids must be integers")
+        ids = tuple(int(t) for t in prompt)
+        self._check_length(len(ids), params)
+        if params.logprobs is not None and not self.logprobs:
+            raise ValueError("logprobs are not available with this executor")
+        if params.stop and not self.stop_strings:
+            raise ValueError("stop strings need a tokenizer; this model has none (use stop_token_ids)")
+        if self.vocab_size is not None:
+            bad = next((t for t in ids if not 0 <= t < self.vocab_size), None)
+            if bad is not None:
+                raise ValueError(f"token id {bad} is outside the vocabulary [0, {self.vocab_size})")
+        if len(ids) + params.max_tokens > self.pool_tokens:
+            raise ValueError(
+                f"prompt ({len(ids)} tokens) + max_tokens ({params.max_tokens}) exceeds the KV pool's "
+                f"{self.pool_tokens} tokens"
+            )
+        return CheckedRequest(ids, params)
+
+    def _check_length(self, num_prompt: int, params: SamplingParams) -> None:
+        if num_prompt + params.max_tokens > self.max_model_len:
+            raise ValueError(
+                f"prompt ({num_prompt} tokens) + max_tokens ({params.max_tokens}) exceeds "
+                f"max_model_len={self.max_model_len}"
+            )
+        if params.has_penalty and num_prompt + params.max_tokens > self.penalty_window:
+            raise ValueError(
+                f"penalties need the whole context in the penalty window ({self.penalty_window} tokens, engine option "
+                f"penalty_window); this request has {num_prompt} prompt tokens + max_tokens {params.max_tokens}"
+            )

@@ -1,0 +1,126 @@
+"""One request's engine-side state: :class:`RequestRecord`, the one table entry ``EngineCore`` keeps
+per request id (beside the scheduler's :class:`~radixflow_jax.scheduler.request.Request`, which holds
+its tokens and cache state).
+
+Invariants:
+  * A record exists from ``add_request`` until ``forget`` (after delivery); ``output`` is the very
+    object every caller gets back, updated in place.
+  * ``sampling`` is set while the request may still be sampled and None once it finished or was
+    aborted; :class:`SamplingRows` (what the executor reads) shows exactly the records that have one.
+  * ``detok`` is created with the first text update of a request on a tokenizer and dropped when the
+    request ends (its final text is decoded whole).
+  * ``failures`` counts failed rounds in a row that the request ran in; a committed round it ran in
+    sets it back to 0.
+  * ``grammar`` and ``siblings`` are placeholders for later issues (constrained decoding state; the
+    other request ids of one prompt's ``n`` samples). Nothing sets or reads them yet: None means an
+    unconstrained request and ``n == 1``.
+No JAX here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Iterator, Mapping
+
+from radixflow_jax.engine.detok import IncrementalText
+from radixflow_jax.engine.params import RequestOutput, SamplingParams
+from radixflow_jax.runner.inputs import SamplingRow
+from radixflow_jax.scheduler.request import Request
+
+
+@dataclasses.dataclass
+class RequestRecord:
+    """See the module docstring."""
+
+    params: SamplingParams
+    output: RequestOutput
+    sampling: SamplingRow | None
+    detok: IncrementalText | None = None
+    failures: int = 0
+    grammar: object | None = None  # per-request grammar state (a later issue); None: unconstrained
+    siblings: tuple[int, ...] | None = None  # the other request ids of one prompt's n samples (a later issue)
+
+    @classmethod
+    def open(cls, req: Request, params: SamplingParams, default_seed: int) -> RequestRecord:
+        """The record of a request just queued: its sampling row (``default_seed`` unless the params
+        fix one; penalised rows carry the live prompt and output lists) and an empty output."""
+        penalised = params.has_penalty
+        row = SamplingRow(
+            params.temperature, params.top_k, params.top_p, params.min_p,
+            params.seed if params.seed is not None else default_seed, params.presence_penalty, params.frequency_penalty,
+            params.repetition_penalty, -1 if params.logprobs is None else params.logprobs,
+            req.prompt if penalised else (), req.output if penalised else (),
+        )  # fmt: skip
+        output = RequestOutput(
+            req.request_id, req.prompt, [], None, None, len(req.prompt), 0, req.arrival_time,
+            logprobs=[] if params.logprobs is not None else None,
+        )  # fmt: skip
+        return cls(params, output, row)
+
+    # ------------------------------------------------------------------ output assembly
+    def add_logprobs(self, logprobs: tuple[float, list[int], list[float]]) -> None:
+        """Appends one sampled token's logprobs, if the request asked for them and is not finished."""
+        out = self.output
+        if out.logprobs is not None and out.finish_reason is None:
+            out.logprobs.append(logprobs)
+
+    def progress(self, req: Request, now: float, round_index: int) -> None:
+        """The committed tokens after a round that sampled the request (first token: its time)."""
+        out = self.output
+        out.token_ids = req.committed_output
+        out.cached_tokens = req.cached_tokens
+        if out.first_token_time is None:
+            out.first_token_time, out.first_token_round = now, round_index
+
+    def update_text(self, tokenizer: object, finished: bool) -> bool:
+        """Decodes the tokens so far (the whole list once ``finished``) and cuts the text at the
+        first stop string; True when a stop string was found (the request ends with ``stop``)."""
+        if self.detok is None:
+            self.detok = IncrementalText(tokenizer)  # type: ignore[arg-type]
+        out, stops = self.output, self.params.stop
+        seen = len(self.detok.text)  # no stop string was complete in this much text
+        out.text = self.detok.finish(out.token_ids) if finished else self.detok.update(out.token_ids)
+        starts = [0 if finished else max(0, seen - len(s) + 1) for s in stops]
+        hit = min((h for h in (out.text.find(s, a) for s, a in zip(stops, starts)) if h >= 0), default=-1)
+        if hit < 0:
+            return False
+        out.text = out.text[:hit]
+        return True
+
+    def finalize(self, req: Request, now: float, round_index: int) -> None:
+        """The request ended (``req.finish_reason`` is set): final tokens, reason and time; nothing
+        samples it any more and its incremental text is done."""
+        out = self.output
+        out.token_ids = list(req.output)
+        out.finish_reason = req.finish_reason
+        out.finish_time, out.finish_round = now, round_index
+        self.close()
+
+    def close(self) -> None:
+        """The request ended: nothing samples it any more and its incremental text is done."""
+        self.sampling = None
+        self.detok = None
+
+
+class SamplingRows(Mapping[int, SamplingRow]):
+    """A read-only view of a record table: request id -> sampling row, for the records that have one
+    (the ``sampling`` mapping executors take)."""
+
+    def __init__(self, records: Mapping[int, RequestRecord]):
+        self._records = records
+
+    def __getitem__(self, request_id: int) -> SamplingRow:
+        row = self._records[request_id].sampling
+        if row is None:
+            raise KeyError(request_id)
+        return row
+
+    def __contains__(self, request_id: object) -> bool:
+        rec = self._records.get(request_id)  # type: ignore[call-overload]
+        return rec is not None and rec.sampling is not None
+
+    def __iter__(self) -> Iterator[int]:
+        return (rid for rid, rec in self._records.items() if rec.sampling is not None)
+
+    def __len__(self) -> int:
+        return sum(1 for rec in self._records.values() if rec.sampling is not None)

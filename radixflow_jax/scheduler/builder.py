@@ -1,0 +1,145 @@
+"""One round under construction: the rows planned so far, the :class:`Budget` they left, the round's
+statistics and look-ahead index, and the row builder that plants each row's checkpoints. Plain
+Python (no JAX).
+
+A :class:`RoundBuilder` lives for one ``Scheduler.schedule()`` call: the coordinator creates it,
+passes it to the collaborators that add rows (the running set, the admission scan, pairing) and
+turns it into a :class:`~radixflow_jax.scheduler.plan.RoundPlan` with :meth:`RoundBuilder.build`.
+Its :class:`~radixflow_jax.scheduler.lookahead.WaitingIndex` indexes the queue as it was when the
+round began and is dropped with the builder, so it never outlives the queue it indexes.
+
+Invariants:
+  * Every span starts at a multiple of the grid ``G`` except decode spans, and every span that does
+    not end the known tokens ends on the grid (:func:`grid_span`), so checkpoint depths (multiples
+    of ``G``) are chunk boundaries inside spans.
+  * A row added (:meth:`RoundBuilder.add`) spends exactly its span of tokens and one row place of
+    the budget; nothing else spends it (a prefill-first round holds row places back and gives them
+    back, :meth:`Budget.hold`).
+  * A span that holds a token of a round in flight plants no checkpoint: no tree path can name that
+    token yet (the engine commits that round first when a checkpoint falls there, see
+    ``Scheduler.plants_on_unknown``).
+  * The plan :meth:`RoundBuilder.build` returns holds no row of an older epoch than its request's
+    (a request preempted or rolled back while the round was planned), and its one-token rows come
+    first.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable
+
+from radixflow_jax.scheduler.config import SchedulerConfig
+from radixflow_jax.scheduler.lookahead import WaitingIndex, placements
+from radixflow_jax.scheduler.memory import Memory
+from radixflow_jax.scheduler.plan import RoundPlan, RoundStats, RowPlan
+from radixflow_jax.scheduler.request import Request
+
+
+@dataclasses.dataclass(frozen=True)
+class Budget:
+    """What the round being planned may still take: ``tokens`` to compute and ``rows`` (one per
+    request). Spending returns a new budget; the counts are compared exactly as planned (a row place
+    held back by a prefill-first round can leave ``rows`` below zero until it is given back)."""
+
+    tokens: int
+    rows: int
+
+    def spend(self, tokens: int) -> Budget:
+        """The budget after a row of ``tokens`` tokens."""
+        return Budget(self.tokens - tokens, self.rows - 1)
+
+    def hold(self, rows: int) -> Budget:
+        """The budget with ``rows`` row places held back (negative: given back)."""
+        return Budget(self.tokens, self.rows - rows)
+
+
+def grid_span(start: int, remaining: int, tokens: int, grid: int) -> int:
+    """Tokens to compute from ``start`` with ``remaining`` left and ``tokens`` of budget: all of
+    them if they fit, else up to the last grid position within the budget (0 if none)."""
+    if remaining <= tokens:
+        return remaining
+    return max(0, (start + tokens) // grid * grid - start)
+
+
+class RoundBuilder:
+    """The round being planned. ``rows`` in the order planned; ``active``: running requests that
+    still compute plus this round's admissions (admission stops at ``max_num_seqs``); ``starved``:
+    a request that wants more than one token got no span this round (:meth:`note_starved`)."""
+
+    def __init__(self, config: SchedulerConfig, memory: Memory, waiting: Iterable[Request]):
+        self.config = config
+        self.memory = memory
+        self.budget = Budget(config.max_num_batched_tokens, config.max_num_seqs)
+        self.rows: list[RowPlan] = []
+        self.stats = RoundStats()
+        self.active = 0
+        self.starved = False
+        looks_ahead = config.hybrid and config.branch_checkpoints and memory.cache is not None
+        self.waiting_index = WaitingIndex(config.grid, tuple(waiting) if looks_ahead else ())
+        self._owners: dict[int, Request] = {}  # request id -> request, for the rows planned
+        unused = memory.cache.evicted_unused if memory.cache is not None else 0
+        self._evicted = (memory.evicted_pages, memory.evicted_slots, unused)
+
+    def span(self, start: int, remaining: int) -> int:
+        """:func:`grid_span` within the tokens left in the budget."""
+        return grid_span(start, remaining, self.budget.tokens, self.config.grid)
+
+    def note_starved(self, wanted: int) -> None:
+        """A request that wants ``wanted`` tokens got no span this round (the token budget left holds
+        no grid position past its start); only one that wants more than one token counts."""
+        if wanted > 1:
+            self.starved = True
+
+    def row_of(self, request_id: int) -> RowPlan | None:
+        """The first row planned this round for ``request_id``."""
+        return next((r for r in self.rows if r.request_id == request_id), None)
+
+    def add(
+        self, req: Request, span: int, copy_from: int | None, branch_len: int | None = None,
+        pair_slot: int | None = None,
+    ) -> None:  # fmt: skip
+        """Plans ``req``'s row of ``span`` tokens from ``req.num_computed``: plants its pending
+        checkpoints (``copy_from``: a committed slot read first; ``branch_len``: where its path
+        leaves an existing one; ``pair_slot``: policy pair's in-round producer state) and spends
+        the budget."""
+        start = req.num_computed
+        wanted = placements(self.config, req, start, start + span, branch_len, self.waiting_index)
+        if req.unresolved and start + span > req.num_tokens - req.unresolved:
+            planted, skipped = [], len(wanted)  # a token of a round in flight: see the module docstring
+        else:
+            planted, skipped = self.memory.plant(req, wanted)
+        self.stats.checkpoints_planted += len(planted)
+        self.stats.checkpoints_skipped += skipped
+        self.rows.append(
+            RowPlan(
+                request_id=req.request_id,
+                tokens=req.token_span(start, start + span),
+                start=start,
+                pages=tuple(req.pages),
+                slot=req.slot or 0,
+                copy_from=copy_from,
+                emits=tuple((depth - start, slot) for depth, slot in planted),
+                sample=start + span == req.num_tokens,
+                pair_slot=pair_slot,
+                epoch=req.epoch,
+            )
+        )
+        self._owners[req.request_id] = req
+        self.budget = self.budget.spend(span)
+
+    def build(self, admitted: int) -> RoundPlan:
+        """The plan of the round, with ``admitted`` requests admitted (still in this epoch): rows of
+        an older epoch dropped, one-token rows first (stable), eviction counts filled in."""
+        stats, memory = self.stats, self.memory
+        stats.evicted_pages = memory.evicted_pages - self._evicted[0]
+        stats.evicted_slots = memory.evicted_slots - self._evicted[1]
+        if memory.cache is not None:
+            stats.checkpoints_evicted_unused = memory.cache.evicted_unused - self._evicted[2]
+        rows = self.rows
+        if stats.preempted:  # a victim, or a partner its roll-back took, may have had a row in this plan
+            rows = [r for r in rows if r.epoch == self._owners[r.request_id].epoch]
+            stats.checkpoints_planted = sum(len(r.emits) for r in rows)  # a victim's were unpublished
+        stats.admitted = admitted
+        rows = sorted(rows, key=lambda r: not r.is_decode)  # one-token rows first (stable)
+        num_decode = sum(1 for r in rows if r.is_decode)
+        return RoundPlan(rows=tuple(rows), num_decode=num_decode, stats=stats)

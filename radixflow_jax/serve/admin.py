@@ -1,0 +1,74 @@
+"""``POST /tokenize``, ``/detokenize`` and ``/reset_prefix_cache`` (vLLM's names and bodies).
+
+Invariants:
+  * ``/tokenize`` of ``messages`` gives the ids a chat completion of them would prompt with (the
+    chat template applied); of ``prompt``, the plain encoding.
+  * ``/detokenize`` refuses ids outside the vocabulary instead of decoding garbage.
+  * ``/reset_prefix_cache`` flushes every replica's cache on its engine thread; the pool counts in
+    the answer are sums over the replicas.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from fastapi import FastAPI, Request
+
+from radixflow_jax.replicas.background import EngineDeadError
+from radixflow_jax.serve import protocol
+from radixflow_jax.serve.checks import check_alive, need_tokenizer, read_object
+from radixflow_jax.serve.errors import ApiError, engine_error
+from radixflow_jax.serve.state import ServerState
+
+
+def flush_cache(core: Any) -> dict[str, int]:
+    """Empties one engine's prefix cache (engine thread) and reports its pools' free and total."""
+    mem = core.scheduler.memory
+    mem.flush()
+    slots = mem.slots
+    return {"kv_pages_free": mem.pages.num_free, "kv_pages_total": mem.pages.capacity,
+            "state_slots_free": slots.num_free if slots else 0, "state_slots_total": slots.capacity if slots else 0}  # fmt: skip
+
+
+class AdminRoutes:
+    """The tokenizer and cache routes over one server's state."""
+
+    def __init__(self, state: ServerState):
+        self.state = state
+
+    def register(self, app: FastAPI) -> None:
+        app.add_api_route("/tokenize", self.tokenize, methods=["POST"])
+        app.add_api_route("/detokenize", self.detokenize, methods=["POST"])
+        app.add_api_route("/reset_prefix_cache", self.reset_prefix_cache, methods=["POST"])
+
+    async def tokenize(self, request: Request) -> dict[str, Any]:
+        state = self.state
+        raw = await read_object(request, state.config)
+        if "messages" in raw:
+            body = protocol.parse_body(protocol.CHAT, {"messages": raw["messages"]})
+            ids = protocol.to_engine_request(body, need_tokenizer(state, "messages")).prompt_ids
+        elif isinstance(raw.get("prompt"), str):
+            ids = need_tokenizer(state, "prompt").encode(raw["prompt"])
+        else:
+            raise ApiError(400, "prompt: expected a string (or send messages)", param="prompt")
+        return {"tokens": ids, "count": len(ids), "max_model_len": state.max_model_len}
+
+    async def detokenize(self, request: Request) -> dict[str, Any]:
+        raw = await read_object(request, self.state.config)
+        tokens = raw.get("tokens")
+        if not isinstance(tokens, list) or any(isinstance(t, bool) or not isinstance(t, int) for t in tokens):
+            raise ApiError(400, "tokens: expected a list of integers", param="tokens")
+        vocab = self.state.vocab_size
+        bad = next((t for t in tokens if vocab is not None and not 0 <= t < vocab), None)
+        if bad is not None:
+            raise ApiError(400, f"tokens: token id {bad} is outside the vocabulary [0, {vocab})", param="tokens")
+        return {"prompt": need_tokenizer(self.state, "tokens").decode(tokens)}
+
+    async def reset_prefix_cache(self) -> dict[str, Any]:
+        check_alive(self.state)
+        try:  # every replica's cache; the pool counts are summed over them
+            each = [await asyncio.wrap_future(r.call(flush_cache)) for r in self.state.replicas]
+        except EngineDeadError as exc:
+            raise engine_error(exc) from None
+        return {"status": "ok", **{k: sum(p[k] for p in each) for k in each[0]}}

@@ -1,0 +1,51 @@
+"""``GET /v1/models``, ``/v1/models/{id}``, ``/health`` and ``/metrics``.
+
+Invariants:
+  * The model list holds one card, the served model's, its ``created`` the server's start time.
+  * ``/health`` is 200 ``{"status": "ok"}`` only while the engine runs and the server is not
+    draining (503 otherwise); ``/health`` and ``/metrics`` need no API key.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import FastAPI
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from radixflow_jax.serve import responses as R
+from radixflow_jax.serve.checks import check_alive, check_model
+from radixflow_jax.serve.state import ServerState
+
+
+class InfoRoutes:
+    """The read-only routes over one server's state."""
+
+    def __init__(self, state: ServerState):
+        self.state = state
+
+    def register(self, app: FastAPI) -> None:
+        app.add_api_route("/v1/models", self.models, methods=["GET"])
+        app.add_api_route("/v1/models/{model_id:path}", self.model, methods=["GET"])
+        app.add_api_route("/health", self.health, methods=["GET"])
+        app.add_api_route("/metrics", self.metrics_route, methods=["GET"])
+
+    def card(self) -> R.ModelCard:
+        s = self.state
+        return R.ModelCard(id=s.config.model_name, created=s.created, root=s.config.model_name,
+                           max_model_len=s.max_model_len)  # fmt: skip
+
+    async def models(self) -> dict[str, Any]:
+        return R.ModelList(data=[self.card()]).model_dump()
+
+    async def model(self, model_id: str) -> dict[str, Any]:
+        check_model(self.state.config, model_id)
+        return self.card().model_dump()
+
+    async def health(self) -> Response:
+        check_alive(self.state)  # 503 (engine_dead / draining) through the ApiError handler
+        return JSONResponse({"status": "ok"})
+
+    async def metrics_route(self) -> Response:
+        return Response(self.state.metrics.render(), media_type=CONTENT_TYPE_LATEST)

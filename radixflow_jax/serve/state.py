@@ -1,0 +1,46 @@
+"""What every route of the HTTP layer reads: the server's configuration and its state.
+
+Invariants:
+  * :class:`ServerConfig` is frozen: the model id, the API key and the limits never change while
+    the server runs.
+  * :class:`ServerState` is the one mutable record the routes share; only ``draining`` changes
+    after start-up (set once, by the signal handler, never cleared).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any
+
+from radixflow_jax.replicas.background import BackgroundEngine
+from radixflow_jax.replicas.replicated import ReplicatedEngine
+from radixflow_jax.serve.metrics import ServerMetrics
+
+
+@dataclasses.dataclass(frozen=True)
+class ServerConfig:
+    """``max_waiting``: answer 429 while this many requests wait (None: never);
+    ``max_body_bytes``: larger request bodies get 413; ``retry_after_s``: the 429's ``Retry-After``."""
+
+    model_name: str
+    api_key: str | None = None
+    max_waiting: int | None = None
+    max_body_bytes: int = 4 << 20
+    retry_after_s: int = 1
+
+
+@dataclasses.dataclass
+class ServerState:
+    engine: BackgroundEngine | ReplicatedEngine  # data-parallel replicas behind a router: ReplicatedEngine
+    tokenizer: Any
+    metrics: ServerMetrics
+    config: ServerConfig
+    max_model_len: int
+    vocab_size: int | None
+    created: int = dataclasses.field(default_factory=lambda: int(time.time()))
+    draining: bool = False
+
+    @property
+    def replicas(self) -> list[BackgroundEngine]:
+        return list(self.engine.replicas) if isinstance(self.engine, ReplicatedEngine) else [self.engine]
