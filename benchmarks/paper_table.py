@@ -20,38 +20,21 @@ import argparse
 import datetime
 import os
 import platform
-from typing import Sequence
 
 from radixflow_jax.bench.driver import RunResult
+from radixflow_jax.bench.paper import CONTROL, ENGINE, HYBRIDS, OVERLOAD, sessions, sim_runs
 from radixflow_jax.bench.run import BenchConfig, model_runner, relative_change, run_policies, run_sim
 from radixflow_jax.bench.workloads import WorkloadSpec, generate
-from radixflow_jax.engine.core import EngineConfig
+from radixflow_jax.engine.config import EngineConfig
 from radixflow_jax.paths import xla_cache_dir
 from radixflow_jax.sim.specs import ROUND_OVERHEAD_EAGER_S, ROUND_OVERHEAD_GRAPH_S, get_device_spec, get_model_spec
 
-HYBRIDS = (
-    ("qwen3.5-4b", "h200"), ("qwen3.5-9b", "h200"), ("qwen3.5-27b", "h200"), ("qwen3.5-35b-a3b", "h200"),
-    ("qwen3-next-80b-a3b", "h200x2"), ("nemotron-h-8b", "h200"),
-)  # fmt: skip
-CONTROL = ("qwen3-8b", "h200")
 STEADY = (("race", 1500, 20.0), ("quality", 300, 1.0))  # workload, requests, first guess (articles/s)
 TARGET_UTIL, UTIL_BAND = 0.8, (0.75, 0.9)
 BUCKET_MODELS = ("qwen3.5-9b", "qwen3.5-27b")
-OVERLOAD = (("race", "burst", 80.0, 1500), ("quality", "burst", 8.0, 300))
 REUSE_ROWS = (("qwen3.5-4b", "race", "poisson", 400.0, 1500, 0.40), ("qwen3.5-4b", "quality", "burst", 8.0, 300, 0.90))
 TINY = ("tiny-qwen3.5", "tiny-nemotron-h", "tiny-qwen3")
-ENGINE = EngineConfig(max_num_seqs=64, max_num_batched_tokens=8192)
 POLICIES = ("native", "radixflow", "pair")  # sections 1, 3 and 5; the others compare native and radixflow
-
-
-def _runs(name: str, device: str, requests, overhead: float = ROUND_OVERHEAD_GRAPH_S, buckets: str = "pow2",
-          policies: Sequence[str] = ("native", "radixflow")) -> list[RunResult]:  # fmt: skip
-    cfg = BenchConfig(policies=tuple(policies), engine=ENGINE, buckets=buckets, overhead_s=overhead)
-    return run_sim(get_model_spec(name), get_device_spec(device), requests, cfg)
-
-
-def _sessions(workload: str, n: int, rate: float):
-    return generate(WorkloadSpec(workload, num_requests=n, arrival="sessions", rate=rate, seed=0))
 
 
 def steady_rate(name: str, device: str, workload: str, n: int, guess: float) -> tuple[float, float]:
@@ -59,7 +42,7 @@ def steady_rate(name: str, device: str, workload: str, n: int, guess: float) -> 
     target / measured (utilization grows sublinearly with load, so iterate) until inside the band."""
     rate, best = guess, None
     for _ in range(6):
-        util = _runs(name, device, _sessions(workload, n, rate), policies=("native",))[0].utilization
+        util = sim_runs(name, device, sessions(workload, n, rate), policies=("native",))[0].utilization
         if best is None or abs(util - TARGET_UTIL) < abs(best[1] - TARGET_UTIL):
             best = (rate, util)
         if UTIL_BAND[0] <= util <= UTIL_BAND[1]:
@@ -96,10 +79,10 @@ def main() -> None:
         for name, device in HYBRIDS + (CONTROL,):
             rate, util = steady_rate(name, device, workload, n, guess)
             rates[(name, workload)] = rate
-            reqs = _sessions(workload, n, rate)
-            nat, flow, pair = _runs(name, device, reqs, policies=POLICIES)
+            reqs = sessions(workload, n, rate)
+            nat, flow, pair = sim_runs(name, device, reqs, policies=POLICIES)
             fast = [nat, flow]
-            slow = _runs(name, device, reqs, overhead=ROUND_OVERHEAD_EAGER_S)
+            slow = sim_runs(name, device, reqs, overhead=ROUND_OVERHEAD_EAGER_S)
             steady.append(
                 f"| {name} ({device}) | {workload} | {rate:.3g} | {nat.utilization:.2f} | {nat.rounds} | "
                 f"{flow.rounds} | "
@@ -112,7 +95,7 @@ def main() -> None:
             if name in BUCKET_MODELS:
                 cells = []
                 for kind in ("pow2", "finer", "fixed"):
-                    b = fast if kind == "pow2" else _runs(name, device, reqs, buckets=kind)
+                    b = fast if kind == "pow2" else sim_runs(name, device, reqs, buckets=kind)
                     rel = relative_change(b[0], b[1])
                     cells.append(f"{b[0].utilization:.2f} / {rel['rounds']:+.1%} / {rel['mean_latency_s']:+.1%}")
                 buckets.append(f"| {name} | {workload} @{rate:.3g}/s | " + " | ".join(cells) + " |")
@@ -121,7 +104,7 @@ def main() -> None:
     for workload, arrival, rate, n in OVERLOAD:
         reqs = generate(WorkloadSpec(workload, num_requests=n, arrival=arrival, rate=rate, seed=0))
         for name, device in HYBRIDS + (CONTROL,):
-            nat, flow, pair = _runs(name, device, reqs, policies=POLICIES)
+            nat, flow, pair = sim_runs(name, device, reqs, policies=POLICIES)
             overload.append(
                 f"| {name} ({device}) | {workload} {arrival} @{rate:g}/s, {n} req | {nat.utilization:.2f} | "
                 f"{nat.rounds} | "
@@ -132,8 +115,8 @@ def main() -> None:
     reuse = []
     for name, workload, arrival, rate, n, bar in REUSE_ROWS:
         reqs = generate(WorkloadSpec(workload, num_requests=n, arrival=arrival, rate=rate, seed=0))
-        with_b = _runs(name, "h200", reqs)
-        off = BenchConfig(engine=EngineConfig(max_num_seqs=64, max_num_batched_tokens=8192, branch_checkpoints=False),
+        with_b = sim_runs(name, "h200", reqs)
+        off = BenchConfig(engine=ENGINE.with_options(branch_checkpoints=False),
                           overhead_s=ROUND_OVERHEAD_GRAPH_S)  # fmt: skip
         without = run_sim(get_model_spec(name), get_device_spec("h200"), reqs, off)
         reuse.append(
@@ -161,7 +144,7 @@ def tiny_rows() -> list[str]:
     rows = []
     cache_dir = xla_cache_dir()  # compiled steps persist
     # the synchronous engine (overlap off), as the simulator of sections 1-4 and the paper model it
-    tiny_engine = EngineConfig(
+    tiny_engine = EngineConfig.from_options(
         max_num_seqs=8, max_num_batched_tokens=512, max_model_len=1024, compilation_cache_dir=cache_dir, overlap=False
     )
     requests = generate(WorkloadSpec("race", num_requests=32, arrival="burst", rate=50.0, seed=0))

@@ -12,17 +12,14 @@ import argparse
 import asyncio
 import datetime
 import json
-import os
 import sys
 import time
 
 import httpx
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from radixflow_jax.bench.http import format_report, run_requests, summarize  # noqa: E402
-from radixflow_jax.bench.workloads import WorkloadSpec, generate  # noqa: E402
-from radixflow_jax.serve.launch import ServerProcess  # noqa: E402
+from radixflow_jax.bench.http import format_report, run_requests, summarize
+from radixflow_jax.bench.workloads import WorkloadSpec, generate
+from radixflow_jax.serve.launch import ServerProcess
 
 
 def gauges(url: str) -> dict[str, float]:

@@ -28,8 +28,10 @@ Run (from the repository root, with the venv active)::
     python benchmarks/vs_transformers.py                    # full: 64 requests, ~10 minutes
     python benchmarks/vs_transformers.py --json out.json    # also write the results as JSON
 
-Compiled step variants are kept in a persistent XLA cache (``--jax-cache``, default
-``$RADIXFLOW_CACHE/xla-cache-bench``; ``--jax-cache ''`` turns it off), so a rerun starts faster.
+The model, workload, engine options and planned warm-up live in ``radixflow_jax/bench/synthetic.py``
+(the ``tools/perf`` experiments replay the same setup). Compiled step variants are kept in a
+persistent XLA cache (``--jax-cache``, default ``$RADIXFLOW_CACHE/xla-cache-bench``; ``--jax-cache ''``
+turns it off), so a rerun starts faster.
 """
 
 from __future__ import annotations
@@ -38,53 +40,28 @@ import argparse
 import dataclasses
 import datetime
 import json
-import math
 import os
 import platform
 import sys
 import tempfile
 import time
-from typing import TYPE_CHECKING, Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
+
+from radixflow_jax.bench.args import PrefixWorkload
+from radixflow_jax.bench.synthetic import (
+    PAD_ID, ModelShape, add_setup_args, configure_jax, planned_variants, setup_from_args, step_by_kind, vocab_of,
+    write_model,
+)  # fmt: skip
 
 if TYPE_CHECKING:  # heavy imports stay lazy so --help is instant
     import torch
     from transformers import PreTrainedModel
 
-    from radixflow_jax.engine.core import RoundRecord
-    from radixflow_jax.llm import LLM
+    from radixflow_jax.engine.config import RoundRecord
     from radixflow_jax.engine.params import SamplingParams
-    from radixflow_jax.engine.protocol import DeferredRound, StepResult
-    from radixflow_jax.runner.inputs import SamplingRow
-    from radixflow_jax.runner.shapes import ShapeConfig, Variant
-    from radixflow_jax.scheduler.plan import RoundPlan
-
-
-@dataclasses.dataclass(frozen=True)
-class ModelShape:
-    """The Qwen3.5-text dimensions of the benchmark model."""
-
-    hidden: int = 512
-    intermediate: int = 1536
-    layers: int = 8
-    heads: int = 8
-    kv_heads: int = 2
-    head_dim: int = 64
-    linear_key_heads: int = 4
-    linear_value_heads: int = 8
-    linear_head_dim: int = 64
-    vocab: int = 4096
-
-
-@dataclasses.dataclass(frozen=True)
-class Workload:
-    requests: int = 64
-    prefixes: int = 8
-    prefix_len: int = 256
-    suffix_len: int = 32
-    output_len: int = 32
-    seed: int = 0
+    from radixflow_jax.llm import LLM
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,100 +79,9 @@ class EngineRun:
         return self.output_tokens / self.seconds
 
 
-QUICK_WORKLOAD = Workload(requests=16, prefixes=4, prefix_len=128, suffix_len=32, output_len=16)
-QUICK_SHAPE = ModelShape(hidden=256, intermediate=768, layers=4, heads=4, head_dim=64, linear_key_heads=2,
-                         linear_value_heads=4)  # fmt: skip
-PAD_ID = 0
-
-
-# ------------------------------------------------------------------------------------- inputs
-def layer_types(layers: int) -> list[str]:
-    """Three Gated DeltaNet layers, then one full-attention layer, repeated (Qwen3.5's pattern)."""
-    return ["full_attention" if i % 4 == 3 else "linear_attention" for i in range(layers)]
-
-
-def write_model(shape: ModelShape, directory: str, seed: int, head_std: float) -> str:
-    """Writes a randomly initialised ``Qwen3_5ForCausalLM`` as a HF directory; returns it."""
-    import torch
-    from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
-
-    config = Qwen3_5TextConfig(
-        vocab_size=shape.vocab, hidden_size=shape.hidden, intermediate_size=shape.intermediate,
-        num_hidden_layers=shape.layers, num_attention_heads=shape.heads, num_key_value_heads=shape.kv_heads,
-        head_dim=shape.head_dim, linear_num_key_heads=shape.linear_key_heads,
-        linear_num_value_heads=shape.linear_value_heads, linear_key_head_dim=shape.linear_head_dim,
-        linear_value_head_dim=shape.linear_head_dim, layer_types=layer_types(shape.layers),
-        max_position_embeddings=4096, tie_word_embeddings=False, pad_token_id=PAD_ID, eos_token_id=None,
-        bos_token_id=None,
-    )  # fmt: skip
-    torch.manual_seed(seed)
-    model = Qwen3_5ForCausalLM(config)
-    with torch.no_grad():
-        model.lm_head.weight.normal_(0.0, head_std / math.sqrt(shape.hidden))
-    model.save_pretrained(directory)
-    return directory
-
-
-def vocab_of(model_dir: str) -> int:
-    with open(os.path.join(model_dir, "config.json")) as f:
-        return int(json.load(f)["vocab_size"])
-
-
-def make_prompts(w: Workload, vocab: int) -> list[list[int]]:
-    """``w.requests`` prompts; request ``i`` starts with prefix ``i % w.prefixes``. Ids avoid ``PAD_ID``."""
-    rng = np.random.default_rng(w.seed)
-    prefixes = rng.integers(1, vocab, size=(w.prefixes, w.prefix_len)).tolist()
-    suffixes = rng.integers(1, vocab, size=(w.requests, w.suffix_len)).tolist()
-    return [prefixes[i % w.prefixes] + suffixes[i] for i in range(w.requests)]
-
-
 # ------------------------------------------------------------------------------------- ours
-class VariantRecorder:
-    """An executor that runs nothing: records the step variant each round selects, samples id 1."""
-
-    def __init__(self, shapes: ShapeConfig, supports_overlap: bool, num_slots: int):
-        self.shapes = shapes
-        self.num_slots = num_slots  # the device pool's (the decode window is fitted into it)
-        self.variants: set[Variant] = set()
-        from radixflow_jax.engine.protocol import ExecutorCapabilities
-
-        # plan as the real engine does (overlap changes the rounds)
-        self.capabilities = ExecutorCapabilities(overlap=supports_overlap)
-
-    def launch(self, plan: RoundPlan, sampling: Mapping[int, SamplingRow], prev: object = None) -> DeferredRound:
-        from radixflow_jax.engine.protocol import DeferredRound
-
-        return DeferredRound(plan, sampling)
-
-    def collect(self, handle: DeferredRound) -> StepResult:
-        return self.execute(handle.plan, handle.sampling)
-
-    def execute(self, plan: RoundPlan, sampling: Mapping[int, SamplingRow]) -> StepResult:
-        from radixflow_jax.engine.protocol import StepResult
-
-        from radixflow_jax.runner.window import select_round
-
-        v, _ = select_round(plan, self.shapes, self.num_slots)
-        self.variants.add(v)
-        return StepResult({r.request_id: 1 for r in plan.rows if r.sample}, v.num_tokens, v.num_rows, 0.0, 0.0)
-
-
-def planned_variants(llm: LLM, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[Variant]:
-    """The variants the workload will select: the same scheduler config and pools, a recording
-    executor. With EOS ignored the plan does not depend on the sampled ids."""
-    from radixflow_jax.engine.build import wire_engine
-
-    ex = llm.engine.executor
-    recorder = VariantRecorder(ex.shapes, llm.engine.overlap, ex.num_slots)
-    dry = wire_engine(llm.engine.wiring, lambda shapes: recorder)
-    for ids in prompts:
-        dry.add_request(ids, params)
-    dry.run_until_done()
-    return sorted(recorder.variants, key=lambda v: (v.num_tokens, v.num_rows, v.num_decode))
-
-
 def build_llm(
-    model_dir: str, args: argparse.Namespace, w: Workload, prompts: list[list[int]], params: SamplingParams
+    model_dir: str, args: argparse.Namespace, w: PrefixWorkload, prompts: list[list[int]], params: SamplingParams
 ) -> LLM:
     from radixflow_jax import LLM
 
@@ -209,21 +95,6 @@ def build_llm(
     return llm
 
 
-def step_by_kind(records: Sequence[RoundRecord]) -> dict[str, dict[str, float]]:
-    """Per round kind (decode-only, mixed, prefill-only): rounds, real tokens, decode rows, step
-    seconds and milliseconds per real token."""
-    out: dict[str, dict[str, float]] = {}
-    for r in records:
-        e = out.setdefault(r.kind, {"rounds": 0, "tokens": 0, "decode_rows": 0, "step_s": 0.0})
-        e["rounds"] += 1
-        e["tokens"] += r.num_tokens
-        e["decode_rows"] += r.num_decode
-        e["step_s"] += r.step_s
-    for e in out.values():
-        e["ms_per_token"] = 1e3 * e["step_s"] / max(e["tokens"], 1)
-    return out
-
-
 def step_by_variant(records: Sequence[RoundRecord]) -> dict[str, dict[str, float]]:
     """Rounds, real tokens and step seconds per ``T{token slots}xR{row slots}`` bucket."""
     out: dict[str, dict[str, float]] = {}
@@ -235,7 +106,7 @@ def step_by_variant(records: Sequence[RoundRecord]) -> dict[str, dict[str, float
     return out
 
 
-def run_ours(model_dir: str, args: argparse.Namespace, w: Workload, prompts: list[list[int]]) -> EngineRun:
+def run_ours(model_dir: str, args: argparse.Namespace, w: PrefixWorkload, prompts: list[list[int]]) -> EngineRun:
     from radixflow_jax import SamplingParams
 
     params = SamplingParams(max_tokens=w.output_len, ignore_eos=True)
@@ -292,7 +163,7 @@ def hf_generate(model: PreTrainedModel, batch: Sequence[Sequence[int]], max_new_
     return out[:, ids.shape[1] :].tolist()
 
 
-def run_transformers(model_dir: str, args: argparse.Namespace, w: Workload, prompts: list[list[int]]) -> EngineRun:
+def run_transformers(model_dir: str, args: argparse.Namespace, w: PrefixWorkload, prompts: list[list[int]]) -> EngineRun:
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -357,62 +228,22 @@ def fmt_load(load: Sequence[float]) -> str:
     return "/".join(f"{x:.1f}" for x in load)
 
 
-def configure_jax(cache_dir: str) -> None:
-    import jax
-
-    if cache_dir:
-        jax.config.update("jax_compilation_cache_dir", cache_dir)
-        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
-        jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
-
-
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    from radixflow_jax.models.presets import cache_root
-
-    d, s = Workload(), ModelShape()
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--quick", action="store_true", help="small model and workload (~1-2 minutes)")
-    p.add_argument("--requests", type=int, default=None, help=f"default {d.requests} ({QUICK_WORKLOAD.requests} quick)")
-    p.add_argument("--prefixes", type=int, default=None)
-    p.add_argument("--prefix-len", type=int, default=None)
-    p.add_argument("--suffix-len", type=int, default=None)
-    p.add_argument("--output-len", type=int, default=None)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--hidden", type=int, default=None, help=f"model width (default {s.hidden})")
-    p.add_argument("--layers", type=int, default=None, help=f"layers, 3 GDN : 1 attention (default {s.layers})")
-    p.add_argument("--head-std", type=float, default=8.0, help="lm_head std * sqrt(hidden) (greedy margins)")
-    p.add_argument("--model-dir", default=None, help="use this HF directory instead of writing a new model")
+    add_setup_args(p)
     p.add_argument("--hf-batch", type=int, default=64, help="transformers batch size")
     p.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="torch threads")
-    p.add_argument("--max-num-seqs", type=int, default=None, help="our row budget (default: --requests, max 64)")
-    p.add_argument("--max-batched-tokens", type=int, default=1024, help="our token budget per round")
-    p.add_argument("--no-prefix-cache", action="store_true", help="run our engine without the prefix cache")
     p.add_argument("--warmup", choices=("planned", "all"), default="planned")
-    p.add_argument("--buckets", choices=("fine", "pow2", "fixed"), default="fine", help="our bucket mode")
-    p.add_argument("--repeats", type=int, default=3, help="interleaved runs of each engine; the median is reported")
-    p.add_argument("--jax-cache", default=os.path.join(cache_root(), "xla-cache-bench"))
     p.add_argument("--json", default=None, help="write the results to this path")
     return p.parse_args(argv)
-
-
-def resolve(args: argparse.Namespace) -> tuple[Workload, ModelShape]:
-    base_w, base_s = (QUICK_WORKLOAD, QUICK_SHAPE) if args.quick else (Workload(), ModelShape())
-    given = {k: getattr(args, k) for k in ("requests", "prefixes", "prefix_len", "suffix_len", "output_len")}
-    w = dataclasses.replace(base_w, seed=args.seed, **{k: v for k, v in given.items() if v is not None})
-    shape = dataclasses.replace(
-        base_s, **{k: v for k, v in (("hidden", args.hidden), ("layers", args.layers)) if v is not None}
-    )
-    if args.max_num_seqs is None:
-        args.max_num_seqs = min(w.requests, 64)
-    return w, shape
 
 
 def _median_run(runs: list[EngineRun]) -> EngineRun:
     return sorted(runs, key=lambda r: r.tokens_per_s)[len(runs) // 2]
 
 
-def run(args: argparse.Namespace, model_dir: str, w: Workload, shape: ModelShape) -> dict[str, Any]:
-    prompts = make_prompts(w, vocab_of(model_dir))
+def run(args: argparse.Namespace, model_dir: str, w: PrefixWorkload, shape: ModelShape) -> dict[str, Any]:
+    prompts = w.prompts(vocab_of(model_dir))
     load_before = os.getloadavg()
     print(f"workload: {w}\nmodel: {shape} in {model_dir}", flush=True)
     ours_runs, hf_runs = [], []
@@ -450,7 +281,7 @@ def run(args: argparse.Namespace, model_dir: str, w: Workload, shape: ModelShape
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    w, shape = resolve(args)
+    w, shape = setup_from_args(args)
     configure_jax(args.jax_cache)
     with tempfile.TemporaryDirectory(prefix="rfj-bench-") as tmp:
         if args.model_dir is None:

@@ -34,8 +34,8 @@ class LLM:
     ):  # fmt: skip
         from radixflow_jax.replicas.router import ReplicaSet, RouterConfig
 
-        self.config = EngineConfig(**engine_options)  # type: ignore[arg-type]
-        router_config = RouterConfig(policy=router, block=self.config.page_size)
+        self.config = EngineConfig.from_options(**engine_options)
+        router_config = RouterConfig(policy=router, block=self.config.scheduler.page_size)
         self.replica_models = replica_models(model, dtype, tensor_parallel_size, data_parallel_size)
         self.model = self.replica_models[0]
         engines = [build_engine(m, self.config) for m in self.replica_models]

@@ -6,7 +6,7 @@ import argparse
 import os
 import sys
 
-from radixflow_jax.engine.config import EngineConfig
+from radixflow_jax.engine.config import ENGINE_SCHEDULER
 from radixflow_jax.paths import xla_cache_dir
 
 
@@ -22,7 +22,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-num-seqs", type=int, default=16)
     p.add_argument("--max-num-batched-tokens", type=int, default=512)
     p.add_argument("--max-model-len", type=int, default=None)
-    p.add_argument("--policy", default=EngineConfig.policy)
+    p.add_argument("--policy", default=ENGINE_SCHEDULER.policy)
     p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
     p.add_argument("--seed", type=int, default=0, help="engine seed (sampled requests without a seed)")
     p.add_argument("--no-progress", action="store_true")

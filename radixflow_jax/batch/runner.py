@@ -224,7 +224,7 @@ class BatchJob:
                 error = LineError(item.line, f"line {item.line}: duplicate id {item.key!r}", "duplicate_id")
             if error is None:
                 try:
-                    checked[item.index] = self.engine.check(list(item.prompt_ids), item.params)  # type: ignore[arg-type]
+                    checked[item.index] = self.engine.check(item.prompt_ids, item.params)  # type: ignore[arg-type]
                 except ValueError as exc:
                     error = LineError(item.line, f"line {item.line}: {exc}")
             if error is not None and self.cfg.on_error == "fail":

@@ -66,15 +66,16 @@ def add_workload_args(
     seed: bool = True,
 ) -> None:
     """Adds ``--requests --prefixes --prefix-len --suffix-len --output-len`` (and ``--seed`` unless
-    ``seed=False``, for a script whose prompts are not random). The counts parse to ``None`` when not
-    given, so :func:`workload_from_args` can fill them from whichever base the script picks
-    (``quick``, when given, is only named in the help)."""
+    ``seed=False``, for a script whose prompts are not random), defaulting to ``defaults``. With a
+    ``quick`` workload (a script's ``--quick``) the counts parse to ``None`` when not given instead,
+    so :func:`workload_from_args` fills them from whichever base the script picks."""
     group = parser.add_argument_group("workload")
     for name in _COUNTS:
         hint = f"default {getattr(defaults, name)}"
         if quick is not None:
             hint += f", {getattr(quick, name)} with --quick"
-        group.add_argument("--" + name.replace("_", "-"), type=int, default=None, help=f"{_HELP[name]} ({hint})")
+        default = None if quick is not None else getattr(defaults, name)
+        group.add_argument("--" + name.replace("_", "-"), type=int, default=default, help=f"{_HELP[name]} ({hint})")
     if seed:
         group.add_argument("--seed", type=int, default=defaults.seed, help=f"random seed (default {defaults.seed})")
 

@@ -23,7 +23,7 @@ from radixflow_jax.bench.run import BenchConfig, model_runner, relative_change, 
 from radixflow_jax.bench.sweep import format_sweep, parse_rates, plot_sweep, sweep, sweep_json
 from radixflow_jax.sim.executor import BUCKET_SETS
 from radixflow_jax.bench.workloads import ARRIVALS, WORKLOADS, BenchRequest, WorkloadSpec, generate
-from radixflow_jax.engine.core import EngineConfig
+from radixflow_jax.engine.config import EngineConfig
 from radixflow_jax.sim.specs import DEVICE_SPECS, MODEL_SPECS, get_device_spec, get_model_spec
 from radixflow_jax.paths import xla_cache_dir
 
@@ -209,7 +209,7 @@ def _bench_config(args: argparse.Namespace, executor: str, policies: tuple[str, 
     seqs = args.max_num_seqs or (8 if executor == "model" else 64)
     tokens = args.max_num_batched_tokens or (512 if executor == "model" else 8192)
     cache_dir = None if args.no_compile_cache else xla_cache_dir()
-    engine = EngineConfig(
+    engine = EngineConfig.from_options(
         max_num_seqs=seqs, max_num_batched_tokens=tokens, seed=args.seed, compilation_cache_dir=cache_dir
     )
     overhead = args.round_overhead_ms / 1e3 if args.round_overhead_ms is not None else None

@@ -81,11 +81,11 @@ def run_cluster(
 ) -> ClusterResult:  # fmt: skip
     """``num_replicas`` simulated engines of ``spec`` on ``device`` (one device each), scheduling
     policy ``policy``, behind ``router``."""
-    ec = dataclasses.replace(cfg.engine, policy=policy)
+    ec = cfg.engine.with_options(policy=policy)
     engines = [
         build_sim_engine(spec, device, ec, buckets=cfg.buckets, overhead_s=cfg.overhead_s) for _ in range(num_replicas)
     ]
-    replicas = ReplicaSet(engines, dataclasses.replace(router, block=ec.page_size))
+    replicas = ReplicaSet(engines, dataclasses.replace(router, block=ec.scheduler.page_size))
     done = drive_cluster(replicas, requests)
     per = [[o for j, o in done if j == i] for i in range(num_replicas)]
     results = tuple(summarize(policy, e, outs, len(outs)) for e, outs in zip(engines, per))

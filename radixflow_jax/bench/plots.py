@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Mapping, Sequence
 
 from radixflow_jax.bench.driver import RunResult
-from radixflow_jax.engine.core import RoundRecord
+from radixflow_jax.engine.config import RoundRecord
 
 
 def plot_runs(path: str, runs: Sequence[RunResult], records: Mapping[str, list[RoundRecord]]) -> None:

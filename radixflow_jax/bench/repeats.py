@@ -12,7 +12,7 @@ import statistics
 from typing import Callable, Sequence
 
 from radixflow_jax.bench.driver import RunResult
-from radixflow_jax.engine.core import RoundRecord
+from radixflow_jax.engine.config import RoundRecord
 
 _INT_FIELDS = {f.name for f in dataclasses.fields(RunResult) if f.type in ("int", int)}
 _SKIP = {"policy", "latencies"}

@@ -14,7 +14,7 @@ from typing import Any, Callable
 from radixflow_jax.bench.driver import RunResult, drive, summarize
 from radixflow_jax.bench.repeats import Repeated, run_repeated
 from radixflow_jax.bench.workloads import BenchRequest
-from radixflow_jax.engine.core import EngineConfig, RoundRecord
+from radixflow_jax.engine.config import EngineConfig, RoundRecord
 from radixflow_jax.sim.engines import build_sim_engine
 from radixflow_jax.sim.executor import VirtualClock
 from radixflow_jax.sim.specs import DeviceSpec, ModelSpec
@@ -48,7 +48,7 @@ def model_runner(
     loaded = load(model, dtype=dtype) if isinstance(model, str) else model
 
     def run(policy: str) -> tuple[RunResult, list[RoundRecord]]:
-        engine = build_engine(loaded, dataclasses.replace(cfg.engine, policy=policy))
+        engine = build_engine(loaded, cfg.engine.with_options(policy=policy))
         cb = (lambda done, total: progress(policy, done, total)) if progress else None
         outputs = drive(engine, requests, progress=cb)
         return summarize(policy, engine, outputs, len(requests)), engine.records
@@ -63,7 +63,7 @@ def sim_runner(
     """One policy on a fresh simulated engine (virtual clock: idle gaps are skipped)."""
 
     def run(policy: str) -> tuple[RunResult, list[RoundRecord]]:
-        ec = dataclasses.replace(cfg.engine, policy=policy)
+        ec = cfg.engine.with_options(policy=policy)
         engine = build_sim_engine(spec, device, ec, buckets=cfg.buckets, overhead_s=cfg.overhead_s)
         clock = engine.clock  # the virtual clock the engine was wired with
         assert isinstance(clock, VirtualClock)

@@ -27,9 +27,9 @@ from radixflow_jax.bench.args import PrefixWorkload, add_workload_args, workload
 from radixflow_jax.paths import cache_root
 
 if TYPE_CHECKING:
-    from radixflow_jax.engine.core import RoundRecord
+    from radixflow_jax.engine.config import RoundRecord
     from radixflow_jax.engine.params import SamplingParams
-    from radixflow_jax.engine.protocol import StepResult
+    from radixflow_jax.engine.protocol import DeferredRound, StepResult
     from radixflow_jax.llm import LLM
     from radixflow_jax.runner.inputs import SamplingRow
     from radixflow_jax.runner.shapes import ShapeConfig, Variant
@@ -143,13 +143,18 @@ class VariantRecorder:
         self.shapes = shapes
         self.num_slots = num_slots  # the device pool's (the decode window is fitted into it)
         self.variants: set[Variant] = set()
-        self.supports_overlap = supports_overlap  # plan as the real engine does (overlap changes the rounds)
+        from radixflow_jax.engine.protocol import ExecutorCapabilities
 
-    def launch(self, plan: RoundPlan, sampling: Mapping[int, SamplingRow], prev: object = None) -> tuple:
-        return plan, sampling
+        # plan as the real engine does (overlap changes the rounds)
+        self.capabilities = ExecutorCapabilities(overlap=supports_overlap)
 
-    def collect(self, handle: tuple) -> StepResult:
-        return self.execute(*handle)
+    def launch(self, plan: RoundPlan, sampling: Mapping[int, SamplingRow], prev: object = None) -> DeferredRound:
+        from radixflow_jax.engine.protocol import DeferredRound
+
+        return DeferredRound(plan, sampling)
+
+    def collect(self, handle: DeferredRound) -> StepResult:
+        return self.execute(handle.plan, handle.sampling)
 
     def execute(self, plan: RoundPlan, sampling: Mapping[int, SamplingRow]) -> StepResult:
         from radixflow_jax.engine.protocol import StepResult

@@ -1,9 +1,10 @@
 """The one place engines are assembled and their pools sized.
 
-An engine is built from a :class:`Wiring` (engine config -> checkpoint grid, step shapes, scheduler
-config, pool sizes) and an executor factory. Every kind goes through :func:`wire_engine`: the model
-engine (:func:`build_engine`), the simulated engine and the simulated mirror of a model engine
-(``sim/engines.py``), so they make the same scheduling decisions from the same configuration.
+An engine is built from a :class:`Wiring` (engine config -> checkpoint grid, step shapes, the
+scheduler config completed with the model's grid and kind, pool sizes) and an executor factory.
+Every kind goes through :func:`wire_engine`: the model engine (:func:`build_engine`), the simulated
+engine and the simulated mirror of a model engine (``sim/engines.py``), so they make the same
+scheduling decisions from the same configuration.
 
 Pool sizes come from configurations alone, never from loaded weights, so a memory plan can use the
 same sizers: :func:`pool_sizes` (the engine's defaults for a model config), :func:`memory_pools`
@@ -20,7 +21,8 @@ import os
 import time
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
-from radixflow_jax.engine.core import EngineConfig, EngineCore, model_grid
+from radixflow_jax.engine.config import EngineConfig, model_grid
+from radixflow_jax.engine.core import EngineCore
 from radixflow_jax.engine.protocol import Executor
 from radixflow_jax.engine.roundcost import MeasuredRoundCost
 from radixflow_jax.runner.shapes import ShapeConfig
@@ -45,24 +47,19 @@ class Wiring:
 
     @property
     def grid(self) -> int:
-        return model_grid(self.chunk_sizes, self.config.page_size)
+        return model_grid(self.chunk_sizes, self.config.scheduler.page_size)
 
     def shapes(self) -> ShapeConfig:
-        ec = self.config
+        sc = self.config.scheduler
         return ShapeConfig(
-            max_tokens=ec.max_num_batched_tokens, max_rows=ec.max_num_seqs,
-            max_pages_per_row=math.ceil(self.max_model_len / ec.page_size), grid=self.grid, mode=ec.bucket_mode,
+            max_tokens=sc.max_num_batched_tokens, max_rows=sc.max_num_seqs,
+            max_pages_per_row=math.ceil(self.max_model_len / sc.page_size), grid=self.grid,
+            mode=self.config.bucket_mode,
         )  # fmt: skip
 
     def scheduler(self) -> SchedulerConfig:
-        ec = self.config
-        return SchedulerConfig(
-            max_num_seqs=ec.max_num_seqs, max_num_batched_tokens=ec.max_num_batched_tokens,
-            page_size=ec.page_size, grid=self.grid, hybrid=self.hybrid, policy=ec.policy,
-            queue_order=ec.queue_order, enable_prefix_cache=ec.enable_prefix_cache,
-            max_consumer_wait=ec.max_consumer_wait, checkpoint_interval=ec.checkpoint_interval,
-            max_checkpoints=ec.max_checkpoints, branch_checkpoints=ec.branch_checkpoints,
-        )  # fmt: skip
+        """The engine's scheduling options completed with this model's grid and kind."""
+        return self.config.scheduler.for_model(self.grid, self.hybrid)
 
 
 def wire_engine(
@@ -88,7 +85,7 @@ def wire_engine(
     round_cost = executor.capabilities.round_cost
     if round_cost is not None:
         engine.scheduler.round_cost = round_cost
-    elif wiring.config.policy == "pair":
+    elif wiring.config.scheduler.policy == "pair":
         engine.scheduler.round_cost = MeasuredRoundCost(wiring.shapes(), engine.records)
     return engine
 
@@ -104,18 +101,19 @@ def recurrent_chunks(cfg: ModelConfig) -> list[int]:
 
 def pool_sizes(cfg: ModelConfig, ec: EngineConfig, max_model_len: int) -> tuple[int, int]:
     """``(num_kv_pages, num_state_slots)`` including the reserved id 0 of each pool; checks minimums."""
-    pages_per_seq = math.ceil(max_model_len / ec.page_size)
+    page_size, seqs = ec.scheduler.page_size, ec.scheduler.max_num_seqs
+    pages_per_seq = math.ceil(max_model_len / page_size)
     min_pages, min_slots = pages_per_seq + 1, 2 if cfg.is_hybrid else 1
     pages = ec.num_kv_pages if ec.num_kv_pages is not None else 1 + max(
-        2 * ec.max_num_seqs * math.ceil(min(max_model_len, 2048) / ec.page_size), pages_per_seq
+        2 * seqs * math.ceil(min(max_model_len, 2048) / page_size), pages_per_seq
     )
-    slots = ec.num_state_slots if ec.num_state_slots is not None else 1 + ec.max_num_seqs + max(64, 8 * ec.max_num_seqs)
+    slots = ec.num_state_slots if ec.num_state_slots is not None else 1 + seqs + max(64, 8 * seqs)
     if not cfg.is_hybrid:
         slots = 1
     if pages < min_pages:
         raise ValueError(
             f"num_kv_pages={pages} cannot hold one request of max_model_len={max_model_len} tokens: "
-            f"the minimum is {min_pages} ({pages_per_seq} pages of {ec.page_size} tokens + the reserved page 0)"
+            f"the minimum is {min_pages} ({pages_per_seq} pages of {page_size} tokens + the reserved page 0)"
         )
     if slots < min_slots:
         raise ValueError(f"num_state_slots={slots}: the minimum is {min_slots} (one request + the reserved slot 0)")
@@ -165,7 +163,7 @@ def build_engine(model: LoadedModel, ec: EngineConfig) -> EngineCore:
 
     def executor(shapes: ShapeConfig) -> Executor:
         return ModelExecutor(
-            model, shapes, page_size=ec.page_size, num_pages=num_pages, num_slots=num_slots,
+            model, shapes, page_size=ec.scheduler.page_size, num_pages=num_pages, num_slots=num_slots,
             kernels=kernels, warmup=ec.warmup_all, progress=stderr_progress if ec.warmup_progress else None,
             penalty_window=min(max_model_len, 4096) if ec.penalty_window is None else ec.penalty_window,
         )  # fmt: skip
@@ -188,14 +186,15 @@ def memory_pools(
         raise ValueError(f"--memory-fraction must be in (0, 1], got {fraction}")
     itemsize = np.dtype(dtype).itemsize
     params = param_bytes
-    reserve = ec.max_num_batched_tokens * (cfg.hidden_size * 64 + cfg.vocab_size) * 4  # activations and logits
+    sc = ec.scheduler
+    reserve = sc.max_num_batched_tokens * (cfg.hidden_size * 64 + cfg.vocab_size) * 4  # activations and logits
     budget = int(fraction * total_bytes) - params - reserve
     att = cfg.attention
-    page_bytes = 2 * len(cfg.attention_layers) * ec.page_size * att.num_kv_heads * att.head_dim * itemsize if att else 0
+    page_bytes = 2 * len(cfg.attention_layers) * sc.page_size * att.num_kv_heads * att.head_dim * itemsize if att else 0
     slot_bytes = state_bytes_per_slot(cfg, dtype) if cfg.is_hybrid else 0
     slots = 1
     if slot_bytes:
-        wanted = ec.max_num_seqs + max(64, 8 * ec.max_num_seqs)
+        wanted = sc.max_num_seqs + max(64, 8 * sc.max_num_seqs)
         slots = 1 + max(0, min(wanted, (budget // 2) // slot_bytes))
     left = budget - (slots - 1) * slot_bytes
     pages = 1 + (left // page_bytes if page_bytes else 0)

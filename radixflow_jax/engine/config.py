@@ -1,6 +1,6 @@
 """The engine's settings and records, apart from the loop (``engine/core.py``) that uses them.
 
-:class:`EngineConfig` (budgets, pools, policy, overlap, compile options), :class:`RoundRecord` (what
+:class:`EngineConfig` (pools, overlap, compile options and the scheduler's), :class:`RoundRecord` (what
 one round carried and cost), :class:`ServingClock` (wall time minus first-use compiles),
 :class:`EngineFailure` and the checkpoint grid. No JAX here.
 """
@@ -9,29 +9,29 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 from radixflow_jax.engine.protocol import StepResult
+from radixflow_jax.scheduler.config import MODEL_DERIVED, SchedulerConfig
 from radixflow_jax.scheduler.plan import RoundPlan, RoundStats
+
+
+ENGINE_SCHEDULER = SchedulerConfig(policy="pair")  # an engine's scheduling options unless given (policy pair)
 
 
 @dataclasses.dataclass(frozen=True)
 class EngineConfig:
-    """Budgets, pools and policy. ``None`` pool sizes are derived from the other values."""
+    """Budgets, pools and policy. ``None`` pool sizes are derived from the other values.
 
-    max_num_seqs: int = 16
-    max_num_batched_tokens: int = 512
-    page_size: int = 16
+    ``scheduler`` is the one home of the scheduling options (budgets, page size, policy, queue
+    order, checkpoint placement); ``engine/build.py`` completes it with the model's grid. Flat
+    options, as ``LLM(model, policy="pair", max_num_seqs=8)`` and the CLIs give them, go through
+    :meth:`from_options` / :meth:`with_options`, which send each name to its home."""
+
+    scheduler: SchedulerConfig = ENGINE_SCHEDULER
     num_kv_pages: int | None = None
     num_state_slots: int | None = None
     max_model_len: int | None = None
-    policy: str = "pair"
-    queue_order: str = "fcfs"
-    enable_prefix_cache: bool = True
-    max_consumer_wait: int = 16
-    checkpoint_interval: int = 0  # 0: adaptive (about max_checkpoints per prompt, on the grid)
-    max_checkpoints: int = 8
-    branch_checkpoints: bool = True  # branch points (look-ahead too) and final-token checkpoints
     kernels: str = "auto"
     seed: int = 0
     # False / "lazy": a step variant compiles (and is primed) the first time a round needs it;
@@ -52,6 +52,27 @@ class EngineConfig:
     @property
     def warmup_all(self) -> bool:
         return self.warmup in (True, "all")
+
+    @classmethod
+    def from_options(cls, **options: Any) -> EngineConfig:
+        """The config of flat options over the defaults (see :meth:`with_options`)."""
+        return cls().with_options(**options)
+
+    def with_options(self, **options: Any) -> EngineConfig:
+        """This config with flat options replaced: an engine field by its name (``scheduler`` too,
+        as a whole), a scheduling option (a :class:`SchedulerConfig` field) in ``scheduler``.
+        Unknown names and the model-derived ``grid`` / ``hybrid`` raise ``TypeError`` naming them."""
+        unknown = sorted(set(options) - _ENGINE_FIELDS - _SCHEDULER_OPTIONS)
+        if unknown:
+            raise TypeError(f"unknown engine option{'s' if len(unknown) > 1 else ''}: {', '.join(unknown)}")
+        own = {k: v for k, v in options.items() if k in _ENGINE_FIELDS}
+        scheduling = {k: v for k, v in options.items() if k in _SCHEDULER_OPTIONS}
+        base = own.pop("scheduler", self.scheduler)
+        return dataclasses.replace(self, scheduler=dataclasses.replace(base, **scheduling), **own)
+
+
+_ENGINE_FIELDS = frozenset(f.name for f in dataclasses.fields(EngineConfig))
+_SCHEDULER_OPTIONS = frozenset(f.name for f in dataclasses.fields(SchedulerConfig)) - set(MODEL_DERIVED)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,17 +1,20 @@
 """The engine loop (docs/design.md, "One round"): plan a round -> build arrays -> run the step -> commit.
 
-:class:`EngineCore` is single-threaded and step-driven: ``add_request`` / ``abort`` / ``step``.
-``replicas/background.py`` runs it on a thread for servers and streaming clients. Every round leaves
-a :class:`RoundRecord` (slots, padding, bubbles, consumers, timings) in ``records``.
+:class:`EngineCore` is single-threaded and step-driven: ``add_request`` (``check`` + ``add``) /
+``abort`` / ``step``. ``replicas/background.py`` runs it on a thread for servers and streaming
+clients. A request is checked once, by ``check`` (``engine/intake.py``), and its engine-side state
+is one :class:`~radixflow_jax.engine.record.RequestRecord` (sampling row, output, detokeniser,
+failures) in one table. The executor's capabilities (``engine/protocol.py``) are read once, here.
+Every round leaves a :class:`RoundRecord` (slots, padding, bubbles, consumers, timings) in ``records``.
 
-Failure recovery (``docs/reliability.md``): a round whose step raises is not committed. The step may
-have consumed the donated pools, so the executor rebuilds them, the radix cache is flushed (its pages
-and checkpoints lived there) and every running request recomputes from its tokens so far; a request
-in more than ``step_retries`` failed rounds in a row ends with ``finish_reason='error'`` and the
-error text. An ``AssertionError`` (a broken invariant) or an exception whose class sets
-``recoverable = False`` (the compile guard) is a bug, not a device error: it propagates. When
-recovery itself fails, or ``max_failed_rounds`` rounds fail in a row, :class:`EngineFailure` is
-raised: the engine cannot serve and its owner must fail what is in flight.
+Failure recovery (``docs/reliability.md``, ``engine/recovery.py``): a round whose step raises is not
+committed. The step may have consumed the donated pools, so the executor rebuilds them, the radix
+cache is flushed (its pages and checkpoints lived there) and every running request recomputes from
+its tokens so far; a request in more than ``step_retries`` failed rounds in a row ends with
+``finish_reason='error'`` and the error text. An ``AssertionError`` (a broken invariant) or an
+exception whose class sets ``recoverable = False`` (the compile guard) is a bug, not a device error:
+it propagates. When recovery itself fails, or ``max_failed_rounds`` rounds fail in a row,
+:class:`EngineFailure` is raised: the engine cannot serve and its owner must fail what is in flight.
 
 Overlap (``overlap=True`` and an executor whose capabilities offer it): ``step`` plans and launches
 round r+1 while the device runs round r, then collects and commits r (the scheduler's ``launch`` /
@@ -32,20 +35,18 @@ import logging
 import time
 from typing import Callable, Sequence, cast
 
+from radixflow_jax.engine.config import EngineFailure, RoundRecord, ServingClock
 from radixflow_jax.engine.intake import CheckedRequest, RequestLimits
-from radixflow_jax.engine.recovery import failure_text, is_fatal, rebuild
-from radixflow_jax.engine.protocol import Executor, LaunchHandle, OverlapExecutor, StepResult
-from radixflow_jax.scheduler.plan import RoundPlan
 from radixflow_jax.engine.params import RequestOutput, SamplingParams
+from radixflow_jax.engine.protocol import Executor, LaunchHandle, OverlapExecutor, StepResult
 from radixflow_jax.engine.record import RequestRecord, SamplingRows
-from radixflow_jax.scheduler.request import Request
+from radixflow_jax.engine.recovery import failure_text, is_fatal, rebuild
 from radixflow_jax.scheduler.config import SchedulerConfig
+from radixflow_jax.scheduler.plan import RoundPlan
+from radixflow_jax.scheduler.request import Request
 from radixflow_jax.scheduler.scheduler import Scheduler
 
 log = logging.getLogger(__name__)
-
-
-from radixflow_jax.engine.config import EngineConfig, EngineFailure, RoundRecord, ServingClock, model_grid  # noqa: F401 (re-exported)
 
 
 class EngineCore:

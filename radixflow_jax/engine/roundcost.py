@@ -20,7 +20,7 @@ import dataclasses
 import statistics
 from typing import Mapping, Sequence
 
-from radixflow_jax.engine.core import RoundRecord
+from radixflow_jax.engine.config import RoundRecord
 from radixflow_jax.runner.shapes import ShapeConfig
 from radixflow_jax.runner.window import variant_for
 from radixflow_jax.scheduler.plan import RoundPlan, RoundStats, RowPlan

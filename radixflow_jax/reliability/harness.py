@@ -5,7 +5,7 @@ accepted request (it ends stop / length / abort / error-with-a-message). A check
 step (the shadow executor's, or the committed-read check) fails the run even though the engine
 would recover from the exception.
 
-Used by ``tests/reliability`` and ``benchmarks/soak.py``. A scenario is plain data plus callbacks:
+Used by ``tests/reliability`` and ``tests/heavy/soak.py``. A scenario is plain data plus callbacks:
 ``submit(prompt, params, at_round=, abort_at=, mid_round=)`` and ``between_rounds`` callbacks that
 may inspect the core and call :meth:`Harness.abort`. The executor is wrapped in a
 :class:`FaultyExecutor` (if it is not one already), whose ``on_execute`` hook the harness uses for
@@ -21,7 +21,8 @@ from typing import Callable, Sequence
 from radixflow_jax.cache.pools import InvariantError
 from radixflow_jax.cache.tree import Node
 from radixflow_jax.reliability.audit import assert_drained, audit_engine, committed_slots
-from radixflow_jax.engine.core import EngineConfig, EngineCore
+from radixflow_jax.engine.config import EngineConfig
+from radixflow_jax.engine.core import EngineCore
 from radixflow_jax.reliability.faults import Fault, FaultyExecutor
 from radixflow_jax.engine.params import RequestOutput, SamplingParams
 from radixflow_jax.engine.protocol import Executor
@@ -231,7 +232,7 @@ def shadow_engine(
     checks every context against the request's real tokens; wrapped in a :class:`FaultyExecutor`."""
     clock = VirtualClock()
     wiring = Wiring(config, hybrid, (chunk,) if hybrid else (), num_pages, num_slots, max_model_len)
-    shadow = ShadowExecutor(config.page_size, hybrid=hybrid, vocab=vocab, clock=clock)
+    shadow = ShadowExecutor(config.scheduler.page_size, hybrid=hybrid, vocab=vocab, clock=clock)
     core = wire_engine(wiring, lambda shapes: FaultyExecutor(shadow, faults, fail_reset=fail_reset), clock=clock)
     shadow.truth = lambda rid: core.scheduler.requests[rid].tokens
     return core

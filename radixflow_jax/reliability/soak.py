@@ -7,7 +7,7 @@ the engine (docs/design.md, "Radix cache with recurrent checkpoints" and exact o
 be committed; the shadow executor checks every context and state read; every completed greedy
 output is compared with the cold output (the shadow model's next-token function applied to the
 prompt, which is what a cache-off run computes: ``tests/reliability`` checks that equality on real
-cold runs). ``benchmarks/soak.py`` is the command line; ``tests/reliability/test_soak.py`` runs a
+cold runs). ``tests/heavy/soak.py`` is the command line; ``tests/reliability/test_soak.py`` runs a
 reduced size in CI. No JAX here.
 """
 
@@ -18,7 +18,7 @@ import random
 import time
 from typing import Any
 
-from radixflow_jax.engine.core import EngineConfig
+from radixflow_jax.engine.config import EngineConfig
 from radixflow_jax.reliability.faults import FAULT_KINDS, Fault
 from radixflow_jax.reliability.harness import Harness, shadow_engine, shadow_of
 from radixflow_jax.engine.params import RequestOutput, SamplingParams
@@ -59,7 +59,7 @@ def cold_tokens(prompt: list[int], max_tokens: int, vocab: int) -> list[int]:
 def run_soak(cfg: SoakConfig) -> dict[str, Any]:
     """Runs the soak; raises on the first violated invariant or wrong output; returns the report."""
     rng = random.Random(cfg.seed)
-    ec = EngineConfig(
+    ec = EngineConfig.from_options(
         max_num_seqs=cfg.max_num_seqs, max_num_batched_tokens=cfg.max_num_batched_tokens, page_size=cfg.page_size,
         max_model_len=cfg.max_model_len, policy=cfg.policy, warmup=False,
     )  # fmt: skip

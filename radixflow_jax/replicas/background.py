@@ -24,7 +24,8 @@ import queue
 import threading
 from typing import Any, AsyncIterator, Callable, Iterator, Protocol, Sequence
 
-from radixflow_jax.engine.core import EngineCore, RoundRecord
+from radixflow_jax.engine.config import RoundRecord
+from radixflow_jax.engine.core import EngineCore
 from radixflow_jax.engine.intake import CheckedRequest
 from radixflow_jax.engine.params import RequestOutput, SamplingParams
 

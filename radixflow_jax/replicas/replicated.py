@@ -14,7 +14,8 @@ Invariants:
   * A request lives on one replica for its whole life: its handle talks to that replica only, so an
     abort, a disconnect or a failed step touches no other replica.
   * The replicas are identical engines: a prompt one refuses, all refuse (``submit`` checks it once,
-    before routing, and the chosen replica queues the checked request), and every replica's output equals what a single engine computes.
+    before routing, and the chosen replica queues the checked request), and every replica's output
+    equals what a single engine computes.
 """
 
 from __future__ import annotations

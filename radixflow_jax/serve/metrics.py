@@ -27,7 +27,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from radixflow_jax.replicas.background import BackgroundEngine
-from radixflow_jax.engine.core import RoundRecord
+from radixflow_jax.engine.config import RoundRecord
 from radixflow_jax.engine.params import RequestOutput
 from radixflow_jax.replicas.replicated import ReplicatedEngine
 

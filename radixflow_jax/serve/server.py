@@ -19,7 +19,7 @@ import sys
 from typing import Any
 
 from radixflow_jax.engine.build import memory_pools
-from radixflow_jax.engine.core import EngineConfig
+from radixflow_jax.engine.config import ENGINE_SCHEDULER, EngineConfig
 from radixflow_jax.paths import xla_cache_dir
 
 DEFAULT_CACHE = xla_cache_dir()
@@ -37,11 +37,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-body-bytes", type=int, default=4 << 20)
     p.add_argument("--drain-timeout", type=float, default=30.0, help="seconds running requests get after SIGTERM")
     p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
-    p.add_argument("--policy", default=EngineConfig.policy)
-    p.add_argument("--queue-order", default=EngineConfig.queue_order)
-    p.add_argument("--max-num-seqs", type=int, default=EngineConfig.max_num_seqs)
-    p.add_argument("--max-num-batched-tokens", type=int, default=EngineConfig.max_num_batched_tokens)
-    p.add_argument("--page-size", type=int, default=EngineConfig.page_size)
+    p.add_argument("--policy", default=ENGINE_SCHEDULER.policy)
+    p.add_argument("--queue-order", default=ENGINE_SCHEDULER.queue_order)
+    p.add_argument("--max-num-seqs", type=int, default=ENGINE_SCHEDULER.max_num_seqs)
+    p.add_argument("--max-num-batched-tokens", type=int, default=ENGINE_SCHEDULER.max_num_batched_tokens)
+    p.add_argument("--page-size", type=int, default=ENGINE_SCHEDULER.page_size)
     p.add_argument("--num-kv-pages", type=int, default=None)
     p.add_argument("--num-state-slots", type=int, default=None)
     p.add_argument("--no-prefix-cache", action="store_true")
@@ -91,7 +91,7 @@ def build_state(args: argparse.Namespace) -> Any:
     router = RouterConfig(policy=args.router, block=args.page_size)  # refuses an unknown router before loading
     models = replica_models(args.model, args.dtype, args.tp, args.dp)
     model = models[0]
-    ec = EngineConfig(
+    ec = EngineConfig.from_options(
         max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens, page_size=args.page_size,
         num_kv_pages=args.num_kv_pages, num_state_slots=args.num_state_slots, max_model_len=args.max_model_len,
         policy=args.policy, queue_order=args.queue_order, enable_prefix_cache=not args.no_prefix_cache,

@@ -20,7 +20,8 @@ def build_sim_engine(
     """A simulated engine for ``spec`` on ``device``: pools from the device memory (unless ``ec``
     sets them), rounds padded to the ``buckets`` set, round time from :class:`RooflineCost`
     (``overhead_s`` overrides the device spec's per-round cost)."""
-    pages, slots = device_pools(spec, device, ec.page_size)
+    sc = ec.scheduler
+    pages, slots = device_pools(spec, device, sc.page_size)
     if ec.num_kv_pages is not None:
         pages = ec.num_kv_pages
     if ec.num_state_slots is not None:
@@ -28,7 +29,7 @@ def build_sim_engine(
     wiring = Wiring(ec, spec.is_hybrid, spec.chunk_sizes, pages, slots, ec.max_model_len or 32768)
     clock = VirtualClock()
     cost = RooflineCost(spec, device, overhead_s=overhead_s)
-    bucket_set = BucketSet(buckets, ec.max_num_batched_tokens, ec.max_num_seqs)
+    bucket_set = BucketSet(buckets, sc.max_num_batched_tokens, sc.max_num_seqs)
     engine = wire_engine(wiring, lambda shapes: SimExecutor(cost, clock, bucket_set), clock=clock)
     return engine
 

@@ -15,14 +15,15 @@ import numpy as np
 import pytest
 
 from radixflow_jax import LLM
-from radixflow_jax.engine.core import EngineConfig, EngineCore
+from radixflow_jax.engine.config import EngineConfig
+from radixflow_jax.engine.core import EngineCore
 from radixflow_jax.engine.build import build_engine, pool_sizes
 from radixflow_jax.engine.params import SamplingParams
 from radixflow_jax.runner.shapes import Variant
 from radixflow_jax.runner.step import CompileAfterWarmupError
 from tests.engine.workloads import GUARDED, shared_prefix_prompts
 
-CONFIG = EngineConfig(**{**GUARDED, "warmup": True})
+CONFIG = EngineConfig.from_options(**{**GUARDED, "warmup": True})
 NUM_REQUESTS = 100
 
 
@@ -190,7 +191,7 @@ def _core_on(core: EngineCore, policy: str, *, num_kv_pages: int | None = None, 
     """Another engine on the same executor (the same compiled variants and device pools): its own
     scheduler, policy and (possibly smaller) pools; only one of them runs at a time."""
     options = dict(num_kv_pages=num_kv_pages, num_state_slots=12) if num_kv_pages else {}
-    ec = dataclasses.replace(CONFIG, policy=policy, max_model_len=max_model_len, **options)
+    ec = CONFIG.with_options(policy=policy, max_model_len=max_model_len, **options)
     pages, slots = pool_sizes(core.executor.model.config, ec, max_model_len)
     return EngineCore(
         core.executor, dataclasses.replace(core.scheduler.config, policy=policy), num_pages=pages,

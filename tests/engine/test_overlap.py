@@ -13,14 +13,16 @@ from typing import Sequence
 import pytest
 
 from radixflow_jax.reliability.audit import assert_drained
-from radixflow_jax.engine.core import EngineConfig, EngineCore
+from radixflow_jax.engine.config import EngineConfig
+from radixflow_jax.engine.core import EngineCore
 from radixflow_jax.reliability.faults import Fault, FaultyExecutor
 from radixflow_jax.engine.build import build_engine
 from radixflow_jax.engine.params import SamplingParams
 from radixflow_jax.engine.build import wire_engine
 from tests.engine.workloads import GUARDED, shared_prefix_prompts
 
-CONFIG = EngineConfig(**GUARDED)  # fine buckets of the compile guard's shape: its warm-up compiled every variant
+# fine buckets of the compile guard's shape: its warm-up compiled every variant
+CONFIG = EngineConfig.from_options(**GUARDED)
 LONG = SamplingParams(max_tokens=8, ignore_eos=True)
 
 

@@ -14,7 +14,8 @@ from typing import Mapping
 
 import pytest
 
-from radixflow_jax.engine.core import EngineCore, ServingClock
+from radixflow_jax.engine.config import ServingClock
+from radixflow_jax.engine.core import EngineCore
 from radixflow_jax.reliability.faults import Fault, FaultyExecutor
 from radixflow_jax.reliability.harness import Harness
 from radixflow_jax.engine.params import SamplingParams
@@ -85,9 +86,9 @@ class LaunchOrderShadow:
 
 
 def _engine(policy: str, *, num_pages: int, faults=()) -> tuple[EngineCore, LaunchOrderShadow]:
-    config = dataclasses.replace(BASE, policy=policy, overlap=True)
+    config = BASE.with_options(policy=policy, overlap=True)
     clock = VirtualClock()
-    shadow = ShadowExecutor(config.page_size, hybrid=True, vocab=1000, clock=clock)
+    shadow = ShadowExecutor(config.scheduler.page_size, hybrid=True, vocab=1000, clock=clock)
     adapter = LaunchOrderShadow(shadow)
     wiring = Wiring(config, True, (16,), num_pages, 16, BASE.max_model_len)
     core = wire_engine(wiring, lambda shapes: FaultyExecutor(adapter, faults), clock=clock)
@@ -124,9 +125,9 @@ def test_overlap_reads_check_out_under_preemption_aborts_and_faults(policy: str)
 
 
 def _attention_only_run(policy: str, overlap: bool, prompts: list[list[int]]) -> tuple[EngineCore, object]:
-    config = dataclasses.replace(BASE, policy=policy, overlap=overlap)
+    config = BASE.with_options(policy=policy, overlap=overlap)
     clock = VirtualClock()
-    shadow = ShadowExecutor(config.page_size, hybrid=False, vocab=1000, clock=clock)
+    shadow = ShadowExecutor(config.scheduler.page_size, hybrid=False, vocab=1000, clock=clock)
     adapter = LaunchOrderShadow(shadow)
     core = wire_engine(Wiring(config, False, (), 120, 1, BASE.max_model_len), lambda shapes: adapter, clock=clock)
     adapter.core = core
@@ -192,7 +193,7 @@ def test_first_use_compile_inside_a_launch_is_off_the_serving_clock() -> None:
     takes it off its serving clock when the launch returns: round r's finishers (stamped at its
     commit, right after its collect) do not carry it in their latency, and it is taken off once
     (before, only at r+1's commit)."""
-    config = dataclasses.replace(BASE, policy="radixflow", overlap=True)
+    config = BASE.with_options(policy="radixflow", overlap=True)
     executor = CompilingOnFirstUse(compile_s=0.5)
     core = wire_engine(Wiring(config, True, (16,), 80, 16, BASE.max_model_len), lambda shapes: executor)
     executor.core = core

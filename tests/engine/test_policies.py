@@ -4,15 +4,13 @@ wall-clock comparisons belong to ``radixflow bench``."""
 
 from __future__ import annotations
 
-import dataclasses
-
 import numpy as np
 import pytest
 
 from radixflow_jax.bench.driver import drive
 from radixflow_jax.sim.engines import calibrate, mirror_sim_engine
 from radixflow_jax.bench.workloads import WorkloadSpec, generate
-from radixflow_jax.engine.core import EngineConfig
+from radixflow_jax.engine.config import EngineConfig
 from radixflow_jax.engine.build import build_engine
 from radixflow_jax.engine.roundcost import MeasuredRoundCost
 from tests.engine.workloads import GUARDED
@@ -20,8 +18,10 @@ from tests.engine.workloads import GUARDED
 # Rounds are scheduling alone, so the policies are compared in the fixed bucket mode: one step
 # variant, compiled once and shared by every engine on the module's model (``LoadedModel``'s
 # compiled variants). The calibrated simulator needs rounds of many shapes: it runs fine buckets.
-CONFIG = EngineConfig(max_num_seqs=8, max_num_batched_tokens=512, max_model_len=256, warmup=False, bucket_mode="fixed")
-FINE = EngineConfig(**GUARDED)  # every fine variant of it is compiled by the compile guard's warm-up
+CONFIG = EngineConfig.from_options(
+    max_num_seqs=8, max_num_batched_tokens=512, max_model_len=256, warmup=False, bucket_mode="fixed"
+)
+FINE = EngineConfig.from_options(**GUARDED)  # every fine variant of it is compiled by the compile guard's warm-up
 
 
 def _workload() -> list:
@@ -30,7 +30,7 @@ def _workload() -> list:
 
 
 def _run(model, policy: str, config: EngineConfig = CONFIG, **options):
-    engine = build_engine(model, dataclasses.replace(config, policy=policy, **options))
+    engine = build_engine(model, config.with_options(policy=policy, **options))
     outputs = drive(engine, _workload())
     return engine, outputs
 
@@ -83,7 +83,7 @@ def test_calibrated_simulator_predicts_a_held_out_workload(hybrid) -> None:
     assert len({(r.token_slots, r.row_slots) for r in engine.records}) >= 3  # a line through several shapes
     held_out = generate(WorkloadSpec("race", num_requests=16, seed=11, arrival="all", article_len=100,
                                      question_len=28, max_tokens=3))  # fmt: skip
-    model_engine = build_engine(hybrid, dataclasses.replace(FINE, policy="radixflow"))
+    model_engine = build_engine(hybrid, FINE.with_options(policy="radixflow"))
     model_out = drive(model_engine, held_out)
     sim = mirror_sim_engine(model_engine, cost)
     sim_out = drive(sim, held_out, wait=sim.clock.advance)

@@ -4,7 +4,7 @@ from the round records, a line for variants never measured, nothing invented bef
 from __future__ import annotations
 
 
-from radixflow_jax.engine.core import RoundRecord
+from radixflow_jax.engine.config import RoundRecord
 from radixflow_jax.engine.roundcost import MeasuredRoundCost
 from radixflow_jax.runner.shapes import ShapeConfig
 from radixflow_jax.scheduler.plan import RowPlan

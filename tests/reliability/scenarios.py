@@ -3,10 +3,10 @@ checked), seeded prompts, the cold reference and the checks every scenario ends 
 
 from __future__ import annotations
 
-import dataclasses
 import random
 
-from radixflow_jax.engine.core import EngineConfig, EngineCore
+from radixflow_jax.engine.config import EngineConfig
+from radixflow_jax.engine.core import EngineCore
 from radixflow_jax.reliability.faults import Fault
 from radixflow_jax.reliability.harness import Harness, HarnessReport, shadow_engine, shadow_of
 from radixflow_jax.engine.params import SamplingParams
@@ -16,13 +16,15 @@ from radixflow_jax.scheduler.admission import POLICIES
 # every policy that caches, `pair` included (the shadow device runs a paired consumer after the
 # unpaired rows of its round and checks it starts from its producer's in-round emit)
 CACHING_POLICIES = [name for name, policy in POLICIES.items() if policy.use_cache]
-BASE = EngineConfig(max_num_seqs=4, max_num_batched_tokens=32, page_size=8, max_model_len=256, warmup=False)
+BASE = EngineConfig.from_options(
+    max_num_seqs=4, max_num_batched_tokens=32, page_size=8, max_model_len=256, warmup=False
+)
 GREEDY = SamplingParams(max_tokens=6, ignore_eos=True)
 
 
 def engine(policy: str, *, num_pages: int = 80, num_slots: int = 16, faults: tuple[Fault, ...] = (),
            fail_reset: bool = False, **options: object) -> EngineCore:  # fmt: skip
-    config = dataclasses.replace(BASE, policy=policy, **options)  # type: ignore[arg-type]
+    config = BASE.with_options(policy=policy, **options)
     return shadow_engine(config, num_pages=num_pages, num_slots=num_slots, max_model_len=BASE.max_model_len,
                          faults=faults, fail_reset=fail_reset)  # fmt: skip
 

@@ -12,7 +12,7 @@ import random
 import pytest
 
 from radixflow_jax.cache.tree import iter_nodes
-from radixflow_jax.engine.core import EngineFailure
+from radixflow_jax.engine.config import EngineFailure
 from radixflow_jax.reliability.faults import Fault
 from radixflow_jax.reliability.harness import Harness, shadow_of
 from radixflow_jax.engine.params import SamplingParams

@@ -10,7 +10,8 @@ import dataclasses
 
 import pytest
 
-from radixflow_jax.engine.core import EngineConfig, EngineCore
+from radixflow_jax.engine.config import EngineConfig
+from radixflow_jax.engine.core import EngineCore
 from radixflow_jax.reliability.faults import Fault, FaultyExecutor
 from radixflow_jax.reliability.harness import Harness, HarnessReport
 from radixflow_jax.engine.build import build_engine
@@ -20,7 +21,7 @@ from tests.engine.workloads import SMALL_FIXED, shared_prefix_prompts
 
 # the fixed-bucket engine shape of tests/engine/test_engine.py: one step variant, shared through the
 # persistent XLA cache (failed steps, resets and aborts do not depend on the bucket)
-CONFIG = EngineConfig(**SMALL_FIXED)
+CONFIG = EngineConfig.from_options(**SMALL_FIXED)
 PARAMS = SamplingParams(max_tokens=6, ignore_eos=True)
 
 
@@ -41,7 +42,7 @@ def base(model) -> EngineCore:
 
 
 def _run(base: EngineCore, prompts, *, faults=(), aborts=(), **options) -> tuple[Harness, HarnessReport]:
-    wiring = dataclasses.replace(base.wiring, config=dataclasses.replace(CONFIG, **options))
+    wiring = dataclasses.replace(base.wiring, config=CONFIG.with_options(**options))
     base.executor.reset()  # zeroed pools, the same compiled variants
     core = wire_engine(wiring, lambda shapes: FaultyExecutor(base.executor, faults), eos_token_ids=base.eos_token_ids,
                        tokenizer=base.tokenizer, vocab_size=base.vocab_size)  # fmt: skip

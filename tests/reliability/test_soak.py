@@ -1,4 +1,4 @@
-"""The soak at a reduced size (``benchmarks/soak.py`` runs 100k requests): random arrivals over
+"""The soak at a reduced size (``tests/heavy/soak.py`` runs 100k requests): random arrivals over
 shared prefixes, random aborts (between rounds and while a round runs), random failed steps of
 every kind, small pools; invariants audited after every round, every checkpoint read
 checked, every completed output equal to the cold run. Nothing is lost: every request completes,

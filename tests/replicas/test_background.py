@@ -15,7 +15,8 @@ import pytest
 
 from radixflow_jax import LLM, SamplingParams
 from radixflow_jax.replicas.background import BackgroundEngine, EngineDeadError, RequestHandle
-from radixflow_jax.engine.core import EngineConfig, EngineCore
+from radixflow_jax.engine.config import EngineConfig
+from radixflow_jax.engine.core import EngineCore
 from radixflow_jax.engine.build import build_engine
 from radixflow_jax.engine.params import RequestOutput
 
@@ -45,7 +46,7 @@ def reference(model) -> list[list[int]]:
 
 @pytest.fixture(scope="module")
 def core(model) -> EngineCore:
-    return build_engine(model, EngineConfig(**SMALL))
+    return build_engine(model, EngineConfig.from_options(**SMALL))
 
 
 class Gate:

@@ -10,14 +10,14 @@ from radixflow_jax.bench.cluster import drive_cluster, run_cluster
 from radixflow_jax.bench.run import BenchConfig
 from radixflow_jax.sim.engines import build_sim_engine
 from radixflow_jax.bench.workloads import WorkloadSpec, generate
-from radixflow_jax.engine.core import EngineConfig
+from radixflow_jax.engine.config import EngineConfig
 from radixflow_jax.engine.params import SamplingParams
 from radixflow_jax.replicas.router import ReplicaSet, Router, RouterConfig, state_ready_prefix
 from radixflow_jax.sim.specs import get_device_spec, get_model_spec
 from tests.engine.workloads import SMALL_FIXED
 
 SPEC, DEVICE = get_model_spec("qwen3.5-9b"), get_device_spec("h200")
-EC = EngineConfig(max_num_seqs=32, max_num_batched_tokens=4096)
+EC = EngineConfig.from_options(max_num_seqs=32, max_num_batched_tokens=4096)
 ARTICLE = tuple(range(3, 403))
 
 

@@ -8,7 +8,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from radixflow_jax.engine.build import memory_pools
-from radixflow_jax.engine.core import EngineConfig
+from radixflow_jax.engine.config import EngineConfig
 from radixflow_jax.models.api import read_config, resolve_model_path
 from radixflow_jax.models.batch import state_bytes_per_slot
 from radixflow_jax.replicas.background import BackgroundEngine
@@ -21,7 +21,7 @@ from radixflow_jax.sim.specs import get_device_spec, get_model_spec
 
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")  # the engine thread re-raises
 def test_engine_death_gives_503():
-    ec = EngineConfig(max_num_seqs=4, max_num_batched_tokens=64, max_model_len=512)
+    ec = EngineConfig.from_options(max_num_seqs=4, max_num_batched_tokens=64, max_model_len=512)
     core = build_sim_engine(get_model_spec("qwen3.5-4b"), get_device_spec("h200"), ec)
     metrics = ServerMetrics("sim", hybrid=True)
     engine = BackgroundEngine(core, observer=metrics.observe, trim_records=True)
@@ -50,9 +50,9 @@ def test_engine_death_gives_503():
 
 def test_memory_fraction_sizes_both_pools():
     cfg = read_config(resolve_model_path("tiny-qwen3.5"))
-    ec = EngineConfig(max_num_seqs=4, max_num_batched_tokens=64)
+    ec = EngineConfig.from_options(max_num_seqs=4, max_num_batched_tokens=64)
     att = cfg.attention
-    page_bytes = 2 * len(cfg.attention_layers) * ec.page_size * att.num_kv_heads * att.head_dim * 4
+    page_bytes = 2 * len(cfg.attention_layers) * ec.scheduler.page_size * att.num_kv_heads * att.head_dim * 4
     slot_bytes = state_bytes_per_slot(cfg, np.float32)
     total = 2**30
     pages, slots = memory_pools(cfg, np.float32, ec, 0.5, total, 400_000)
@@ -79,7 +79,7 @@ def test_text_stream_holds_back_stop_prefix_and_partial_utf8():
 def test_background_observer_and_call():
     from radixflow_jax.engine.params import SamplingParams
 
-    ec = EngineConfig(max_num_seqs=4, max_num_batched_tokens=64, max_model_len=512)
+    ec = EngineConfig.from_options(max_num_seqs=4, max_num_batched_tokens=64, max_model_len=512)
     core = build_sim_engine(get_model_spec("qwen3.5-4b"), get_device_spec("h200"), ec)
     seen: list = []
 

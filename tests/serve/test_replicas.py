@@ -13,7 +13,7 @@ from fastapi.testclient import TestClient
 
 from radixflow_jax.sim.engines import build_sim_engine
 from radixflow_jax.replicas.background import BackgroundEngine, EngineDeadError
-from radixflow_jax.engine.core import EngineConfig
+from radixflow_jax.engine.config import EngineConfig
 from radixflow_jax.engine.params import SamplingParams
 from radixflow_jax.replicas.replicated import ReplicatedEngine
 from radixflow_jax.replicas.router import RouterConfig
@@ -21,7 +21,7 @@ from radixflow_jax.sim.specs import get_device_spec, get_model_spec
 from radixflow_jax.serve.app import ServerConfig, ServerState, create_app
 from radixflow_jax.serve.metrics import ServerMetrics
 
-EC = EngineConfig(max_num_seqs=4, max_num_batched_tokens=128, max_model_len=512)
+EC = EngineConfig.from_options(max_num_seqs=4, max_num_batched_tokens=128, max_model_len=512)
 
 
 def make_state(replicas: int, router: str = "prefix") -> ServerState:
@@ -33,7 +33,8 @@ def make_state(replicas: int, router: str = "prefix") -> ServerState:
         )  # fmt: skip
         for i in range(replicas)
     ]
-    engine = engines[0] if replicas == 1 else ReplicatedEngine(engines, RouterConfig(policy=router, block=EC.page_size))
+    router_config = RouterConfig(policy=router, block=EC.scheduler.page_size)
+    engine = engines[0] if replicas == 1 else ReplicatedEngine(engines, router_config)
     metrics.attach(engine)
     return ServerState(engine, None, metrics, ServerConfig("sim"), 512, None)
 

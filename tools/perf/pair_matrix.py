@@ -3,13 +3,13 @@ session arrivals (RACE 1500 requests, QuALITY 300) at rates where native's utili
 0.6, 0.8 and 0.9 (the 0.8 rates of docs/results.md section 1, scaled by 0.75 and 1.12), for
 qwen3.5-9b, qwen3.5-27b and qwen3.5-35b-a3b. Prints one markdown row per case.
 
-    python benchmarks/pair_matrix.py            # sessions
-    python benchmarks/pair_matrix.py --bursts   # the burst rows of docs/results.md section 3
+    python tools/perf/pair_matrix.py            # sessions
+    python tools/perf/pair_matrix.py --bursts   # the burst rows of docs/results.md section 3
 """
 
 from __future__ import annotations
 
-from benchmarks.paper_table import _runs, _sessions
+from radixflow_jax.bench.paper import CONTROL, HYBRIDS, OVERLOAD, sessions, sim_runs
 
 RATES_08 = {  # articles/s at native utilization ~0.8 (docs/results.md section 1)
     ("qwen3.5-9b", "race"): 20.0, ("qwen3.5-27b", "race"): 8.26, ("qwen3.5-35b-a3b", "race"): 26.4,
@@ -25,7 +25,7 @@ def main() -> None:
         n = 1500 if workload == "race" else 300
         for scale in SCALES:
             rate = round(rate08 * scale, 3)
-            nat, flow, pair = _runs(name, "h200", _sessions(workload, n, rate), policies=("native", "radixflow", "pair"))
+            nat, flow, pair = sim_runs(name, "h200", sessions(workload, n, rate), policies=("native", "radixflow", "pair"))
             lat = [r.mean_latency_s for r in (nat, flow, pair)]
             print(
                 f"| {name} | {workload} | {rate} | {nat.utilization:.2f} | {lat[0]:.3f} / {lat[1]:.3f} / {lat[2]:.3f} "
@@ -39,7 +39,6 @@ def main() -> None:
 
 def bursts() -> None:
     """The burst rows of docs/results.md section 3 (every hybrid and the control) with ``pair``."""
-    from benchmarks.paper_table import CONTROL, HYBRIDS, OVERLOAD
     from radixflow_jax.bench.workloads import WorkloadSpec, generate
 
     print("| model | workload | mean lat native / radixflow / pair (s) | pair vs native | pair vs radixflow | reuse n / rf / pair |")
@@ -47,7 +46,7 @@ def bursts() -> None:
     for workload, arrival, rate, n in OVERLOAD:
         reqs = generate(WorkloadSpec(workload, num_requests=n, arrival=arrival, rate=rate, seed=0))
         for name, device in HYBRIDS + (CONTROL,):
-            nat, flow, pair = _runs(name, device, reqs, policies=("native", "radixflow", "pair"))
+            nat, flow, pair = sim_runs(name, device, reqs, policies=("native", "radixflow", "pair"))
             lat = [r.mean_latency_s for r in (nat, flow, pair)]
             print(
                 f"| {name} ({device}) | {workload} {arrival} @{rate:g}/s, {n} req | {lat[0]:.3f} / {lat[1]:.3f} / "

@@ -14,38 +14,36 @@ What is measured
     decode rows always take their tokens first, so with ``budget - rows < grid`` a prompt gets no
     grid span until the decoders finish, and FCFS admission stops behind it).
 
-    python benchmarks/small_budget.py
-    python benchmarks/small_budget.py --budgets 64,128,512 --rows 4,8
+    python tools/perf/small_budget.py
+    python tools/perf/small_budget.py --budgets 64,128,512 --rows 4,8
 """
 
 from __future__ import annotations
 
 import argparse
-import os
-import sys
+import contextlib
+from unittest import mock
 
 import numpy as np
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-
-from radixflow_jax.scheduler.request import Request  # noqa: E402
-from radixflow_jax.scheduler.config import SchedulerConfig  # noqa: E402
-from radixflow_jax.scheduler.scheduler import Scheduler  # noqa: E402
-
-
-class DecodeFirst(Scheduler):
-    """The scheduler without its prefill-first rule. It keeps the rest of 2026-12-01's changes
-    (decode rows before running prompts, admission capped at ``max_num_seqs`` running requests), so
-    the comparison isolates the rule; it is not the scheduler as it was before that day."""
-
-    def _note_starved(self, wanted: int) -> None:
-        return None
+from radixflow_jax.scheduler.builder import RoundBuilder
+from radixflow_jax.scheduler.config import SchedulerConfig
+from radixflow_jax.scheduler.request import Request
+from radixflow_jax.scheduler.scheduler import Scheduler
 
 
-def simulate(cls: type[Scheduler], args: argparse.Namespace, budget: int, rows: int) -> dict[str, list[int]]:
+def decode_first() -> contextlib.AbstractContextManager:
+    """The scheduler without its prefill-first rule (``RoundBuilder.note_starved`` never marks a
+    round as starving a prompt). The rest of the scheduler is kept (decode rows before running
+    prompts, admission capped at ``max_num_seqs`` running requests), so the comparison isolates the
+    rule."""
+    return mock.patch.object(RoundBuilder, "note_starved", lambda self, wanted: None)
+
+
+def simulate(args: argparse.Namespace, budget: int, rows: int) -> dict[str, list[int]]:
     cfg = SchedulerConfig(max_num_seqs=rows, max_num_batched_tokens=budget, page_size=16, grid=64, hybrid=True,
                           policy="radixflow")  # fmt: skip
-    s = cls(cfg, num_pages=1 << 14, num_slots=1 << 10)
+    s = Scheduler(cfg, num_pages=1 << 14, num_slots=1 << 10)
     rng = np.random.default_rng(args.seed)
     arrived: dict[int, tuple[str, int]] = {}
     waits: dict[str, list[int]] = {"short": [], "long": []}
@@ -82,8 +80,9 @@ def main(argv: list[str] | None = None) -> None:
           f"{'median':>6s} {'p90':>5s} {'max':>5s}   (rounds from arrival to first token)")  # fmt: skip
     for budget in map(int, args.budgets.split(",")):
         for rows in map(int, args.rows.split(",")):
-            for name, cls in (("prefill-first", Scheduler), ("decode-first", DecodeFirst)):
-                res = simulate(cls, args, budget, rows)
+            for name, rule in (("prefill-first", contextlib.nullcontext()), ("decode-first", decode_first())):
+                with rule:
+                    res = simulate(args, budget, rows)
                 for kind in ("short", "long"):
                     w = res[kind]
                     empty = f"{'-':>6s} {'-':>5s} {'-':>5s}"

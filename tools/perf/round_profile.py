@@ -2,9 +2,10 @@
 ``jax.profiler`` trace of the compiled step.
 
 What it does
-  * Runs the vs_transformers model and workload once (``round_ablation.capture``) and keeps the
-    inputs of the first round of ``--round`` (``decode``: 64 decode rows; ``mixed``: 64 decode rows
-    and at least 512 prefill token slots; ``prefill``: the workload's first round).
+  * Runs the vs_transformers model and workload once (``radixflow_jax.bench.synthetic.capture_round``;
+    its workload, model and engine options apply) and keeps the inputs of the first round of
+    ``--round`` (``decode``: 64 decode rows; ``mixed``: 64 decode rows and at least 512 prefill
+    token slots; ``prefill``: the workload's first round).
   * Compiles that round's step variant, runs it a few times untimed, then ``--calls`` times under
     ``jax.profiler.trace`` (the trace lands in ``--trace-dir``; TensorBoard/XProf read it too).
   * Reads the trace's ``*.trace.json.gz`` (no extra package needed) and the optimised HLO of the
@@ -25,8 +26,8 @@ How to read it
     regions a multi-threaded matmul hands out). Time with one thread busy is work the program
     leaves sequential (loops, in-place writes, single-threaded fusions) on a 2-core machine.
 
-    python benchmarks/round_profile.py --round mixed
-    python benchmarks/round_profile.py --round decode --top 40
+    python tools/perf/round_profile.py --round mixed
+    python tools/perf/round_profile.py --round decode --top 40
 """
 
 from __future__ import annotations
@@ -38,14 +39,10 @@ import gzip
 import json
 import os
 import re
-import sys
 import tempfile
 from typing import Any
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-import round_ablation as ra  # noqa: E402
-import vs_transformers as vt  # noqa: E402
+from radixflow_jax.bench import synthetic
 
 _WRAPPERS = ("ThunkExecutor", "ThreadpoolListener", "SlinkyThreadPool", "PjitFunction", "CommonPjRt", "$", "end: ")
 
@@ -165,9 +162,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--calls", type=int, default=5, help="profiled calls (after 3 untimed ones)")
     p.add_argument("--top", type=int, default=25)
     p.add_argument("--trace-dir", default=None, help="where the trace goes (default: a new temporary directory)")
-    own, rest = p.parse_known_args(argv)
-    args = vt.parse_args(rest)
-    llm, variant, inputs = ra.capture(args, own.round)
+    synthetic.add_setup_args(p)
+    args = p.parse_args(argv)
+    llm, variant, inputs = synthetic.capture_round(args, args.round)
     ex = llm.engine.executor
     step = CompiledStep(ex.model.graphdef, ex.model.params, ex.cache, ex.shapes, ex.step.kernels, ex.penalty_window)
     program = step._compile(variant)
@@ -177,15 +174,15 @@ def main(argv: list[str] | None = None) -> None:
     for _ in range(3):
         cache, out = program(params, cache, device_inputs)
     jax.block_until_ready(out)
-    trace_dir = own.trace_dir or tempfile.mkdtemp(prefix="rfj-profile-")
+    trace_dir = args.trace_dir or tempfile.mkdtemp(prefix="rfj-profile-")
     load = os.getloadavg()
     with jax.profiler.trace(trace_dir):
-        for _ in range(own.calls):
+        for _ in range(args.calls):
             cache, out = program(params, cache, device_inputs)
         jax.block_until_ready(out)
     ex.cache = cache
-    print(f"round: {variant}, {own.calls} profiled calls, trace in {trace_dir}, load average {load[0]:.2f}")
-    summarize(trace_dir, program.as_text(), own.calls, own.top)
+    print(f"round: {variant}, {args.calls} profiled calls, trace in {trace_dir}, load average {load[0]:.2f}")
+    summarize(trace_dir, program.as_text(), args.calls, args.top)
 
 
 if __name__ == "__main__":

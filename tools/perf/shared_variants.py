@@ -1,7 +1,7 @@
 """`radixflow bench` cold with or without engines sharing a loaded model's compiled step variants.
 
-    RADIXFLOW_CACHE=$(mktemp -d) python benchmarks/shared_variants.py --share 1
-    RADIXFLOW_CACHE=$(mktemp -d) python benchmarks/shared_variants.py --share 0
+    RADIXFLOW_CACHE=$(mktemp -d) python tools/perf/shared_variants.py --share 1
+    RADIXFLOW_CACHE=$(mktemp -d) python tools/perf/shared_variants.py --share 0
 
 Each call runs the default `radixflow bench` (three policies, one engine each, on one loaded
 model); `--share 0` sets every loaded model's ``compiled_variants`` to ``None``, so each engine

@@ -1,10 +1,12 @@
 """The reliability soak (issue 16): 100k requests with random aborts and failed steps through the
 shadow executor, invariants audited after every round, every completed greedy output checked
 against the cold run; or a shorter one through the model executor (``--executor model``).
+``test_soak_full.py`` runs both as ``heavy`` tests; this module also runs alone, with its flags:
 
-    python benchmarks/soak.py                                  # 100k requests, radixflow, native and pair
-    python benchmarks/soak.py --requests 5000 --policies radixflow --json soak.json
-    python benchmarks/soak.py --executor model --requests 60  # tiny-qwen3.5, the real step on the CPU
+    python -m pytest -m heavy tests/heavy/test_soak_full.py       # 100k shadow requests per policy, 60 model
+    python -m tests.heavy.soak                                  # 100k requests, radixflow, native and pair
+    python -m tests.heavy.soak --requests 5000 --policies radixflow --json soak.json
+    python -m tests.heavy.soak --executor model --requests 60  # tiny-qwen3.5, the real step on the CPU
 
 Prints one JSON report per policy: requests, completed, aborted, errors, rounds, failed steps and
 pool rebuilds, preemptions, consumer waits, invariant audits, checkpoint reads checked, rows checked
@@ -25,7 +27,7 @@ import time
 def model_soak(requests: int, policy: str, seed: int, abort_rate: float = 0.15) -> dict:
     """The shorter soak on the model executor: aborts (between rounds and mid-round), a failed step
     every ~15 rounds (every kind), audits before and after every round, outputs equal the cold run."""
-    from radixflow_jax.engine.core import EngineConfig
+    from radixflow_jax.engine.config import EngineConfig
     from radixflow_jax.reliability.faults import FAULT_KINDS, Fault, FaultyExecutor
     from radixflow_jax.reliability.harness import Harness
     from radixflow_jax.engine.build import build_engine
@@ -34,8 +36,10 @@ def model_soak(requests: int, policy: str, seed: int, abort_rate: float = 0.15) 
     from radixflow_jax.models import load
 
     rng = random.Random(seed)
-    config = EngineConfig(max_num_seqs=4, max_num_batched_tokens=128, page_size=16, max_model_len=512, policy=policy,
-                          num_kv_pages=48, num_state_slots=24, warmup=False, step_retries=2)  # fmt: skip
+    config = EngineConfig.from_options(
+        max_num_seqs=4, max_num_batched_tokens=128, page_size=16, max_model_len=512, policy=policy,
+        num_kv_pages=48, num_state_slots=24, warmup=False, step_retries=2,
+    )  # fmt: skip
     base = build_engine(load("tiny-qwen3.5"), config)
     articles = [[rng.randrange(3, 500) for _ in range(rng.randint(40, 200))] for _ in range(4)]
     work = []
@@ -45,7 +49,7 @@ def model_soak(requests: int, policy: str, seed: int, abort_rate: float = 0.15) 
         work.append((prompt, SamplingParams(max_tokens=rng.randint(1, 8), ignore_eos=True), i // 2, abort))
 
     def run(options: dict, faults: tuple) -> tuple:
-        wiring = dataclasses.replace(base.wiring, config=dataclasses.replace(config, **options))
+        wiring = dataclasses.replace(base.wiring, config=config.with_options(**options))
         base.executor.reset()
         core = wire_engine(wiring, lambda shapes: FaultyExecutor(base.executor, faults),
                            eos_token_ids=base.eos_token_ids, vocab_size=base.vocab_size)  # fmt: skip

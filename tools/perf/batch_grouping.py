@@ -4,7 +4,7 @@ The input interleaves the questions of many articles (question 1 of every articl
 ...), the worst order for a prefix cache; the KV pool holds only a few articles at a time. Both runs
 use the same window, engine and pool, each on a fresh engine (cold cache), side by side:
 
-    python benchmarks/batch_grouping.py [--articles 16 --questions 4 --article-tokens 256 --window 64]
+    python tools/perf/batch_grouping.py [--articles 16 --questions 4 --article-tokens 256 --window 64]
 
 Prints per run: reuse (cached / prompt tokens), tokens the step computed, rounds, step time (device,
 compiles excluded), wall time, requests/s; then the ratios grouped / not grouped.

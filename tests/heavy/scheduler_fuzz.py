@@ -1,5 +1,6 @@
 """Liveness fuzz of the scheduler, no model (the full-size companion of
-``tests/scheduler/test_properties.py``, which CI runs at a reduced size).
+``tests/scheduler/test_properties.py``, which CI runs at a reduced size). ``test_scheduler_fuzz.py``
+runs it as a ``heavy`` test; it also runs alone, with its flags.
 
 What is checked
   * Each seed draws a policy (native, radixflow, pair), overlap on or off, 1-8 rows, a token budget
@@ -22,23 +23,20 @@ What is checked
     preemptions, and each seed's slowest request (rounds from arrival to finish; median, p99, max
     over seeds). Exit status 1 if any seed failed.
 
-    python benchmarks/scheduler_fuzz.py                  # seeds 0-1999, a few seconds
-    python benchmarks/scheduler_fuzz.py --draw stream --seeds 0:3000
+    python -m pytest -m heavy tests/heavy/test_scheduler_fuzz.py   # both draws, seeds 0-1999
+    python -m tests.heavy.scheduler_fuzz                  # seeds 0-1999, a few seconds
+    python -m tests.heavy.scheduler_fuzz --draw stream --seeds 0:3000
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import random
-import sys
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-
-from radixflow_jax.scheduler.plan import RoundPlan  # noqa: E402
-from radixflow_jax.scheduler.request import Request  # noqa: E402
-from radixflow_jax.scheduler.config import SchedulerConfig  # noqa: E402
-from radixflow_jax.scheduler.scheduler import Scheduler  # noqa: E402
+from radixflow_jax.scheduler.plan import RoundPlan
+from radixflow_jax.scheduler.request import Request
+from radixflow_jax.scheduler.config import SchedulerConfig
+from radixflow_jax.scheduler.scheduler import Scheduler
 
 
 def _check_plan(s: Scheduler, plan: RoundPlan) -> None:

@@ -8,7 +8,7 @@ chunked scan computes ``ceil(prefill tokens / 64) + prefill rows`` chunks of 64 
 row sent through the scan costs a whole chunk. ``pow2-no-decode-region`` is the scheme before
 issue 10 (powers of two; every round with a prefill row sends all rows through the scan).
 
-    python benchmarks/padding.py [--no-prefix-cache] [--requests 64] [--max-batched-tokens 1024]
+    python tools/perf/padding.py [--no-prefix-cache] [--requests 64] [--max-batched-tokens 1024]
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ import math
 from collections import defaultdict
 from typing import Mapping
 
-import numpy as np
 
+from radixflow_jax.bench.args import add_workload_args, workload_from_args
 from radixflow_jax.engine.core import EngineCore
 from radixflow_jax.engine.protocol import ExecutorCapabilities, StepResult
 from radixflow_jax.runner.inputs import SamplingRow
@@ -62,18 +62,11 @@ class Selector:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--requests", type=int, default=64)
-    p.add_argument("--prefixes", type=int, default=8)
-    p.add_argument("--prefix-len", type=int, default=256)
-    p.add_argument("--suffix-len", type=int, default=32)
-    p.add_argument("--output-len", type=int, default=32)
+    add_workload_args(p)  # the vs_transformers workload: 64 requests over 8 prefixes of 256 + 32 ids
     p.add_argument("--max-batched-tokens", type=int, default=1024)
     p.add_argument("--no-prefix-cache", action="store_true")
     args = p.parse_args()
-    rng = np.random.default_rng(0)
-    prefixes = rng.integers(1, 4096, (args.prefixes, args.prefix_len)).tolist()
-    suffixes = [rng.integers(1, 4096, args.suffix_len).tolist() for _ in range(args.requests)]
-    prompts = [prefixes[i % args.prefixes] + suffixes[i] for i in range(args.requests)]
+    prompts = workload_from_args(args).prompts(4096)
     seqs, page, max_len = min(args.requests, 64), 16, args.prefix_len + args.suffix_len + args.output_len
     sched = SchedulerConfig(max_num_seqs=seqs, max_num_batched_tokens=args.max_batched_tokens, page_size=page,
                             grid=CHUNK, hybrid=True, enable_prefix_cache=not args.no_prefix_cache)  # fmt: skip

@@ -8,36 +8,42 @@ scan (``lax.cond``) even under ``native`` and ``radixflow``. This script runs th
 program), interleaved, and prints the wall time and the step seconds per round kind (decode-only,
 mixed, prefill-only), medians of ``--repeats`` runs, and whether the greedy outputs are identical.
 
-Run (repository root, venv active; every ``vs_transformers.py`` option applies)::
+Run (repository root, venv active; the workload, model and engine options of ``vs_transformers.py``
+apply, ``radixflow_jax/bench/synthetic.py``)::
 
-    python benchmarks/pairing_prep.py
-    python benchmarks/pairing_prep.py --no-prefix-cache --repeats 5
+    python tools/perf/pairing_prep.py
+    python tools/perf/pairing_prep.py --no-prefix-cache --repeats 5
+    python tools/perf/pairing_prep.py --quick --repeats 1      # the small model, about a minute
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 import statistics
-import sys
 import tempfile
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-import vs_transformers as vt  # noqa: E402
-
-from radixflow_jax import LLM, SamplingParams  # noqa: E402
-from radixflow_jax.runner import step as step_module  # noqa: E402
+from radixflow_jax.bench import synthetic
 
 MODES = ("with", "without")
 
 
+def _load() -> str:
+    return "/".join(f"{x:.1f}" for x in os.getloadavg())
+
+
 def main() -> None:
-    args = vt.parse_args(sys.argv[1:])
-    w, shape = vt.resolve(args)
-    vt.configure_jax(args.jax_cache)
-    model_dir = args.model_dir or vt.write_model(shape, tempfile.mkdtemp(), args.seed, args.head_std)
-    prompts = vt.make_prompts(w, vt.vocab_of(model_dir))
+    from radixflow_jax import LLM, SamplingParams
+    from radixflow_jax.runner import step as step_module
+
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    synthetic.add_setup_args(p)
+    args = p.parse_args()
+    w, shape = synthetic.setup_from_args(args)
+    synthetic.configure_jax(args.jax_cache)
+    model_dir = args.model_dir or synthetic.write_model(shape, tempfile.mkdtemp(), args.seed, args.head_std)
+    prompts = w.prompts(synthetic.vocab_of(model_dir))
     params = SamplingParams(max_tokens=w.output_len, ignore_eos=True)
     real_batch = step_module.Batch
 
@@ -50,9 +56,9 @@ def main() -> None:
             llm = LLM(
                 model_dir, dtype="float32", max_num_seqs=args.max_num_seqs, policy="radixflow",
                 max_num_batched_tokens=args.max_batched_tokens, enable_prefix_cache=not args.no_prefix_cache,
-                max_model_len=w.prefix_len + w.suffix_len + w.output_len, warmup=False, bucket_mode=args.buckets,
+                max_model_len=w.max_len, warmup=False, bucket_mode=args.buckets,
             )  # fmt: skip
-            llm.engine.executor.warmup(vt.planned_variants(llm, prompts, params))
+            llm.engine.executor.warmup(synthetic.planned_variants(llm, prompts, params))
             compiled = llm.engine.executor.step.num_compiles
             start = time.perf_counter()
             outs = llm.generate(prompts, params)
@@ -61,10 +67,10 @@ def main() -> None:
             step_module.Batch = real_batch
         if llm.engine.executor.step.num_compiles != compiled:
             raise RuntimeError("a variant compiled inside the timed run")
-        kinds = {kind: e["step_s"] for kind, e in vt.step_by_kind(llm.engine.records).items()}
+        kinds = {kind: e["step_s"] for kind, e in synthetic.step_by_kind(llm.engine.records).items()}
         return wall, kinds, [list(o.token_ids) for o in outs]
 
-    print(f"load average before {vt.fmt_load(os.getloadavg())}", flush=True)
+    print(f"load average before {_load()}", flush=True)
     runs: dict[str, list[tuple[float, dict[str, float]]]] = {m: [] for m in MODES}
     outputs: dict[str, list[list[int]]] = {}
     for rep in range(max(args.repeats, 1)):
@@ -81,7 +87,7 @@ def main() -> None:
         kinds = sorted(rs[0][1])
         by_kind = ", ".join(f"{k} {statistics.median(r[1].get(k, 0.0) for r in rs):.3f}" for k in kinds)
         print(f"| {mode} pairing prep | {statistics.median(walls):.3f} ({min(walls):.3f}-{max(walls):.3f}) | {by_kind} |")
-    print(f"load average after {vt.fmt_load(os.getloadavg())}")
+    print(f"load average after {_load()}")
 
 
 if __name__ == "__main__":

@@ -25,11 +25,14 @@ prefill rows' chunked scan and conv were tried on the mixed round and made it sl
 ms; why was not traced), so they do not measure their part and are not offered; read the mixed
 round's parts with ``round_profile.py``.
 
+The workload, model and engine options of ``vs_transformers.py`` apply
+(``radixflow_jax/bench/synthetic.py``, which also captures the round).
+
 Run (from the repository root, with the venv active; about a minute on 2 cores)::
 
-    python benchmarks/round_ablation.py
-    python benchmarks/round_ablation.py --ablations recurrent,emits --reps 31
-    python benchmarks/round_ablation.py --round mixed --ablations recurrent,attention,mlp --reps 11
+    python tools/perf/round_ablation.py
+    python tools/perf/round_ablation.py --ablations recurrent,emits --reps 31
+    python tools/perf/round_ablation.py --round mixed --ablations recurrent,attention,mlp --reps 11
 """
 
 from __future__ import annotations
@@ -38,17 +41,11 @@ import argparse
 import contextlib
 import os
 import statistics
-import sys
-import tempfile
 import time
 import unittest.mock
 from typing import Any, Callable, Iterator
 
-import numpy as np
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-import vs_transformers as vt  # noqa: E402
+from radixflow_jax.bench import synthetic
 
 
 @contextlib.contextmanager
@@ -92,49 +89,6 @@ def ablations() -> dict[str, Callable[[], contextlib.AbstractContextManager]]:
     }
 
 
-def _wanted(kind: str, full: int) -> Callable[[Any], bool]:
-    """Which round a kind captures (the first that matches): ``decode`` a variant of ``full`` decode
-    rows only; ``mixed`` one with ``full`` decode rows and at least 512 prefill token slots;
-    ``prefill`` the workload's first round (its prompts' first 1024 tokens, no decode row)."""
-    if kind == "decode":
-        return lambda v: v.num_decode == v.num_rows == full
-    if kind == "mixed":
-        return lambda v: v.num_decode == full and v.prefill_rows > 0 and v.prefill_tokens >= 512
-    return lambda v: True
-
-
-def capture(args: argparse.Namespace, kind: str = "decode") -> tuple[Any, Any, dict[str, np.ndarray]]:
-    """``(llm, variant, inputs)`` of the workload's first round of ``kind`` (:func:`_wanted`)."""
-    from radixflow_jax import LLM, SamplingParams
-    from radixflow_jax.runner import step as step_module
-
-    w, shape = vt.resolve(args)
-    vt.configure_jax(args.jax_cache)
-    model_dir = vt.write_model(shape, tempfile.mkdtemp(), args.seed, args.head_std)
-    prompts = vt.make_prompts(w, vt.vocab_of(model_dir))
-    params = SamplingParams(max_tokens=w.output_len, ignore_eos=True)
-    llm = LLM(
-        model_dir, dtype="float32", max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_batched_tokens,
-        max_model_len=w.prefix_len + w.suffix_len + w.output_len, warmup=False,
-    )  # fmt: skip
-    llm.engine.executor.warmup(vt.planned_variants(llm, prompts, params))
-    captured: dict[str, Any] = {}
-    call = step_module.CompiledStep.__call__
-    full = min(args.max_num_seqs, w.requests)
-    wanted = _wanted(kind, full)
-
-    def spy(self: Any, variant: Any, p: Any, cache: Any, arrays: dict[str, Any]) -> Any:
-        if wanted(variant) and "variant" not in captured:
-            captured["variant"], captured["inputs"] = variant, {k: np.asarray(x) for k, x in arrays.items()}
-        return call(self, variant, p, cache, arrays)
-
-    with _patched(step_module.CompiledStep, "__call__", spy):
-        llm.generate(prompts, params)
-    if "variant" not in captured:
-        raise SystemExit(f"no {kind} round in this workload")
-    return llm, captured["variant"], captured["inputs"]
-
-
 def main(argv: list[str] | None = None) -> None:
     import jax
 
@@ -144,14 +98,14 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--ablations", default=",".join(list(ablations())[1:]), help="comma-separated, see above")
     p.add_argument("--reps", type=int, default=21)
     p.add_argument("--round", choices=("decode", "mixed", "prefill"), default="decode", help="which round")
-    own, rest = p.parse_known_args(argv)
-    args = vt.parse_args(rest)  # the vs_transformers workload and model options
+    synthetic.add_setup_args(p)  # the vs_transformers workload, model and engine options
+    args = p.parse_args(argv)
     table = ablations()
-    names = ["as is"] + [n for n in own.ablations.split(",") if n and n != "as is"]
+    names = ["as is"] + [n for n in args.ablations.split(",") if n and n != "as is"]
     unknown = [n for n in names if n not in table]
     if unknown:
         raise SystemExit(f"unknown ablations {unknown}; choose from {', '.join(table)}")
-    llm, variant, inputs = capture(args, own.round)
+    llm, variant, inputs = synthetic.capture_round(args, args.round)
     ex = llm.engine.executor
     programs = {}
     for name in names:
@@ -164,7 +118,7 @@ def main(argv: list[str] | None = None) -> None:
     cache, params = ex.cache, ex.model.params
     times: dict[str, list[float]] = {n: [] for n in names}
     load_before = os.getloadavg()
-    for _ in range(own.reps):
+    for _ in range(args.reps):
         for name, fn in programs.items():
             cache, out = fn(params, cache, device_inputs)
             jax.block_until_ready(out)
@@ -174,7 +128,7 @@ def main(argv: list[str] | None = None) -> None:
             jax.block_until_ready(out)
             times[name].append((time.perf_counter() - start) / 3 * 1e3)
     ex.cache = cache
-    print(f"round: {variant} (decode rows {variant.num_decode}), {own.reps} reps of 3 calls, interleaved")
+    print(f"round: {variant} (decode rows {variant.num_decode}), {args.reps} reps of 3 calls, interleaved")
     base = statistics.median(times["as is"])
     print(f"{'without':12s} {'median ms':>10s} {'min-max ms':>14s} {'change ms':>10s}")
     for name, ts in times.items():

@@ -16,8 +16,9 @@ What is measured
 
 Run (repository root, venv active)::
 
-    python benchmarks/overlap.py
-    python benchmarks/overlap.py --repeats 5 --json overlap.json
+    python tools/perf/overlap.py
+    python tools/perf/overlap.py --repeats 5 --json overlap.json
+    python tools/perf/overlap.py --requests 4 --output-len 4 --repeats 1   # a quick look
 """
 
 from __future__ import annotations
@@ -31,14 +32,19 @@ import statistics
 import sys
 import time
 
-from radixflow_jax.engine.core import EngineConfig, EngineCore
+from radixflow_jax.bench.args import PrefixWorkload, add_workload_args, workload_from_args
+from radixflow_jax.engine.config import EngineConfig
+from radixflow_jax.engine.core import EngineCore
 from radixflow_jax.engine.build import build_engine
 from radixflow_jax.engine.params import SamplingParams
 from radixflow_jax.engine.build import wire_engine
 from radixflow_jax.models import load
 
+WORKLOAD = PrefixWorkload(requests=32, prefixes=4, prefix_len=128, suffix_len=16, output_len=32)
 
-def prompts_of(args: argparse.Namespace) -> list[list[int]]:
+
+def prompts_of(args: PrefixWorkload) -> list[list[int]]:
+    """Deterministic ids (no random draw): request ``i`` is prefix ``i % prefixes`` and its own suffix."""
     out = []
     for i in range(args.requests):
         p = i % args.prefixes
@@ -80,22 +86,18 @@ def run_once(base: EngineCore, config: EngineConfig, overlap: bool, prompts, par
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="tiny-qwen3.5")
-    ap.add_argument("--requests", type=int, default=32)
-    ap.add_argument("--prefixes", type=int, default=4)
-    ap.add_argument("--prefix-len", type=int, default=128)
-    ap.add_argument("--suffix-len", type=int, default=16)
-    ap.add_argument("--output-len", type=int, default=32)
+    add_workload_args(ap, WORKLOAD, seed=False)
     ap.add_argument("--max-num-seqs", type=int, default=32)
     ap.add_argument("--max-batched-tokens", type=int, default=512)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--json")
     args = ap.parse_args()
-    config = EngineConfig(
+    config = EngineConfig.from_options(
         max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_batched_tokens, page_size=16,
         max_model_len=args.prefix_len + args.suffix_len + args.output_len + 16, warmup=False,
     )  # fmt: skip
     base = build_engine(load(args.model), config)
-    prompts = prompts_of(args)
+    prompts = prompts_of(workload_from_args(args, WORKLOAD))
     params = SamplingParams(max_tokens=args.output_len, ignore_eos=True)
     load_before = os.getloadavg()
     reference = None

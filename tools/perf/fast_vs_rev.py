@@ -13,7 +13,7 @@ attention 8 query / 2 KV heads of 64, page size 16, float32):
 Outputs of both revisions are checked equal (atol 2e-4) before timing. Medians of ``--reps`` calls
 in ms, with min-max, and the ratio old / new.
 
-    python benchmarks/fast_vs_rev.py --rev HEAD~1
+    python tools/perf/fast_vs_rev.py --rev HEAD~1
 """
 
 from __future__ import annotations

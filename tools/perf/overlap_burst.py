@@ -12,8 +12,8 @@ What is measured
 
 Run (repository root, venv active)::
 
-    python benchmarks/overlap_burst.py
-    python benchmarks/overlap_burst.py --models tiny-qwen3 --repeats 5
+    python tools/perf/overlap_burst.py
+    python tools/perf/overlap_burst.py --models tiny-qwen3 --repeats 5
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import os
 
 from radixflow_jax.bench.run import BenchConfig, run_model
 from radixflow_jax.bench.workloads import WorkloadSpec, generate
-from radixflow_jax.engine.core import EngineConfig
+from radixflow_jax.engine.config import EngineConfig
 from radixflow_jax.paths import xla_cache_dir
 
 POLICIES = ("native", "radixflow", "pair")
@@ -40,7 +40,7 @@ def main() -> None:
     print("|---|---|---|---|---|")
     for name in args.models.split(","):
         for overlap in (False, True):
-            engine = EngineConfig(
+            engine = EngineConfig.from_options(
                 max_num_seqs=8, max_num_batched_tokens=512, max_model_len=1024,
                 compilation_cache_dir=xla_cache_dir(), overlap=overlap,
             )  # fmt: skip
