@@ -38,6 +38,9 @@ BACKENDS = ("auto", "reference", "xla", "pallas")
 _forced: contextvars.ContextVar[str | None] = contextvars.ContextVar("radixflow_kernels", default=None)
 # (mesh, axis) while tracing a tensor-parallel step: Pallas kernels then run per shard (shard_map)
 _shards: contextvars.ContextVar[tuple[Any, str] | None] = contextvars.ContextVar("radixflow_shards", default=None)
+# the platform a program is traced for when it is not this host's (jax.export for cuda / tpu)
+_target: contextvars.ContextVar[str | None] = contextvars.ContextVar("radixflow_target_platform", default=None)
+PLATFORMS = ("cpu", "cuda", "rocm", "tpu")
 
 
 class KernelUnavailableError(RuntimeError):
@@ -62,6 +65,27 @@ def use_backend(name: str) -> Iterator[None]:
         yield
     finally:
         _forced.reset(token)
+
+
+def platform() -> str:
+    """The platform ops pick kernels for: the one :func:`target_platform` names while tracing a
+    program for another platform, else this host's ``jax.default_backend()``."""
+    return _target.get() or jax.default_backend()
+
+
+@contextlib.contextmanager
+def target_platform(name: str) -> Iterator[None]:
+    """Ops traced inside the block pick the kernels of platform ``name`` (``cuda``, ``rocm``,
+    ``tpu`` or ``cpu``), not this host's: what ``jax.export`` for another platform needs (a CPU host
+    exporting the step for a GPU selects the Triton variants and no native CPU kernel). The
+    exported program runs only on ``name``; nothing traced here may be executed on this host."""
+    if name not in PLATFORMS:
+        raise ValueError(f"target platform {name!r}: expected one of {', '.join(PLATFORMS)}")
+    token = _target.set(name)
+    try:
+        yield
+    finally:
+        _target.reset(token)
 
 
 @contextlib.contextmanager
@@ -147,7 +171,7 @@ def _pallas_impl(op: str) -> Callable[..., Any] | None:
     """The Pallas implementation of ``op`` for this platform, or None.
 
     Kernels: ``gated_delta_chunked``, ``ssd_chunked`` and ``paged_attention``
-    (:mod:`radixflow_jax.kernels.pallas`). The variant follows ``jax.default_backend()``: ``tpu``
+    (:mod:`radixflow_jax.kernels.pallas`). The variant follows :func:`platform`: ``tpu``
     -> Mosaic variant, ``gpu``/``cuda``/``rocm`` -> Triton variant; on ``cpu`` only when
     ``RADIXFLOW_PALLAS_INTERPRET=1`` (the TPU-structured variant in interpret mode, for tests),
     else None, so a forced ``pallas`` backend raises :class:`KernelUnavailableError`.
@@ -168,11 +192,11 @@ def _pallas_impl(op: str) -> Callable[..., Any] | None:
     kernel = kernels.get(op)
     if kernel is None:
         return None
-    platform = jax.default_backend()
-    variant = _pallas_common.platform_backend(platform)
+    target = platform()
+    variant = _pallas_common.platform_backend(target)
     if variant is not None:
         return functools.partial(kernel, backend=variant)
-    if platform == "cpu" and pallas_interpret():
+    if target == "cpu" and pallas_interpret():
         return functools.partial(kernel, backend="tpu", interpret=True)
     return None
 
@@ -222,6 +246,8 @@ def _native_may_serve(op: str | None) -> bool:
     shards = _shards.get()
     if selected_backend() != "auto" or not (shards is None or shards[0].shape[shards[1]] == 1):
         return False
+    if platform() != "cpu":  # a program traced for another platform (target_platform)
+        return False
     return op is None or _pallas_impl(op) is None
 
 
@@ -254,10 +280,11 @@ def gated_delta_decode_window(
     return out, jax.lax.dynamic_update_slice_in_dim(pool, jnp.where(keep, new.astype(pool.dtype), window), base, 0)
 
 
-def trace_flags() -> tuple[bool, str]:
-    """What a traced step depends on beyond its backend name: :func:`pallas_interpret` and the
-    native kernels' mode (``runner/step.CompiledStep`` keys its shared executables on both)."""
-    return pallas_interpret(), _native.mode()
+def trace_flags() -> tuple[bool, str, str]:
+    """What a traced step depends on beyond its backend name: :func:`pallas_interpret`, the native
+    kernels' mode and the :func:`platform` kernels are picked for (``runner/step.CompiledStep`` keys
+    its shared executables on all three)."""
+    return pallas_interpret(), _native.mode(), platform()
 
 
 def ssd_chunked(*args: Any, **kwargs: Any) -> Any:

@@ -132,7 +132,7 @@ class CompiledStep:
     ``shared`` (optional): a store of executables that several steps over one model fill and read
     (``LoadedModel.compiled_variants``). A variant's executable is taken from it when another step
     compiled the same program: same variant, output length, page-table width, penalty window,
-    kernel backend (and ``ops.trace_flags``: Pallas interpret mode, native kernels), and the same
+    kernel backend (and ``ops.trace_flags``: Pallas interpret mode, native kernels, target platform), and the same
     parameter and pool shapes, dtypes and shardings, which are all the program depends on. Taking one is not a compile
     (``num_compiles`` stays), so a second engine on one model neither traces nor compiles again;
     it is still primed once."""
