@@ -172,19 +172,6 @@ def build_engine(model: LoadedModel, ec: EngineConfig) -> EngineCore:
     return wire_engine(wiring, executor, eos_token_ids=eos, tokenizer=model.tokenizer, vocab_size=cfg.vocab_size)
 
 
-def pool_unit_bytes(cfg: ModelConfig, dtype: Any, page_size: int) -> tuple[int, int]:
-    """``(bytes of one KV page over every attention layer, bytes of one state slot)``; 0 for a pool
-    the model does not have (no attention layer / not hybrid)."""
-    import numpy as np
-
-    from radixflow_jax.models.batch import state_bytes_per_slot
-
-    att = cfg.attention
-    itemsize = np.dtype(dtype).itemsize
-    page = 2 * len(cfg.attention_layers) * page_size * att.num_kv_heads * att.head_dim * itemsize if att else 0
-    return page, (state_bytes_per_slot(cfg, dtype) if cfg.is_hybrid else 0)
-
-
 def memory_pools(
     cfg: ModelConfig, dtype: str, ec: EngineConfig, fraction: float, total_bytes: int, param_bytes: int
 ) -> tuple[int, int]:
@@ -197,6 +184,8 @@ def memory_pools(
     sc = ec.scheduler
     reserve = sc.max_num_batched_tokens * (cfg.hidden_size * 64 + cfg.vocab_size) * 4  # activations and logits
     budget = int(fraction * total_bytes) - params - reserve
+    from radixflow_jax.models.batch import pool_unit_bytes
+
     page_bytes, slot_bytes = pool_unit_bytes(cfg, dtype, sc.page_size)
     slots = 1
     if slot_bytes:

@@ -18,10 +18,11 @@ Invariants (the runner guarantees them, the model relies on them):
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from radixflow_jax.models.config import ModelConfig
 
@@ -101,3 +102,12 @@ def state_bytes_per_slot(cfg: ModelConfig, dtype: jnp.dtype) -> int:
             ssm_n *= d
         total += conv_n * jnp.dtype(dtype).itemsize + ssm_n * 4
     return total
+
+
+def pool_unit_bytes(cfg: ModelConfig, dtype: Any, page_size: int) -> tuple[int, int]:
+    """``(bytes of one KV page over every attention layer, bytes of one state slot)``; 0 for a pool
+    the model does not have (no attention layer / not hybrid)."""
+    att = cfg.attention
+    itemsize = np.dtype(dtype).itemsize
+    page = 2 * len(cfg.attention_layers) * page_size * att.num_kv_heads * att.head_dim * itemsize if att else 0
+    return page, (state_bytes_per_slot(cfg, dtype) if cfg.is_hybrid else 0)

@@ -17,7 +17,8 @@ import dataclasses
 import jax
 import numpy as np
 
-from radixflow_jax.engine.build import memory_pools, pool_unit_bytes
+from radixflow_jax.engine.build import memory_pools
+from radixflow_jax.models.batch import pool_unit_bytes
 from radixflow_jax.engine.config import EngineConfig
 from radixflow_jax.models.config import ModelConfig
 from radixflow_jax.models.weights import abstract_model
