@@ -40,6 +40,17 @@ class HttpResult:
     text: str = ""
 
 
+def sse_data(line: str) -> str | None:
+    """The payload of an SSE ``data`` field line, or None for any other line the event-stream format
+    allows (a ``:`` comment such as llama-server's keep-alives, an ``event``/``id``/``retry`` field,
+    a field name alone). ``data:`` may or may not be followed by one space, which is not part of the
+    payload."""
+    name, sep, value = line.partition(":")
+    if name != "data" or not sep:
+        return None
+    return value[1:] if value.startswith(" ") else value
+
+
 async def stream_completion(client: Any, body: dict[str, Any], *, drop_after: int | None = None) -> HttpResult:
     """Sends one streamed completion; ``drop_after``: disconnect after that many data chunks."""
     start = time.perf_counter()
@@ -50,12 +61,12 @@ async def stream_completion(client: Any, body: dict[str, Any], *, drop_after: in
             return HttpResult(r.status_code, error=text[:500])
         res, chunks, done = HttpResult(200), 0, False
         async for line in r.aiter_lines():
-            if not line:
+            data = sse_data(line)
+            if data is None:
                 continue
-            if not line.startswith("data: ") or done:
-                res.error = f"malformed stream line {line[:80]!r}"
+            if done:
+                res.error = f"data after [DONE]: {line[:80]!r}"
                 return res
-            data = line[6:]
             if data == "[DONE]":
                 done = True
                 continue
