@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 
@@ -26,7 +27,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
     p.add_argument("--seed", type=int, default=0, help="engine seed (sampled requests without a seed)")
     p.add_argument("--no-progress", action="store_true")
-    p.add_argument("--no-warmup", action="store_true", help="compile step variants on first use, not at start-up")
+    p.add_argument("--warmup", action="store_true",
+                   help="compile every step variant at start-up (default: each on first use, so records start at once)")
+    p.add_argument("--no-warmup", action="store_true", help="the default (variants compile on first use)")
     p.add_argument("--compile-cache", default=None, help="persistent XLA cache directory (default under RADIXFLOW_CACHE)")
     p.add_argument("--no-compile-cache", action="store_true")
     p.add_argument("--num-processes", type=int, default=1,
@@ -59,12 +62,15 @@ def run(args: argparse.Namespace) -> int:
             return 0
         distributed.initialize(dist)  # before anything else starts a JAX backend
     else:
-        check_start(cfg)  # before the model loads: a refused start costs nothing
+        # before the model loads: a refused start costs nothing; a --resume of a job that wrote
+        # nothing yet is a fresh start (said once, here)
+        if check_start(cfg) is None and cfg.resume:
+            cfg = dataclasses.replace(cfg, resume=False)
     cache_dir = None if args.no_compile_cache else args.compile_cache or xla_cache_dir()
     llm = LLM(
         args.model, dtype=args.dtype, max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
         max_model_len=args.max_model_len, policy=args.policy, seed=args.seed, compilation_cache_dir=cache_dir,
-        warmup=not args.no_warmup,
+        warmup=args.warmup and not args.no_warmup,
     )  # fmt: skip
     if many:
         return _report_share(parts.run_share(llm.engine, llm.model, cfg, args.process_id, args.num_processes), args)

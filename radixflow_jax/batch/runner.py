@@ -93,12 +93,22 @@ def model_fingerprint(model: LoadedModel) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
-def check_start(cfg: JobConfig) -> JobState | None:
-    """The checks that need no model: a fresh start finds no output, a resume finds a state file."""
+def check_start(cfg: JobConfig, *, announce: bool = True) -> JobState | None:
+    """The checks that need no model: a fresh start finds no output; a resume finds a state file,
+    unless the job wrote nothing yet (no state file and no output, or an empty one: killed before
+    its first record), which starts from the beginning and says so on stderr (``announce``). An
+    output with records but no state file is refused: which input line its records answer cannot
+    be told."""
     spath = state_path(cfg.output)
+    wrote = os.path.exists(cfg.output) and os.path.getsize(cfg.output) > 0
     if not cfg.resume:
-        if (os.path.exists(cfg.output) and os.path.getsize(cfg.output)) or os.path.exists(spath):
+        if wrote or os.path.exists(spath):
             raise ResumeError(f"{cfg.output} (or its state file) exists: pass --resume to continue it, or remove both")
+        return None
+    if not wrote and not os.path.exists(spath):
+        if announce:
+            print(f"radixflow batch: --resume: {cfg.output} has no records and no state file yet; starting from the "
+                  "beginning", file=sys.stderr)  # fmt: skip
         return None
     return read_state(spath)
 

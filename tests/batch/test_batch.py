@@ -212,6 +212,16 @@ def test_on_error_fail_stops_after_a_completed_prefix(llm, tmp_path) -> None:
     assert [r["id"] for r in recs] == ["ok1"] and recs[0]["error"] is None
 
 
+def test_resume_of_a_job_that_wrote_nothing_starts_over(llm, reference, tmp_path, capsys) -> None:
+    src, ref = reference
+    out = str(tmp_path / "out.jsonl")
+    open(out, "w").close()  # killed before its first record: an empty output, no state file
+    _reset(llm)
+    BatchJob(llm.engine, llm.model, _cfg(src, out, window=4, resume=True)).run()
+    assert "starting from the beginning" in capsys.readouterr().err
+    assert [_comparable(r) for r in _read(out)] == [_comparable(r) for r in ref]
+
+
 def test_resume_refuses_a_different_input_or_model(llm, reference, tmp_path) -> None:
     src, _ = reference
     out = str(tmp_path / "out.jsonl")
@@ -239,8 +249,9 @@ def test_cli_refuses_a_bad_start_before_loading_the_model(tmp_path, capsys) -> N
     src = _write(str(tmp_path / "in.jsonl"), _lines()[:2])
     out = str(tmp_path / "out.jsonl")
     base = ["batch", "--model", "no-such-model", "--input", src, "--output", out]
-    assert cli.main(base + ["--resume"]) == 2
-    assert "cannot resume: no state file" in capsys.readouterr().err
+    assert cli.main(base + ["--resume"]) == 2  # nothing written yet: it starts over, then finds no model
+    err = capsys.readouterr().err
+    assert "no records and no state file yet; starting from the beginning" in err and "no-such-model" in err
     _write(out, [{"id": "r0"}])
     assert cli.main(base) == 2
     assert "exists: pass --resume" in capsys.readouterr().err
