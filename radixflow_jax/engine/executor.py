@@ -112,17 +112,18 @@ class ModelExecutor:
         if warmup:
             self.warmup()
 
-    def warmup(self, variants: Sequence[Variant] | None = None) -> None:
+    def warmup(self, variants: Sequence[Variant] | None = None, *, first: int = 1, total: int | None = None) -> None:
         """Compiles and executes once every variant (or the given ones) that has not run yet,
-        reporting progress; afterwards the compile guard may be turned on."""
+        reporting progress (numbered from ``first`` of ``total``: a background warm-up passes one
+        variant at a time); afterwards the compile guard may be turned on."""
         todo = [v for v in (self.shapes.variants() if variants is None else variants) if not self.step.is_compiled(v)]
         start = time.perf_counter()
-        for i, v in enumerate(todo, 1):
+        for i, v in enumerate(todo, first):
             t = time.perf_counter()
             self.cache = self.step.prime(v, self.model.params, self.cache)
             if self.progress is not None:
                 self.progress(
-                    f"warm-up {i}/{len(todo)}: {v.kind} T={v.num_tokens} R={v.num_rows} D={v.num_decode} "
+                    f"warm-up {i}/{total or len(todo)}: {v.kind} T={v.num_tokens} R={v.num_rows} D={v.num_decode} "
                     f"in {time.perf_counter() - t:.1f}s"
                 )
         self.warmup_s += time.perf_counter() - start

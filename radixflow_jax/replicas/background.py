@@ -144,10 +144,17 @@ class EngineObserver(Protocol):
 
 
 class BackgroundEngine:
-    def __init__(self, core: EngineCore, *, observer: EngineObserver | None = None, trim_records: bool = False):
+    def __init__(
+        self, core: EngineCore, *, observer: EngineObserver | None = None, trim_records: bool = False,
+        idle: Callable[[EngineCore], bool] | None = None,
+    ):  # fmt: skip
+        """``idle``: work for the engine thread while no request is queued, running or in flight
+        (e.g. :class:`~radixflow_jax.replicas.warmup.BackgroundWarmup`), one unit per call, which
+        returns False when there is none left; requests that arrive wait for the unit in progress."""
         self.core = core
         self._observer = observer
         self._trim = trim_records
+        self._idle = idle
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
         self._inbox: list[_Pending] = []
@@ -222,6 +229,8 @@ class BackgroundEngine:
     def _drain(self) -> None:
         with self._wake:
             while not (self._inbox or self._aborts or self._calls or self.core.has_unfinished() or self._stopped):
+                if self._idle is not None:
+                    break  # nothing to serve: the caller runs a unit of idle work
                 self._wake.wait()
             inbox, self._inbox = self._inbox, []
             aborts, self._aborts = self._aborts, []
@@ -267,6 +276,10 @@ class BackgroundEngine:
                 self._drain()
                 if self._stopped:
                     break
+                if self._idle is not None and not self.core.has_unfinished():
+                    if not self._idle(self.core):
+                        self._idle = None
+                    continue
                 delivered = []
                 seen = len(self.core.records)
                 for out in self.core.step():

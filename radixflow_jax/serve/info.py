@@ -2,8 +2,10 @@
 
 Invariants:
   * The model list holds one card, the served model's, its ``created`` the server's start time.
-  * ``/health`` is 200 ``{"status": "ok"}`` only while the engine runs and the server is not
-    draining (503 otherwise); ``/health`` and ``/metrics`` need no API key.
+  * ``/health`` is 200 ``{"status": "ok", "phase": ...}`` only while the engine runs and the
+    server is not draining (503 otherwise). ``phase`` is ``warming`` while step variants compile in
+    the background (requests are served meanwhile), then ``ready``; ``lazy`` when nothing warms in
+    the background; ``/health`` and ``/metrics`` need no API key.
 """
 
 from __future__ import annotations
@@ -45,7 +47,7 @@ class InfoRoutes:
 
     async def health(self) -> Response:
         check_alive(self.state)  # 503 (engine_dead / draining) through the ApiError handler
-        return JSONResponse({"status": "ok"})
+        return JSONResponse({"status": "ok", **self.state.warmup_status()})
 
     async def metrics_route(self) -> Response:
         return Response(self.state.metrics.render(), media_type=CONTENT_TYPE_LATEST)

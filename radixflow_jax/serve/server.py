@@ -53,7 +53,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="data-parallel replicas (each its own scheduler, cache and pools; replica i on devices [i*tp, (i+1)*tp))")
     p.add_argument("--router", default="prefix", help="how requests pick a replica with --dp > 1: prefix | round-robin | least-loaded")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--no-warmup", action="store_true", help="compile step variants lazily instead of at start-up")
+    p.add_argument("--warmup", choices=("background", "all", "lazy"), default="background",
+                   help="background: listen at once and compile the step variants while idle (the compile guard "
+                        "starts when done); all: compile every variant before listening; lazy: on first use")
+    p.add_argument("--no-warmup", action="store_true", help="the same as --warmup lazy")
     p.add_argument("--compilation-cache-dir", default=DEFAULT_CACHE)
     p.add_argument("--log-level", default="warning")
 
@@ -75,10 +78,16 @@ def param_bytes(model: Any) -> int:
     return sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(model.params))
 
 
+def warmup_mode(args: argparse.Namespace) -> str:
+    """``background`` | ``all`` | ``lazy`` (``--no-warmup`` is ``lazy``)."""
+    return "lazy" if args.no_warmup else args.warmup
+
+
 def build_state(args: argparse.Namespace) -> Any:
     import functools
 
     from radixflow_jax.replicas.background import BackgroundEngine
+    from radixflow_jax.replicas.warmup import BackgroundWarmup
     from radixflow_jax.engine.build import build_engine
     from radixflow_jax.replicas.placement import replica_models
     from radixflow_jax.replicas.replicated import ReplicatedEngine
@@ -95,7 +104,7 @@ def build_state(args: argparse.Namespace) -> Any:
         max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens, page_size=args.page_size,
         num_kv_pages=args.num_kv_pages, num_state_slots=args.num_state_slots, max_model_len=args.max_model_len,
         policy=args.policy, queue_order=args.queue_order, enable_prefix_cache=not args.no_prefix_cache,
-        kernels=args.kernels, seed=args.seed, warmup=not args.no_warmup,
+        kernels=args.kernels, seed=args.seed, warmup=warmup_mode(args) == "all",
         compilation_cache_dir=args.compilation_cache_dir or None, penalty_window=args.penalty_window,
     )  # fmt: skip
     if args.memory_fraction is not None:
@@ -108,14 +117,18 @@ def build_state(args: argparse.Namespace) -> Any:
         ec = dataclasses.replace(ec, num_kv_pages=pages, num_state_slots=slots)
     name = args.served_model_name or args.model
     metrics = ServerMetrics(name, hybrid=model.config.is_hybrid)
+    cores = [build_engine(m, ec) for m in models]
+    warmups = tuple(BackgroundWarmup(c.executor) for c in cores) if warmup_mode(args) == "background" else ()
     replicas = [
-        BackgroundEngine(build_engine(m, ec), observer=functools.partial(metrics.observe, replica=i), trim_records=True)
-        for i, m in enumerate(models)
+        BackgroundEngine(core, observer=functools.partial(metrics.observe, replica=i), trim_records=True,
+                         idle=warmups[i] if warmups else None)  # fmt: skip
+        for i, core in enumerate(cores)
     ]
     engine = replicas[0] if len(replicas) == 1 else ReplicatedEngine(replicas, router)
     metrics.attach(engine)
     config = ServerConfig(name, api_key=args.api_key or None, max_waiting=args.max_waiting, max_body_bytes=args.max_body_bytes)
-    return ServerState(engine, model.tokenizer, metrics, config, engine.core.max_model_len, model.config.vocab_size)
+    return ServerState(engine, model.tokenizer, metrics, config, engine.core.max_model_len, model.config.vocab_size,
+                       warmups=warmups)  # fmt: skip
 
 
 def serve(args: argparse.Namespace) -> int:

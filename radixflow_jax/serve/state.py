@@ -40,6 +40,17 @@ class ServerState:
     vocab_size: int | None
     created: int = dataclasses.field(default_factory=lambda: int(time.time()))
     draining: bool = False
+    warmups: tuple[Any, ...] = ()  # each replica's BackgroundWarmup (``--warmup background``), else empty
+
+    def warmup_status(self) -> dict[str, Any]:
+        """``/health``'s warm-up fields: ``phase`` (``warming``, ``ready``, ``failed``, or ``lazy``
+        when nothing warms in the background) and the variants compiled of all replicas'."""
+        if not self.warmups:
+            return {"phase": "lazy"}
+        phases = {w.phase for w in self.warmups}
+        phase = "failed" if "failed" in phases else "warming" if "warming" in phases else "ready"
+        return {"phase": phase, "variants_compiled": sum(w.compiled for w in self.warmups),
+                "variants": sum(w.total for w in self.warmups)}  # fmt: skip
 
     @property
     def replicas(self) -> list[BackgroundEngine]:
