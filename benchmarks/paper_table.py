@@ -4,7 +4,10 @@ Simulated executor at real model sizes (H200 roofline, rounds costed over the va
   1. steady state: session arrivals (an article's questions together, articles Poisson) at the rate
      where *native* keeps the executor busy about 80 % of the makespan (found by a few runs of native
      alone; the acceptance band is 0.75-0.9), with the per-round cost at two values;
-  2. how the steady-state comparison moves with the bucket set (power-of-two, finer, one fixed shape);
+     and every policy side by side: native, radixflow, pair's two parts alone (radixflow-fill,
+     pair-nofill) and pair;
+  2. how the steady-state comparison moves with the bucket set (fine, the engine's default;
+     power-of-two; one fixed shape);
   3. overload bursts (articles faster than native can serve them), in their own table;
   4. reuse with branch-point checkpoints on the issue's two reference rows;
 and the model executor on the tiny presets (CPU).
@@ -34,7 +37,14 @@ TARGET_UTIL, UTIL_BAND = 0.8, (0.75, 0.9)
 BUCKET_MODELS = ("qwen3.5-9b", "qwen3.5-27b")
 REUSE_ROWS = (("qwen3.5-4b", "race", "poisson", 400.0, 1500, 0.40), ("qwen3.5-4b", "quality", "burst", 8.0, 300, 0.90))
 TINY = ("tiny-qwen3.5", "tiny-nemotron-h", "tiny-qwen3")
-POLICIES = ("native", "radixflow", "pair")  # sections 1, 3 and 5; the others compare native and radixflow
+POLICIES = ("native", "radixflow", "pair")  # sections 3 and 5; section 1 runs ABLATION
+ABLATION = ("native", "radixflow", "radixflow-fill", "pair-nofill", "pair")
+STEADY_HEAD = (
+    "| model | workload | articles/s | native util | rounds native | rounds radixflow | Δ rounds | reuse native | "
+    "reuse radixflow | reuse pair | mean lat native (s) | radixflow | radixflow-fill | pair-nofill | pair | "
+    "Δ radixflow | Δ radixflow-fill | Δ pair-nofill | Δ pair | native util @{e} ms | Δ rounds @{e} ms | "
+    "Δ latency @{e} ms |"
+)
 
 
 def steady_rate(name: str, device: str, workload: str, n: int, guess: float) -> tuple[float, float]:
@@ -80,22 +90,22 @@ def main() -> None:
             rate, util = steady_rate(name, device, workload, n, guess)
             rates[(name, workload)] = rate
             reqs = sessions(workload, n, rate)
-            nat, flow, pair = sim_runs(name, device, reqs, policies=POLICIES)
+            runs = sim_runs(name, device, reqs, policies=ABLATION)
+            nat, flow, pair = runs[0], runs[1], runs[-1]
             fast = [nat, flow]
             slow = sim_runs(name, device, reqs, overhead=ROUND_OVERHEAD_EAGER_S)
             steady.append(
                 f"| {name} ({device}) | {workload} | {rate:.3g} | {nat.utilization:.2f} | {nat.rounds} | "
-                f"{flow.rounds} | "
-                f"{_pct(nat, flow, 'rounds')} | {nat.reuse:.1%} | {flow.reuse:.1%} | {nat.mean_latency_s:.3f} | "
-                f"{flow.mean_latency_s:.3f} | {_pct(nat, flow, 'mean_latency_s')} | {_pair_cells(nat, flow, pair)} | "
-                f"{slow[0].utilization:.2f} | "
-                f"{_pct(slow[0], slow[1], 'rounds')} | {_pct(slow[0], slow[1], 'mean_latency_s')} |"
+                f"{flow.rounds} | {_pct(nat, flow, 'rounds')} | {nat.reuse:.1%} | {flow.reuse:.1%} | {pair.reuse:.1%} | "
+                + " | ".join(f"{r.mean_latency_s:.3f}" for r in runs) + " | "
+                + " | ".join(_pct(nat, r, "mean_latency_s") for r in runs[1:]) + " | "
+                f"{slow[0].utilization:.2f} | {_pct(slow[0], slow[1], 'rounds')} | {_pct(slow[0], slow[1], 'mean_latency_s')} |"
             )
             print(steady[-1], flush=True)
             if name in BUCKET_MODELS:
                 cells = []
-                for kind in ("pow2", "finer", "fixed"):
-                    b = fast if kind == "pow2" else sim_runs(name, device, reqs, buckets=kind)
+                for kind in ("fine", "pow2", "fixed"):
+                    b = fast if kind == "fine" else sim_runs(name, device, reqs, buckets=kind)
                     rel = relative_change(b[0], b[1])
                     cells.append(f"{b[0].utilization:.2f} / {rel['rounds']:+.1%} / {rel['mean_latency_s']:+.1%}")
                 buckets.append(f"| {name} | {workload} @{rate:.3g}/s | " + " | ".join(cells) + " |")
@@ -205,6 +215,16 @@ def _kept_tiny_section(path: str) -> str | None:
     return old[start : old.index("## Reading the numbers", start)]
 
 
+def _commit() -> str:
+    """The short commit of the code that made the tables, marked when the code had local changes."""
+    import subprocess
+
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    dirty = subprocess.run(["git", "status", "--porcelain", "radixflow_jax", "benchmarks"], capture_output=True,
+                           text=True).stdout.strip()  # fmt: skip
+    return f"{head or 'unknown'}{' with uncommitted changes' if dirty else ''}"
+
+
 def write(
     path: str, steady: list[str], buckets: list[str], overload: list[str], reuse: list[str], tiny: list[str]
 ) -> None:
@@ -214,6 +234,7 @@ def write(
     kept = None if tiny else _kept_tiny_section(path)  # --sim-only keeps the rows --tiny-only wrote
     made = ("Generated by `python benchmarks/paper_table.py`" if tiny else
             "Sections 1-4 generated by `python benchmarks/paper_table.py --sim-only`")  # fmt: skip
+    made += f" at `{_commit()}`"
     text = f"""# Results: native vs RadixFlow
 
 {made} on {stamp}
@@ -226,7 +247,14 @@ at almost unchanged reuse, and no gain on a full-attention control.
 Round time = per-round cost + max(FLOPs / ({dev.mfu:g} peak), bytes / ({dev.mbu:g} bandwidth)), where the dense FLOPs
 (projections, MLPs, chunked scans, LM head) count every token slot of the round's step shape
 (padding costs, a filled bubble is free) and attention, KV reads and state traffic count the real
-rows (docs/design.md, "Executors and shapes"). Sources of the constants (`radixflow_jax/sim/specs.py`): per-round
+rows (docs/design.md, "Executors and shapes"); rounds are padded to the runner's own step variants
+(`fine` buckets unless a table says otherwise). A round with paired consumers (`pair`,
+`pair-nofill`) adds the extra scan as the H200 kernel runs it: one more kernel per recurrent layer
+({dev.kernel_launch_s * 1e6:g} µs, an assumption) over the producers' chunks, as long as the deepest
+producer's serial chunk chain on one of {dev.sm_count} SMs, the pre-pass FLOPs or its traffic
+(`radixflow_jax/sim/pairing_cost.py`). The policies never consult this cost model: pairing and
+the fill rule judge by the round-cost estimator fitted to the rounds the simulator reports
+(`radixflow_jax/engine/roundcost.py`, no noise), as on the model executor. Sources of the constants (`radixflow_jax/sim/specs.py`): per-round
 cost {g:.1f} ms = a CUDA-graph decode step's 0.3 ms beyond its weight read (Llama-3.1-8B on H100:
 5.1 ms graph vs 4.79 ms of weights at peak bandwidth; eager 8.4 ms; https://cloudai.pt/tag/cuda-graphs/)
 + this project's measured host plan/build (0.66 ms median, docs/perf-log.md); the second value,
@@ -242,22 +270,26 @@ full-attention control. Utilization = the fraction of the makespan in which a ro
 Articles (RACE: ~420 tokens, 3-5 questions; QuALITY: ~6.7k tokens, 12-20 questions) arrive as a
 Poisson process; an article's questions arrive together. The rate is the one where native keeps the
 executor busy about 80 % of the time (found by up to six runs of native alone; band 0.75-0.9). Seed 0.
+Every policy on the same arrivals: `native`, `radixflow` (the paper), `radixflow-fill` (radixflow
+plus pair's cost-aware fill rule alone), `pair-nofill` (pairing alone: a consumer runs in its
+producer's round, every fill admitted) and `pair` (both). Mean latencies in seconds, then each
+policy's change against native.
 
-| model | workload | articles/s | native util | rounds native | rounds radixflow | Δ rounds | reuse native | reuse radixflow | mean lat native (s) | mean lat radixflow (s) | Δ latency | {PAIR_HEAD} | native util @{e:.1f} ms | Δ rounds @{e:.1f} ms | Δ latency @{e:.1f} ms |
-|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|
+{STEADY_HEAD.format(e=f"{e:.1f}")}
+|{"---|" * 22}
 {chr(10).join(steady)}
 
-The left block uses the {g:.1f} ms per-round cost, the last three columns the {e:.1f} ms one (same arrivals).
-Δ rounds and Δ latency compare radixflow with native; the `pair` columns are the `pair` policy
-(beyond the paper: a consumer runs in its producer's round) on the same arrivals.
+The left blocks use the {g:.1f} ms per-round cost, the last three columns the {e:.1f} ms one (same arrivals,
+radixflow vs native). Δ rounds compares radixflow with native.
 
 ## 2. The same rows with other bucket sets
 
 Each cell: native utilization / Δ rounds / Δ mean latency (radixflow vs native), per-round cost {g:.1f} ms.
-`pow2`: token and row buckets are powers of two (the runner's current set); `finer`: powers of two
-and their 1.5x midpoints; `fixed`: every round runs the one 8192-token x 64-row shape.
+`fine` (the engine's default, and every other table's): prefill tokens on powers of two with 1.5x
+steps from 64, decode-only rounds on a 1.5x ladder (`runner/shapes.py`); `pow2`: powers of two
+everywhere; `fixed`: every round runs the one 64-row + 8192-token shape.
 
-| model | workload | pow2 | finer | fixed |
+| model | workload | fine | pow2 | fixed |
 |---|---|---|---|---|
 {chr(10).join(buckets)}
 

@@ -21,7 +21,7 @@ from radixflow_jax.bench.driver import RunResult
 from radixflow_jax.bench.repeats import Repeated
 from radixflow_jax.bench.run import BenchConfig, model_runner, relative_change, run_policies, sim_runner
 from radixflow_jax.bench.sweep import format_sweep, parse_rates, plot_sweep, sweep, sweep_json
-from radixflow_jax.sim.executor import BUCKET_SETS
+from radixflow_jax.runner.shapes import MODES
 from radixflow_jax.bench.workloads import ARRIVALS, WORKLOADS, BenchRequest, WorkloadSpec, generate
 from radixflow_jax.engine.config import EngineConfig
 from radixflow_jax.sim.specs import DEVICE_SPECS, MODEL_SPECS, get_device_spec, get_model_spec
@@ -47,7 +47,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--session-window", type=float, default=0.0, help="sessions: spread an article's questions (s)")
     p.add_argument("--sweep-rates", default=None, help="R1,R2,...: run every policy at each rate (latency vs load)")
     p.add_argument("--repeats", type=int, default=1, help="interleaved runs per policy (medians and spreads)")
-    p.add_argument("--buckets", default="pow2", choices=BUCKET_SETS, help="sim: step shapes rounds are padded to")
+    p.add_argument("--buckets", default="fine", choices=MODES, help="step shapes rounds are padded to (runner/shapes.py)")
+    p.add_argument("--sim-noise", type=float, default=0.0, help="sim: relative noise of round times (seeded)")
     p.add_argument(
         "--round-overhead-ms", type=float, default=None, help="sim: fixed cost per round (default: the device spec's)"
     )
@@ -186,8 +187,10 @@ def _checked(args: argparse.Namespace) -> tuple[tuple[str, ...], str, list[float
         raise ValueError(f"--session-window must be >= 0, got {args.session_window}")
     if args.round_overhead_ms is not None and args.round_overhead_ms < 0:
         raise ValueError(f"--round-overhead-ms must be >= 0, got {args.round_overhead_ms}")
-    if executor == "model" and (args.buckets != "pow2" or args.round_overhead_ms is not None):
-        raise ValueError("--buckets and --round-overhead-ms apply to the simulated executor only")
+    if executor == "model" and (args.round_overhead_ms is not None or args.sim_noise):
+        raise ValueError("--round-overhead-ms and --sim-noise apply to the simulated executor only")
+    if args.sim_noise < 0:
+        raise ValueError(f"--sim-noise must be >= 0, got {args.sim_noise}")
     if args.replicas < 1:
         raise ValueError(f"--replicas must be >= 1, got {args.replicas}")
     if args.replicas > 1:
@@ -210,10 +213,11 @@ def _bench_config(args: argparse.Namespace, executor: str, policies: tuple[str, 
     tokens = args.max_num_batched_tokens or (512 if executor == "model" else 8192)
     cache_dir = None if args.no_compile_cache else xla_cache_dir()
     engine = EngineConfig.from_options(
-        max_num_seqs=seqs, max_num_batched_tokens=tokens, seed=args.seed, compilation_cache_dir=cache_dir
+        max_num_seqs=seqs, max_num_batched_tokens=tokens, seed=args.seed, compilation_cache_dir=cache_dir,
+        bucket_mode=args.buckets,
     )
     overhead = args.round_overhead_ms / 1e3 if args.round_overhead_ms is not None else None
-    cfg = BenchConfig(policies=policies, engine=engine, buckets=args.buckets, overhead_s=overhead)
+    cfg = BenchConfig(policies=policies, engine=engine, overhead_s=overhead, sim_noise=args.sim_noise)
     return cfg, seqs, tokens
 
 
@@ -222,10 +226,11 @@ def _run_config(args: argparse.Namespace, executor: str, cfg: BenchConfig, seqs:
     config = {"model": args.model, "executor": executor, "device": args.device if executor == "sim" else "cpu",
               "workload": args.workload, "arrival": args.arrival, "session_window": args.session_window,
               "seed": args.seed, "max_num_seqs": seqs, "max_num_batched_tokens": tokens,
-              "policies": list(cfg.policies), "repeats": args.repeats}  # fmt: skip
+              "policies": list(cfg.policies), "repeats": args.repeats, "buckets": args.buckets,
+              "round_cost": "fitted to the executor's own rounds (engine/roundcost.py)"}  # fmt: skip
     if executor == "sim":
         dev, overhead = get_device_spec(args.device), cfg.overhead_s
-        config.update(buckets=args.buckets, round_overhead_s=overhead if overhead is not None else dev.round_overhead_s,
+        config.update(sim_noise=args.sim_noise, round_overhead_s=overhead if overhead is not None else dev.round_overhead_s,
                       overhead_source=dev.overhead_source if overhead is None else "--round-overhead-ms",
                       mfu=dev.mfu, mbu=dev.mbu)  # fmt: skip
     return config

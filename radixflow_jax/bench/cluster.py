@@ -83,7 +83,7 @@ def run_cluster(
     policy ``policy``, behind ``router``."""
     ec = cfg.engine.with_options(policy=policy)
     engines = [
-        build_sim_engine(spec, device, ec, buckets=cfg.buckets, overhead_s=cfg.overhead_s) for _ in range(num_replicas)
+        build_sim_engine(spec, device, ec, overhead_s=cfg.overhead_s, noise=cfg.sim_noise) for _ in range(num_replicas)
     ]
     replicas = ReplicaSet(engines, dataclasses.replace(router, block=ec.scheduler.page_size))
     done = drive_cluster(replicas, requests)

@@ -24,10 +24,12 @@ ENGINE = EngineConfig.from_options(max_num_seqs=64, max_num_batched_tokens=8192)
 
 def sim_runs(
     name: str, device: str, requests: Sequence[BenchRequest], overhead: float = ROUND_OVERHEAD_GRAPH_S,
-    buckets: str = "pow2", policies: Sequence[str] = ("native", "radixflow"),
+    buckets: str = "fine", policies: Sequence[str] = ("native", "radixflow"),
 ) -> list[RunResult]:  # fmt: skip
-    """One simulated run per policy of ``requests`` on model spec ``name`` over ``device``."""
-    cfg = BenchConfig(policies=tuple(policies), engine=ENGINE, buckets=buckets, overhead_s=overhead)
+    """One simulated run per policy of ``requests`` on model spec ``name`` over ``device``, padded
+    to the runner's ``buckets`` mode (``fine``: the engine's default)."""
+    engine = ENGINE.with_options(bucket_mode=buckets)
+    cfg = BenchConfig(policies=tuple(policies), engine=engine, overhead_s=overhead)
     return run_sim(get_model_spec(name), get_device_spec(device), list(requests), cfg)
 
 

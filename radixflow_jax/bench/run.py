@@ -22,13 +22,14 @@ from radixflow_jax.sim.specs import DeviceSpec, ModelSpec
 
 @dataclasses.dataclass(frozen=True)
 class BenchConfig:
-    """``buckets`` / ``overhead_s``: the simulated executor's step shapes and per-round cost
-    (``None``: the device spec's)."""
+    """``overhead_s`` / ``sim_noise``: the simulated executor's per-round cost (``None``: the device
+    spec's) and the relative noise of its round times (``SimExecutor``). Both executors pad to the
+    engine's ``bucket_mode``."""
 
     policies: tuple[str, ...] = ("native", "radixflow", "pair")
     engine: EngineConfig = EngineConfig()
-    buckets: str = "pow2"
     overhead_s: float | None = None
+    sim_noise: float = 0.0
 
 
 Records = dict[str, list[RoundRecord]]
@@ -64,7 +65,7 @@ def sim_runner(
 
     def run(policy: str) -> tuple[RunResult, list[RoundRecord]]:
         ec = cfg.engine.with_options(policy=policy)
-        engine = build_sim_engine(spec, device, ec, buckets=cfg.buckets, overhead_s=cfg.overhead_s)
+        engine = build_sim_engine(spec, device, ec, overhead_s=cfg.overhead_s, noise=cfg.sim_noise)
         clock = engine.clock  # the virtual clock the engine was wired with
         assert isinstance(clock, VirtualClock)
         cb = (lambda done, total: progress(policy, done, total)) if progress else None

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 from radixflow_jax.engine.config import EngineConfig, model_grid
 from radixflow_jax.engine.core import EngineCore
 from radixflow_jax.engine.protocol import Executor
-from radixflow_jax.engine.roundcost import MeasuredRoundCost
+from radixflow_jax.engine.roundcost import FittedRoundCost
 from radixflow_jax.runner.shapes import ShapeConfig
 from radixflow_jax.scheduler.config import SchedulerConfig
 
@@ -80,13 +80,9 @@ def wire_engine(
         step_retries=wiring.config.step_retries, max_failed_rounds=wiring.config.max_failed_rounds,
         overlap=wiring.config.overlap,
     )  # fmt: skip
-    # policy `pair` admits fill work by the executor's round cost: its declared cost model (the
-    # simulator's), else the running medians of the rounds this engine measures
-    round_cost = executor.capabilities.round_cost
-    if round_cost is not None:
-        engine.scheduler.round_cost = round_cost
-    elif wiring.config.scheduler.policy == "pair":
-        engine.scheduler.round_cost = MeasuredRoundCost(wiring.shapes(), engine.records)
+    # pairing and the fill rule judge by the round-cost estimator fitted to this engine's own rounds
+    if engine.scheduler.policy.uses_round_cost:
+        engine.scheduler.round_cost = FittedRoundCost(wiring.shapes(), engine.records)
     return engine
 
 

@@ -13,7 +13,7 @@ from typing import Any, Callable, Sequence
 
 from radixflow_jax.engine.protocol import StepResult
 from radixflow_jax.scheduler.config import MODEL_DERIVED, SchedulerConfig
-from radixflow_jax.scheduler.plan import RoundPlan, RoundStats
+from radixflow_jax.scheduler.plan import RoundPlan, RoundStats, attention_pairs, pairing_spans
 
 
 ENGINE_SCHEDULER = SchedulerConfig(policy="pair")  # an engine's scheduling options unless given (policy pair)
@@ -111,6 +111,8 @@ class RoundRecord:
     # this round was launched while the previous one still ran (overlap)
     host_s: float = 0.0
     overlapped: bool = False  # launched while the previous round was in flight
+    attention_pairs: int = 0  # query-key pairs of the real rows (scheduler/plan.attention_pairs)
+    pairing_tokens: int = 0  # producer span tokens a paired round scans first (scheduler/plan.pairing_spans)
 
     @classmethod
     def of(
@@ -122,6 +124,7 @@ class RoundRecord:
             index=index, num_tokens=num_tokens, num_rows=len(plan.rows), num_decode=plan.num_decode,
             padding_tokens=result.token_slots - num_tokens, bubble_tokens=stats.shadow_tokens,
             bubble_rows=stats.shadow_rows, plan_s=plan_s, host_s=host_s, overlapped=overlapped,
+            attention_pairs=attention_pairs(plan.rows), pairing_tokens=sum(pairing_spans(plan.rows).values()),
             **{name: getattr(stats, name) for name in _FROM_STATS},
             **{name: getattr(result, name) for name in _FROM_RESULT},
         )  # fmt: skip

@@ -7,10 +7,10 @@ once, when it is built; the engine never probes an executor for optional attribu
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Mapping, Protocol, Sequence
+from typing import Any, Mapping, Protocol
 
 from radixflow_jax.runner.inputs import SamplingRow
-from radixflow_jax.scheduler.plan import RoundPlan, RowPlan
+from radixflow_jax.scheduler.plan import RoundPlan
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,13 +40,12 @@ class ExecutorCapabilities:
     engine refuses requests that ask for them.
     ``penalty_window``: the longest context (prompt + output) a penalised row may have; 0: the
     executor applies no penalties and the engine refuses penalised requests.
-    ``round_cost``: seconds a round of these rows would take, from a cost model (the simulator's),
-    for policy ``pair``'s fill rule; None: the engine measures its own rounds instead."""
+    (No executor offers a round cost: the policies' estimator is fitted to the rounds an executor
+    reports, ``engine/roundcost.py``, the simulator's included.)"""
 
     overlap: bool = False
     logprobs: bool = False
     penalty_window: int = 0
-    round_cost: Callable[[Sequence[RowPlan]], float] | None = None
 
 
 class Executor(Protocol):

@@ -7,6 +7,7 @@ so the model can run them through the one-step recurrent updates.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 
 UNKNOWN_TOKEN = -1
 """Overlap: a token sampled by a round still in flight. A row whose input is this token takes it on the
@@ -90,3 +91,23 @@ class RoundPlan:
     @property
     def is_empty(self) -> bool:
         return not self.rows
+
+
+def attention_pairs(rows: Sequence[RowPlan]) -> int:
+    """Query-key pairs the round's attention computes over its real rows: a row of ``n`` tokens at
+    ``start`` attends ``start + 1, ..., start + n`` positions, ``n * start + n (n + 1) / 2`` pairs
+    (a decode row: its context length). A feature of the round-cost estimator."""
+    return sum(len(r.tokens) * r.start + len(r.tokens) * (len(r.tokens) + 1) // 2 for r in rows)
+
+
+def pairing_spans(rows: Sequence[RowPlan]) -> dict[int, int]:
+    """Policy ``pair``: for each producer row some row of the round pairs with, the tokens of its
+    span up to its deepest pairing depth (what a GPU kernel's pre-pass scans, ``kernels/pallas/
+    chunk_scan.py``), keyed by the producer's request id. Empty for a round without paired rows."""
+    depth_of = {slot: (row.request_id, offset) for row in rows for offset, slot in row.emits}
+    deepest: dict[int, int] = {}
+    for row in rows:
+        if row.pair_slot is not None and row.pair_slot in depth_of:
+            producer, offset = depth_of[row.pair_slot]
+            deepest[producer] = max(deepest.get(producer, 0), offset)
+    return deepest

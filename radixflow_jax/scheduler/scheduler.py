@@ -146,7 +146,7 @@ class Scheduler:
         admitted: list[tuple[Request, int]] = []
         skipped_consumer = False
         for i, req in enumerate(queue):
-            if skipped_consumer and self.policy.pair:
+            if skipped_consumer and self.policy.fill:
                 following = queue[i + 1 : i + 1 + 4 * self.config.max_num_seqs]  # what a fill's group may take
                 if not self._pairing.fill_pays(req, round_, following):
                     stats.fill_declined += 1

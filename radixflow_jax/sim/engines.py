@@ -9,17 +9,18 @@ from typing import Any
 from radixflow_jax.engine.build import Wiring, device_pools, wire_engine
 from radixflow_jax.engine.config import EngineConfig
 from radixflow_jax.engine.core import EngineCore
-from radixflow_jax.engine.roundcost import CalibratedCost
-from radixflow_jax.sim.executor import BucketSet, RooflineCost, SimExecutor, VirtualClock
+from radixflow_jax.engine.roundcost import LinearRoundCost
+from radixflow_jax.sim.executor import RooflineCost, SimExecutor, VirtualClock
 from radixflow_jax.sim.specs import DeviceSpec, ModelSpec
 
 
 def build_sim_engine(
-    spec: ModelSpec, device: DeviceSpec, ec: EngineConfig, *, buckets: str = "pow2", overhead_s: float | None = None
+    spec: ModelSpec, device: DeviceSpec, ec: EngineConfig, *, overhead_s: float | None = None, noise: float = 0.0
 ) -> EngineCore:
     """A simulated engine for ``spec`` on ``device``: pools from the device memory (unless ``ec``
-    sets them), rounds padded to the ``buckets`` set, round time from :class:`RooflineCost`
-    (``overhead_s`` overrides the device spec's per-round cost)."""
+    sets them), rounds padded to the runner's variants of ``ec.bucket_mode`` (as the model engine),
+    round time from :class:`RooflineCost` (``overhead_s`` overrides the device spec's per-round
+    cost), with seeded relative ``noise`` (``SimExecutor``; seed ``ec.seed``)."""
     sc = ec.scheduler
     pages, slots = device_pools(spec, device, sc.page_size)
     if ec.num_kv_pages is not None:
@@ -29,14 +30,14 @@ def build_sim_engine(
     wiring = Wiring(ec, spec.is_hybrid, spec.chunk_sizes, pages, slots, ec.max_model_len or 32768)
     clock = VirtualClock()
     cost = RooflineCost(spec, device, overhead_s=overhead_s)
-    bucket_set = BucketSet(buckets, sc.max_num_batched_tokens, sc.max_num_seqs)
-    engine = wire_engine(wiring, lambda shapes: SimExecutor(cost, clock, bucket_set), clock=clock)
-    return engine
+    return wire_engine(
+        wiring, lambda shapes: SimExecutor(cost, clock, shapes, noise=noise, seed=ec.seed), clock=clock
+    )
 
 
-def calibrate(engine: EngineCore) -> CalibratedCost:
+def calibrate(engine: EngineCore) -> LinearRoundCost:
     """A cost model fitted to the measured rounds (plan + build + step) of a model-executor run."""
-    return CalibratedCost.fit([(r.token_slots, r.row_slots, r.plan_s + r.build_s + r.step_s) for r in engine.records])
+    return LinearRoundCost.from_records(engine.records, with_plan=True)
 
 
 def mirror_sim_engine(engine: EngineCore, cost: Any) -> EngineCore:

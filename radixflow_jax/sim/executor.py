@@ -8,24 +8,33 @@ Cost models:
     *token slot* of the variant, so padding costs as much as a real token and a filled bubble is
     free; attention, KV reads and state traffic (read, write, copy-in, checkpoint emits) over the
     real rows only; weights read once per round; the fixed per-round cost from the device spec; a
-    round with paired consumers (policy ``pair``) pays the recurrent work of each producer's span up to
-    its deepest pairing depth once more (the GPU kernel's pre-pass; the weights are still read once);
-  * :class:`CalibratedCost`: measured step times of the model executor per step variant, with a
-    least-squares line over token and row slots for variants never measured.
-Sampled tokens are a fixed id, so simulated requests end by ``max_tokens`` (run with ``ignore_eos``).
+    round with paired consumers (policy ``pair``) adds its extra scan as each backend runs it
+    (``sim/pairing_cost.py``: the GPU kernels' pre-pass, the TPU kernels' second call);
+  * :class:`~radixflow_jax.engine.roundcost.LinearRoundCost`: a line fitted to the measured rounds
+    of a model executor (``sim/engines.calibrate``).
+Rounds are padded to the runner's step variants (``ShapeConfig``, the engine's ``bucket_mode``:
+``fine`` by default, as the model executor), so the simulator and the engine share one source of
+step shapes. The policies never see the cost model: they judge by the round-cost estimator fitted
+to the rounds this executor reports (``engine/roundcost.py``), as on the model executor. ``noise``
+(a relative standard deviation, seeded) makes the reported and charged round times vary like a
+measured executor's. Sampled tokens are a fixed id, so simulated requests end by ``max_tokens``
+(run with ``ignore_eos``).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Mapping, Protocol, Sequence
+import math
+import random
+from typing import Mapping, Protocol
 
 from radixflow_jax.engine.protocol import DeferredRound, ExecutorCapabilities, StepResult
+from radixflow_jax.sim.pairing_cost import pairing_pass_s
 from radixflow_jax.sim.specs import DeviceSpec, ModelSpec
 from radixflow_jax.runner.inputs import SamplingRow
-from radixflow_jax.runner.shapes import ShapeConfig, powers_of_two
+from radixflow_jax.runner.shapes import ShapeConfig
 from radixflow_jax.runner.window import variant_for
-from radixflow_jax.scheduler.plan import RoundPlan, RoundStats, RowPlan
+from radixflow_jax.scheduler.plan import RoundPlan
 
 
 class VirtualClock:
@@ -43,19 +52,6 @@ class CostModel(Protocol):
     def round_time(self, plan: RoundPlan, token_slots: int, row_slots: int) -> float: ...
 
 
-def _pairing_tokens(plan: RoundPlan) -> int:
-    """Token slots of recurrent work a round with paired rows (policy ``pair``) adds on the GPU
-    Pallas kernel (``kernels/pallas/chunk_scan.py``): a pre-pass over each producer's span up to its
-    deepest pairing depth, once per producer however many rows pair with it."""
-    depth_of = {slot: (row.request_id, offset) for row in plan.rows for offset, slot in row.emits}
-    deepest: dict[int, int] = {}
-    for row in plan.rows:
-        if row.pair_slot is not None and row.pair_slot in depth_of:
-            producer, offset = depth_of[row.pair_slot]
-            deepest[producer] = max(deepest.get(producer, 0), offset)
-    return sum(deepest.values())
-
-
 @dataclasses.dataclass(frozen=True)
 class RooflineCost:
     """See the module docstring. ``overhead_s`` / ``mfu`` / ``mbu`` default to the device spec's."""
@@ -70,7 +66,6 @@ class RooflineCost:
         m, dev = self.model, self.device
         slots = max(token_slots, plan.num_tokens)
         flops = 2.0 * m.active_params * slots + m.recurrent_flops_per_token * slots
-        flops += m.recurrent_flops_per_token * _pairing_tokens(plan)
         kv_read = 0.0
         state_io = 0
         for row in plan.rows:
@@ -85,71 +80,31 @@ class RooflineCost:
         compute = flops / (dev.peak_flops * (self.mfu if self.mfu is not None else dev.mfu))
         memory = bytes_moved / (dev.hbm_bandwidth * (self.mbu if self.mbu is not None else dev.mbu))
         overhead = self.overhead_s if self.overhead_s is not None else dev.round_overhead_s
-        return overhead + max(compute, memory)
-
-
-BUCKET_SETS = ("pow2", "finer", "fixed")
-
-
-@dataclasses.dataclass(frozen=True)
-class BucketSet:
-    """The step shapes a simulated round is padded to, from configuration (not from the runner's
-    current set): ``pow2`` (token and row buckets are powers of two, as ``runner/shapes.py``),
-    ``finer`` (powers of two and the midpoints 1.5 * 2^k for tokens), ``fixed`` (one shape,
-    ``max_tokens`` x ``max_rows``, for every round). Decode-only rounds use ``(n, n)`` for a row
-    bucket ``n`` except in ``fixed`` mode."""
-
-    kind: str
-    max_tokens: int
-    max_rows: int
-    min_tokens: int = 16
-
-    def __post_init__(self) -> None:
-        if self.kind not in BUCKET_SETS:
-            raise ValueError(f"unknown bucket set {self.kind!r}; choose one of {', '.join(BUCKET_SETS)}")
-
-    @property
-    def token_buckets(self) -> tuple[int, ...]:
-        pow2 = powers_of_two(min(self.min_tokens, self.max_tokens), self.max_tokens)
-        if self.kind == "fixed":
-            return (self.max_tokens,)
-        if self.kind == "finer":
-            mids = tuple(3 * b // 2 for b in pow2 if b >= 16 and 3 * b // 2 < self.max_tokens)
-            return tuple(sorted(set(pow2 + mids)))
-        return pow2
-
-    @property
-    def row_buckets(self) -> tuple[int, ...]:
-        return (self.max_rows,) if self.kind == "fixed" else powers_of_two(1, self.max_rows)
-
-    def select(self, num_tokens: int, num_rows: int, all_decode: bool) -> tuple[int, int]:
-        """``(token_slots, row_slots)`` of the smallest shape holding the round."""
-        if num_rows > self.max_rows or num_tokens > self.max_tokens:
-            raise ValueError(f"round of {num_tokens} tokens / {num_rows} rows exceeds the budgets")
-        rows = next(r for r in self.row_buckets if r >= num_rows)
-        if all_decode and self.kind != "fixed":
-            return rows, rows
-        return next(t for t in self.token_buckets if t >= max(num_tokens, rows)), rows
+        return overhead + max(compute, memory) + pairing_pass_s(plan, token_slots, m, dev, self.mfu, self.mbu)
 
 
 class SimExecutor:
-    """Advances ``clock`` by the cost model's round time; pads like the model executor would: to
-    ``buckets`` (a :class:`BucketSet`), or to the runner's ``ShapeConfig`` variants, or not at all.
-    Capabilities: its cost model as the round cost (:meth:`plan_cost`) and, when built with
-    ``overlap``, overlap; no logprobs, no penalties."""
+    """Advances ``clock`` by the cost model's round time (times ``exp(N(0, noise))`` when ``noise``
+    is set, from a generator seeded with ``seed``); pads like the model executor would: to the
+    runner's ``ShapeConfig`` variants (``shapes``), or not at all (None). Capabilities: overlap
+    when built with ``overlap``; no logprobs, no penalties, no round cost (see the module doc)."""
 
     def __init__(
-        self, cost: CostModel, clock: VirtualClock, shapes: ShapeConfig | BucketSet | None = None, token: int = 1,
-        *, overlap: bool = False,
+        self, cost: CostModel, clock: VirtualClock, shapes: ShapeConfig | None = None, token: int = 1,
+        *, overlap: bool = False, noise: float = 0.0, seed: int = 0,
     ):  # fmt: skip
+        if noise < 0:
+            raise ValueError(f"noise must be >= 0, got {noise}")
         self.cost = cost
         self.clock = clock
         self.shapes = shapes
         self.token = token
+        self.noise = noise
+        self._rng = random.Random(seed)
         # overlap=True: the engine plans round r+1 before round r commits, as with the model executor
         # (the mirror of an overlapped model engine); the clock still charges the rounds one after
         # the other and no host time. Default False: the synchronous engine.
-        self.capabilities = ExecutorCapabilities(overlap=overlap, round_cost=self.plan_cost)
+        self.capabilities = ExecutorCapabilities(overlap=overlap)
 
     def launch(self, plan: RoundPlan, sampling: Mapping[int, SamplingRow], prev: object = None) -> DeferredRound:
         return DeferredRound(plan, sampling)
@@ -157,23 +112,17 @@ class SimExecutor:
     def collect(self, handle: DeferredRound) -> StepResult:
         return self.execute(handle.plan, handle.sampling)
 
-    def plan_cost(self, rows: Sequence[RowPlan]) -> float:
-        """Seconds a round of ``rows`` would take (padded as :meth:`execute` pads): the round cost
-        the scheduler's ``pair`` fill rule asks for."""
-        num_decode = sum(1 for r in rows if r.is_decode)
-        return self._time(RoundPlan(rows=tuple(rows), num_decode=num_decode, stats=RoundStats()))[0]
-
     def _time(self, plan: RoundPlan) -> tuple[float, int, int]:
-        all_decode = plan.num_decode == len(plan.rows)
-        if isinstance(self.shapes, BucketSet):
-            token_slots, row_slots = self.shapes.select(plan.num_tokens, len(plan.rows), all_decode)
-        elif self.shapes is not None:
+        if self.shapes is not None:
             # the runner's variants: the same decode region the model executor selects
             variant, _ = variant_for(plan, self.shapes)
             token_slots, row_slots = variant.num_tokens, variant.num_rows
         else:
             token_slots, row_slots = plan.num_tokens, len(plan.rows)
-        return self.cost.round_time(plan, token_slots, row_slots), token_slots, row_slots
+        seconds = self.cost.round_time(plan, token_slots, row_slots)
+        if self.noise:
+            seconds *= math.exp(self._rng.gauss(0.0, self.noise))
+        return seconds, token_slots, row_slots
 
     def execute(self, plan: RoundPlan, sampling: Mapping[int, SamplingRow]) -> StepResult:
         seconds, token_slots, row_slots = self._time(plan)

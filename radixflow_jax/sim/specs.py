@@ -142,6 +142,17 @@ MODEL_SPECS: dict[str, ModelSpec] = {
 #    reach in decode (https://www.open-source-ai.tech/glossary/model-bandwidth-utilization; a rule of
 #    thumb, not a measurement). MFU 0.5: an assumption (no public per-round prefill figure found);
 #    the results state it, and it only matters for rounds that are compute-bound.
+#  * KERNEL_LAUNCH_S (GPU): the device-side cost of one more kernel inside a compiled program, what
+#    policy pair's pre-pass adds per recurrent layer (sim/pairing_cost.py). An assumption of the
+#    order of the per-kernel gap in a CUDA graph (no figure of this project or a cited one yet;
+#    benchmarks/gpu_check.py measures the fixed per-round cost when a GPU is lent).
+#  * GRID_STEP_S (TPU): the fixed cost of one grid step of a Pallas TPU kernel, what the second
+#    scan's steps add. An assumption of the same standing.
+#    Both enter only rounds with paired consumers.
+#  * SM_COUNT: H200 has 132 SMs (NVIDIA H100/H200 SXM datasheet); a GPU program (one row, head and
+#    column block of the chunked scan) runs on one SM, so a serial chunk chain runs at 1/132 of peak.
+KERNEL_LAUNCH_S = 2.5e-6
+GRID_STEP_S = 0.35e-6
 ROUND_OVERHEAD_GRAPH_S = 1.0e-3
 ROUND_OVERHEAD_EAGER_S = 3.3e-3
 OVERHEAD_SOURCE = "0.3 ms graph-captured step beyond the weight read (cloudai.pt, H100) + 0.66 ms host plan/build"
@@ -151,7 +162,10 @@ OVERHEAD_SOURCE = "0.3 ms graph-captured step beyond the weight read (cloudai.pt
 class DeviceSpec:
     """``round_overhead_s``: the fixed cost of one round (launch, sync, host planning), with
     ``overhead_source`` saying where it comes from; ``mfu`` / ``mbu``: achieved fractions of peak
-    FLOP/s and HBM bandwidth (see the notes above ``ROUND_OVERHEAD_GRAPH_S``)."""
+    FLOP/s and HBM bandwidth; ``backend``: which lowering of the Pallas scans runs (``"gpu"``: a
+    pre-pass over producers for paired rounds; ``"tpu"``: a second full scan), with
+    ``kernel_launch_s``, ``grid_step_s`` and ``sm_count`` (see the notes above
+    ``ROUND_OVERHEAD_GRAPH_S``)."""
 
     name: str
     peak_flops: float  # dense bf16 FLOP/s
@@ -161,14 +175,18 @@ class DeviceSpec:
     overhead_source: str = OVERHEAD_SOURCE
     mfu: float = 0.5
     mbu: float = 0.7
+    backend: str = "gpu"
+    sm_count: int = 132
+    kernel_launch_s: float = KERNEL_LAUNCH_S
+    grid_step_s: float = GRID_STEP_S
 
 
 DEVICE_SPECS: dict[str, DeviceSpec] = {
     "h200": DeviceSpec("h200", 989e12, 4.8e12, 141e9),
     # two H200 with tensor parallelism, communication not modelled (for models that need 2 GPUs)
-    "h200x2": DeviceSpec("h200x2", 2 * 989e12, 2 * 4.8e12, 2 * 141e9),
-    "tpu-v5e": DeviceSpec("tpu-v5e", 197e12, 0.819e12, 16e9),
-    "tpu-v6e": DeviceSpec("tpu-v6e", 918e12, 1.64e12, 32e9),
+    "h200x2": DeviceSpec("h200x2", 2 * 989e12, 2 * 4.8e12, 2 * 141e9, sm_count=2 * 132),
+    "tpu-v5e": DeviceSpec("tpu-v5e", 197e12, 0.819e12, 16e9, backend="tpu", sm_count=1),
+    "tpu-v6e": DeviceSpec("tpu-v6e", 918e12, 1.64e12, 32e9, backend="tpu", sm_count=1),
 }
 
 

@@ -12,7 +12,7 @@ from radixflow_jax import cli
 from radixflow_jax.bench.driver import RunResult
 from radixflow_jax.bench.repeats import summarize_repeats
 from radixflow_jax.bench.workloads import WorkloadSpec, generate
-from radixflow_jax.sim.executor import BucketSet, RooflineCost
+from radixflow_jax.sim.executor import RooflineCost
 from radixflow_jax.sim.specs import get_device_spec, get_model_spec
 from radixflow_jax.scheduler.plan import RoundPlan, RoundStats, RowPlan
 
@@ -37,14 +37,42 @@ def test_session_arrivals() -> None:
         WorkloadSpec(session_window=-1.0)
 
 
-def test_bucket_sets() -> None:
-    pow2, finer, fixed = (BucketSet(k, 8192, 64) for k in ("pow2", "finer", "fixed"))
-    assert pow2.select(2100, 10, False) == (4096, 16) and finer.select(2100, 10, False) == (3072, 16)
-    assert fixed.select(2100, 10, False) == (8192, 64) and fixed.select(5, 5, True) == (8192, 64)
-    assert pow2.select(5, 5, True) == (8, 8) and finer.select(5, 5, True) == (8, 8)
-    assert set(pow2.token_buckets) < set(finer.token_buckets)
-    with pytest.raises(ValueError, match="unknown bucket set"):
-        BucketSet("odd", 64, 4)
+def test_simulator_pads_to_the_runners_variants() -> None:
+    """One source of step shapes: a simulated round runs in the variant the model executor selects
+    for the engine's bucket mode (fine by default), and the simulated engine is wired with it."""
+    from radixflow_jax.engine.config import EngineConfig
+    from radixflow_jax.runner.shapes import ShapeConfig
+    from radixflow_jax.sim.engines import build_sim_engine
+    from radixflow_jax.sim.executor import SimExecutor, VirtualClock
+
+    spec, dev = get_model_spec("qwen3.5-9b"), get_device_spec("h200")
+    plan = _plan([(0, 2100)] + [(0, 10)] * 9)
+    for mode in ("fine", "pow2", "fixed"):
+        shapes = ShapeConfig(max_tokens=8192, max_rows=64, max_pages_per_row=512, grid=64, mode=mode)
+        result = SimExecutor(RooflineCost(spec, dev), VirtualClock(), shapes).execute(plan, {})
+        v = shapes.select(plan.num_tokens, len(plan.rows), num_decode=0)
+        assert (result.token_slots, result.row_slots) == (v.num_tokens, v.num_rows)
+    engine = build_sim_engine(spec, dev, EngineConfig.from_options(max_num_seqs=64, max_num_batched_tokens=8192))
+    assert engine.executor.shapes.mode == "fine" == EngineConfig().bucket_mode
+
+
+def test_simulated_noise_is_seeded_and_sized() -> None:
+    from radixflow_jax.sim.executor import SimExecutor, VirtualClock
+
+    spec, dev = get_model_spec("qwen3.5-9b"), get_device_spec("h200")
+    plan = _plan([(0, 512)])
+    exact = SimExecutor(RooflineCost(spec, dev), VirtualClock()).execute(plan, {}).step_s
+
+    def times(seed: int) -> list[float]:
+        ex = SimExecutor(RooflineCost(spec, dev), VirtualClock(), noise=0.1, seed=seed)
+        return [ex.execute(plan, {}).step_s for _ in range(400)]
+
+    a, b = times(1), times(1)
+    assert a == b and times(2) != a  # seeded
+    spread = np.std(np.log(np.array(a) / exact))
+    assert 0.08 < spread < 0.12  # the stated relative size
+    with pytest.raises(ValueError, match="noise must be >= 0"):
+        SimExecutor(RooflineCost(spec, dev), VirtualClock(), noise=-0.1)
 
 
 def _plan(spans: list[tuple[int, int]]) -> RoundPlan:
@@ -93,7 +121,7 @@ def test_cli_repeats_utilization_and_sweep(tmp_path, capsys) -> None:
         assert 0 < run["utilization"] <= 1 and run["spread"]["rounds"][0] <= run["rounds"]
         reps = data["repeats"][run["policy"]]
         assert len(reps) == 2 and reps[0]["rounds"] == reps[1]["rounds"] == run["rounds"]  # the sim is deterministic
-    assert data["config"]["round_overhead_s"] > 0 and data["config"]["buckets"] == "pow2"
+    assert data["config"]["round_overhead_s"] > 0 and data["config"]["buckets"] == "fine"
     sweep_json, plot = str(tmp_path / "s.json"), str(tmp_path / "s.png")
     assert cli.main([*common, "--sweep-rates", "5,40", "--json", sweep_json, "--plot", plot]) == 0
     table = capsys.readouterr().out
@@ -120,16 +148,7 @@ def test_cli_bad_new_arguments(args, message, capsys) -> None:
     assert message in capsys.readouterr().err
 
 
-def test_cli_sim_only_options_refused_on_the_model_executor(capsys) -> None:
-    assert cli.main(["bench", "--model", "tiny-qwen3.5", "--buckets", "fixed", "--no-progress"]) == 2
+@pytest.mark.parametrize("flag", [["--sim-noise", "0.1"], ["--round-overhead-ms", "1"]])
+def test_cli_sim_only_options_refused_on_the_model_executor(flag, capsys) -> None:
+    assert cli.main(["bench", "--model", "tiny-qwen3.5", *flag, "--no-progress"]) == 2
     assert "simulated executor only" in capsys.readouterr().err
-
-
-def test_calibrated_line_has_no_negative_terms() -> None:
-    from radixflow_jax.engine.roundcost import CalibratedCost
-
-    # measured: time grows with tokens and shrinks with rows -> the row term is dropped, refitted
-    cost = CalibratedCost.fit([(64, 1, 0.010), (128, 8, 0.012), (256, 1, 0.030), (512, 8, 0.045)])
-    assert cost.per_row == 0.0 and cost.per_token > 0 and cost.intercept >= 0
-    assert cost.round_time(_plan([(0, 1)]), 16, 16) > 0  # an unseen variant is never free
-    assert cost.round_time(_plan([(0, 1)]), 64, 1) == 0.010  # a measured one is its mean

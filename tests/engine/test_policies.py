@@ -1,5 +1,5 @@
 """Issue-level checks of the paper's comparison on the real tiny models (model executor, CPU) and
-of the simulated executor calibrated against it. Latency is compared in rounds (deterministic);
+of the round-cost calibration on it. Latency is compared in rounds (deterministic);
 wall-clock comparisons belong to ``radixflow bench``."""
 
 from __future__ import annotations
@@ -8,11 +8,12 @@ import numpy as np
 import pytest
 
 from radixflow_jax.bench.driver import drive
-from radixflow_jax.sim.engines import calibrate, mirror_sim_engine
+from radixflow_jax.bench.calibration import calibration_report
+from radixflow_jax.sim.engines import calibrate
 from radixflow_jax.bench.workloads import WorkloadSpec, generate
 from radixflow_jax.engine.config import EngineConfig
 from radixflow_jax.engine.build import build_engine
-from radixflow_jax.engine.roundcost import MeasuredRoundCost
+from radixflow_jax.engine.roundcost import FEATURES, FittedRoundCost, record_seconds
 from tests.engine.workloads import GUARDED
 
 # Rounds are scheduling alone, so the policies are compared in the fixed bucket mode: one step
@@ -74,23 +75,25 @@ def test_attention_only_control_is_unchanged(tiny_model) -> None:
     assert abs(f_rounds - n_rounds) <= 0.02 * n_rounds
 
 
-def test_calibrated_simulator_predicts_a_held_out_workload(hybrid) -> None:
-    """Fit the cost model on one workload, predict another: the simulated mirror (wired by the same
-    function as the model engine) must run the held-out workload in the same rounds with the same
-    shapes and reuse. Time agreement is a benchmark's business (``radixflow bench``), not asserted."""
+def test_cost_calibration_fits_one_workload_and_scores_another(hybrid) -> None:
+    """The calibration of ``benchmarks/calibrate_cost.py`` on the model executor: the line is fitted
+    to one workload's rounds only and scored on another's (other lengths, arrivals and policy).
+    Asserted: the fit's structure and that no held-out round is in it; the errors themselves are
+    timing, reported by the benchmark, never asserted."""
     engine, _ = _run(hybrid, "radixflow", FINE)
-    cost = calibrate(engine)
-    assert len({(r.token_slots, r.row_slots) for r in engine.records}) >= 3  # a line through several shapes
+    assert len({(r.token_slots, r.row_slots) for r in engine.records}) >= 3  # rounds of several shapes
     held_out = generate(WorkloadSpec("race", num_requests=16, seed=11, arrival="all", article_len=100,
                                      question_len=28, max_tokens=3))  # fmt: skip
-    model_engine = build_engine(hybrid, FINE.with_options(policy="radixflow"))
-    model_out = drive(model_engine, held_out)
-    sim = mirror_sim_engine(model_engine, cost)
-    sim_out = drive(sim, held_out, wait=sim.clock.advance)
-    shapes = [(r.num_tokens, r.num_rows, r.token_slots, r.row_slots) for r in sim.records]
-    assert shapes == [(r.num_tokens, r.num_rows, r.token_slots, r.row_slots) for r in model_engine.records]
-    assert [o.cached_tokens for o in sim_out] == [o.cached_tokens for o in model_out]
-    assert all(r.step_s > 0 for r in sim.records)  # unseen variants: the fitted line, non-negative terms
+    other = build_engine(hybrid, FINE.with_options(policy="pair"))
+    drive(other, held_out)
+    report = calibration_report(engine.records, other.records)
+    assert report.fit_rounds == len(engine.records) and report.held_out_rounds == len(other.records)
+    assert set(report.coef) == set(FEATURES) and all(c >= 0 for c in report.coef.values())
+    assert len(report.errors) == len(other.records) == len(report.baseline_errors)
+    assert all(e >= 0 for e in report.errors + report.baseline_errors)
+    assert report.baseline_s == pytest.approx(np.mean([record_seconds(r) for r in engine.records]))
+    line = calibrate(engine)  # what a simulated mirror of the engine would run on (plan time included)
+    assert line.rounds == len(engine.records) and all(c >= 0 for c in line.coef)
 
 
 def test_pair_fewer_rounds_than_radixflow_same_outputs(hybrid, flow_run) -> None:
@@ -102,6 +105,7 @@ def test_pair_fewer_rounds_than_radixflow_same_outputs(hybrid, flow_run) -> None
     assert abs(p_reuse - f_reuse) <= 0.01
     assert [o.token_ids for o in pair_out] == [o.token_ids for o in flow_out]
     assert sum(r.consumers_paired for r in pair_engine.records) > 0
-    # the fill rule's round cost on the model executor: medians of the rounds this engine measured
+    # pairing and the fill rule judge by the estimator fitted to the rounds this engine measured
     cost = pair_engine.scheduler.round_cost
-    assert isinstance(cost, MeasuredRoundCost) and cost.measured() and min(cost.measured().values()) > 0
+    assert isinstance(cost, FittedRoundCost) and cost.records is pair_engine.records
+    assert cost.line().rounds == min(len(pair_engine.records), 256) and cost([]) == 0.0

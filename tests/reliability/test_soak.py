@@ -11,6 +11,7 @@ import logging
 import pytest
 
 from radixflow_jax.reliability.soak import SoakConfig, run_soak
+from radixflow_jax.scheduler.admission import get_policy
 from tests.reliability.scenarios import CACHING_POLICIES
 
 
@@ -26,4 +27,4 @@ def test_soak(policy: str, caplog) -> None:
     assert r["invariant_audits"] == r["ticks"] and r["rounds"] <= r["ticks"]  # after every round
     assert r["leaked_pages"] == 0 and r["leaked_slots"] == 0
     assert r["reuse"] > 0.1
-    assert (r["paired_reads_checked"] > 20) if policy == "pair" else r["paired_reads_checked"] == 0
+    assert (r["paired_reads_checked"] > 20) if get_policy(policy).pair else r["paired_reads_checked"] == 0
