@@ -9,11 +9,13 @@ every variant of the bucket set up front, with progress on stderr.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Sequence
 
 from radixflow_jax.engine.build import build_engine
 from radixflow_jax.engine.config import EngineConfig
 from radixflow_jax.engine.params import RequestOutput, SamplingParams
+from radixflow_jax.engine.siblings import choose, expand, is_group
 from radixflow_jax.models.api import LoadedModel
 from radixflow_jax.models.batch import state_bytes_per_slot
 from radixflow_jax.replicas.placement import replica_models
@@ -53,7 +55,10 @@ class LLM:
         prompts: Sequence[str] | Sequence[Sequence[int]],
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
     ) -> list[RequestOutput]:
-        """Runs every prompt to completion; a bad prompt raises before anything is queued."""
+        """Runs every prompt to completion; a bad prompt raises before anything is queued. A prompt
+        whose params ask for ``n > 1`` samples (or ``best_of`` candidates) runs them as siblings
+        sharing the prompt's cache; its output is the first (best) sample, with all ``n`` of them in
+        ``samples``."""
         if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
             raise TypeError("prompts must be a list of strings or a list of token-id lists")
         params = sampling_params or SamplingParams()
@@ -62,12 +67,18 @@ class LLM:
             raise ValueError(f"{len(per)} sampling params for {len(prompts)} prompts")
         encoded = [self._ids(p) for p in prompts]
         checked = [self.engine.check(ids, p) for ids, p in zip(encoded, per)]  # every one before queueing any
-        rids = [self.replicas.add(c) for c in checked]
+        groups = [self.replicas.add_group(c) for c in checked]
         while self.replicas.has_unfinished():
             self.replicas.step()
-        outputs = [self.replicas.output(r) for r in rids]
-        for replica, r in rids:
-            self.replicas.engines[replica].forget(r)
+        outputs = []
+        for c, rids in zip(checked, groups):
+            samples = [self.replicas.output(r) for r in rids]
+            if is_group(c.params):
+                chosen = choose(expand(c.params), samples)
+                samples = [dataclasses.replace(chosen[0], samples=chosen)]
+            outputs.append(samples[0])
+            for replica, r in rids:
+                self.replicas.engines[replica].forget(r)
         return outputs
 
     def reset_prefix_cache(self) -> bool:

@@ -131,6 +131,15 @@ def parse_line(index: int, line: int, raw: bytes, tokenizer: TextTokenizer | Non
     return _parse_plain(index, line, obj, tokenizer, limits)
 
 
+def _not_in_batch(params: SamplingParams) -> str | None:
+    """Why a batch job cannot run ``params`` (it writes one output record per input line), or None."""
+    if params.num_samples > 1:
+        return "n: several samples (n > 1, best_of) are not available in a batch job; send one line per sample"
+    if params.prompt_logprobs is not None:
+        return "prompt_logprobs: not available in a batch job"
+    return None
+
+
 def _with_seed(params: SamplingParams, line: int, limits: RequestLimits) -> SamplingParams:
     if params.seed is not None:
         return params
@@ -161,6 +170,9 @@ def _parse_openai(
         if body.stream:
             raise protocol.ProtocolError("stream: streaming is not available in a batch job", param="stream")
         req = protocol.to_engine_request(body, tok, max_model_len=limits.max_model_len, vocab_size=limits.vocab_size)
+        refused = _not_in_batch(req.params) or ("echo: not available in a batch job" if req.echo else None)
+        if refused:
+            raise protocol.ProtocolError(refused, param=refused.split(":")[0])
     except protocol.ProtocolError as exc:
         return fail(f"body: {exc.message}", exc.code or "invalid_request")
     params = _with_seed(req.params, line, limits)
@@ -191,6 +203,9 @@ def _parse_plain(
         params = SamplingParams.from_dict(sampling)
     except (ValueError, TypeError) as exc:
         return fail(str(exc), "invalid_parameter")
+    refused = _not_in_batch(params)
+    if refused:
+        return fail(refused, "invalid_parameter")
     bad = next((t for t in ids if not 0 <= t < limits.vocab_size), None)
     if bad is not None:
         return fail(f"token id {bad} is outside the vocabulary [0, {limits.vocab_size})")

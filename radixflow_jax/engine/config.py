@@ -11,6 +11,7 @@ import dataclasses
 import math
 from typing import Any, Callable, Sequence
 
+from radixflow_jax.engine.params import DEFAULT_MAX_N
 from radixflow_jax.engine.protocol import StepResult
 from radixflow_jax.scheduler.config import MODEL_DERIVED, SchedulerConfig
 from radixflow_jax.scheduler.plan import RoundPlan, RoundStats, attention_pairs, pairing_spans
@@ -44,10 +45,13 @@ class EngineConfig:
     step_retries: int = 1  # failed rounds a request is retried through before it ends with an error
     max_failed_rounds: int = 3  # failed rounds in a row after which the engine gives up (EngineFailure)
     overlap: bool = True  # plan and build round r+1 while the device runs round r (model executor, one device)
+    max_n: int = DEFAULT_MAX_N  # the most samples (n, best_of) one request may ask for (engine/siblings.py)
 
     def __post_init__(self) -> None:
         if self.warmup not in (True, False, "all", "lazy"):
             raise ValueError(f"warmup={self.warmup!r}: expected True/'all' or False/'lazy'")
+        if self.max_n < 1:
+            raise ValueError(f"max_n={self.max_n}: must be >= 1")
 
     @property
     def warmup_all(self) -> bool:

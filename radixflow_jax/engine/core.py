@@ -38,9 +38,10 @@ from typing import Callable, Sequence, cast
 from radixflow_jax.engine.config import EngineFailure, RoundRecord, ServingClock
 from radixflow_jax.engine.intake import CheckedRequest, RequestLimits
 from radixflow_jax.engine.params import RequestOutput, SamplingParams
-from radixflow_jax.engine.protocol import Executor, LaunchHandle, OverlapExecutor, StepResult
+from radixflow_jax.engine.protocol import Executor, LaunchHandle, OverlapExecutor, PromptLogprob, StepResult
 from radixflow_jax.engine.record import RequestRecord, SamplingRows
 from radixflow_jax.engine.recovery import failure_text, is_fatal, rebuild
+from radixflow_jax.engine.siblings import expand, is_group, sample_limit
 from radixflow_jax.scheduler.config import SchedulerConfig
 from radixflow_jax.scheduler.plan import RoundPlan
 from radixflow_jax.scheduler.request import Request
@@ -67,6 +68,7 @@ class EngineCore:
         step_retries: int = 1,
         max_failed_rounds: int = 3,
         overlap: bool = True,
+        max_n: int | None = None,
     ):
         if step_retries < 0 or max_failed_rounds < 1:
             raise ValueError(f"step_retries={step_retries} must be >= 0, max_failed_rounds={max_failed_rounds} >= 1")
@@ -91,9 +93,11 @@ class EngineCore:
         self._sampling = SamplingRows(self._records)  # the view executors read
         caps = executor.capabilities
         self.overlap = overlap and caps.overlap
+        self._prompt_logprobs = caps.prompt_logprobs
         self.limits = RequestLimits(
             max_model_len, self.scheduler.max_request_tokens(), caps.penalty_window, caps.logprobs,
-            tokenizer is not None, vocab_size,
+            tokenizer is not None, vocab_size, caps.logit_bias, caps.prompt_logprobs is not None,
+            sample_limit(max_n, wiring), self.eos_token_ids,
         )  # fmt: skip
         self._in_flight: _Launched | None = None  # overlap: the round launched and not collected yet
         self._host_tail = 0.0  # host time after the latest result was fetched, inside step()
@@ -124,15 +128,45 @@ class EngineCore:
         return self.add(self.check(prompt_ids, params), arrival_time=arrival_time)
 
     def add(self, checked: CheckedRequest, *, arrival_time: float | None = None) -> int:
-        """Queues a request :meth:`check` accepted (on this engine or an identical replica)."""
-        params = checked.params
+        """Queues a request :meth:`check` accepted (on this engine or an identical replica); one
+        that asks for several samples goes through :meth:`add_group` instead."""
+        if is_group(checked.params):
+            raise ValueError("a request with n > 1 or best_of runs as sibling requests: use add_group")
+        scores = self._score_prompt(checked)
+        rid = self._queue(checked.prompt, checked.params, arrival_time)
+        self._records[rid].output.prompt_logprobs = scores
+        return rid
+
+    def add_group(self, checked: CheckedRequest, *, arrival_time: float | None = None) -> list[int]:
+        """Queues the sibling requests of a checked request (``engine/siblings.py``: ``best_of`` or
+        ``n`` of them, in index order, queued together so their prompt is computed once); each
+        record's ``siblings`` holds the ids of all. ``n == 1`` without ``best_of`` is one request."""
+        members = expand(checked.params).members if is_group(checked.params) else (checked.params,)
+        scores = self._score_prompt(checked)  # before queueing: should it raise, nothing is queued
+        rids = [self._queue(checked.prompt, p, arrival_time) for p in members]
+        for i, rid in enumerate(rids):
+            rec = self._records[rid]
+            rec.siblings = tuple(rids) if len(rids) > 1 else None
+            rec.output.index, rec.output.prompt_logprobs = i, scores
+        return rids
+
+    def _queue(self, prompt: tuple[int, ...], params: SamplingParams, arrival_time: float | None) -> int:
         rid = next(self._ids)
         stops = set(params.stop_token_ids) | (set() if params.ignore_eos else set(self.eos_token_ids))
-        req = Request(rid, checked.prompt, params.max_tokens, frozenset(stops))
+        req = Request(rid, prompt, params.max_tokens, frozenset(stops))
         req.arrival_time = self.clock() if arrival_time is None else arrival_time
         self.scheduler.add(req)
-        self._records[rid] = RequestRecord.open(req, params, hash((self.seed, rid)) & 0xFFFFFFFF)
+        rec = RequestRecord.open(req, params, hash((self.seed, rid)) & 0xFFFFFFFF, self.limits.banned(params))
+        self._records[rid] = rec
         return rid
+
+    def _score_prompt(self, checked: CheckedRequest) -> list[PromptLogprob | None] | None:
+        """The prompt logprobs a request asked for (once for all its siblings; computed cold by the
+        executor, since cached prompt tokens have no logits), else None."""
+        k = checked.params.prompt_logprobs
+        if k is None or self._prompt_logprobs is None:
+            return None
+        return self._prompt_logprobs(checked.prompt, k)
 
     def abort(self, request_id: int) -> RequestOutput | None:
         req = self.scheduler.abort(request_id)

@@ -21,11 +21,11 @@ import numpy as np
 
 from radixflow_jax.models.api import LoadedModel
 from radixflow_jax.models.batch import init_cache
-from radixflow_jax.runner.inputs import SamplingRow, build_arrays
+from radixflow_jax.runner.inputs import BIAS_WIDTH, SamplingRow, build_arrays
 from radixflow_jax.runner.shapes import ShapeConfig, Variant
 from radixflow_jax.runner.step import CompiledStep, out_rows, splice_defaults
 from radixflow_jax.runner.window import select_round
-from radixflow_jax.engine.protocol import ExecutorCapabilities, StepResult
+from radixflow_jax.engine.protocol import ExecutorCapabilities, PromptLogprob, StepResult
 from radixflow_jax.scheduler.plan import UNKNOWN_TOKEN, RoundPlan
 
 
@@ -98,13 +98,15 @@ class ModelExecutor:
         ))  # fmt: skip
         self.penalty_window = penalty_window
         self._neutral_ctx: dict[object, tuple[jax.Array, jax.Array]] = {}  # per variant: unpenalised context arrays
+        self._neutral_bias: dict[object, tuple[jax.Array, ...]] = {}  # per variant: bias arrays of no entry
         self.step = CompiledStep(
             model.graphdef, model.params, self.cache, shapes, kernels, penalty_window,
             shared=model.compiled_variants,
         )  # fmt: skip
         self.capabilities = ExecutorCapabilities(
-            overlap=self.step.single_device, logprobs=True, penalty_window=penalty_window
-        )
+            overlap=self.step.single_device, logprobs=True, penalty_window=penalty_window, logit_bias=BIAS_WIDTH,
+            prompt_logprobs=self.prompt_logprobs,
+        )  # fmt: skip
         self.progress = progress
         self.warmup_s = 0.0
         self._no_prev = jax.device_put(np.zeros(out_rows(shapes), np.int32))  # prev_tokens of a round that splices nothing
@@ -145,6 +147,11 @@ class ModelExecutor:
             if variant not in self._neutral_ctx:
                 self._neutral_ctx[variant] = (jax.device_put(arrays.ctx_ids), jax.device_put(arrays.ctx_out))
             inputs["ctx_ids"], inputs["ctx_out"] = self._neutral_ctx[variant]
+        if self.step.single_device and not (arrays.bias_ids >= 0).any():
+            # no row has a bias entry: the [R, B] bias arrays are the same every round; keep them on the device
+            if variant not in self._neutral_bias:
+                self._neutral_bias[variant] = tuple(jax.device_put(x) for x in (arrays.bias_ids, arrays.bias_vals, arrays.bias_until))
+            inputs["bias_ids"], inputs["bias_vals"], inputs["bias_until"] = self._neutral_bias[variant]
         src = splice_sources(plan, arrays.plan_rows, arrays.cu_seqlens, variant.num_tokens, prev)
         if src is None:
             inputs["splice_src"], inputs["prev_tokens"] = splice_defaults(variant, self.shapes)["splice_src"], self._no_prev
@@ -184,6 +191,20 @@ class ModelExecutor:
             sampled, variant.num_tokens, variant.num_rows, handle.build_s, step_s, logprobs, variant.num_decode,
             handle.compile_s,
         )
+
+    def prompt_logprobs(self, prompt: Sequence[int], k: int) -> list[PromptLogprob | None]:
+        """Per prompt token: None for the first, else ``(logprob, top k ids, their logprobs)`` given
+        the tokens before it, from one cold forward of the prompt (``LoadedModel.logits``: its own
+        scratch sequence, neither the pools nor the prefix cache; cached tokens have no logits)."""
+        logits = self.model.logits(list(prompt)).astype(np.float64)
+        logp = logits - logits.max(-1, keepdims=True)
+        logp -= np.log(np.exp(logp).sum(-1, keepdims=True))
+        out: list[PromptLogprob | None] = [None]
+        for i in range(1, len(prompt)):
+            row = logp[i - 1]
+            top = np.argsort(-row, kind="stable")[:k]
+            out.append((float(row[prompt[i]]), top.tolist(), row[top].tolist()))
+        return out
 
     def lose_device_state(self) -> None:
         """Deletes the pool buffers, as a failed step that consumed its donated pools leaves them

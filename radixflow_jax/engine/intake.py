@@ -12,7 +12,9 @@ Invariants:
   * :class:`RequestLimits` holds only settings fixed when the engine was built (a frozen copy), so
     checking is safe off the engine thread and gives the same answer on every replica of one build.
   * A :class:`CheckedRequest` has a non-empty tuple of ``int`` token ids inside the vocabulary, and
-    its prompt + ``max_tokens`` fits ``max_model_len``, the KV pool and (penalised) the penalty window.
+    its prompt + ``max_tokens`` fits ``max_model_len``, the KV pool and (penalised) the penalty window;
+    its ``n`` / ``best_of`` are at most ``max_n``, its logit_bias ids lie in the vocabulary and its
+    bias entries fit the executor's bias slots.
   * The checks run in a fixed order, so a request with several faults always gets the same error.
 The HTTP layer (``serve/protocol.py``) checks the OpenAI request body on its own terms (field names,
 its own context-length answer); the scheduler's ``add`` keeps its own preconditions for direct users.
@@ -25,7 +27,7 @@ import dataclasses
 import numbers
 from typing import Sequence
 
-from radixflow_jax.engine.params import SamplingParams
+from radixflow_jax.engine.params import DEFAULT_MAX_N, SamplingParams
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,7 +43,10 @@ class RequestLimits:
     """What one engine can run. ``pool_tokens``: the longest request its KV pool holds with nothing
     else running; ``penalty_window``: the longest penalised context (0: no penalties);
     ``logprobs``: its executor returns logprobs; ``stop_strings``: it has a tokenizer;
-    ``vocab_size``: None when unknown (no range check)."""
+    ``vocab_size``: None when unknown (no range check); ``bias_width``: bias entries a row may carry
+    (0: no logit_bias / min_tokens); ``prompt_logprobs``: the executor computes them; ``max_n``: the
+    most samples (``n``, ``best_of``) of one request; ``stop_ids``: the model's EOS ids (what
+    ``min_tokens`` bans besides ``stop_token_ids``)."""
 
     max_model_len: int
     pool_tokens: int
@@ -49,6 +54,10 @@ class RequestLimits:
     logprobs: bool
     stop_strings: bool
     vocab_size: int | None
+    bias_width: int = 0
+    prompt_logprobs: bool = False
+    max_n: int = DEFAULT_MAX_N
+    stop_ids: tuple[int, ...] = ()
 
     def check(self, prompt: Sequence[int], params: SamplingParams) -> CheckedRequest:
         """See the module docstring; nothing is queued here."""
@@ -70,12 +79,39 @@ class RequestLimits:
             bad = next((t for t in ids if not 0 <= t < self.vocab_size), None)
             if bad is not None:
                 raise ValueError(f"token id {bad} is outside the vocabulary [0, {self.vocab_size})")
+        self._check_extras(params)
         if len(ids) + params.max_tokens > self.pool_tokens:
             raise ValueError(
                 f"prompt ({len(ids)} tokens) + max_tokens ({params.max_tokens}) exceeds the KV pool's "
                 f"{self.pool_tokens} tokens"
             )
         return CheckedRequest(ids, params)
+
+    def banned(self, params: SamplingParams) -> tuple[int, ...]:
+        """The token ids ``min_tokens`` masks: ``stop_token_ids`` and, unless ``ignore_eos``, EOS."""
+        if not params.min_tokens:
+            return ()
+        return tuple(sorted(set(params.stop_token_ids) | (set() if params.ignore_eos else set(self.stop_ids))))
+
+    def _check_extras(self, params: SamplingParams) -> None:
+        """``n`` / ``best_of`` against ``max_n``; logit_bias ids in the vocabulary and, with the
+        min_tokens bans, within the bias slots; prompt_logprobs available."""
+        for name in ("n", "best_of"):
+            value = getattr(params, name)
+            if value is not None and value > self.max_n:
+                raise ValueError(f"{name}={value} exceeds this engine's limit of {self.max_n} samples per request (max_n)")
+        entries = len(params.logit_bias) + len(self.banned(params))
+        if entries and not self.bias_width:
+            raise ValueError("logit_bias and min_tokens are not available with this executor")
+        if entries > self.bias_width:
+            raise ValueError(f"logit_bias has {len(params.logit_bias)} entries and min_tokens bans "
+                             f"{entries - len(params.logit_bias)} stop tokens: more than the {self.bias_width} allowed")  # fmt: skip
+        if self.vocab_size is not None:
+            bad = next((t for t, _ in params.logit_bias if t >= self.vocab_size), None)
+            if bad is not None:
+                raise ValueError(f"logit_bias: token id {bad} is outside the vocabulary [0, {self.vocab_size})")
+        if params.prompt_logprobs is not None and not self.prompt_logprobs:
+            raise ValueError("prompt_logprobs are not available with this executor")
 
     def _check_length(self, num_prompt: int, params: SamplingParams) -> None:
         if num_prompt + params.max_tokens > self.max_model_len:

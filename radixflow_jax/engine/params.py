@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import dataclasses
 import numbers
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 # Unsupported parameters and the values that mean "off" (accepted, since they ask for nothing).
-_UNSUPPORTED: dict[str, tuple[Any, ...]] = {
-    "n": (1,), "best_of": (1,), "prompt_logprobs": (0, False), "logit_bias": ({},),
-    "use_beam_search": (False,), "min_tokens": (0,),
-}  # fmt: skip
+_UNSUPPORTED: dict[str, tuple[Any, ...]] = {"use_beam_search": (False,)}
+
+DEFAULT_MAX_N = 16  # the most samples (n, best_of) one request may ask for unless configured
+LOGIT_BIAS_LIMIT = 100.0  # |bias| of a logit_bias entry (the OpenAI API's range)
 
 
 def _is_int(value: Any) -> bool:
@@ -37,8 +37,19 @@ class SamplingParams:
     the model's EOS ids end it unless ``ignore_eos``. ``presence_penalty`` / ``frequency_penalty``
     (in [-2, 2]) act on generated tokens, ``repetition_penalty`` (> 0, 1 = off) on prompt and
     generated tokens. ``logprobs``: return the log-probability of each sampled token and of the
-    ``logprobs`` most likely alternatives (0-20; None = off), from the penalised logits before
-    temperature and filtering."""
+    ``logprobs`` most likely alternatives (0-20; None = off), from the penalised and biased logits
+    before temperature and filtering.
+
+    ``n`` samples of the prompt (``best_of`` candidates, ranked by cumulative logprob, of which the
+    best ``n`` are returned; ``best_of >= n``): the engine runs them as sibling requests
+    (``engine/siblings.py``), each with its own seed stream (``seed + i`` when a seed is given).
+    ``logit_bias``: token id (an int, or its decimal string as JSON keys are) -> bias in [-100, 100]
+    added to that token's logit before sampling (stored as sorted ``(id, bias)`` pairs).
+    ``min_tokens``: the stop tokens (EOS unless ``ignore_eos``, and ``stop_token_ids``) are masked
+    until that many tokens were generated (``min_tokens <= max_tokens``; stop strings still end
+    generation). ``prompt_logprobs``: the
+    logprob of every prompt token after the first, and its ``prompt_logprobs`` best alternatives
+    (0-20; None = off), computed cold (cached prompt tokens have no logits)."""
 
     max_tokens: int = 16
     temperature: float = 0.0
@@ -53,6 +64,16 @@ class SamplingParams:
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
     logprobs: int | None = None
+    n: int = 1
+    best_of: int | None = None
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    min_tokens: int = 0
+    prompt_logprobs: int | None = None
+
+    @property
+    def num_samples(self) -> int:
+        """Sibling requests this request runs as (``best_of`` when given, else ``n``)."""
+        return self.best_of if self.best_of is not None else self.n
 
     @property
     def has_penalty(self) -> bool:
@@ -92,8 +113,23 @@ class SamplingParams:
                 raise ValueError(f"{name} must be in [-2, 2], got {getattr(self, name)!r}")
         if not 0 < self.repetition_penalty < float("inf"):
             raise ValueError(f"repetition_penalty must be a finite number > 0, got {self.repetition_penalty!r}")
-        if self.logprobs is not None and (not _is_int(self.logprobs) or not 0 <= self.logprobs <= 20):
-            raise ValueError(f"logprobs must be an integer in [0, 20] or None, got {self.logprobs!r}")
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(self, name)
+            if value is not None and (not _is_int(value) or not 0 <= value <= 20):
+                raise ValueError(f"{name} must be an integer in [0, 20] or None, got {value!r}")
+        self._check_samples()
+        object.__setattr__(self, "logit_bias", _bias_pairs(self.logit_bias))
+
+    def _check_samples(self) -> None:
+        """``n``, ``best_of`` (1 is the same as None) and ``min_tokens``."""
+        if self.best_of == 1 and not isinstance(self.best_of, bool):
+            object.__setattr__(self, "best_of", None)
+        if not _is_int(self.n) or self.n < 1:
+            raise ValueError(f"n must be an integer >= 1, got {self.n!r}")
+        if self.best_of is not None and (not _is_int(self.best_of) or self.best_of < self.n):
+            raise ValueError(f"best_of must be an integer >= n ({self.n}), got {self.best_of!r}")
+        if not _is_int(self.min_tokens) or not 0 <= self.min_tokens <= self.max_tokens:
+            raise ValueError(f"min_tokens must be an integer in [0, max_tokens={self.max_tokens}], got {self.min_tokens!r}")
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> SamplingParams:
@@ -111,6 +147,24 @@ class SamplingParams:
         if kwargs.get("top_k") == -1:
             kwargs["top_k"] = 0
         return cls(**kwargs)
+
+
+def _bias_pairs(bias: Any) -> tuple[tuple[int, float], ...]:
+    """``logit_bias`` as sorted ``(token id, bias)`` pairs; ids are integers >= 0, biases in [-100, 100]."""
+    items = bias.items() if isinstance(bias, Mapping) else bias
+    try:
+        pairs = [(k, v) for k, v in items]
+    except (TypeError, ValueError):
+        raise ValueError(f"logit_bias must map token ids to numbers, got {bias!r}") from None
+    pairs = [(int(k) if isinstance(k, str) and k.strip().isdigit() else k, v) for k, v in pairs]  # JSON keys
+    for k, v in pairs:
+        if not _is_int(k) or k < 0:
+            raise ValueError(f"logit_bias keys must be token ids (integers >= 0), got {k!r}")
+        if not _is_real(v) or not -LOGIT_BIAS_LIMIT <= v <= LOGIT_BIAS_LIMIT:
+            raise ValueError(f"logit_bias values must be numbers in [-100, 100], got {v!r} for token {k}")
+    if len({k for k, _ in pairs}) != len(pairs):
+        raise ValueError("logit_bias names a token id twice")
+    return tuple(sorted((int(k), float(v)) for k, v in pairs))
 
 
 @dataclasses.dataclass
@@ -131,6 +185,15 @@ class RequestOutput:
     finish_round: int | None = None
     logprobs: list[tuple[float, list[int], list[float]]] | None = None  # per token, when requested
     error: str | None = None  # why the request ended with finish_reason 'error'
+    # per prompt token (the first None), when prompt_logprobs was asked for: (logprob, top ids, top logprobs)
+    prompt_logprobs: list[tuple[float, list[int], list[float]] | None] | None = None
+    index: int = 0  # this sample's index among its request's n (best_of) samples
+    samples: list[RequestOutput] | None = None  # LLM.generate with n > 1: the n samples returned (this is samples[0])
+
+    @property
+    def cumulative_logprob(self) -> float | None:
+        """Sum of the sampled tokens' logprobs (None without logprobs): what ``best_of`` ranks by."""
+        return None if self.logprobs is None else float(sum(lp for lp, _, _ in self.logprobs))
 
     @property
     def finished(self) -> bool:

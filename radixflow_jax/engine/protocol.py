@@ -7,7 +7,7 @@ once, when it is built; the engine never probes an executor for optional attribu
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Mapping, Protocol
+from typing import Any, Callable, Mapping, Protocol, Sequence
 
 from radixflow_jax.runner.inputs import SamplingRow
 from radixflow_jax.scheduler.plan import RoundPlan
@@ -41,11 +41,20 @@ class ExecutorCapabilities:
     ``penalty_window``: the longest context (prompt + output) a penalised row may have; 0: the
     executor applies no penalties and the engine refuses penalised requests.
     (No executor offers a round cost: the policies' estimator is fitted to the rounds an executor
-    reports, ``engine/roundcost.py``, the simulator's included.)"""
+    reports, ``engine/roundcost.py``, the simulator's included.)
+    ``logit_bias``: the most bias entries (``logit_bias`` + ``min_tokens`` bans of stop tokens) a
+    row may carry; 0: the executor applies none and the engine refuses requests that need them.
+    ``prompt_logprobs``: ``(prompt ids, k) -> per prompt token (logprob, top k ids, their logprobs)``,
+    the first token None, computed cold; None: the engine refuses ``prompt_logprobs``."""
 
     overlap: bool = False
     logprobs: bool = False
     penalty_window: int = 0
+    logit_bias: int = 0
+    prompt_logprobs: Callable[[Sequence[int], int], list[PromptLogprob | None]] | None = None
+
+
+PromptLogprob = tuple[float, list[int], list[float]]  # (logprob of the token, top ids, their logprobs)
 
 
 class Executor(Protocol):

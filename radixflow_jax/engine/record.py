@@ -11,9 +11,10 @@ Invariants:
     request ends (its final text is decoded whole).
   * ``failures`` counts failed rounds in a row that the request ran in; a committed round it ran in
     sets it back to 0.
-  * ``grammar`` and ``siblings`` are placeholders for later issues (constrained decoding state; the
-    other request ids of one prompt's ``n`` samples). Nothing sets or reads them yet: None means an
-    unconstrained request and ``n == 1``.
+  * ``siblings``: the request ids of every sample of one prompt's ``n`` / ``best_of`` group, in
+    index order (this request among them), set by ``EngineCore.add_group``; None for ``n == 1``.
+  * ``grammar`` is a placeholder for a later issue (constrained decoding state): None means an
+    unconstrained request.
 No JAX here.
 """
 
@@ -38,17 +39,19 @@ class RequestRecord:
     detok: IncrementalText | None = None
     failures: int = 0
     grammar: object | None = None  # per-request grammar state (a later issue); None: unconstrained
-    siblings: tuple[int, ...] | None = None  # the other request ids of one prompt's n samples (a later issue)
+    siblings: tuple[int, ...] | None = None  # every request id of one prompt's n samples (index order)
 
     @classmethod
-    def open(cls, req: Request, params: SamplingParams, default_seed: int) -> RequestRecord:
+    def open(cls, req: Request, params: SamplingParams, default_seed: int, banned: tuple[int, ...] = ()) -> RequestRecord:
         """The record of a request just queued: its sampling row (``default_seed`` unless the params
-        fix one; penalised rows carry the live prompt and output lists) and an empty output."""
+        fix one; penalised rows carry the live prompt and output lists; ``banned``: the stop tokens
+        masked until ``min_tokens`` tokens were generated) and an empty output."""
         penalised = params.has_penalty
         row = SamplingRow(
             params.temperature, params.top_k, params.top_p, params.min_p,
             params.seed if params.seed is not None else default_seed, params.presence_penalty, params.frequency_penalty,
             params.repetition_penalty, -1 if params.logprobs is None else params.logprobs,
+            params.logit_bias, banned if params.min_tokens else (), len(req.prompt) + params.min_tokens,
             req.prompt if penalised else (), req.output if penalised else (),
         )  # fmt: skip
         output = RequestOutput(

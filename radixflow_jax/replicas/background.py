@@ -12,6 +12,8 @@ Invariants:
   * ``observer`` (optional) sees every delivered event and every round record on the engine thread;
     with ``trim_records`` the core's record list is emptied after each round (long-running servers).
   * ``call(fn)`` runs ``fn(core)`` on the engine thread between rounds (e.g. a prefix-cache reset).
+  * A request for several samples (``n`` / ``best_of``) is one inbox item with one handle per
+    sibling (``submit_group``), added to the core in one ``EngineCore.add_group``.
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ class RequestFailedError(RuntimeError):
 @dataclasses.dataclass
 class _Pending:
     request: CheckedRequest
-    handle: RequestHandle
+    handles: tuple[RequestHandle, ...]  # one per sample (``n`` / ``best_of`` siblings), index order
 
 
 class RequestHandle:
@@ -173,15 +175,26 @@ class BackgroundEngine:
 
     def enqueue(self, request: CheckedRequest) -> RequestHandle:
         """Queues a request checked by this engine's core or an identical one (a replica's)."""
-        handle = RequestHandle(self)
+        if request.params.num_samples > 1:
+            raise ValueError("a request with n > 1 or best_of has one handle per sample: use submit_group / enqueue_group")
+        return self.enqueue_group(request)[0]
+
+    def submit_group(self, prompt: Sequence[int], params: SamplingParams) -> list[RequestHandle]:
+        """:meth:`submit` for a request that may ask for several samples: one handle per sibling
+        (``engine/siblings.py``), in index order, queued together (their prompt is computed once)."""
+        return self.enqueue_group(self.core.check(prompt, params))
+
+    def enqueue_group(self, request: CheckedRequest) -> list[RequestHandle]:
+        """Queues a checked request's siblings (one for ``n == 1``); one handle each."""
+        handles = tuple(RequestHandle(self) for _ in range(request.params.num_samples))
         with self._wake:  # checked under the lock: the thread fails or drops the inbox under it too
             if self._error is not None:
                 raise EngineDeadError(f"engine stopped: {self._error!r}")
             if self._stopped:
                 raise EngineDeadError("engine was shut down")
-            self._inbox.append(_Pending(request, handle))
+            self._inbox.append(_Pending(request, handles))
             self._wake.notify()
-        return handle
+        return list(handles)
 
     def abort(self, handle: RequestHandle) -> None:
         with self._wake:
@@ -244,12 +257,14 @@ class BackgroundEngine:
         delivered: list[RequestOutput] = []
         for item in inbox:
             try:
-                rid = self.core.add(item.request)
+                rids = self.core.add_group(item.request)
             except Exception as exc:  # checked already; should the scheduler refuse it, it fails alone
-                item.handle._push(exc)
+                for handle in item.handles:
+                    handle._push(exc)
                 continue
-            item.handle.request_id = rid
-            self._handles[rid] = item.handle
+            for rid, handle in zip(rids, item.handles):
+                handle.request_id = rid
+                self._handles[rid] = handle
         for handle in aborts:
             if handle.request_id is not None and handle.request_id in self._handles:
                 out = self.core.abort(handle.request_id)
@@ -304,7 +319,8 @@ class BackgroundEngine:
                 handle._push(dead)
             with self._wake:
                 for item in self._inbox:
-                    item.handle._push(dead)
+                    for handle in item.handles:
+                        handle._push(dead)
                 self._inbox.clear()
                 for _, fut in self._calls:
                     fut.set_exception(dead)
@@ -322,6 +338,7 @@ class BackgroundEngine:
             inbox, self._inbox = self._inbox, []
             calls, self._calls = self._calls, []
         for item in inbox:
-            item.handle._push(EngineDeadError("engine was shut down"))
+            for handle in item.handles:
+                handle._push(EngineDeadError("engine was shut down"))
         for _, fut in calls:
             fut.set_exception(EngineDeadError("engine was shut down"))

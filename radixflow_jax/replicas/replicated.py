@@ -49,13 +49,22 @@ class ReplicatedEngine:
         (the first replica's check holds for all: they are identical), and the chosen replica takes
         the checked request as it is."""
         checked = self.core.check(prompt, params)
+        return self.replicas[self._route(checked.prompt)].enqueue(checked)
+
+    def submit_group(self, prompt: Sequence[int], params: SamplingParams) -> list[RequestHandle]:
+        """:meth:`submit` for several samples: every sibling goes to the one replica chosen for the
+        prompt, so they share its prompt there (``BackgroundEngine.submit_group``)."""
+        checked = self.core.check(prompt, params)
+        return self.replicas[self._route(checked.prompt)].enqueue_group(checked)
+
+    def _route(self, prompt: Sequence[int]) -> int:
         with self._lock:
             if len(self.replicas) == 1:
                 choice = 0
             else:
                 loads = [r.num_waiting + r.num_running for r in self.replicas]
-                choice = self.router.choose(checked.prompt, loads, [0] * len(self.replicas))
-        return self.replicas[choice].enqueue(checked)
+                choice = self.router.choose(prompt, loads, [0] * len(self.replicas))
+        return choice
 
     def call_all(self, fn: Callable[[EngineCore], Any]) -> list[concurrent.futures.Future[Any]]:
         """Runs ``fn(core)`` on every replica's thread (before its next round); one future each."""

@@ -165,6 +165,11 @@ class ReplicaSet:
         replica = self.route(checked.prompt)
         return replica, self.engines[replica].add(checked, arrival_time=arrival_time)
 
+    def add_group(self, checked: CheckedRequest, *, arrival_time: float | None = None) -> list[tuple[int, int]]:
+        """Routes a checked request once and queues its sibling requests there (``EngineCore.add_group``)."""
+        replica = self.route(checked.prompt)
+        return [(replica, rid) for rid in self.engines[replica].add_group(checked, arrival_time=arrival_time)]
+
     def has_unfinished(self) -> bool:
         return any(e.has_unfinished() for e in self.engines)
 

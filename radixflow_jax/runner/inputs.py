@@ -41,6 +41,9 @@ class SamplingRow:
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
     logprobs: int = -1  # top alternatives to return per sampled token; -1: no logprobs
+    bias: tuple[tuple[int, float], ...] = ()  # logit_bias: (token id, added to its logit)
+    ban: tuple[int, ...] = ()  # min_tokens: token ids masked while the sampled position is < ban_until
+    ban_until: int = 0
     prompt: tuple[int, ...] = dataclasses.field(default=(), compare=False, repr=False)
     output: Sequence[int] = dataclasses.field(default=(), compare=False, repr=False)
 
@@ -50,6 +53,8 @@ class SamplingRow:
 
 
 GREEDY = SamplingRow()
+BIAS_WIDTH = 128  # bias entries (logit_bias + min_tokens bans) one row may carry
+_ALWAYS = np.iinfo(np.int32).max  # ban_until of a logit_bias entry: it applies at every position
 
 
 @dataclasses.dataclass
@@ -79,6 +84,9 @@ class StepArrays:
     ctx_ids: np.ndarray  # int32 [R, W]: penalised rows' prompt + output ids, -1 = empty
     ctx_out: np.ndarray  # bool [R, W]: the entry is a generated token
     want_logprobs: np.ndarray  # bool [R]: the row asked for logprobs (the step skips them when none did)
+    bias_ids: np.ndarray  # int32 [R, B]: token ids of bias entries, -1 = empty
+    bias_vals: np.ndarray  # float32 [R, B]: added to those logits (-inf: a min_tokens ban)
+    bias_until: np.ndarray  # int32 [R, B]: an entry applies while the sampled position is below it
     pair_emit: np.ndarray  # int32 [R]: a paired consumer's initial state is emit pair_emit[r]; -1 = unpaired
     decode_base: np.ndarray  # int32 []: decode row r runs in state slot decode_base + r
     plan_rows: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0, np.int64))
@@ -185,6 +193,9 @@ def _empty_arrays(variant: Variant, max_pages: int, penalty_window: int, decode_
         ctx_ids=np.full((r, penalty_window), -1, np.int32),
         ctx_out=np.zeros((r, penalty_window), np.bool_),
         want_logprobs=np.zeros(r, np.bool_),
+        bias_ids=np.full((r, BIAS_WIDTH), -1, np.int32),
+        bias_vals=np.zeros((r, BIAS_WIDTH), np.float32),
+        bias_until=np.zeros((r, BIAS_WIDTH), np.int32),
         pair_emit=np.full(r, -1, np.int32),
         decode_base=np.asarray(decode_base, np.int32),
     )
@@ -251,6 +262,8 @@ def _fill_sampling(a: StepArrays, rows: Sequence[RowPlan], sampling: Mapping[int
     a.seed[:nr] = [p.seed & 0xFFFFFFFF for p in params]
     a.want_logprobs[:nr] = [p.logprobs >= 0 for p in params]
     for i, p in enumerate(params):
+        if p.bias or p.ban:
+            _fill_bias(a, i, p)
         if p.has_penalty:
             n_prompt, n_out = len(p.prompt), len(p.output)
             if n_prompt + n_out > window:
@@ -263,6 +276,19 @@ def _fill_sampling(a: StepArrays, rows: Sequence[RowPlan], sampling: Mapping[int
             a.ctx_ids[i, :n_prompt] = p.prompt
             a.ctx_ids[i, n_prompt : n_prompt + n_out] = p.output
             a.ctx_out[i, n_prompt : n_prompt + n_out] = True
+
+
+def _fill_bias(a: StepArrays, i: int, p: SamplingRow) -> None:
+    """Row ``i``'s logit_bias entries, then its min_tokens bans (which must fit ``BIAS_WIDTH``)."""
+    nb, nban = len(p.bias), len(p.ban)
+    if nb + nban > BIAS_WIDTH:
+        raise ValueError(f"{nb} logit_bias entries + {nban} banned stop tokens exceed the {BIAS_WIDTH} bias slots")
+    if nb:
+        ids, vals = zip(*p.bias)
+        a.bias_ids[i, :nb], a.bias_vals[i, :nb], a.bias_until[i, :nb] = ids, vals, _ALWAYS
+    if nban:
+        a.bias_ids[i, nb : nb + nban], a.bias_vals[i, nb : nb + nban] = p.ban, -np.inf
+        a.bias_until[i, nb : nb + nban] = p.ban_until
 
 
 def padding_arrays(variant: Variant, max_pages: int, penalty_window: int = 0) -> StepArrays:

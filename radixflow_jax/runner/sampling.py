@@ -10,6 +10,11 @@ with ``ctx_out [R, W]`` marking generated tokens: repetition divides positive lo
 negative ones of every token seen in the prompt or the output; frequency subtracts
 ``count_in_output * f``; presence subtracts ``p`` once for a token present in the output. Neutral
 values (1, 0, 0) leave a row's logits bit-identical.
+
+Logit bias (``apply_bias``): each row carries up to ``B`` entries ``(token id, value, until)``; an
+entry adds ``value`` to its token's logit while the row's sampled ``position`` is below ``until``
+(``-inf`` values are min_tokens bans of the stop tokens). A round where no entry is active leaves
+every logit bit-identical and skips the scatter.
 """
 
 from __future__ import annotations
@@ -93,6 +98,21 @@ def _penalise(
     out = jnp.where(seen & (rep != 1.0), repeated, logits)
     out = out - frequency[:, None] * counts - presence[:, None] * (counts > 0)
     return jnp.where(penalised[:, None], out, logits)
+
+
+def apply_bias(
+    logits: jax.Array, ids: jax.Array, values: jax.Array, until: jax.Array, position: jax.Array
+) -> jax.Array:
+    """``logits [R, V]`` plus each row's active bias entries (``ids / values / until [R, B]``, id -1 = empty)."""
+    active = (ids >= 0) & (position[:, None] < until)
+
+    def biased() -> jax.Array:
+        rows, vocab = logits.shape
+        safe = jnp.where(active, ids, vocab)  # out of range: dropped by the scatter
+        row = jnp.broadcast_to(jnp.arange(rows)[:, None], ids.shape)
+        return logits.at[row, safe].add(jnp.where(active, values, 0.0), mode="drop")
+
+    return jax.lax.cond(jnp.any(active), biased, lambda: logits)
 
 
 def token_logprobs(logits: jax.Array, tokens: jax.Array, k: int) -> tuple[jax.Array, jax.Array, jax.Array]:

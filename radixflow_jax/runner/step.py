@@ -36,7 +36,8 @@ from jax.sharding import NamedSharding
 from radixflow_jax.kernels import ops
 from radixflow_jax.models.batch import Batch, ModelCache
 from radixflow_jax.models.mixers.recurrent import Emits
-from radixflow_jax.runner.sampling import apply_penalties, sample, token_logprobs
+from radixflow_jax.runner.inputs import BIAS_WIDTH
+from radixflow_jax.runner.sampling import apply_bias, apply_penalties, sample, token_logprobs
 
 MAX_LOGPROBS = 20  # top alternatives computed per sampled token (the OpenAI API's maximum)
 from radixflow_jax.runner.shapes import ShapeConfig, Variant
@@ -78,6 +79,7 @@ def make_step(graphdef: nnx.GraphDef, num_decode: int, num_out: int) -> Callable
         hidden, cache = model(input_ids, batch, cache, num_decode=num_decode, emits=emits, row_last=row_last)
         logits = model.logits(hidden if prefill else hidden[a["logits_index"]]).astype(jnp.float32)
         logits = apply_penalties(logits, a["ctx_ids"], a["ctx_out"], a["presence"], a["frequency"], a["repetition"])
+        logits = apply_bias(logits, a["bias_ids"], a["bias_vals"], a["bias_until"], a["position"])
         tokens = sample(logits, a["temperature"], a["top_k"], a["top_p"], a["min_p"], a["seed"], a["position"])
         k = min(MAX_LOGPROBS, logits.shape[-1])
         rows = logits.shape[0]
@@ -105,6 +107,7 @@ def array_specs(
         "min_p": ((r,), f32), "seed": ((r,), jnp.uint32), "position": ((r,), i32),
         "presence": ((r,), f32), "frequency": ((r,), f32), "repetition": ((r,), f32),
         "ctx_ids": ((r, w), i32), "ctx_out": ((r, w), jnp.bool_), "want_logprobs": ((r,), jnp.bool_),
+        "bias_ids": ((r, BIAS_WIDTH), i32), "bias_vals": ((r, BIAS_WIDTH), f32), "bias_until": ((r, BIAS_WIDTH), i32),
         "pair_emit": ((r,), i32), "splice_src": ((t,), i32), "prev_tokens": ((max(num_out, r),), i32),
         "decode_base": ((), i32),
     }  # fmt: skip

@@ -72,14 +72,15 @@ def need_tokenizer(state: ServerState, param: str) -> Any:
     return state.tokenizer
 
 
-def submit(state: ServerState, req: EngineRequest) -> RequestHandle:
-    """Hands ``req`` to the engine: 429 + ``Retry-After`` while ``max_waiting`` requests wait, the
+def submit(state: ServerState, req: EngineRequest) -> list[RequestHandle]:
+    """Hands ``req`` to the engine, one handle per sample (``n`` / ``best_of`` siblings, queued
+    together on one replica): 429 + ``Retry-After`` while ``max_waiting`` requests wait, the
     engine's refusal as :func:`engine_error` on the prompt's field."""
     cfg, engine = state.config, state.engine
     if cfg.max_waiting is not None and engine.num_waiting >= cfg.max_waiting:
         raise ApiError(429, f"too many waiting requests ({cfg.max_waiting}); retry later",
                        code="queue_full", headers={"Retry-After": str(cfg.retry_after_s)})  # fmt: skip
     try:
-        return engine.submit(req.prompt_ids, req.params)
+        return engine.submit_group(req.prompt_ids, req.params)
     except (EngineDeadError, ValueError) as exc:
         raise engine_error(exc, "prompt" if req.kind == protocol.COMPLETIONS else "messages") from None

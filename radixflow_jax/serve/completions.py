@@ -4,6 +4,9 @@ with one JSON body or a server-sent event stream.
 Invariants:
   * The checks run in this order: engine alive, body read and parsed, model name, translation to
     an engine request (prompt limits), queue room; the first failing one answers.
+  * A request for ``n`` samples (``best_of`` candidates) runs as sibling requests; its answer has
+    ``n`` choices (the best by cumulative logprob, best first, with ``best_of``), ``choices[].index``
+    0..n-1, and usage counting the prompt once.
   * Ids are ``cmpl-<32 hex>`` / ``chatcmpl-<32 hex>``; a stream answers ``text/event-stream`` with
     ``Cache-Control: no-cache`` and ``X-Accel-Buffering: no``.
 """
@@ -18,7 +21,8 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from radixflow_jax.serve import protocol
 from radixflow_jax.serve import responses as R
 from radixflow_jax.serve.checks import check_alive, check_model, read_json, submit
-from radixflow_jax.serve.outputs import chat_logprobs, completion_logprobs, final_output, usage
+from radixflow_jax.engine.siblings import choose, expand, is_group
+from radixflow_jax.serve.outputs import chat_logprobs, completion_choice, final_outputs, usage
 from radixflow_jax.serve.state import ServerState
 from radixflow_jax.serve.streaming import stream
 
@@ -45,22 +49,24 @@ class CompletionRoutes:
         body = protocol.parse_body(kind, await read_json(request, state.config))
         check_model(state.config, body.model)
         req = protocol.to_engine_request(body, state.tokenizer, max_model_len=state.max_model_len,
-                                         vocab_size=state.vocab_size)  # fmt: skip
-        handle = submit(state, req)
+                                         vocab_size=state.vocab_size, max_n=state.config.max_n)  # fmt: skip
+        handles = submit(state, req)
         rid = ("chatcmpl-" if kind == protocol.CHAT else "cmpl-") + uuid.uuid4().hex
         if req.stream:
-            events = stream(handle, req, rid, state.config.model_name, state.tokenizer)
+            events = stream(handles, req, rid, state.config.model_name, state.tokenizer)
             return StreamingResponse(events, media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})  # fmt: skip
-        out = await final_output(handle, request)
+        outs = await final_outputs(handles, request)
+        if is_group(req.params):
+            outs = choose(expand(req.params), outs)
         name, tok = state.config.model_name, state.tokenizer
         if kind == protocol.CHAT:
-            choice = R.ChatChoice(message=R.AssistantMessage(content=out.text or ""), finish_reason=out.finish_reason,
-                                  logprobs=chat_logprobs(tok, out, 0))  # fmt: skip
+            choices = [R.ChatChoice(index=i, message=R.AssistantMessage(content=out.text or ""),
+                                    finish_reason=out.finish_reason, logprobs=chat_logprobs(tok, out, 0))
+                       for i, out in enumerate(outs)]  # fmt: skip
             resp: R.ChatCompletionResponse | R.CompletionResponse = R.ChatCompletionResponse(
-                id=rid, model=name, choices=[choice], usage=usage(out))
+                id=rid, model=name, choices=choices, usage=usage(outs))
         else:
-            choice = R.CompletionChoice(text=out.text or "", finish_reason=out.finish_reason,
-                                        logprobs=completion_logprobs(tok, out, 0, 0))  # fmt: skip
-            resp = R.CompletionResponse(id=rid, model=name, choices=[choice], usage=usage(out))
+            choices = [completion_choice(tok, req, out, i) for i, out in enumerate(outs)]
+            resp = R.CompletionResponse(id=rid, model=name, choices=choices, usage=usage(outs, req.score_only))
         return JSONResponse(resp.model_dump())

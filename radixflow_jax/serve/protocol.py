@@ -9,11 +9,15 @@ into an :class:`EngineRequest` (prompt token ids + :class:`SamplingParams`). Bot
 
 Invariants:
   * Unknown fields are accepted and ignored (clients send vendor extras); known fields that ask
-    for something the engine does not do (``n > 1``, ``echo``, ``suffix``, ``logit_bias``, tools,
-    a JSON response format, several prompts in one request) raise, never silently ignored.
+    for something the engine does not do (``suffix``: these models have no fill-in-the-middle
+    format; tools, a JSON response format, several prompts in one request) raise, never silently
+    ignored.
   * Implemented: temperature, top_p, top_k, min_p, seed, stop, stop_token_ids, ignore_eos, the
     presence / frequency / repetition penalties, logprobs (completions: ``logprobs`` = number of
-    alternatives; chat: ``logprobs`` + ``top_logprobs``).
+    alternatives; chat: ``logprobs`` + ``top_logprobs``), ``n`` and ``best_of`` (at most ``max_n``;
+    ``best_of`` not with ``stream``), ``logit_bias`` (token-id string keys, biases in [-100, 100]),
+    ``min_tokens``, and on completions ``echo`` (with ``logprobs``: prompt logprobs too; with
+    ``max_tokens`` 0 the prompt is only scored).
   * Defaults follow the OpenAI API: ``temperature`` 1, ``top_p`` 1; completions ``max_tokens`` 16,
     chat ``max_tokens`` fills the context (``max_model_len - prompt``) when the limit is known.
   * Checks here are the API's own: the body's schema and the answers the OpenAI API defines for it
@@ -30,7 +34,7 @@ from typing import Any, Literal, Protocol, Sequence, Union
 import pydantic
 from pydantic import BaseModel, ConfigDict, Field
 
-from radixflow_jax.engine.params import SamplingParams, UnsupportedParameterError
+from radixflow_jax.engine.params import DEFAULT_MAX_N, SamplingParams, UnsupportedParameterError
 
 COMPLETIONS = "completions"
 CHAT = "chat"
@@ -134,6 +138,9 @@ class EngineRequest:
     include_usage: bool = False
     logprobs: int | None = None
     model: str | None = None
+    echo: bool = False  # completions: the prompt text (and, with logprobs, its logprobs) comes first
+    prompt_text: str | None = None  # the prompt as the client sent it, when it was text
+    score_only: bool = False  # echo with max_tokens 0: one token is generated and dropped
 
 
 def _loc(loc: Sequence[Any]) -> str:
@@ -204,7 +211,8 @@ def _sampling_dict(body: CompletionRequest | ChatCompletionRequest, max_tokens: 
         "stop": (stop,) if isinstance(stop, str) else tuple(stop),
         "stop_token_ids": tuple(body.stop_token_ids or ()), "ignore_eos": body.ignore_eos,
         "presence_penalty": body.presence_penalty, "frequency_penalty": body.frequency_penalty,
-        "repetition_penalty": body.repetition_penalty, "min_tokens": body.min_tokens,
+        "repetition_penalty": body.repetition_penalty, "min_tokens": body.min_tokens, "n": body.n,
+        "best_of": body.best_of,
     }  # fmt: skip
 
 
@@ -221,22 +229,26 @@ def to_engine_request(
     *,
     max_model_len: int | None = None,
     vocab_size: int | None = None,
+    max_n: int = DEFAULT_MAX_N,
 ) -> EngineRequest:
     """Turns a validated body into engine input. Chat messages are rendered with the model's chat
-    template; text is tokenized without special tokens (the template carries them)."""
-    _reject_if((body.n or 1) != 1, "n", "n > 1 is not supported; send n separate requests")
-    _reject_if((body.best_of or 1) != 1, "best_of", "best_of > 1 is not supported")
-    _reject_if(bool(body.logit_bias), "logit_bias", "logit_bias is not supported")
+    template; text is tokenized without special tokens (the template carries them). ``max_n``:
+    the most samples (``n``, ``best_of``) one request may ask for."""
+    _check_samples(body, max_n)
+    bias = _logit_bias(body.logit_bias, vocab_size)
     if body.stream_options is not None and not body.stream:
         raise ProtocolError("stream_options: only allowed when stream is true", param="stream_options")
+    echo = score_only = False
     if isinstance(body, CompletionRequest):
-        _reject_if(body.echo, "echo", "echo is not supported")
-        _reject_if(body.suffix is not None, "suffix", "suffix is not supported")
+        _reject_if(body.suffix is not None, "suffix", "suffix is not supported: this model has no fill-in-the-middle "
+                   "(insertion) format, so a completion cannot be conditioned on text after it")  # fmt: skip
+        echo = body.echo
+        score_only = echo and body.max_tokens == 0
         if body.logprobs is not None and not 0 <= body.logprobs <= 20:
             raise ProtocolError("logprobs: must be between 0 and 20", param="logprobs")
         ids = _prompt_ids(body, tokenizer)
         logprobs = body.logprobs
-        requested = body.max_tokens
+        requested = 1 if score_only else body.max_tokens
         default = _DEFAULT_COMPLETION_TOKENS
         kind = COMPLETIONS
     else:
@@ -278,16 +290,71 @@ def to_engine_request(
             param=max_field if len(ids) < max_model_len else ("prompt" if kind == COMPLETIONS else "messages"),
             code="context_length_exceeded",
         )
-    values = _sampling_dict(body, max_tokens)
+    values = {**_sampling_dict(body, max_tokens), "logit_bias": bias}
     if logprobs is not None:
         values["logprobs"] = logprobs
+        if echo:
+            values["prompt_logprobs"] = logprobs
+    params = _params(values)
+    include_usage = bool(body.stream_options and body.stream_options.include_usage)
+    return EngineRequest(kind, ids, params, body.stream, include_usage, logprobs, body.model, echo,
+                         _prompt_text(body), score_only)  # fmt: skip
+
+
+def _params(values: dict[str, Any]) -> SamplingParams:
+    """The engine's params of the body's sampling values; their refusals name the field."""
     try:
-        params = SamplingParams.from_dict(values)
+        return SamplingParams.from_dict(values)
     except UnsupportedParameterError as exc:
         param = _field_of(str(exc), list(values))
         raise ProtocolError(str(exc), param=param, code="unsupported_parameter") from None
     except (ValueError, TypeError) as exc:
         param = _field_of(str(exc), list(values))
         raise ProtocolError(str(exc), param=param, code="invalid_value") from None
-    include_usage = bool(body.stream_options and body.stream_options.include_usage)
-    return EngineRequest(kind, ids, params, body.stream, include_usage, logprobs, body.model)
+
+
+def _prompt_text(body: CompletionRequest | ChatCompletionRequest) -> str | None:
+    """A completion's prompt when the client sent text (one string, or a list of one), else None."""
+    text: Any = body.prompt if isinstance(body, CompletionRequest) else None
+    if isinstance(text, list) and len(text) == 1 and isinstance(text[0], str):
+        text = text[0]
+    return text if isinstance(text, str) else None
+
+
+def _check_samples(body: CompletionRequest | ChatCompletionRequest, max_n: int) -> None:
+    """``n`` and ``best_of``: 1..max_n, ``best_of >= n``, no ``best_of > 1`` with ``stream`` (as vLLM)."""
+    n = 1 if body.n is None else body.n
+    if not 1 <= n <= max_n:
+        raise ProtocolError(f"n: must be between 1 and {max_n} (this server's --max-n), got {n}", param="n",
+                            code="invalid_value")  # fmt: skip
+    if body.best_of is None:
+        return
+    if not n <= body.best_of <= max_n:
+        raise ProtocolError(f"best_of: must be between n ({n}) and {max_n} (this server's --max-n), got {body.best_of}",
+                            param="best_of", code="invalid_value")  # fmt: skip
+    if body.stream and body.best_of > 1:
+        raise ProtocolError("best_of: cannot be used with stream=true (candidates are ranked when all have finished)",
+                            param="best_of", code="invalid_value")  # fmt: skip
+
+
+def _logit_bias(bias: dict[str, float] | None, vocab_size: int | None) -> dict[int, float] | None:
+    """``logit_bias`` with integer keys: each key a token id (a decimal string) inside the
+    vocabulary when it is known, each value in [-100, 100]; anything else is a 400 on ``logit_bias``."""
+    if not bias:
+        return None
+    out = {}
+    for key, value in bias.items():
+        token = key.strip()
+        if not (token.isdigit() or (token.startswith("-") and token[1:].isdigit())):
+            raise ProtocolError(f"logit_bias: key {key!r} is not a token id (an integer)", param="logit_bias",
+                                code="invalid_value")  # fmt: skip
+        tid = int(token)
+        if tid < 0 or (vocab_size is not None and tid >= vocab_size):
+            where = f"[0, {vocab_size})" if vocab_size is not None else "the vocabulary"
+            raise ProtocolError(f"logit_bias: token id {tid} is outside the vocabulary {where}", param="logit_bias",
+                                code="invalid_value")  # fmt: skip
+        if not -100 <= value <= 100:
+            raise ProtocolError(f"logit_bias: the bias of token {tid} must be in [-100, 100], got {value}",
+                                param="logit_bias", code="invalid_value")  # fmt: skip
+        out[tid] = float(value)
+    return out

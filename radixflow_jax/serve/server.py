@@ -20,6 +20,7 @@ from typing import Any
 
 from radixflow_jax.engine.build import memory_pools
 from radixflow_jax.engine.config import ENGINE_SCHEDULER, EngineConfig
+from radixflow_jax.engine.params import DEFAULT_MAX_N
 from radixflow_jax.paths import xla_cache_dir
 
 DEFAULT_CACHE = xla_cache_dir()
@@ -35,6 +36,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-model-len", type=int, default=None)
     p.add_argument("--memory-fraction", type=float, default=None, help="size KV and state pools from device memory")
     p.add_argument("--max-body-bytes", type=int, default=4 << 20)
+    p.add_argument("--max-n", type=int, default=DEFAULT_MAX_N,
+                   help="the most samples (n, best_of) one request may ask for (larger: 400)")
     p.add_argument("--drain-timeout", type=float, default=30.0, help="seconds running requests get after SIGTERM")
     p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
     p.add_argument("--policy", default=ENGINE_SCHEDULER.policy)
@@ -106,6 +109,7 @@ def build_state(args: argparse.Namespace) -> Any:
         policy=args.policy, queue_order=args.queue_order, enable_prefix_cache=not args.no_prefix_cache,
         kernels=args.kernels, seed=args.seed, warmup=warmup_mode(args) == "all",
         compilation_cache_dir=args.compilation_cache_dir or None, penalty_window=args.penalty_window,
+        max_n=args.max_n,
     )  # fmt: skip
     if args.memory_fraction is not None:
         if args.num_kv_pages is not None or args.num_state_slots is not None:
@@ -126,7 +130,8 @@ def build_state(args: argparse.Namespace) -> Any:
     ]
     engine = replicas[0] if len(replicas) == 1 else ReplicatedEngine(replicas, router)
     metrics.attach(engine)
-    config = ServerConfig(name, api_key=args.api_key or None, max_waiting=args.max_waiting, max_body_bytes=args.max_body_bytes)
+    config = ServerConfig(name, api_key=args.api_key or None, max_waiting=args.max_waiting,
+                          max_body_bytes=args.max_body_bytes, max_n=args.max_n)  # fmt: skip
     return ServerState(engine, model.tokenizer, metrics, config, engine.core.max_model_len, model.config.vocab_size,
                        warmups=warmups)  # fmt: skip
 

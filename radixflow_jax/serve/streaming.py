@@ -7,20 +7,24 @@ Invariants:
     later completes (:class:`TextStream`).
   * Each sampled token's logprobs are sent exactly once, with the chunk that first carries them.
   * A stream that ends before the final event (client gone, cancelled) aborts its request.
+  * ``n`` samples share one stream: each chunk carries one sample's ``choices[].index``; the usage
+    chunk (``include_usage``) counts the prompt once.
 """
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import json
 import time
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Sequence
 
 from radixflow_jax.engine.params import RequestOutput
 from radixflow_jax.replicas.background import RequestHandle
 from radixflow_jax.serve import protocol
 from radixflow_jax.serve import responses as R
 from radixflow_jax.serve.errors import ENGINE_ERRORS, engine_error
-from radixflow_jax.serve.outputs import chat_logprobs, completion_logprobs, usage
+from radixflow_jax.serve.outputs import chat_logprobs, completion_logprobs, echo_logprobs, prompt_text, usage
 from radixflow_jax.serve.protocol import EngineRequest
 
 
@@ -49,11 +53,11 @@ class TextStream:
 
 
 class Chunks:
-    """The chunk bodies of one stream; remembers how many tokens' logprobs (and, for completions,
-    how much text offset) were already sent."""
+    """The chunk bodies of one sample's part of a stream (``choices[0].index`` = ``index``);
+    remembers how many tokens' logprobs (and, for completions, how much text offset) were sent."""
 
-    def __init__(self, rid: str, model: str, chat: bool, tokenizer: Any, include_usage: bool):
-        self.rid, self.model, self.chat, self.tokenizer = rid, model, chat, tokenizer
+    def __init__(self, rid: str, model: str, chat: bool, tokenizer: Any, include_usage: bool, index: int = 0):
+        self.rid, self.model, self.chat, self.tokenizer, self.index = rid, model, chat, tokenizer, index
         self.created = int(time.time())
         self.object = "chat.completion.chunk" if chat else "text_completion"
         self.usage_field: dict[str, Any] = {"usage": None} if include_usage else {}
@@ -72,44 +76,96 @@ class Chunks:
 
     def chunk(self, delta: str | None, reason: str | None, first: bool = False,
               out: RequestOutput | None = None) -> dict[str, Any]:  # fmt: skip
-        lp = self._logprobs(out)
+        return self._body(delta, reason, first, self._logprobs(out))
+
+    def echo(self, req: EngineRequest, out: RequestOutput) -> dict[str, Any]:
+        """Completions ``echo``: the chunk with the prompt text (and, with logprobs, the prompt's)."""
+        lp = None
+        if req.logprobs is not None:
+            logprobs, self.offset = echo_logprobs(self.tokenizer, out)
+            lp = logprobs.model_dump()
+        return self._body(prompt_text(self.tokenizer, req), None, False, lp)
+
+    def _body(self, delta: str | None, reason: str | None, first: bool, lp: dict[str, Any] | None) -> dict[str, Any]:
         if self.chat:
             d = {"role": "assistant", "content": delta or ""} if first else ({"content": delta} if delta else {})
-            choice = {"index": 0, "delta": d, "logprobs": lp, "finish_reason": reason}
+            choice = {"index": self.index, "delta": d, "logprobs": lp, "finish_reason": reason}
         else:
-            choice = {"index": 0, "text": delta or "", "logprobs": lp, "finish_reason": reason}
+            choice = {"index": self.index, "text": delta or "", "logprobs": lp, "finish_reason": reason}
         return {"id": self.rid, "object": self.object, "created": self.created, "model": self.model,
                 "choices": [choice], **self.usage_field}  # fmt: skip
 
-    def usage_chunk(self, out: RequestOutput) -> dict[str, Any]:
+    def usage_chunk(self, outs: Sequence[RequestOutput], score_only: bool = False) -> dict[str, Any]:
         return {"id": self.rid, "object": self.object, "created": self.created, "model": self.model,
-                "choices": [], "usage": usage(out).model_dump()}  # fmt: skip
+                "choices": [], "usage": usage(outs, score_only).model_dump()}  # fmt: skip
 
 
-async def stream(handle: RequestHandle, req: EngineRequest, rid: str, model: str, tokenizer: Any) -> AsyncIterator[bytes]:
-    """The SSE body of a streamed request (chat: a first chunk with the assistant role)."""
+async def merged(handles: Sequence[RequestHandle]) -> AsyncIterator[tuple[int, RequestOutput]]:
+    """The events of several handles as they come, as ``(index, output)``; an error event of any
+    raises here. The readers stop when the caller stops iterating."""
+    events: asyncio.Queue[tuple[int, RequestOutput | BaseException | None]] = asyncio.Queue()
+
+    async def read(i: int, handle: RequestHandle) -> None:
+        try:
+            async for out in handle.astream():
+                events.put_nowait((i, out))
+        except Exception as exc:  # handed to the stream, which answers it
+            events.put_nowait((i, exc))
+        events.put_nowait((i, None))
+
+    tasks = [asyncio.ensure_future(read(i, h)) for i, h in enumerate(handles)]
+    try:
+        open_ = len(tasks)
+        while open_:
+            i, item = await events.get()
+            if item is None:
+                open_ -= 1
+            elif isinstance(item, BaseException):
+                raise item
+            else:
+                yield i, item
+    finally:
+        for t in tasks:
+            t.cancel()
+
+
+async def stream(handles: Sequence[RequestHandle], req: EngineRequest, rid: str, model: str,
+                 tokenizer: Any) -> AsyncIterator[bytes]:  # fmt: skip
+    """The SSE body of a streamed request, its samples' chunks interleaved as they come (each with
+    its ``choices[].index``; chat: a first chunk with the assistant role per sample; completions
+    with ``echo``: the prompt before a sample's first text)."""
     chat = req.kind == protocol.CHAT
-    chunks = Chunks(rid, model, chat, tokenizer, req.include_usage)
-    text = TextStream(max((len(s) for s in req.params.stop), default=1) - 1)
-    finished = False
+    chunks = [Chunks(rid, model, chat, tokenizer, req.include_usage, i) for i in range(len(handles))]
+    hold = max((len(s) for s in req.params.stop), default=1) - 1
+    texts = [TextStream(hold) for _ in handles]
+    finals: list[RequestOutput | None] = [None] * len(handles)
+    echoed = [False] * len(handles)
+    events = merged(handles)
     try:
         if chat:
-            yield sse(chunks.chunk("", None, first=True))
-        out = None
-        async for out in handle.astream():
-            delta = text.delta(out.text or "", out.finished)
+            for c in chunks:
+                yield sse(c.chunk("", None, first=True))
+        async for i, out in events:
+            if req.echo and not echoed[i]:
+                echoed[i] = True
+                yield sse(chunks[i].echo(req, out))
+            if req.score_only:
+                out = dataclasses.replace(out, text="", logprobs=None)
+            delta = texts[i].delta(out.text or "", out.finished)
             if out.finished:
-                finished = True
-                yield sse(chunks.chunk(delta, out.finish_reason, out=out))
+                finals[i] = out
+                yield sse(chunks[i].chunk(delta, out.finish_reason, out=out))
             elif delta:
-                yield sse(chunks.chunk(delta, None, out=out))
-        if req.include_usage and out is not None:
-            yield sse(chunks.usage_chunk(out))
+                yield sse(chunks[i].chunk(delta, None, out=out))
+        done = [o for o in finals if o is not None]
+        if req.include_usage and done:
+            yield sse(chunks[0].usage_chunk(done, req.score_only))
     except ENGINE_ERRORS as exc:  # ValueError: refused when the engine thread queued it
-        finished = True
         err = engine_error(exc)
         yield sse(R.error_body(err.status, err.message, err.param, err.code))
     finally:
-        if not finished:
-            handle.abort()  # client gone (or cancelled): free the request's pages and slots
+        await events.aclose()  # its readers stop now, not when the loop finalises it
+        for handle, final in zip(handles, finals):
+            if final is None:
+                handle.abort()  # client gone, cancelled or failed: free the request's pages and slots
     yield sse("[DONE]")

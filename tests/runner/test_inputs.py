@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from radixflow_jax.runner.inputs import SamplingRow, build_arrays
+from radixflow_jax.runner.inputs import BIAS_WIDTH, SamplingRow, build_arrays
 from radixflow_jax.runner.shapes import ShapeConfig, Variant
 from radixflow_jax.scheduler.plan import RoundPlan, RoundStats, RowPlan
 
@@ -43,11 +43,12 @@ def test_shapes_depend_only_on_the_variant(arrays) -> None:
         "state_slots": (4,), "copy_src": (4,), "emit_rows": (6,), "emit_offsets": (6,), "emit_slots": (6,),
         "logits_index": (4,), "temperature": (4,), "top_k": (4,), "top_p": (4,), "min_p": (4,), "seed": (4,),
         "position": (4,), "presence": (4,), "frequency": (4,), "repetition": (4,), "ctx_ids": (4, 0), "ctx_out": (4, 0), "want_logprobs": (4,), "pair_emit": (4,), "decode_base": (),
+        "bias_ids": (4, BIAS_WIDTH), "bias_vals": (4, BIAS_WIDTH), "bias_until": (4, BIAS_WIDTH),
     }  # fmt: skip
     assert {k: v.shape for k, v in d.items()} == expected
     assert d["seed"].dtype == np.uint32
     assert d["temperature"].dtype == np.float32
-    floats = ("temperature", "top_p", "min_p", "presence", "frequency", "repetition")
+    floats = ("temperature", "top_p", "min_p", "presence", "frequency", "repetition", "bias_vals")
     assert all(d[k].dtype == np.int32 for k in expected if k not in ("seed", "ctx_out", "want_logprobs", *floats))
     empty = build_arrays(_plan(), VARIANT, page_size=PAGE, max_pages=MAX_PAGES, sampling={})
     assert {k: v.shape for k, v in empty.as_dict().items()} == expected
@@ -130,3 +131,16 @@ def test_pages_not_covering_the_span_raise() -> None:
     row = _row(1, [1, 2, 3], 6, [1, 2], slot=0)  # positions 6..8 need 3 pages of 4
     with pytest.raises(ValueError, match="pages"):
         build_arrays(_plan(row), VARIANT, page_size=PAGE, max_pages=MAX_PAGES, sampling={})
+
+
+def test_bias_and_min_tokens_bans_fill_the_bias_arrays() -> None:
+    sampling = {10: SamplingRow(bias=((4, 2.5), (8, -100.0)), ban=(2, 3), ban_until=9), 12: SamplingRow()}
+    a = build_arrays(_plan(DECODE_A, DECODE_B, PREFILL), VARIANT, page_size=PAGE, max_pages=MAX_PAGES, sampling=sampling)
+    row = int(a.plan_rows[0])  # request 10
+    np.testing.assert_array_equal(a.bias_ids[row, :5], [4, 8, 2, 3, -1])
+    np.testing.assert_array_equal(a.bias_vals[row, :4], [2.5, -100.0, -np.inf, -np.inf])
+    assert a.bias_until[row, 0] == np.iinfo(np.int32).max and list(a.bias_until[row, 2:4]) == [9, 9]
+    assert (a.bias_ids[[r for r in range(4) if r != row]] == -1).all()
+    crowded = {10: SamplingRow(bias=tuple((i, 1.0) for i in range(BIAS_WIDTH)), ban=(2,), ban_until=3)}
+    with pytest.raises(ValueError, match="bias slots"):
+        build_arrays(_plan(DECODE_A, DECODE_B, PREFILL), VARIANT, page_size=PAGE, max_pages=MAX_PAGES, sampling=crowded)

@@ -162,3 +162,21 @@ def test_temperature_scales_the_distribution(temperature: float) -> None:
     p0 = 1.0 / (1.0 + np.exp(-1.0 / temperature))
     frac = (got == 0).mean()
     assert abs(frac - p0) < 4 * np.sqrt(p0 * (1 - p0) / n), (frac, p0)
+
+
+def test_logit_bias_entries_apply_until_their_position() -> None:
+    from radixflow_jax.runner.sampling import apply_bias
+
+    logits = jnp.asarray(_logits(3))
+    ids = jnp.asarray([[5, 9, -1], [7, -1, -1], [-1, -1, -1]], jnp.int32)
+    vals = jnp.asarray([[100.0, -np.inf, 0.0], [-np.inf, 0.0, 0.0], [0.0, 0.0, 0.0]], jnp.float32)
+    until = jnp.asarray([[2**31 - 1, 4, 0], [3, 0, 0], [0, 0, 0]], jnp.int32)
+    early = np.asarray(jax.jit(apply_bias)(logits, ids, vals, until, jnp.asarray([3, 2, 0], jnp.int32)))
+    base = np.asarray(logits)
+    assert early[0, 5] == pytest.approx(base[0, 5] + 100) and early[0, 9] == -np.inf and early[1, 7] == -np.inf
+    np.testing.assert_array_equal(np.delete(early[0], [5, 9]), np.delete(base[0], [5, 9]))
+    np.testing.assert_array_equal(early[2], base[2])  # a row without entries is bit-identical
+    late = np.asarray(apply_bias(logits, ids, vals, until, jnp.asarray([4, 3, 0], jnp.int32)))
+    assert late[0, 9] == base[0, 9] and late[1, 7] == base[1, 7]  # the min_tokens bans have run out
+    none = apply_bias(logits, jnp.full((3, 3), -1, jnp.int32), vals, until, jnp.zeros(3, jnp.int32))
+    np.testing.assert_array_equal(np.asarray(none), base)

@@ -51,10 +51,18 @@ def test_chat_renders_template_and_fills_context():
 @pytest.mark.parametrize(
     "raw, param, fragment",
     [
-        ({"prompt": "a", "n": 2}, "n", "n > 1"),
-        ({"prompt": "a", "echo": True}, "echo", "echo"),
-        ({"prompt": "a", "suffix": "z"}, "suffix", "suffix"),
-        ({"prompt": "a", "logit_bias": {"1": 2.0}}, "logit_bias", "logit_bias"),
+        ({"prompt": "a", "n": 17}, "n", "between 1 and 16"),
+        ({"prompt": "a", "n": 0}, "n", "between 1 and 16"),
+        ({"prompt": "a", "n": 3, "best_of": 2}, "best_of", "between n (3) and 16"),
+        ({"prompt": "a", "best_of": 17}, "best_of", "between n (1) and 16"),
+        ({"prompt": "a", "best_of": 2, "stream": True}, "best_of", "stream=true"),
+        ({"messages": [{"role": "user", "content": "x"}], "n": 20}, "n", "--max-n"),
+        ({"prompt": "a", "suffix": "z"}, "suffix", "no fill-in-the-middle"),
+        ({"prompt": "a", "logit_bias": {"x": 2.0}}, "logit_bias", "not a token id"),
+        ({"prompt": "a", "logit_bias": {"300": 2.0}}, "logit_bias", "outside the vocabulary [0, 300)"),
+        ({"prompt": "a", "logit_bias": {"-1": 2.0}}, "logit_bias", "outside the vocabulary"),
+        ({"prompt": "a", "logit_bias": {"5": 150}}, "logit_bias", "[-100, 100]"),
+        ({"prompt": "a", "min_tokens": 20, "max_tokens": 5}, "min_tokens", "min_tokens"),
         ({"prompt": ["a", "b"]}, "prompt", "several prompts"),
         ({"prompt": ""}, "prompt", "empty"),
         ({"prompt": []}, "prompt", "empty"),
@@ -86,3 +94,19 @@ def test_bad_bodies_name_the_field(raw, param, fragment):
 def test_non_object_body():
     with pytest.raises(p.ProtocolError, match="JSON object"):
         p.parse_body(p.COMPLETIONS, [1, 2])
+
+
+def test_samples_bias_min_tokens_and_echo_reach_the_params():
+    req = convert({"prompt": "ab", "n": 3, "best_of": 5, "seed": 7, "logit_bias": {"5": 100, " 7": -100.0},
+                   "min_tokens": 2, "max_tokens": 4})  # fmt: skip
+    params = req.params
+    assert (params.n, params.best_of, params.seed, params.min_tokens) == (3, 5, 7, 2)
+    assert params.logit_bias == ((5, 100.0), (7, -100.0)) and not req.echo
+    echo = convert({"prompt": "ab", "echo": True, "logprobs": 2})
+    assert echo.echo and echo.prompt_text == "ab" and echo.params.prompt_logprobs == 2 and not echo.score_only
+    scored = convert({"prompt": ["ab"], "echo": True, "max_tokens": 0, "logprobs": 0})
+    assert scored.score_only and scored.params.max_tokens == 1 and scored.prompt_text == "ab"
+    assert convert({"prompt": "ab", "echo": True}).params.prompt_logprobs is None  # echo alone: text only
+    assert convert({"prompt": "a", "n": 2, "stream": True}).params.n == 2  # n streams; best_of does not
+    wide = p.to_engine_request(p.parse_body(p.COMPLETIONS, {"prompt": "a", "n": 20}), FakeTokenizer(), max_n=32)
+    assert wide.params.n == 20

@@ -121,3 +121,19 @@ def test_one_dead_replica_gives_503():
             assert a.is_running  # the other replica was not touched
     finally:
         state.engine.shutdown()
+
+
+def test_n_samples_stay_on_one_replica_and_share_its_prompt():
+    state = make_state(2, router="round-robin")
+    prompt = [10 + i % 50 for i in range(129)]  # 2 grid steps + 1: a sibling computes one prompt token
+    try:
+        with TestClient(create_app(state)) as c:
+            r = c.post("/v1/completions", json={"prompt": prompt, "n": 3, "max_tokens": 2, "ignore_eos": True})
+            assert r.status_code == 200, r.text
+            body = r.json()
+            assert [ch["index"] for ch in body["choices"]] == [0, 1, 2]
+            assert body["usage"]["prompt_tokens"] == 129 and body["usage"]["completion_tokens"] == 6
+        rounds = sorted(r.core.num_rounds for r in state.replicas)
+        assert rounds[0] == 0 and rounds[1] > 0  # every sibling ran on one replica
+    finally:
+        state.engine.shutdown()

@@ -1,0 +1,85 @@
+"""``n`` samples and ``best_of`` candidates of one prompt as sibling requests.
+
+A request whose :class:`SamplingParams` ask for more than one sample (``n > 1`` or ``best_of``)
+runs as ``num_samples`` sibling requests of the same prompt (``EngineCore.add_group``). The
+siblings are queued together on one engine, so the scheduler's prefix matching computes their
+prompt once: the first sibling to run produces the prompt's KV pages and checkpoints, the others
+wait for them (they are its consumers) and compute only what lies past the deepest cached point
+(less than one checkpoint grid step ``G``; a prompt of ``k * G + 1`` tokens costs each further
+sibling one token).
+
+Invariants:
+  * :func:`expand` gives every sibling ``n == 1`` and no ``best_of``; sibling ``i`` has ``seed + i``
+    when a seed is given (else the engine's per-request default seed, which differs per request id).
+  * Ranked groups (``best_of > n``) need each candidate's cumulative logprob, so a candidate asks for
+    logprobs (0 alternatives) even when the caller did not; :func:`choose` strips them again.
+  * :func:`choose` returns ``n`` outputs: the best by cumulative logprob (best first, ties by
+    index) when ranked, else every sample in index order; each carries its ``index`` in the result.
+No JAX here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Sequence
+
+from radixflow_jax.engine.config import EngineConfig
+from radixflow_jax.engine.params import DEFAULT_MAX_N, RequestOutput, SamplingParams
+
+
+@dataclasses.dataclass(frozen=True)
+class SampleGroup:
+    """What one request with ``num_samples > 1`` runs as: the members' params (index order), how
+    many outputs it returns (``n``), and whether candidates are ranked (``best_of > n``)."""
+
+    members: tuple[SamplingParams, ...]
+    n: int
+    ranked: bool
+    strip_logprobs: bool  # logprobs were turned on for ranking only
+
+
+def sample_limit(max_n: int | None, wiring: object | None) -> int:
+    """An engine's ``max_n``: as given, else its wiring's config's (``EngineConfig.max_n``), else the default."""
+    if max_n is not None:
+        return max_n
+    config = getattr(wiring, "config", None)
+    return config.max_n if isinstance(config, EngineConfig) else DEFAULT_MAX_N
+
+
+def is_group(params: SamplingParams) -> bool:
+    """True when ``params`` ask for more than one sample or for ranked candidates."""
+    return params.num_samples > 1
+
+
+def expand(params: SamplingParams) -> SampleGroup:
+    """The sibling params of ``params`` (see the module docstring)."""
+    ranked = params.best_of is not None and params.best_of > params.n
+    strip = ranked and params.logprobs is None
+    members = []
+    for i in range(params.num_samples):
+        seed = None if params.seed is None else params.seed + i
+        members.append(dataclasses.replace(
+            params, n=1, best_of=None, seed=seed, logprobs=0 if strip else params.logprobs,
+        ))  # fmt: skip
+    return SampleGroup(tuple(members), params.n, ranked, strip)
+
+
+def choose(group: SampleGroup, outputs: Sequence[RequestOutput]) -> list[RequestOutput]:
+    """The ``n`` outputs of the group (copies; ``index`` set to their place in the result)."""
+    if len(outputs) != len(group.members):
+        raise ValueError(f"{len(outputs)} outputs for a group of {len(group.members)}")
+    order = list(range(len(outputs)))
+    if group.ranked:
+        order.sort(key=lambda i: (-_score(outputs[i]), i))
+    chosen = []
+    for place, i in enumerate(order[: group.n]):
+        out = dataclasses.replace(outputs[i], index=place)
+        if group.strip_logprobs:
+            out.logprobs = None
+        chosen.append(out)
+    return chosen
+
+
+def _score(out: RequestOutput) -> float:
+    score = out.cumulative_logprob
+    return float("-inf") if score is None else score
