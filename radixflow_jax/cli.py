@@ -6,6 +6,7 @@ Every subcommand turns a bad argument into one clear line on stderr and exit sta
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import Sequence
 
@@ -38,10 +39,12 @@ def _parser() -> argparse.ArgumentParser:
 
     add_batch_arguments(batch)
 
-    conv = sub.add_parser("convert", help="convert a HF directory (or preset) to an orbax directory")
+    conv = sub.add_parser("convert", help="convert a HF directory (or preset) to an orbax directory or a .gguf file")
     conv.add_argument("src", help="HF model directory or preset name")
-    conv.add_argument("out_dir")
+    conv.add_argument("out_dir", help="output directory (orbax), or OUT.gguf (llama.cpp's GGUF layout)")
     conv.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    conv.add_argument("--outtype", default="f32", choices=["f32", "f16", "bf16", "q8_0"],
+                      help="GGUF output: tensor type of the matrices (norms, 1-D and conv tensors stay f32)")
     return parser
 
 
@@ -77,7 +80,15 @@ def _batch(args: argparse.Namespace) -> int:
 def _convert(args: argparse.Namespace) -> int:
     from radixflow_jax.models import api
 
-    out = api.convert(args.src, args.out_dir, dtype=args.dtype)
+    if args.out_dir.endswith(".gguf"):
+        from radixflow_jax.models.gguf import write_gguf
+
+        src = api.resolve_model_path(args.src)
+        if not os.path.isdir(src):
+            raise ValueError(f"{args.src}: a GGUF file is written from a HF directory or preset, not from {src}")
+        out = write_gguf(src, args.out_dir, outtype=args.outtype)
+    else:
+        out = api.convert(args.src, args.out_dir, dtype=args.dtype)
     print(f"wrote {out}")
     return 0
 

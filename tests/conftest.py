@@ -42,6 +42,8 @@ HEAVY_FIRST = (
     "tests/models/test_parity.py",
     "tests/models/test_ssm_models.py",  # model oracles: 40-120 s cold each; unlisted, they ran as a tail
     "tests/models/test_gguf.py",
+    "tests/models/test_gguf_roundtrip.py",
+    "tests/models/test_gguf_roundtrip_mamba.py",
     "tests/models/test_split.py",
     "tests/models/test_row_last.py",
     "tests/runner/test_mixed_rounds.py",

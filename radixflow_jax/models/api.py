@@ -27,7 +27,7 @@ from radixflow_jax.models.hybrid import HybridLM
 from radixflow_jax.models.safetensors_io import WeightsError
 from radixflow_jax.models.tokenizer import Tokenizer
 from radixflow_jax.models.gguf import is_gguf
-from radixflow_jax.models.weights import has_orbax, load_orbax_state, load_safetensors_state, load_tensors_state
+from radixflow_jax.models.weights import has_orbax, load_orbax_state, load_safetensors_state
 
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 _PAGE_SIZE = 16
@@ -194,9 +194,7 @@ def _load_gguf(path: str, dtype: jnp.dtype) -> LoadedModel:
 
     f = gguf.GgufFile(path)
     cfg = parse_hf_config(gguf.hf_config_dict(f))
-    assert cfg.attention is not None  # every supported GGUF architecture is full attention
-    tensors = gguf.GgufTensors(f, cfg.attention.num_heads, cfg.attention.num_kv_heads)
-    graphdef, state = load_tensors_state(tensors, cfg, dtype)
+    graphdef, state = gguf.load_state(f, cfg, dtype)
     return LoadedModel(path, cfg, graphdef, state, dtype, tokenizer=gguf.build_tokenizer(f))
 
 

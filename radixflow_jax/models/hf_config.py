@@ -2,7 +2,7 @@
 
 The GDN hybrids and the dense controls are parsed here; the Mamba2 families live in
 ``hf_config_ssm`` / ``hf_config_mup``; all of them read fields through ``hf_fields``. GGUF metadata
-reaches this parser as the equivalent ``config.json`` dict (``models/gguf.py``).
+reaches this parser as the equivalent ``config.json`` dict (``models/gguf/``).
 
 Every value the model math depends on is read explicitly; a missing required field, a value out of
 range, or a feature we do not implement raises :class:`ConfigError` naming the field. Nothing is

@@ -1,5 +1,5 @@
 """Field readers shared by every ``config.json`` family parser (``hf_config``, ``hf_config_ssm``,
-``hf_config_mup``) and, through them, by GGUF metadata (``models/gguf.py`` maps it to HF fields).
+``hf_config_mup``) and, through them, by GGUF metadata (``models/gguf/`` maps it to HF fields).
 
 Each reader takes the raw config dict, reads one field (or one group of fields) explicitly, and
 raises :class:`ConfigError` naming the field when it is missing, of the wrong type, out of range or

@@ -2,7 +2,7 @@
 
 Sources: a HF directory (``tokenizer.json``; the template from ``chat_template.jinja``, which
 transformers 5 writes, else from ``tokenizer_config.json``'s ``chat_template``; special tokens from
-``tokenizer_config.json``) or a GGUF file's metadata (``models/gguf.py``). No ``transformers`` import
+``tokenizer_config.json``) or a GGUF file's metadata (``models/gguf/``). No ``transformers`` import
 at serving time.
 """
 

@@ -1,0 +1,161 @@
+"""``nemotron_h``: Nemotron-H (Mamba2, attention and relu^2 MLP blocks, one mixer per block), HF
+``nemotron_h`` (``backbone.*`` keys).
+
+llama.cpp's converter handles it with its Granite-4.0-H class, so the stored forms are ``granite``'s:
+the Mamba2 tensors (``granite.mamba_layout``), ``attn_q``/``attn_k`` rows permuted per head,
+per-layer ``attention.head_count_kv`` and ``feed_forward_length`` arrays (the block pattern is read
+from them: kv heads -> ``*``, a feed-forward width -> ``-``, neither -> ``M``), ``context_length =
+2**20`` (no RoPE), the norm epsilon as ``attention.layer_norm_epsilon``. A block's one norm is
+``attn_norm``; MLP blocks hold ``ffn_up``/``ffn_down``.
+
+Not stored, so not read back: the Mamba2 chunk size and ``time_step_min`` (our defaults), the MLP
+activation (relu^2, the only one llama.cpp's ``nemotron_h`` runs). MoE blocks (``nemotron_h_moe``)
+are not mapped.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import numpy as np
+
+from radixflow_jax.models.config import ConfigError
+from radixflow_jax.models.gguf.dense import permute_qk, unpermute_qk
+from radixflow_jax.models.gguf.family import ARR, F32, U32, Family, Meta, NameTable, only, raise_config
+from radixflow_jax.models.gguf.granite import _LAYER as GRANITE_LAYER
+from radixflow_jax.models.gguf.granite import mamba_layout
+
+ARCH = "nemotron_h"
+NO_ROPE_CONTEXT = 2**20
+_LAYER = {
+    "norm.weight": "attn_norm.weight",
+    **{k.replace("mamba.", "mixer.", 1): v for k, v in GRANITE_LAYER.items() if k.startswith("mamba.")},
+    "mixer.q_proj.weight": "attn_q.weight",
+    "mixer.k_proj.weight": "attn_k.weight",
+    "mixer.v_proj.weight": "attn_v.weight",
+    "mixer.o_proj.weight": "attn_output.weight",
+    "mixer.up_proj.weight": "ffn_up.weight",
+    "mixer.down_proj.weight": "ffn_down.weight",
+}
+TABLE = NameTable(
+    _LAYER,
+    top={
+        "backbone.embeddings.weight": "token_embd.weight",
+        "lm_head.weight": "output.weight",
+        "backbone.norm_f.weight": "output_norm.weight",
+    },
+    layers="backbone.layers",
+)
+
+
+def _layout(key: str, t: np.ndarray, cfg: dict[str, Any], *, to_gguf: bool) -> np.ndarray:
+    suffix = key.split(".", 3)[-1] if key.startswith("backbone.layers.") else key
+    if suffix in ("mixer.q_proj.weight", "mixer.k_proj.weight"):
+        heads = int(cfg["num_attention_heads"])
+        if ".k_proj" in suffix:
+            heads = int(cfg.get("num_key_value_heads", heads))
+        return permute_qk(t, heads) if to_gguf else unpermute_qk(t, heads)
+    return mamba_layout(suffix.replace("mixer.", "mamba.", 1), t, int(cfg.get("n_groups", 1)), to_gguf=to_gguf)
+
+
+def _pattern(cfg: dict[str, Any]) -> str:
+    pattern = cfg.get("hybrid_override_pattern")
+    if not isinstance(pattern, str) or set(pattern) - set("M*-"):
+        raise ConfigError(f"config.json: hybrid_override_pattern={pattern!r}: only M, * and - blocks are written")
+    return pattern
+
+
+def _config(f: Any) -> dict[str, Any]:
+    n = f.arch_int("block_count")
+    kv, ff = f.get(f"{ARCH}.attention.head_count_kv"), f.get(f"{ARCH}.feed_forward_length")
+    for key, value in ((f"{ARCH}.attention.head_count_kv", kv), (f"{ARCH}.feed_forward_length", ff)):
+        if not isinstance(value, list) or len(value) != n:
+            raise_config(f, key, f"must be a per-layer array of {n}")
+    cfg = _common(f, kv, ff)
+    heads, inner = f.arch_int("ssm.time_step_rank"), f.arch_int("ssm.inner_size")
+    if inner % heads:
+        raise_config(f, f"{ARCH}.ssm.inner_size", "is not a multiple of ssm.time_step_rank")
+    cfg.update(
+        hybrid_override_pattern="".join("*" if k else "-" if w else "M" for k, w in zip(kv, ff)),
+        mamba_num_heads=heads,
+        mamba_head_dim=inner // heads,
+        n_groups=f.arch_int("ssm.group_count"),
+        ssm_state_size=f.arch_int("ssm.state_size"),
+        conv_kernel=f.arch_int("ssm.conv_kernel"),
+        use_conv_bias=any(name.endswith(".ssm_conv1d.bias") for name in f.tensors),
+        use_bias=False,
+        mlp_hidden_act="relu2",
+        layer_norm_epsilon=f.arch_float("attention.layer_norm_epsilon"),
+    )
+    return cfg
+
+
+def _common(f: Any, kv: list[int], ff: list[int]) -> dict[str, Any]:
+    """The fields ``common_config`` reads, from this architecture's per-layer arrays and keys."""
+    heads = f.arch_int("attention.head_count")
+    hidden = f.arch_int("embedding_length")
+    tokens = f.get("tokenizer.ggml.tokens")
+    return {
+        "model_type": "nemotron_h",
+        "architectures": ["NemotronHForCausalLM"],
+        "vocab_size": f.get(f"{ARCH}.vocab_size", len(tokens) if tokens else None),
+        "hidden_size": hidden,
+        "intermediate_size": max(ff),
+        "num_attention_heads": heads,
+        "num_key_value_heads": max(kv) or heads,
+        "head_dim": f.arch_int("attention.key_length", hidden // heads),
+        "max_position_embeddings": f.arch_int("context_length", 8192),
+        "tie_word_embeddings": "output.weight" not in f.tensors,
+        "bos_token_id": f.get("tokenizer.ggml.bos_token_id"),
+        "eos_token_id": f.get("tokenizer.ggml.eos_token_id"),
+    }
+
+
+def _metadata(cfg: dict[str, Any]) -> Meta:
+    if cfg.get("use_bias") or cfg.get("mlp_bias") or cfg.get("attention_bias"):
+        raise ConfigError("config.json: use_bias/mlp_bias/attention_bias=true has no nemotron_h GGUF tensor")
+    pattern = _pattern(cfg)
+    hidden, heads = int(cfg["hidden_size"]), int(cfg["num_attention_heads"])
+    kv, inner = int(cfg.get("num_key_value_heads", heads)), int(cfg["mamba_num_heads"]) * int(cfg["mamba_head_dim"])
+    a = ARCH
+    meta: Meta = [
+        (f"{a}.block_count", len(pattern), U32),
+        (f"{a}.context_length", NO_ROPE_CONTEXT, U32),
+        (f"{a}.embedding_length", hidden, U32),
+        (f"{a}.feed_forward_length", [int(cfg["intermediate_size"]) if c == "-" else 0 for c in pattern], ARR),
+        (f"{a}.attention.head_count", heads, U32),
+        (f"{a}.attention.head_count_kv", [kv if c == "*" else 0 for c in pattern], ARR),
+        (f"{a}.attention.layer_norm_epsilon", float(cfg.get("layer_norm_epsilon", 1e-5)), F32),
+        (f"{a}.vocab_size", int(cfg["vocab_size"]), U32),
+        (f"{a}.rope.dimension_count", hidden // heads, U32),
+        (f"{a}.ssm.conv_kernel", int(cfg.get("conv_kernel", 4)), U32),
+        (f"{a}.ssm.state_size", int(cfg["ssm_state_size"]), U32),
+        (f"{a}.ssm.group_count", int(cfg.get("n_groups", 1)), U32),
+        (f"{a}.ssm.inner_size", inner, U32),
+        (f"{a}.ssm.time_step_rank", int(cfg["mamba_num_heads"]), U32),
+        (f"{a}.rope.scaling.finetuned", False, "bool"),
+    ]
+    if cfg.get("head_dim") is not None:
+        meta += [(f"{a}.attention.key_length", int(cfg["head_dim"]), U32)]
+        meta += [(f"{a}.attention.value_length", int(cfg["head_dim"]), U32)]
+    return meta
+
+
+def to_gguf(key: str, array: np.ndarray, cfg: dict[str, Any]) -> list[tuple[str, np.ndarray]]:
+    return [(TABLE.gguf(key), _layout(key, array, cfg, to_gguf=True).astype(np.float32, copy=False))]
+
+
+def from_gguf(key: str, parts: Mapping[str, np.ndarray], cfg: dict[str, Any]) -> np.ndarray:
+    return _layout(key, only(parts), cfg, to_gguf=False).astype(np.float32, copy=False)
+
+
+NEMOTRON_H = Family(
+    ARCH,
+    ("NemotronHForCausalLM",),
+    _config,
+    _metadata,
+    to_gguf,
+    TABLE.hf,
+    from_gguf,
+    lambda key, cfg: (TABLE.gguf(key),),
+)
