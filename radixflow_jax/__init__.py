@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["LLM", "RequestOutput", "SamplingParams", "UnsupportedParameterError"]
+__all__ = ["LLM", "RequestOutput", "SamplingParams", "StructuredOutputsParams", "UnsupportedParameterError"]
 
 
 def __getattr__(name: str) -> Any:
@@ -20,4 +20,8 @@ def __getattr__(name: str) -> Any:
         from radixflow_jax.engine import params
 
         return getattr(params, name)
+    if name == "StructuredOutputsParams":
+        from radixflow_jax.engine.grammar import StructuredOutputsParams
+
+        return StructuredOutputsParams
     raise AttributeError(f"module 'radixflow_jax' has no attribute {name!r}")

@@ -21,8 +21,9 @@ round r+1 while the device runs round r, then collects and commits r (the schedu
 ``commit``, see ``scheduler/scheduler.py``). Each ``step`` still commits one round and returns its
 outputs; one round stays in flight between calls (``has_unfinished`` counts it). Round
 r is committed before planning r+1 when r+1 could not be planned without r's tokens on the host: a
-penalised request (its penalty context) or a checkpoint that would be planted on a path ending in
-one of r's samples. A failed round voids the round launched after it (recovered as one failure).
+penalised request (its penalty context), a constrained one (structured outputs: its mask for r+1
+comes from its matcher after r's token, so it never has two rounds in flight), or a checkpoint
+that would be planted on a path ending in one of r's samples. A failed round voids the round launched after it (recovered as one failure).
 The shadow executor and the simulated one run synchronously (the simulated one models overlap's
 decisions when built with ``overlap=True``, as the mirror of an overlapped model engine is).
 """
@@ -36,6 +37,7 @@ import time
 from typing import Callable, Sequence, cast
 
 from radixflow_jax.engine.config import EngineFailure, RoundRecord, ServingClock
+from radixflow_jax.engine.grammar import GrammarCompiler, GrammarState, has_grammar
 from radixflow_jax.engine.intake import CheckedRequest, RequestLimits
 from radixflow_jax.engine.params import RequestOutput, SamplingParams
 from radixflow_jax.engine.protocol import Executor, LaunchHandle, OverlapExecutor, PromptLogprob, StepResult
@@ -97,8 +99,9 @@ class EngineCore:
         self.limits = RequestLimits(
             max_model_len, self.scheduler.max_request_tokens(), caps.penalty_window, caps.logprobs,
             tokenizer is not None, vocab_size, caps.logit_bias, caps.prompt_logprobs is not None,
-            sample_limit(max_n, wiring), self.eos_token_ids,
+            sample_limit(max_n, wiring), self.eos_token_ids, caps.grammar_mask and has_grammar(tokenizer, vocab_size),
         )  # fmt: skip
+        self._grammars = GrammarCompiler(tokenizer, vocab_size or 0, self.eos_token_ids) if self.limits.structured else None
         self._in_flight: _Launched | None = None  # overlap: the round launched and not collected yet
         self._host_tail = 0.0  # host time after the latest result was fetched, inside step()
 
@@ -133,7 +136,7 @@ class EngineCore:
         if is_group(checked.params):
             raise ValueError("a request with n > 1 or best_of runs as sibling requests: use add_group")
         scores = self._score_prompt(checked)
-        rid = self._queue(checked.prompt, checked.params, arrival_time)
+        rid = self._queue(checked.prompt, checked.params, arrival_time, self._open_grammar(checked.params))
         self._records[rid].output.prompt_logprobs = scores
         return rid
 
@@ -143,20 +146,28 @@ class EngineCore:
         record's ``siblings`` holds the ids of all. ``n == 1`` without ``best_of`` is one request."""
         members = expand(checked.params).members if is_group(checked.params) else (checked.params,)
         scores = self._score_prompt(checked)  # before queueing: should it raise, nothing is queued
-        rids = [self._queue(checked.prompt, p, arrival_time) for p in members]
+        grammars = [self._open_grammar(p) for p in members]  # one matcher per sample
+        rids = [self._queue(checked.prompt, p, arrival_time, g) for p, g in zip(members, grammars)]
         for i, rid in enumerate(rids):
             rec = self._records[rid]
             rec.siblings = tuple(rids) if len(rids) > 1 else None
             rec.output.index, rec.output.prompt_logprobs = i, scores
         return rids
 
-    def _queue(self, prompt: tuple[int, ...], params: SamplingParams, arrival_time: float | None) -> int:
+    def _open_grammar(self, params: SamplingParams) -> GrammarState | None:
+        """A fresh matcher for a constrained request (``check`` made sure the engine can run it)."""
+        spec = params.structured_outputs
+        return None if spec is None or self._grammars is None else self._grammars.open(spec)
+
+    def _queue(
+        self, prompt: tuple[int, ...], params: SamplingParams, arrival_time: float | None, grammar: GrammarState | None
+    ) -> int:
         rid = next(self._ids)
         stops = set(params.stop_token_ids) | (set() if params.ignore_eos else set(self.eos_token_ids))
         req = Request(rid, prompt, params.max_tokens, frozenset(stops))
         req.arrival_time = self.clock() if arrival_time is None else arrival_time
         self.scheduler.add(req)
-        rec = RequestRecord.open(req, params, hash((self.seed, rid)) & 0xFFFFFFFF, self.limits.banned(params))
+        rec = RequestRecord.open(req, params, hash((self.seed, rid)) & 0xFFFFFFFF, self.limits.banned(params), grammar)
         self._records[rid] = rec
         return rid
 
@@ -260,8 +271,8 @@ class EngineCore:
         """The next round cannot be planned before ``plan``'s tokens are on the host (module docstring)."""
         for row in plan.rows:
             sampling = self._sampling.get(row.request_id)
-            if row.sample and sampling is not None and sampling.has_penalty:
-                return True
+            if row.sample and sampling is not None and (sampling.has_penalty or sampling.grammar is not None):
+                return True  # its next row needs this round's token on the host (penalty context, grammar mask)
         return self.scheduler.plants_on_unknown()
 
     def _collect(self, launched: _Launched) -> tuple[list[RequestOutput], bool]:
@@ -342,15 +353,17 @@ class EngineCore:
         return failed
 
     def _update(self, rid: int, now: float) -> RequestOutput:
-        """The output of a request its round sampled; a stop string in its text ends it."""
-        req = self.scheduler.requests[rid]
-        rec = self._records[rid]
+        """The output of a request its round sampled; a stop string in its text, or its grammar
+        (structured outputs: complete, or a token it did not allow), ends it."""
+        req, rec = self.scheduler.requests[rid], self._records[rid]
         rec.progress(req, now, self.num_rounds)
+        verdict = rec.follow_grammar(req)
         if self.tokenizer is not None and rec.update_text(self.tokenizer, req.is_finished):
-            if req.is_finished:
-                req.finish_reason = "stop"  # the completing token was also the last allowed one
-            else:
-                self.scheduler.finish(rid, "stop")
+            verdict = "stop"
+        if verdict is not None and req.is_finished:
+            req.finish_reason = verdict  # the completing token was also the last allowed one
+        elif verdict is not None:
+            self.scheduler.finish(rid, verdict)
         if req.is_finished:
             self._finalize(req, now)
         return rec.output

@@ -21,7 +21,7 @@ import numpy as np
 
 from radixflow_jax.models.api import LoadedModel
 from radixflow_jax.models.batch import init_cache
-from radixflow_jax.runner.inputs import BIAS_WIDTH, SamplingRow, build_arrays
+from radixflow_jax.runner.inputs import BIAS_WIDTH, SamplingRow, StepArrays, build_arrays
 from radixflow_jax.runner.shapes import ShapeConfig, Variant
 from radixflow_jax.runner.step import CompiledStep, out_rows, splice_defaults
 from radixflow_jax.runner.window import select_round
@@ -99,13 +99,15 @@ class ModelExecutor:
         self.penalty_window = penalty_window
         self._neutral_ctx: dict[object, tuple[jax.Array, jax.Array]] = {}  # per variant: unpenalised context arrays
         self._neutral_bias: dict[object, tuple[jax.Array, ...]] = {}  # per variant: bias arrays of no entry
+        self._neutral_mask: dict[object, jax.Array] = {}  # per variant: the grammar mask of no constrained row
+        self.mask_words = (model.config.vocab_size + 31) // 32  # grammar mask width (structured outputs)
         self.step = CompiledStep(
             model.graphdef, model.params, self.cache, shapes, kernels, penalty_window,
-            shared=model.compiled_variants,
+            shared=model.compiled_variants, mask_words=self.mask_words,
         )  # fmt: skip
         self.capabilities = ExecutorCapabilities(
             overlap=self.step.single_device, logprobs=True, penalty_window=penalty_window, logit_bias=BIAS_WIDTH,
-            prompt_logprobs=self.prompt_logprobs,
+            prompt_logprobs=self.prompt_logprobs, grammar_mask=True,
         )  # fmt: skip
         self.progress = progress
         self.warmup_s = 0.0
@@ -139,19 +141,10 @@ class ModelExecutor:
         variant, decode = select_round(plan, self.shapes, self.num_slots)
         arrays = build_arrays(
             plan, variant, page_size=self.page_size, max_pages=self.shapes.max_pages_per_row, sampling=sampling,
-            penalty_window=self.penalty_window, decode=decode,
+            penalty_window=self.penalty_window, decode=decode, mask_words=self.mask_words,
         )  # fmt: skip
         inputs = arrays.as_dict()
-        if self.penalty_window and self.step.single_device and not arrays.presence.any() and not arrays.frequency.any() and (arrays.repetition == 1).all():
-            # no row is penalised: the [R, W] context arrays are the same every round; keep them on the device
-            if variant not in self._neutral_ctx:
-                self._neutral_ctx[variant] = (jax.device_put(arrays.ctx_ids), jax.device_put(arrays.ctx_out))
-            inputs["ctx_ids"], inputs["ctx_out"] = self._neutral_ctx[variant]
-        if self.step.single_device and not (arrays.bias_ids >= 0).any():
-            # no row has a bias entry: the [R, B] bias arrays are the same every round; keep them on the device
-            if variant not in self._neutral_bias:
-                self._neutral_bias[variant] = tuple(jax.device_put(x) for x in (arrays.bias_ids, arrays.bias_vals, arrays.bias_until))
-            inputs["bias_ids"], inputs["bias_vals"], inputs["bias_until"] = self._neutral_bias[variant]
+        self._keep_neutral(variant, arrays, inputs)
         src = splice_sources(plan, arrays.plan_rows, arrays.cu_seqlens, variant.num_tokens, prev)
         if src is None:
             inputs["splice_src"], inputs["prev_tokens"] = splice_defaults(variant, self.shapes)["splice_src"], self._no_prev
@@ -173,6 +166,24 @@ class ModelExecutor:
             self.progress(f"{how} {variant.kind} T={variant.num_tokens} R={variant.num_rows} "
                           f"D={variant.num_decode} on first use in {compile_s:.1f}s")  # fmt: skip
         return InFlight(plan, variant, arrays.plan_rows, tokens, tuple(lp), want, t1 - t0, t1 + compile_s, compile_s)
+
+    def _keep_neutral(self, variant: Variant, arrays: StepArrays, inputs: dict) -> None:
+        """Inputs that are the same every round while no row uses them (penalty context, bias
+        entries, grammar mask) are kept on the device instead of copied each round (one device)."""
+        if not self.step.single_device:
+            return
+        if self.penalty_window and not arrays.presence.any() and not arrays.frequency.any() and (arrays.repetition == 1).all():
+            if variant not in self._neutral_ctx:
+                self._neutral_ctx[variant] = (jax.device_put(arrays.ctx_ids), jax.device_put(arrays.ctx_out))
+            inputs["ctx_ids"], inputs["ctx_out"] = self._neutral_ctx[variant]
+        if not (arrays.bias_ids >= 0).any():
+            if variant not in self._neutral_bias:
+                self._neutral_bias[variant] = tuple(jax.device_put(x) for x in (arrays.bias_ids, arrays.bias_vals, arrays.bias_until))
+            inputs["bias_ids"], inputs["bias_vals"], inputs["bias_until"] = self._neutral_bias[variant]
+        if not arrays.masked_rows:
+            if variant not in self._neutral_mask:
+                self._neutral_mask[variant] = jax.device_put(arrays.token_mask)
+            inputs["token_mask"] = self._neutral_mask[variant]
 
     def collect(self, handle: InFlight) -> StepResult:
         """Waits for a launched round and returns its result. ``step_s``: from when the device could

@@ -46,7 +46,8 @@ class RequestLimits:
     ``vocab_size``: None when unknown (no range check); ``bias_width``: bias entries a row may carry
     (0: no logit_bias / min_tokens); ``prompt_logprobs``: the executor computes them; ``max_n``: the
     most samples (``n``, ``best_of``) of one request; ``stop_ids``: the model's EOS ids (what
-    ``min_tokens`` bans besides ``stop_token_ids``)."""
+    ``min_tokens`` bans besides ``stop_token_ids``); ``structured``: the engine can constrain
+    outputs to a grammar (its executor masks and its tokenizer is one the grammar engine reads)."""
 
     max_model_len: int
     pool_tokens: int
@@ -58,6 +59,7 @@ class RequestLimits:
     prompt_logprobs: bool = False
     max_n: int = DEFAULT_MAX_N
     stop_ids: tuple[int, ...] = ()
+    structured: bool = False
 
     def check(self, prompt: Sequence[int], params: SamplingParams) -> CheckedRequest:
         """See the module docstring; nothing is queued here."""
@@ -80,6 +82,9 @@ class RequestLimits:
             if bad is not None:
                 raise ValueError(f"token id {bad} is outside the vocabulary [0, {self.vocab_size})")
         self._check_extras(params)
+        if params.structured_outputs is not None and not self.structured:
+            raise ValueError(f"{params.structured_outputs.field}: structured outputs are not available on this engine "
+                             "(they need a Hugging Face tokenizer and an executor that masks tokens)")  # fmt: skip
         if len(ids) + params.max_tokens > self.pool_tokens:
             raise ValueError(
                 f"prompt ({len(ids)} tokens) + max_tokens ({params.max_tokens}) exceeds the KV pool's "

@@ -10,6 +10,8 @@ import dataclasses
 import numbers
 from typing import Any, Mapping, Sequence
 
+from radixflow_jax.engine.grammar import StructuredOutputsParams
+
 # Unsupported parameters and the values that mean "off" (accepted, since they ask for nothing).
 _UNSUPPORTED: dict[str, tuple[Any, ...]] = {"use_beam_search": (False,)}
 
@@ -49,7 +51,12 @@ class SamplingParams:
     until that many tokens were generated (``min_tokens <= max_tokens``; stop strings still end
     generation). ``prompt_logprobs``: the
     logprob of every prompt token after the first, and its ``prompt_logprobs`` best alternatives
-    (0-20; None = off), computed cold (cached prompt tokens have no logits)."""
+    (0-20; None = off), computed cold (cached prompt tokens have no logits).
+
+    ``structured_outputs`` (vLLM's name): a :class:`~radixflow_jax.engine.grammar.StructuredOutputsParams`
+    (or a dict of its fields: ``json``, ``regex``, ``choice``, ``grammar``, ``json_object``); every
+    sampled token is constrained to the grammar, and the request ends with ``stop`` once the
+    grammar is complete (or EOS where it may end)."""
 
     max_tokens: int = 16
     temperature: float = 0.0
@@ -69,6 +76,7 @@ class SamplingParams:
     logit_bias: tuple[tuple[int, float], ...] = ()
     min_tokens: int = 0
     prompt_logprobs: int | None = None
+    structured_outputs: StructuredOutputsParams | None = None
 
     @property
     def num_samples(self) -> int:
@@ -119,6 +127,11 @@ class SamplingParams:
                 raise ValueError(f"{name} must be an integer in [0, 20] or None, got {value!r}")
         self._check_samples()
         object.__setattr__(self, "logit_bias", _bias_pairs(self.logit_bias))
+        so = self.structured_outputs
+        if isinstance(so, Mapping):
+            object.__setattr__(self, "structured_outputs", StructuredOutputsParams(**so))
+        elif so is not None and not isinstance(so, StructuredOutputsParams):
+            raise ValueError(f"structured_outputs must be StructuredOutputsParams or a dict, got {so!r}")
 
     def _check_samples(self) -> None:
         """``n``, ``best_of`` (1 is the same as None) and ``min_tokens``."""

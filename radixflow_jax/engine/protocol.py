@@ -45,13 +45,16 @@ class ExecutorCapabilities:
     ``logit_bias``: the most bias entries (``logit_bias`` + ``min_tokens`` bans of stop tokens) a
     row may carry; 0: the executor applies none and the engine refuses requests that need them.
     ``prompt_logprobs``: ``(prompt ids, k) -> per prompt token (logprob, top k ids, their logprobs)``,
-    the first token None, computed cold; None: the engine refuses ``prompt_logprobs``."""
+    the first token None, computed cold; None: the engine refuses ``prompt_logprobs``.
+    ``grammar_mask``: the step applies each sampled row's ``SamplingRow.grammar`` mask (structured
+    outputs); False: the engine refuses requests with ``structured_outputs``."""
 
     overlap: bool = False
     logprobs: bool = False
     penalty_window: int = 0
     logit_bias: int = 0
     prompt_logprobs: Callable[[Sequence[int], int], list[PromptLogprob | None]] | None = None
+    grammar_mask: bool = False
 
 
 PromptLogprob = tuple[float, list[int], list[float]]  # (logprob of the token, top ids, their logprobs)

@@ -13,8 +13,10 @@ Invariants:
     sets it back to 0.
   * ``siblings``: the request ids of every sample of one prompt's ``n`` / ``best_of`` group, in
     index order (this request among them), set by ``EngineCore.add_group``; None for ``n == 1``.
-  * ``grammar`` is a placeholder for a later issue (constrained decoding state): None means an
-    unconstrained request.
+  * ``grammar``: the request's structured-output matcher (``engine/grammar.GrammarState``, also
+    the sampling row's ``grammar``, which writes its mask when a round samples the row); None means
+    an unconstrained request. It lives here, never in the prefix cache: a preempted request keeps
+    it and resumes where its matcher was. :meth:`follow_grammar` feeds it the committed tokens.
 No JAX here.
 """
 
@@ -24,6 +26,7 @@ import dataclasses
 from typing import Iterator, Mapping
 
 from radixflow_jax.engine.detok import IncrementalText
+from radixflow_jax.engine.grammar import GrammarState
 from radixflow_jax.engine.params import RequestOutput, SamplingParams
 from radixflow_jax.runner.inputs import SamplingRow
 from radixflow_jax.scheduler.request import Request
@@ -38,27 +41,30 @@ class RequestRecord:
     sampling: SamplingRow | None
     detok: IncrementalText | None = None
     failures: int = 0
-    grammar: object | None = None  # per-request grammar state (a later issue); None: unconstrained
+    grammar: GrammarState | None = None  # per-request structured-output matcher; None: unconstrained
     siblings: tuple[int, ...] | None = None  # every request id of one prompt's n samples (index order)
 
     @classmethod
-    def open(cls, req: Request, params: SamplingParams, default_seed: int, banned: tuple[int, ...] = ()) -> RequestRecord:
+    def open(
+        cls, req: Request, params: SamplingParams, default_seed: int, banned: tuple[int, ...] = (),
+        grammar: GrammarState | None = None,
+    ) -> RequestRecord:  # fmt: skip
         """The record of a request just queued: its sampling row (``default_seed`` unless the params
         fix one; penalised rows carry the live prompt and output lists; ``banned``: the stop tokens
-        masked until ``min_tokens`` tokens were generated) and an empty output."""
+        masked until ``min_tokens`` tokens were generated; ``grammar``: its matcher) and an empty output."""
         penalised = params.has_penalty
         row = SamplingRow(
             params.temperature, params.top_k, params.top_p, params.min_p,
             params.seed if params.seed is not None else default_seed, params.presence_penalty, params.frequency_penalty,
             params.repetition_penalty, -1 if params.logprobs is None else params.logprobs,
             params.logit_bias, banned if params.min_tokens else (), len(req.prompt) + params.min_tokens,
-            req.prompt if penalised else (), req.output if penalised else (),
+            req.prompt if penalised else (), req.output if penalised else (), grammar,
         )  # fmt: skip
         output = RequestOutput(
             req.request_id, req.prompt, [], None, None, len(req.prompt), 0, req.arrival_time,
             logprobs=[] if params.logprobs is not None else None,
         )  # fmt: skip
-        return cls(params, output, row)
+        return cls(params, output, row, grammar=grammar)
 
     # ------------------------------------------------------------------ output assembly
     def add_logprobs(self, logprobs: tuple[float, list[int], list[float]]) -> None:
@@ -74,6 +80,20 @@ class RequestRecord:
         out.cached_tokens = req.cached_tokens
         if out.first_token_time is None:
             out.first_token_time, out.first_token_round = now, round_index
+
+    def follow_grammar(self, req: Request) -> str | None:
+        """Feeds the matcher the request's newly committed tokens; the reason the request ends with
+        (``stop``: the grammar is complete, also when it completed on the last token ``max_tokens``
+        allowed; ``error``: a token it did not allow was committed, noted in ``output.error``), else None."""
+        if self.grammar is None:
+            return None
+        self.grammar.advance(req.committed_output)
+        if req.is_finished:
+            return "stop" if req.finish_reason == "length" and self.grammar.stopped else None
+        if self.grammar.failed:
+            self.output.error = "a committed token does not match the request's grammar"
+            return "error"
+        return "stop" if self.grammar.stopped else None
 
     def update_text(self, tokenizer: object, finished: bool) -> bool:
         """Decodes the tokens so far (the whole list once ``finished``) and cuts the text at the

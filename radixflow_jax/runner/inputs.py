@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-from typing import Mapping, Sequence
+from typing import Mapping, Protocol, Sequence
 
 import numpy as np
 
@@ -26,11 +26,18 @@ from radixflow_jax.runner.window import DecodePlacement, place_decode
 from radixflow_jax.scheduler.plan import RoundPlan, RoundStats, RowPlan
 
 
+class RowMask(Protocol):
+    """A request's grammar (``engine/grammar.GrammarState``): writes its allowed next tokens."""
+
+    def mask_into(self, row: np.ndarray) -> None: ...
+
+
 @dataclasses.dataclass(frozen=True)
 class SamplingRow:
     """Per-request sampling settings as the device needs them (``top_k`` 0 = off). With a penalty
     set, ``prompt`` and ``output`` are the request's token ids (``output`` the live list the
-    scheduler appends to), written into the round's context window."""
+    scheduler appends to), written into the round's context window. ``grammar``: the request's
+    structured-output matcher, whose mask of the next token is written when a round samples the row."""
 
     temperature: float = 0.0
     top_k: int = 0
@@ -46,6 +53,7 @@ class SamplingRow:
     ban_until: int = 0
     prompt: tuple[int, ...] = dataclasses.field(default=(), compare=False, repr=False)
     output: Sequence[int] = dataclasses.field(default=(), compare=False, repr=False)
+    grammar: RowMask | None = dataclasses.field(default=None, compare=False, repr=False)
 
     @property
     def has_penalty(self) -> bool:
@@ -89,12 +97,17 @@ class StepArrays:
     bias_until: np.ndarray  # int32 [R, B]: an entry applies while the sampled position is below it
     pair_emit: np.ndarray  # int32 [R]: a paired consumer's initial state is emit pair_emit[r]; -1 = unpaired
     decode_base: np.ndarray  # int32 []: decode row r runs in state slot decode_base + r
+    token_mask: np.ndarray  # int32 [R, ceil(V/32)]: grammar mask, bit v%32 of word v//32; all ones (-1): none
     plan_rows: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0, np.int64))
     """host only: the array row of each plan row (``sampled[plan_rows[i]]`` belongs to ``plan.rows[i]``)"""
 
+    masked_rows: int = 0
+    """host only: rows whose ``token_mask`` a grammar wrote (0: the mask is all ones)"""
+
     def as_dict(self) -> dict[str, np.ndarray]:
-        """The step's inputs (``plan_rows`` stays on the host)."""
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "plan_rows"}
+        """The step's inputs (``plan_rows`` and ``masked_rows`` stay on the host)."""
+        host = ("plan_rows", "masked_rows")
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in host}
 
 
 _PAD_DECODE = RowPlan(-1, (0,), 0, (0,), 0, None, (), False)  # one token at position 0 of page 0, slot 0
@@ -102,9 +115,10 @@ _PAD_DECODE = RowPlan(-1, (0,), 0, (0,), 0, None, (), False)  # one token at pos
 
 def build_arrays(
     plan: RoundPlan, variant: Variant, *, page_size: int, max_pages: int, sampling: Mapping[int, SamplingRow],
-    penalty_window: int = 0, decode: DecodePlacement | None = None,
+    penalty_window: int = 0, decode: DecodePlacement | None = None, mask_words: int = 0,
 ) -> StepArrays:
     """``penalty_window``: width ``W`` of the penalty context arrays (0: penalties unavailable);
+    ``mask_words``: width of the grammar mask (0: structured outputs unavailable);
     ``decode``: the round's decode placement (``runner/window.select_round``; None: placed here,
     with ``base`` the lowest decode slot, which the caller must know fits its pool).
 
@@ -120,7 +134,7 @@ def build_arrays(
         region[plan.rows[i].slot - decode.base] = plan.rows[i]
     rows = tuple(region) + prefill
     _check_pages(rows, page_size, max_pages)
-    a = _empty_arrays(variant, max_pages, penalty_window, decode.base)
+    a = _empty_arrays(variant, max_pages, penalty_window, decode.base, mask_words)
     _fill_tokens(a, rows, page_size)
     _fill_emits(a, rows, variant.num_decode)
     _fill_sampling(a, rows, sampling, penalty_window)
@@ -166,7 +180,7 @@ def _check_pages(rows: Sequence[RowPlan], page_size: int, max_pages: int) -> Non
             )
 
 
-def _empty_arrays(variant: Variant, max_pages: int, penalty_window: int, decode_base: int) -> StepArrays:
+def _empty_arrays(variant: Variant, max_pages: int, penalty_window: int, decode_base: int, mask_words: int = 0) -> StepArrays:
     """The arrays of ``variant`` with every row and token padding (neutral sampling, no emits)."""
     t, r, m = variant.num_tokens, variant.num_rows, variant.max_emits
     return StepArrays(
@@ -198,6 +212,7 @@ def _empty_arrays(variant: Variant, max_pages: int, penalty_window: int, decode_
         bias_until=np.zeros((r, BIAS_WIDTH), np.int32),
         pair_emit=np.full(r, -1, np.int32),
         decode_base=np.asarray(decode_base, np.int32),
+        token_mask=np.full((r, mask_words), -1, np.int32),
     )
 
 
@@ -264,6 +279,11 @@ def _fill_sampling(a: StepArrays, rows: Sequence[RowPlan], sampling: Mapping[int
     for i, p in enumerate(params):
         if p.bias or p.ban:
             _fill_bias(a, i, p)
+        if p.grammar is not None and rows[i].sample:
+            if not a.token_mask.shape[1]:
+                raise ValueError(f"request {rows[i].request_id} has a grammar; this step has no grammar mask")
+            p.grammar.mask_into(a.token_mask[i])
+            a.masked_rows += 1
         if p.has_penalty:
             n_prompt, n_out = len(p.prompt), len(p.output)
             if n_prompt + n_out > window:
@@ -291,7 +311,8 @@ def _fill_bias(a: StepArrays, i: int, p: SamplingRow) -> None:
         a.bias_until[i, nb : nb + nban] = p.ban_until
 
 
-def padding_arrays(variant: Variant, max_pages: int, penalty_window: int = 0) -> StepArrays:
+def padding_arrays(variant: Variant, max_pages: int, penalty_window: int = 0, mask_words: int = 0) -> StepArrays:
     """The arrays of a round with no real row (warm-up executions): every row and token is padding."""
     empty = RoundPlan(rows=(), num_decode=0, stats=RoundStats())
-    return build_arrays(empty, variant, page_size=1, max_pages=max_pages, sampling={}, penalty_window=penalty_window)
+    return build_arrays(empty, variant, page_size=1, max_pages=max_pages, sampling={}, penalty_window=penalty_window,
+                        mask_words=mask_words)  # fmt: skip

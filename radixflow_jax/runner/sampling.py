@@ -15,6 +15,11 @@ Logit bias (``apply_bias``): each row carries up to ``B`` entries ``(token id, v
 entry adds ``value`` to its token's logit while the row's sampled ``position`` is below ``until``
 (``-inf`` values are min_tokens bans of the stop tokens). A round where no entry is active leaves
 every logit bit-identical and skips the scatter.
+
+Grammar mask (``apply_mask``, structured outputs): ``mask [R, ceil(V/32)]`` int32, bit ``v % 32`` of
+word ``v // 32`` set when token ``v`` is allowed; a row without a grammar is all ones (-1). Disallowed
+logits become ``-inf``. A round where every row is all ones leaves the logits bit-identical and
+skips the unpacking.
 """
 
 from __future__ import annotations
@@ -113,6 +118,17 @@ def apply_bias(
         return logits.at[row, safe].add(jnp.where(active, values, 0.0), mode="drop")
 
     return jax.lax.cond(jnp.any(active), biased, lambda: logits)
+
+
+def apply_mask(logits: jax.Array, mask: jax.Array) -> jax.Array:
+    """``logits [R, V]`` with the tokens each row's grammar ``mask [R, ceil(V/32)]`` forbids at ``-inf``."""
+
+    def masked() -> jax.Array:
+        v = jnp.arange(logits.shape[-1], dtype=jnp.int32)
+        bits = (mask[:, v >> 5] >> (v & 31)[None, :]) & 1
+        return jnp.where(bits != 0, logits, -jnp.inf)
+
+    return jax.lax.cond(jnp.any(mask != -1), masked, lambda: logits)
 
 
 def token_logprobs(logits: jax.Array, tokens: jax.Array, k: int) -> tuple[jax.Array, jax.Array, jax.Array]:

@@ -5,8 +5,10 @@
      recurrent layer reads a row's initial state from ``copy_src`` and writes to ``state_slots``;
   2. run the model over the packed ragged batch (KV and states written in place, checkpoints
      emitted at the requested offsets inside the spans);
-  3. project the last token of every row to logits and sample on device (the last layer computes
-     only those tokens past its mixers, ``HybridLM.__call__``'s ``row_last``).
+  3. project the last token of every row to logits, apply penalties, bias and the grammar mask
+     (``token_mask``, structured outputs; each skipped at run time in a round no row uses it), and
+     sample on device (the last layer computes only those tokens past its mixers,
+     ``HybridLM.__call__``'s ``row_last``).
 
 Overlap (``engine/executor.py``): a row may take its input token from the previous round's sampled
 array *on the device*: ``splice_src[t] >= 0`` replaces input token ``t`` with
@@ -37,7 +39,7 @@ from radixflow_jax.kernels import ops
 from radixflow_jax.models.batch import Batch, ModelCache
 from radixflow_jax.models.mixers.recurrent import Emits
 from radixflow_jax.runner.inputs import BIAS_WIDTH
-from radixflow_jax.runner.sampling import apply_bias, apply_penalties, sample, token_logprobs
+from radixflow_jax.runner.sampling import apply_bias, apply_mask, apply_penalties, sample, token_logprobs
 
 MAX_LOGPROBS = 20  # top alternatives computed per sampled token (the OpenAI API's maximum)
 from radixflow_jax.runner.shapes import ShapeConfig, Variant
@@ -80,6 +82,8 @@ def make_step(graphdef: nnx.GraphDef, num_decode: int, num_out: int) -> Callable
         logits = model.logits(hidden if prefill else hidden[a["logits_index"]]).astype(jnp.float32)
         logits = apply_penalties(logits, a["ctx_ids"], a["ctx_out"], a["presence"], a["frequency"], a["repetition"])
         logits = apply_bias(logits, a["bias_ids"], a["bias_vals"], a["bias_until"], a["position"])
+        if a["token_mask"].shape[-1]:  # structured outputs: each row's grammar mask (all ones: none)
+            logits = apply_mask(logits, a["token_mask"])
         tokens = sample(logits, a["temperature"], a["top_k"], a["top_p"], a["min_p"], a["seed"], a["position"])
         k = min(MAX_LOGPROBS, logits.shape[-1])
         rows = logits.shape[0]
@@ -94,9 +98,10 @@ def make_step(graphdef: nnx.GraphDef, num_decode: int, num_out: int) -> Callable
 
 
 def array_specs(
-    variant: Variant, max_pages: int, penalty_window: int = 0, num_out: int = 0
+    variant: Variant, max_pages: int, penalty_window: int = 0, num_out: int = 0, mask_words: int = 0
 ) -> dict[str, jax.ShapeDtypeStruct]:
-    """Shapes of the step's inputs; ``num_out``: length of the previous round's sampled array (overlap)."""
+    """Shapes of the step's inputs; ``num_out``: length of the previous round's sampled array (overlap);
+    ``mask_words``: width of the grammar mask, ``ceil(vocab / 32)`` (0: no structured outputs)."""
     t, r, m, w = variant.num_tokens, variant.num_rows, variant.max_emits, penalty_window
     i32, f32 = jnp.int32, jnp.float32
     shapes = {
@@ -109,7 +114,7 @@ def array_specs(
         "ctx_ids": ((r, w), i32), "ctx_out": ((r, w), jnp.bool_), "want_logprobs": ((r,), jnp.bool_),
         "bias_ids": ((r, BIAS_WIDTH), i32), "bias_vals": ((r, BIAS_WIDTH), f32), "bias_until": ((r, BIAS_WIDTH), i32),
         "pair_emit": ((r,), i32), "splice_src": ((t,), i32), "prev_tokens": ((max(num_out, r),), i32),
-        "decode_base": ((), i32),
+        "decode_base": ((), i32), "token_mask": ((r, mask_words), i32),
     }  # fmt: skip
     return {k: jax.ShapeDtypeStruct(s, d) for k, (s, d) in shapes.items()}
 
@@ -142,10 +147,11 @@ class CompiledStep:
 
     def __init__(
         self, graphdef: nnx.GraphDef, params: nnx.State, cache: ModelCache, shapes: ShapeConfig, kernels: str,
-        penalty_window: int = 0, shared: dict[tuple, Callable] | None = None,
+        penalty_window: int = 0, shared: dict[tuple, Callable] | None = None, mask_words: int = 0,
     ):  # fmt: skip
         self.graphdef = graphdef
         self.penalty_window = penalty_window
+        self.mask_words = mask_words
         self.shapes = shapes
         self.kernels = kernels
         # shardings of params and pools are part of the compiled signature (tensor parallelism:
@@ -158,7 +164,7 @@ class CompiledStep:
         self._compiled: dict[Variant, Callable] = {}
         self._shared = shared
         self._signature = (
-            out_rows(shapes), shapes.max_pages_per_row, penalty_window, kernels,
+            out_rows(shapes), shapes.max_pages_per_row, penalty_window, kernels, mask_words,
             jax.tree.structure(self._params_spec), tuple(jax.tree.leaves(self._params_spec)),
             jax.tree.structure(self._cache_spec), tuple(jax.tree.leaves(self._cache_spec)),
         )  # fmt: skip
@@ -184,7 +190,8 @@ class CompiledStep:
         with ops.use_backend(self.kernels), _per_shard(self._cache_shardings):
             lowered = fn.lower(
                 self._params_spec, self._cache_spec,
-                array_specs(variant, self.shapes.max_pages_per_row, self.penalty_window, out_rows(self.shapes)),
+                array_specs(variant, self.shapes.max_pages_per_row, self.penalty_window, out_rows(self.shapes),
+                            self.mask_words),
             )  # fmt: skip
         compiled = lowered.compile()
         self.num_compiles += 1
@@ -203,7 +210,7 @@ class CompiledStep:
         from radixflow_jax.runner.inputs import padding_arrays
 
         fn = self._compiled.get(variant) or self._compile(variant)
-        arrays = padding_arrays(variant, self.shapes.max_pages_per_row, self.penalty_window).as_dict()
+        arrays = padding_arrays(variant, self.shapes.max_pages_per_row, self.penalty_window, self.mask_words).as_dict()
         cache, tokens = fn(params, cache, {**arrays, **splice_defaults(variant, self.shapes)})
         jax.block_until_ready(tokens)
         return cache

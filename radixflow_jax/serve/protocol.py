@@ -10,14 +10,15 @@ into an :class:`EngineRequest` (prompt token ids + :class:`SamplingParams`). Bot
 Invariants:
   * Unknown fields are accepted and ignored (clients send vendor extras); known fields that ask
     for something the engine does not do (``suffix``: these models have no fill-in-the-middle
-    format; tools, a JSON response format, several prompts in one request) raise, never silently
-    ignored.
+    format; tools, several prompts in one request) raise, never silently ignored.
   * Implemented: temperature, top_p, top_k, min_p, seed, stop, stop_token_ids, ignore_eos, the
     presence / frequency / repetition penalties, logprobs (completions: ``logprobs`` = number of
     alternatives; chat: ``logprobs`` + ``top_logprobs``), ``n`` and ``best_of`` (at most ``max_n``;
     ``best_of`` not with ``stream``), ``logit_bias`` (token-id string keys, biases in [-100, 100]),
     ``min_tokens``, and on completions ``echo`` (with ``logprobs``: prompt logprobs too; with
-    ``max_tokens`` 0 the prompt is only scored).
+    ``max_tokens`` 0 the prompt is only scored), structured outputs (``response_format``
+    ``json_object`` / ``json_schema``, vLLM's ``guided_json`` / ``guided_regex`` / ``guided_choice``
+    / ``guided_grammar`` / ``structured_outputs``: ``serve/structured.py``).
   * Defaults follow the OpenAI API: ``temperature`` 1, ``top_p`` 1; completions ``max_tokens`` 16,
     chat ``max_tokens`` fills the context (``max_model_len - prompt``) when the limit is known.
   * Checks here are the API's own: the body's schema and the answers the OpenAI API defines for it
@@ -35,6 +36,8 @@ import pydantic
 from pydantic import BaseModel, ConfigDict, Field
 
 from radixflow_jax.engine.params import DEFAULT_MAX_N, SamplingParams, UnsupportedParameterError
+from radixflow_jax.engine.grammar import GrammarError
+from radixflow_jax.serve.structured import ResponseFormat, structured_params
 
 COMPLETIONS = "completions"
 CHAT = "chat"
@@ -84,6 +87,12 @@ class _SamplingFields(_Body):
     logit_bias: dict[str, float] | None = None
     min_tokens: int | None = None
     user: str | None = None
+    response_format: ResponseFormat | None = None
+    guided_json: Union[dict[str, Any], str, None] = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
+    structured_outputs: dict[str, Any] | None = None
 
 
 class CompletionRequest(_SamplingFields):
@@ -104,10 +113,6 @@ class ChatMessage(_Body):
     name: str | None = None
 
 
-class ResponseFormat(_Body):
-    type: str = "text"
-
-
 class ChatCompletionRequest(_SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = None
@@ -115,7 +120,6 @@ class ChatCompletionRequest(_SamplingFields):
     top_logprobs: int | None = None
     tools: list[dict[str, Any]] | None = None
     tool_choice: Any = None
-    response_format: ResponseFormat | None = None
 
 
 class TextTokenizer(Protocol):
@@ -254,8 +258,6 @@ def to_engine_request(
     else:
         _reject_if(bool(body.tools), "tools", "tools (function calling) are not supported")
         _reject_if(body.tool_choice not in (None, "none"), "tool_choice", "tool_choice is not supported")
-        fmt = body.response_format
-        _reject_if(fmt is not None and fmt.type != "text", "response_format", "only response_format type 'text' is supported")
         if body.top_logprobs is not None:
             if not 0 <= body.top_logprobs <= 20:
                 raise ProtocolError("top_logprobs: must be between 0 and 20", param="top_logprobs")
@@ -290,7 +292,11 @@ def to_engine_request(
             param=max_field if len(ids) < max_model_len else ("prompt" if kind == COMPLETIONS else "messages"),
             code="context_length_exceeded",
         )
-    values = {**_sampling_dict(body, max_tokens), "logit_bias": bias}
+    try:
+        structured = structured_params(body)
+    except GrammarError as exc:
+        raise ProtocolError(str(exc), param=exc.field, code="invalid_value") from None
+    values = {**_sampling_dict(body, max_tokens), "logit_bias": bias, "structured_outputs": structured}
     if logprobs is not None:
         values["logprobs"] = logprobs
         if echo:

@@ -273,3 +273,24 @@ def test_cli_refuses_a_bad_start_before_loading_the_model(tmp_path, capsys) -> N
     assert "exists: pass --resume" in capsys.readouterr().err
     assert cli.main(base[:-4] + ["--input", str(tmp_path / "missing.jsonl"), "--output", out]) == 2
     assert "no such file" in capsys.readouterr().err
+
+
+def test_structured_output_lines(llm, tmp_path) -> None:
+    """Constrained lines run through the server's validation: a choice and a schema are honoured,
+    an invalid regex is an error record naming its field."""
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"], "additionalProperties": False}
+    chat = {"messages": [{"role": "user", "content": "ok?"}], "max_tokens": 16, "temperature": 0}
+    lines = [json.dumps(x) for x in (
+        {"custom_id": "s", "url": "/v1/chat/completions",
+         "body": {**chat, "response_format": {"type": "json_schema", "json_schema": {"name": "s", "schema": schema}}}},
+        {"custom_id": "r", "url": "/v1/completions", "body": {"prompt": "x", "max_tokens": 4, "guided_regex": "a[b"}},
+        {"id": "c", "prompt": "pick", "max_tokens": 8, "structured_outputs": {"choice": ["up", "down"]}},
+    )]  # fmt: skip
+    src = _write(str(tmp_path / "structured.jsonl"), lines)
+    out = str(tmp_path / "out.jsonl")
+    stats = BatchJob(llm.engine, llm.model, _cfg(src, out, window=4)).run()
+    recs = _read(out)
+    assert stats.errors == 1 and "guided_regex" in recs[1]["error"]["message"]
+    msg = recs[0]["response"]["body"]["choices"][0]
+    assert msg["finish_reason"] == "stop" and json.loads(msg["message"]["content"]) in ({"ok": True}, {"ok": False})
+    assert recs[2]["finish_reason"] == "stop" and recs[2]["text"] in ("up", "down"), recs[2]

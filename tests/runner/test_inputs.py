@@ -44,6 +44,7 @@ def test_shapes_depend_only_on_the_variant(arrays) -> None:
         "logits_index": (4,), "temperature": (4,), "top_k": (4,), "top_p": (4,), "min_p": (4,), "seed": (4,),
         "position": (4,), "presence": (4,), "frequency": (4,), "repetition": (4,), "ctx_ids": (4, 0), "ctx_out": (4, 0), "want_logprobs": (4,), "pair_emit": (4,), "decode_base": (),
         "bias_ids": (4, BIAS_WIDTH), "bias_vals": (4, BIAS_WIDTH), "bias_until": (4, BIAS_WIDTH),
+        "token_mask": (4, 0),  # no grammar mask unless mask_words is given
     }  # fmt: skip
     assert {k: v.shape for k, v in d.items()} == expected
     assert d["seed"].dtype == np.uint32
@@ -144,3 +145,28 @@ def test_bias_and_min_tokens_bans_fill_the_bias_arrays() -> None:
     crowded = {10: SamplingRow(bias=tuple((i, 1.0) for i in range(BIAS_WIDTH)), ban=(2,), ban_until=3)}
     with pytest.raises(ValueError, match="bias slots"):
         build_arrays(_plan(DECODE_A, DECODE_B, PREFILL), VARIANT, page_size=PAGE, max_pages=MAX_PAGES, sampling=crowded)
+
+
+class _OnlyToken:
+    """A stand-in grammar (``RowMask``) that allows one token and counts its calls."""
+
+    def __init__(self, token: int):
+        self.token, self.calls = token, 0
+
+    def mask_into(self, row: np.ndarray) -> None:
+        self.calls += 1
+        row[:] = 0
+        row[self.token // 32] = np.int32(1 << (self.token % 32)) if self.token % 32 != 31 else np.int32(-(1 << 31))
+
+
+def test_grammar_masks_fill_only_sampled_rows() -> None:
+    g10, g12 = _OnlyToken(40), _OnlyToken(3)
+    sampling = {10: SamplingRow(grammar=g10), 12: SamplingRow(grammar=g12)}  # request 12 does not sample
+    a = build_arrays(_plan(DECODE_A, DECODE_B, PREFILL), VARIANT, page_size=PAGE, max_pages=MAX_PAGES,
+                     sampling=sampling, mask_words=3)  # fmt: skip
+    row = int(a.plan_rows[0])
+    assert a.token_mask.shape == (4, 3) and (g10.calls, g12.calls) == (1, 0)
+    np.testing.assert_array_equal(a.token_mask[row], [0, 1 << 8, 0])
+    assert (a.token_mask[[r for r in range(4) if r != row]] == -1).all()  # no grammar: all ones
+    with pytest.raises(ValueError, match="grammar mask"):
+        build_arrays(_plan(DECODE_A), VARIANT, page_size=PAGE, max_pages=MAX_PAGES, sampling=sampling)

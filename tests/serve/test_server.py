@@ -238,8 +238,10 @@ BAD = [
     ("POST", "/v1/chat/completions", {"messages": [{"role": "user"}]}, None, 400, "needs content"),
     ("POST", "/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]},
      None, 400, "tools"),
-    ("POST", "/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_object"}},
-     None, 400, "response_format"),
+    ("POST", "/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "response_format": {
+        "type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "objectx"}}}}, None, 400, "response_format"),
+    ("POST", "/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "guided_regex": "a[b"},
+     None, 400, "guided_regex"),
     ("POST", "/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2}, None, 400, "top_logprobs"),
     ("POST", "/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "model": "gpt-4"}, None, 404, "does not exist"),
     ("GET", "/v1/models/unknown", None, None, 404, "'unknown' does not exist"),
