@@ -171,6 +171,7 @@ def _parse_openai(
             raise protocol.ProtocolError("stream: streaming is not available in a batch job", param="stream")
         req = protocol.to_engine_request(body, tok, max_model_len=limits.max_model_len, vocab_size=limits.vocab_size)
         refused = _not_in_batch(req.params) or ("echo: not available in a batch job" if req.echo else None)
+        refused = refused or ("tools: not available in a batch job" if getattr(body, "tools", None) else None)
         if refused:
             raise protocol.ProtocolError(refused, param=refused.split(":")[0])
     except protocol.ProtocolError as exc:

@@ -86,7 +86,10 @@ class Tokenizer:
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         return self._tok.decode(list(ids), skip_special_tokens=skip_special_tokens)
 
-    def apply_chat_template(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
+    def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
+                            tools: list[dict[str, Any]] | None = None) -> str:
+        """Renders ``messages`` with the chat template; ``tools`` (OpenAI tool objects) is passed
+        as the template's ``tools`` variable, None when absent (as HF's ``apply_chat_template``)."""
         if not self.chat_template:
             raise TokenizerError(
                 f"this model has no chat template (neither {CHAT_TEMPLATE_FILE} nor a chat_template in {TOKENIZER_CONFIG})"
@@ -102,6 +105,7 @@ class Tokenizer:
             return env.from_string(self.chat_template).render(
                 messages=messages,
                 add_generation_prompt=add_generation_prompt,
+                tools=tools,
                 bos_token=self.bos_token or "",
                 eos_token=self.eos_token or "",
                 raise_exception=raise_exception,

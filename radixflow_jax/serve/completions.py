@@ -22,7 +22,7 @@ from radixflow_jax.serve import protocol
 from radixflow_jax.serve import responses as R
 from radixflow_jax.serve.checks import check_alive, check_model, read_json, submit
 from radixflow_jax.engine.siblings import choose, expand, is_group
-from radixflow_jax.serve.outputs import chat_logprobs, completion_choice, final_outputs, usage
+from radixflow_jax.serve.outputs import chat_choice, completion_choice, final_outputs, usage
 from radixflow_jax.serve.state import ServerState
 from radixflow_jax.serve.streaming import stream
 
@@ -61,9 +61,7 @@ class CompletionRoutes:
             outs = choose(expand(req.params), outs)
         name, tok = state.config.model_name, state.tokenizer
         if kind == protocol.CHAT:
-            choices = [R.ChatChoice(index=i, message=R.AssistantMessage(content=out.text or ""),
-                                    finish_reason=out.finish_reason, logprobs=chat_logprobs(tok, out, 0))
-                       for i, out in enumerate(outs)]  # fmt: skip
+            choices = [chat_choice(tok, req, out, i) for i, out in enumerate(outs)]
             resp: R.ChatCompletionResponse | R.CompletionResponse = R.ChatCompletionResponse(
                 id=rid, model=name, choices=choices, usage=usage(outs))
         else:

@@ -23,6 +23,7 @@ from radixflow_jax.replicas.background import RequestHandle
 from radixflow_jax.serve import responses as R
 from radixflow_jax.serve.errors import ENGINE_ERRORS, engine_error
 from radixflow_jax.serve.protocol import EngineRequest
+from radixflow_jax.serve.tools import parse_tool_calls
 
 
 def token_text(tokenizer: Any, token_id: int) -> str:
@@ -87,6 +88,20 @@ def completion_choice(tokenizer: Any, req: EngineRequest, out: RequestOutput, in
             getattr(logprobs, name).extend(getattr(tail, name) if tail is not None else ())
     return R.CompletionChoice(index=index, text=prompt_text(tokenizer, req) + text, finish_reason=out.finish_reason,
                               logprobs=logprobs)  # fmt: skip
+
+
+def chat_choice(tokenizer: Any, req: EngineRequest, out: RequestOutput, index: int) -> R.ChatChoice:
+    """One chat choice; with tools (``req.tool_names``) the output's ``<tool_call>`` blocks become
+    ``message.tool_calls``, the rest the content (None when empty), and ``finish_reason`` is
+    ``tool_calls`` when there is a call."""
+    text, reason = out.text or "", out.finish_reason
+    calls: list[dict[str, Any]] = []
+    content: str | None = text
+    if req.tool_names is not None:
+        content, calls = parse_tool_calls(text, req.tool_names)
+        reason = "tool_calls" if calls else reason
+    message = R.AssistantMessage(content=content, tool_calls=[R.ToolCall.model_validate(c) for c in calls])
+    return R.ChatChoice(index=index, message=message, finish_reason=reason, logprobs=chat_logprobs(tokenizer, out, 0))
 
 
 async def final_outputs(handles: Sequence[RequestHandle], request: Request) -> list[RequestOutput]:

@@ -10,7 +10,7 @@ into an :class:`EngineRequest` (prompt token ids + :class:`SamplingParams`). Bot
 Invariants:
   * Unknown fields are accepted and ignored (clients send vendor extras); known fields that ask
     for something the engine does not do (``suffix``: these models have no fill-in-the-middle
-    format; tools, several prompts in one request) raise, never silently ignored.
+    format; several prompts in one request) raise, never silently ignored.
   * Implemented: temperature, top_p, top_k, min_p, seed, stop, stop_token_ids, ignore_eos, the
     presence / frequency / repetition penalties, logprobs (completions: ``logprobs`` = number of
     alternatives; chat: ``logprobs`` + ``top_logprobs``), ``n`` and ``best_of`` (at most ``max_n``;
@@ -18,7 +18,8 @@ Invariants:
     ``min_tokens``, and on completions ``echo`` (with ``logprobs``: prompt logprobs too; with
     ``max_tokens`` 0 the prompt is only scored), structured outputs (``response_format``
     ``json_object`` / ``json_schema``, vLLM's ``guided_json`` / ``guided_regex`` / ``guided_choice``
-    / ``guided_grammar`` / ``structured_outputs``: ``serve/structured.py``).
+    / ``guided_grammar`` / ``structured_outputs``: ``serve/structured.py``), and on chat ``tools`` /
+    ``tool_choice`` (``serve/tools.py``; ``required`` and a named function constrain the output).
   * Defaults follow the OpenAI API: ``temperature`` 1, ``top_p`` 1; completions ``max_tokens`` 16,
     chat ``max_tokens`` fills the context (``max_model_len - prompt``) when the limit is known.
   * Checks here are the API's own: the body's schema and the answers the OpenAI API defines for it
@@ -36,8 +37,9 @@ import pydantic
 from pydantic import BaseModel, ConfigDict, Field
 
 from radixflow_jax.engine.params import DEFAULT_MAX_N, SamplingParams, UnsupportedParameterError
-from radixflow_jax.engine.grammar import GrammarError
+from radixflow_jax.engine.grammar import GrammarError, StructuredOutputsParams
 from radixflow_jax.serve.structured import ResponseFormat, structured_params
+from radixflow_jax.serve.tools import ToolError, ToolPlan, history_calls, render_chat, tool_plan
 
 COMPLETIONS = "completions"
 CHAT = "chat"
@@ -111,6 +113,8 @@ class ChatMessage(_Body):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: Union[str, list[TextPart], None] = None
     name: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None
+    tool_call_id: str | None = None
 
 
 class ChatCompletionRequest(_SamplingFields):
@@ -127,7 +131,8 @@ class TextTokenizer(Protocol):
 
     def encode(self, text: str) -> list[int]: ...
 
-    def apply_chat_template(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> str: ...
+    def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
+                            tools: list[dict[str, Any]] | None = None) -> str: ...
 
 
 @dataclasses.dataclass(frozen=True)
@@ -145,6 +150,7 @@ class EngineRequest:
     echo: bool = False  # completions: the prompt text (and, with logprobs, its logprobs) comes first
     prompt_text: str | None = None  # the prompt as the client sent it, when it was text
     score_only: bool = False  # echo with max_tokens 0: one token is generated and dropped
+    tool_names: tuple[str, ...] | None = None  # chat with tools: the output is parsed for calls of these
 
 
 def _loc(loc: Sequence[Any]) -> str:
@@ -176,17 +182,42 @@ def _reject_if(condition: bool, param: str, message: str) -> None:
         raise ProtocolError(message, param=param, code="unsupported_parameter")
 
 
-def _chat_messages(body: ChatCompletionRequest) -> list[dict[str, str]]:
+def _chat_messages(body: ChatCompletionRequest) -> list[dict[str, Any]]:
+    """The messages as template input: text content, ``developer`` as ``system``; an assistant
+    message with ``tool_calls`` may have no content, a ``tool`` message keeps its ``tool_call_id``."""
     messages = []
     for i, msg in enumerate(body.messages):
         if isinstance(msg.content, list):
             content = "".join(part.text for part in msg.content)
-        elif msg.content is None:
+        elif msg.content is None and not (msg.role == "assistant" and msg.tool_calls):
             raise ProtocolError(f"messages.{i}.content: a message needs content", param=f"messages.{i}.content")
         else:
-            content = msg.content
-        messages.append({"role": "system" if msg.role == "developer" else msg.role, "content": content})
+            content = msg.content or ""
+        entry: dict[str, Any] = {"role": "system" if msg.role == "developer" else msg.role, "content": content}
+        if msg.tool_calls:
+            entry["tool_calls"] = history_calls(msg.tool_calls, f"messages.{i}.tool_calls")
+        for key in ("tool_call_id", "name"):
+            if getattr(msg, key) is not None:
+                entry[key] = getattr(msg, key)
+        messages.append(entry)
     return messages
+
+
+def _chat_prompt(body: ChatCompletionRequest, tokenizer: TextTokenizer | None) -> tuple[list[int], ToolPlan | None]:
+    """The prompt ids of a chat (its messages, and its tools, through the chat template) and its
+    checked tool plan; bad tools or tool messages are a 400 naming the field."""
+    try:
+        plan = tool_plan(body.tools, body.tool_choice)
+        messages = _chat_messages(body)
+    except ToolError as exc:
+        raise ProtocolError(str(exc), param=exc.field, code="invalid_value") from None
+    if tokenizer is None:
+        raise ProtocolError("messages: this model has no tokenizer or chat template", param="messages")
+    try:
+        text = render_chat(tokenizer, messages, plan)
+    except ValueError as exc:  # TokenizerError: no template, or the template rejected the messages
+        raise ProtocolError(f"messages: {exc}", param="messages") from None
+    return tokenizer.encode(text), plan
 
 
 def _prompt_ids(body: CompletionRequest, tokenizer: TextTokenizer | None) -> list[int]:
@@ -243,6 +274,7 @@ def to_engine_request(
     if body.stream_options is not None and not body.stream:
         raise ProtocolError("stream_options: only allowed when stream is true", param="stream_options")
     echo = score_only = False
+    plan: ToolPlan | None = None
     if isinstance(body, CompletionRequest):
         _reject_if(body.suffix is not None, "suffix", "suffix is not supported: this model has no fill-in-the-middle "
                    "(insertion) format, so a completion cannot be conditioned on text after it")  # fmt: skip
@@ -256,21 +288,12 @@ def to_engine_request(
         default = _DEFAULT_COMPLETION_TOKENS
         kind = COMPLETIONS
     else:
-        _reject_if(bool(body.tools), "tools", "tools (function calling) are not supported")
-        _reject_if(body.tool_choice not in (None, "none"), "tool_choice", "tool_choice is not supported")
         if body.top_logprobs is not None:
             if not 0 <= body.top_logprobs <= 20:
                 raise ProtocolError("top_logprobs: must be between 0 and 20", param="top_logprobs")
             if not body.logprobs:
                 raise ProtocolError("top_logprobs: needs logprobs to be true", param="top_logprobs")
-        if tokenizer is None:
-            raise ProtocolError("messages: this model has no tokenizer or chat template", param="messages")
-        messages = _chat_messages(body)
-        try:
-            text = tokenizer.apply_chat_template(messages, add_generation_prompt=True)
-        except ValueError as exc:  # TokenizerError: no template, or the template rejected the messages
-            raise ProtocolError(f"messages: {exc}", param="messages") from None
-        ids = tokenizer.encode(text)
+        ids, plan = _chat_prompt(body, tokenizer)
         logprobs = (body.top_logprobs or 0) if body.logprobs else None
         requested = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
         default = max(1, max_model_len - len(ids)) if max_model_len else _DEFAULT_COMPLETION_TOKENS
@@ -294,6 +317,11 @@ def to_engine_request(
         )
     try:
         structured = structured_params(body)
+        forced = plan.grammar() if kind == CHAT and plan is not None else None
+        if forced is not None:
+            _reject_if(structured is not None, "tool_choice", f"tool_choice {body.tool_choice!r} cannot be combined "
+                       f"with another structured output constraint ({structured and structured.field})")  # fmt: skip
+            structured = StructuredOutputsParams(grammar=forced, field="tool_choice")
     except GrammarError as exc:
         raise ProtocolError(str(exc), param=exc.field, code="invalid_value") from None
     values = {**_sampling_dict(body, max_tokens), "logit_bias": bias, "structured_outputs": structured}
@@ -303,8 +331,9 @@ def to_engine_request(
             values["prompt_logprobs"] = logprobs
     params = _params(values)
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
+    names = plan.names if kind == CHAT and plan is not None and plan.parses else None
     return EngineRequest(kind, ids, params, body.stream, include_usage, logprobs, body.model, echo,
-                         _prompt_text(body), score_only)  # fmt: skip
+                         _prompt_text(body), score_only, names)  # fmt: skip
 
 
 def _params(values: dict[str, Any]) -> SamplingParams:

@@ -7,6 +7,8 @@ Invariants:
     later completes (:class:`TextStream`).
   * Each sampled token's logprobs are sent exactly once, with the chunk that first carries them.
   * A stream that ends before the final event (client gone, cancelled) aborts its request.
+  * With tools, text before a ``<tool_call>`` streams as content; each call comes whole, as one
+    ``delta.tool_calls`` chunk, when its block closes (``serve/tools.ToolStream``).
   * ``n`` samples share one stream: each chunk carries one sample's ``choices[].index``; the usage
     chunk (``include_usage``) counts the prompt once.
 """
@@ -26,6 +28,7 @@ from radixflow_jax.serve import responses as R
 from radixflow_jax.serve.errors import ENGINE_ERRORS, engine_error
 from radixflow_jax.serve.outputs import chat_logprobs, completion_logprobs, echo_logprobs, prompt_text, usage
 from radixflow_jax.serve.protocol import EngineRequest
+from radixflow_jax.serve.tools import ToolStream
 
 
 def sse(payload: dict[str, Any] | str) -> bytes:
@@ -77,6 +80,12 @@ class Chunks:
     def chunk(self, delta: str | None, reason: str | None, first: bool = False,
               out: RequestOutput | None = None) -> dict[str, Any]:  # fmt: skip
         return self._body(delta, reason, first, self._logprobs(out))
+
+    def tool_chunk(self, calls: list[dict[str, Any]]) -> dict[str, Any]:
+        """A chat chunk whose delta is whole parsed calls (each with its ``index``)."""
+        choice = {"index": self.index, "delta": {"tool_calls": calls}, "logprobs": None, "finish_reason": None}
+        return {"id": self.rid, "object": self.object, "created": self.created, "model": self.model,
+                "choices": [choice], **self.usage_field}  # fmt: skip
 
     def echo(self, req: EngineRequest, out: RequestOutput) -> dict[str, Any]:
         """Completions ``echo``: the chunk with the prompt text (and, with logprobs, the prompt's)."""
@@ -138,6 +147,7 @@ async def stream(handles: Sequence[RequestHandle], req: EngineRequest, rid: str,
     chunks = [Chunks(rid, model, chat, tokenizer, req.include_usage, i) for i in range(len(handles))]
     hold = max((len(s) for s in req.params.stop), default=1) - 1
     texts = [TextStream(hold) for _ in handles]
+    calls = [ToolStream(req.tool_names) if req.tool_names is not None else None for _ in handles]
     finals: list[RequestOutput | None] = [None] * len(handles)
     echoed = [False] * len(handles)
     events = merged(handles)
@@ -152,9 +162,16 @@ async def stream(handles: Sequence[RequestHandle], req: EngineRequest, rid: str,
             if req.score_only:
                 out = dataclasses.replace(out, text="", logprobs=None)
             delta = texts[i].delta(out.text or "", out.finished)
+            reason = out.finish_reason
+            tool_stream = calls[i]
+            if tool_stream is not None:
+                delta, found = tool_stream.feed(delta, out.finished)
+                if found:
+                    yield sse(chunks[i].tool_chunk(found))
+                reason = "tool_calls" if tool_stream.calls and out.finished else reason
             if out.finished:
                 finals[i] = out
-                yield sse(chunks[i].chunk(delta, out.finish_reason, out=out))
+                yield sse(chunks[i].chunk(delta, reason, out=out))
             elif delta:
                 yield sse(chunks[i].chunk(delta, None, out=out))
         done = [o for o in finals if o is not None]

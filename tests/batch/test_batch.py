@@ -209,14 +209,17 @@ def test_several_samples_echo_and_prompt_logprobs_are_refused_per_line(llm, tmp_
         '{"custom_id": "e", "method": "POST", "url": "/v1/completions", "body": {"prompt": [5, 6], "max_tokens": 2, "echo": true}}',
         '{"id": "p", "prompt_token_ids": [5, 6], "max_tokens": 2, "prompt_logprobs": 1}',
         '{"id": "b", "prompt_token_ids": [5, 6], "max_tokens": 2, "best_of": 2}',
+        '{"custom_id": "t", "method": "POST", "url": "/v1/chat/completions", "body": {"messages": [{"role": "user", '
+        '"content": "hi"}], "max_tokens": 2, "tools": [{"type": "function", "function": {"name": "f"}}]}}',
     ]  # fmt: skip
     src = _write(str(tmp_path / "many.jsonl"), lines)
     out = str(tmp_path / "out.jsonl")
     stats = BatchJob(llm.engine, llm.model, _cfg(src, out, window=4)).run()
     messages = [r["error"]["message"] for r in _read(out)]
-    assert stats.errors == 4 and stats.requests == 0
+    assert stats.errors == 5 and stats.requests == 0
     assert "n: several samples" in messages[0] and "echo: not available" in messages[1]
     assert "prompt_logprobs: not available" in messages[2] and "n: several samples" in messages[3]
+    assert "tools: not available" in messages[4]
 
 
 def test_on_error_fail_stops_after_a_completed_prefix(llm, tmp_path) -> None:

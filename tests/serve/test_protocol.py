@@ -78,7 +78,7 @@ def test_chat_renders_template_and_fills_context():
         ({"messages": []}, "messages", "at least 1"),
         ({"messages": [{"role": "robot", "content": "x"}]}, "messages.0.role", "role"),
         ({"messages": [{"role": "user"}]}, "messages.0.content", "needs content"),
-        ({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]}, "tools", "tools"),
+        ({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]}, "tools.0.function", "function"),
         ({"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "yaml"}}, "response_format", "yaml"),
         ({"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2}, "top_logprobs", "logprobs"),
     ],
