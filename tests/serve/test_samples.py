@@ -154,3 +154,20 @@ def test_bad_fields_answer_400_and_the_server_stays_up(served, body, param, frag
     assert err["param"] == param and fragment in err["message"]
     assert client.get("/health").status_code == 200
     assert _post(client, {"prompt": PROMPT, "max_tokens": 1})["usage"]["completion_tokens"] == 1
+
+
+def test_the_openai_client_n_and_logit_bias(served) -> None:
+    """The openai client's ``n`` and ``logit_bias`` calls (its http client is the in-process TestClient)."""
+    openai = pytest.importorskip("openai")
+    client, model = served
+    api = openai.OpenAI(base_url=str(client.base_url) + "/v1", api_key="none", http_client=client)
+    many = api.completions.create(model="tiny", prompt=PROMPT, max_tokens=6, temperature=1.0, seed=3, n=4)
+    assert sorted(c.index for c in many.choices) == [0, 1, 2, 3]
+    assert len({c.text for c in many.choices}) > 1  # distinct samples
+    assert many.usage.prompt_tokens == len(model.tokenizer.encode(PROMPT))  # the prompt counted once
+    forced = api.completions.create(model="tiny", prompt=PROMPT, max_tokens=3, temperature=0,
+                                    logit_bias={"77": 100})  # fmt: skip
+    assert forced.choices[0].text == model.tokenizer.decode([77] * 3)
+    with pytest.raises(openai.BadRequestError) as info:
+        api.completions.create(model="tiny", prompt=PROMPT, max_tokens=2, n=MAX_N + 1)
+    assert info.value.param == "n"  # the field is named
