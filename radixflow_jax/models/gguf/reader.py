@@ -81,7 +81,7 @@ class GgufFile:
         try:
             values = gguf.quants.dequantize(tensor.data, tensor.tensor_type)
         except (NotImplementedError, ValueError) as exc:
-            raise WeightsError(f"{self.path}: GGUF tensor '{name}' ({tensor.tensor_type.name}) cannot be read ({exc})")
+            raise WeightsError(f"{self.path}: GGUF tensor '{name}' ({tensor.tensor_type.name}) cannot be read ({exc})") from exc
         values = np.asarray(values, dtype=np.float32)
         if values.size != int(np.prod(shape)):
             raise WeightsError(f"{self.path}: GGUF tensor '{name}' has {values.size} values for {shape}")
