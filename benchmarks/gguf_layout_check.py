@@ -6,7 +6,8 @@ For each preset, the preset's HF directory is converted twice: by ``convert_hf_t
 types and values, and the same tensors with the same names, shapes and GGML types; tensor values
 are compared too (max |difference| after dequantisation, reported).
 
-Two adjustments the tiny presets need, made by a wrapper around the converter, not by editing it:
+Two adjustments the tiny presets need, made by a wrapper around the converter, not by editing it
+(``radixflow_jax/bench/llamacpp.py``, shared with ``vs_llamacpp.py``):
 ``get_vocab_base_pre`` returns ``"qwen2"`` (the converter identifies a BPE pre-tokenizer by hashing
 its output, and the presets' tokenizer is not one it knows), and with no ``tokenizer.model`` the
 sentencepiece attempt is skipped (it imports ``sentencepiece`` before looking for the file). So
@@ -27,65 +28,18 @@ from __future__ import annotations
 
 import argparse
 import os
-import subprocess
 import sys
-import tarfile
 import tempfile
 
 import numpy as np
 
+from radixflow_jax.bench import llamacpp
+
 DEFAULT_SDIST = "/tmp/lcpp/llama_cpp_python-0.3.36.tar.gz"
-VENDOR = "vendor/llama.cpp"
 EXPECTED = {"tokenizer.ggml.pre"}
 # differences by design, per preset: tiny-bamba sets transformers' partial_rotary_factor, which the
 # converter ignores (it reads only attn_rotary_emb and writes the whole head); ours writes the rotary width
 EXPECTED_BY_PRESET = {"tiny-bamba": {"granitehybrid.rope.dimension_count"}}
-_WRAPPER = """
-import json, pathlib, runpy, sys
-root = sys.argv[1]
-sys.path.insert(0, root)
-import conversion.base as base
-base.TextModel.get_vocab_base_pre = lambda self, tokenizer: "qwen2"
-def _no_sentencepiece(self):
-    raise FileNotFoundError("no tokenizer.model")
-base.TextModel._create_vocab_sentencepiece = _no_sentencepiece
-config = json.loads((pathlib.Path(sys.argv[2]) / "config.json").read_text())
-if config.get("architectures") == ["NemotronHForCausalLM"]:
-    def _raw_config(dir_model, is_mistral_format):
-        cfg = json.loads((pathlib.Path(dir_model) / "config.json").read_text())
-        cfg.setdefault("num_hidden_layers", len(cfg["hybrid_override_pattern"]))
-        return cfg
-    base.ModelBase.load_hparams = staticmethod(_raw_config)
-sys.argv = ["convert_hf_to_gguf.py"] + sys.argv[2:]
-runpy.run_path(root + "/convert_hf_to_gguf.py", run_name="__main__")
-"""
-
-
-def _llama_cpp_root(sdist: str, work: str) -> str:
-    """The vendored llama.cpp directory, extracting only its Python parts from the sdist once."""
-    with tarfile.open(sdist) as tar:
-        top = tar.getnames()[0].split("/")[0]
-        root = os.path.join(work, top, VENDOR)
-        if not os.path.exists(os.path.join(root, "convert_hf_to_gguf.py")):
-            wanted = (
-                f"{top}/{VENDOR}/convert_hf_to_gguf.py",
-                f"{top}/{VENDOR}/conversion/",
-                f"{top}/{VENDOR}/gguf-py/",
-            )
-            members = [m for m in tar.getmembers() if m.name.startswith(wanted)]
-            tar.extractall(work, members=members, filter="data")
-    return root
-
-
-def _reference(root: str, model_dir: str, out: str, outtype: str, preset: str) -> None:
-    args = [sys.executable, "-c", _WRAPPER, root, model_dir, "--outtype", outtype, "--outfile", out]
-    if preset in ("tiny-qwen3.5", "tiny-qwen3-next"):
-        args.append("--no-mtp")
-    proc = subprocess.run(args, capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise RuntimeError(f"llama.cpp's converter failed on {preset}:\n{proc.stderr[-3000:]}")
-
-
 def compare(ours: str, ref: str, expected: set[str] = EXPECTED) -> tuple[list[str], float]:
     """The differences between two GGUF files (beyond the ``expected`` keys) and the max tensor difference."""
     import gguf
@@ -142,14 +96,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--work", default=os.path.join(tempfile.gettempdir(), "radixflow-gguf-layout"))
     args = p.parse_args(argv)
     os.makedirs(args.work, exist_ok=True)
-    root = _llama_cpp_root(args.sdist, args.work)
+    root = llamacpp.extract(args.sdist, os.path.join(args.work, "llama.cpp"), only=("convert_hf_to_gguf.py", "conversion/", "gguf-py/"))
     failed = 0
     for preset in args.presets:
         model_dir = presets.materialize(preset)
         for outtype in args.outtype:
             ref = os.path.join(args.work, f"{preset}-{outtype}-llamacpp.gguf")
             ours = os.path.join(args.work, f"{preset}-{outtype}-ours.gguf")
-            _reference(root, model_dir, ref, outtype, preset)
+            if os.path.exists(ref):
+                os.remove(ref)
+            llamacpp.convert(root, model_dir, ref, outtype)
             write_gguf(model_dir, ours, outtype)
             diffs, worst = compare(ours, ref, EXPECTED | EXPECTED_BY_PRESET.get(preset, set()))
             status = "identical layout" if not diffs else f"{len(diffs)} differences"

@@ -14,11 +14,13 @@ import asyncio
 import dataclasses
 import json
 import time
-from typing import Any, Sequence
+from typing import Any, Awaitable, Callable, Sequence, TypeVar
 
 import numpy as np
 
 from radixflow_jax.bench.workloads import BenchRequest
+
+T = TypeVar("T")
 
 
 @dataclasses.dataclass
@@ -38,6 +40,7 @@ class HttpResult:
     dropped: bool = False
     error: str | None = None
     text: str = ""
+    timings: dict[str, float] | None = None  # llama-server's per-request ``timings`` object, when sent
 
 
 def sse_data(line: str) -> str | None:
@@ -52,7 +55,10 @@ def sse_data(line: str) -> str | None:
 
 
 async def stream_completion(client: Any, body: dict[str, Any], *, drop_after: int | None = None) -> HttpResult:
-    """Sends one streamed completion; ``drop_after``: disconnect after that many data chunks."""
+    """Sends one streamed completion; ``drop_after``: disconnect after that many data chunks. An
+    HTTP error before the response starts propagates; one after it is the result's ``error``."""
+    import httpx
+
     start = time.perf_counter()
     last = start
     async with client.stream("POST", "/v1/completions", json=body) as r:
@@ -60,37 +66,43 @@ async def stream_completion(client: Any, body: dict[str, Any], *, drop_after: in
             text = (await r.aread()).decode(errors="replace")
             return HttpResult(r.status_code, error=text[:500])
         res, chunks, done = HttpResult(200), 0, False
-        async for line in r.aiter_lines():
-            data = sse_data(line)
-            if data is None:
-                continue
-            if done:
-                res.error = f"data after [DONE]: {line[:80]!r}"
-                return res
-            if data == "[DONE]":
-                done = True
-                continue
-            event = json.loads(data)
-            if "error" in event:
-                res.error = event["error"].get("message")
-                return res
-            now = time.perf_counter()
-            if event.get("choices"):
-                if res.ttft is None:
-                    res.ttft = now - start
-                else:
-                    res.itl.append(now - last)
-                last = now
-                res.finish_reason = event["choices"][0].get("finish_reason") or res.finish_reason
-                res.text += event["choices"][0].get("text") or ""
-            if event.get("usage"):
-                u = event["usage"]
-                res.prompt_tokens, res.output_tokens = u["prompt_tokens"], u["completion_tokens"]
-                res.cached_tokens = (u.get("prompt_tokens_details") or {}).get("cached_tokens", 0)
-            chunks += 1
-            if drop_after is not None and chunks >= drop_after:
-                res.dropped = True
-                return res
+        try:  # an error mid-stream ends this request (it is not sent again: the server has it)
+            async for line in r.aiter_lines():
+                data = sse_data(line)
+                if data is None:
+                    continue
+                if done:
+                    res.error = f"data after [DONE]: {line[:80]!r}"
+                    return res
+                if data == "[DONE]":
+                    done = True
+                    continue
+                event = json.loads(data)
+                if "error" in event:
+                    res.error = event["error"].get("message")
+                    return res
+                now = time.perf_counter()
+                if event.get("choices"):
+                    if res.ttft is None:
+                        res.ttft = now - start
+                    else:
+                        res.itl.append(now - last)
+                    last = now
+                    res.finish_reason = event["choices"][0].get("finish_reason") or res.finish_reason
+                    res.text += event["choices"][0].get("text") or ""
+                if isinstance(event.get("timings"), dict):
+                    res.timings = event["timings"]
+                if event.get("usage"):
+                    u = event["usage"]
+                    res.prompt_tokens, res.output_tokens = u["prompt_tokens"], u["completion_tokens"]
+                    res.cached_tokens = (u.get("prompt_tokens_details") or {}).get("cached_tokens", 0)
+                chunks += 1
+                if drop_after is not None and chunks >= drop_after:
+                    res.dropped = True
+                    return res
+        except httpx.HTTPError as exc:
+            res.error = f"{type(exc).__name__} mid-stream: {exc}"
+            return res
         res.latency = time.perf_counter() - start
         res.complete = done and res.finish_reason is not None and res.output_tokens > 0
         return res
@@ -120,15 +132,32 @@ async def run_requests(
     async with httpx.AsyncClient(base_url=url, headers=headers, timeout=timeout, limits=limits) as client:
         start = time.perf_counter()
 
+        async def stale_retry(call: Callable[[], Awaitable[T]]) -> T:
+            """``call()``, once more when a kept-alive connection turned out closed before any answer
+            (llama-server closes idle ones after 5 s; the request never reached it)."""
+            try:
+                return await call()
+            except httpx.RemoteProtocolError:
+                return await call()
+
         async def send(i: int, req: BenchRequest, history: Sequence[int]) -> HttpResult:
             drop = drop_after if drop_every and i % drop_every == drop_every - 1 else None
+            body = request_body(model, req, history)
             try:
                 if sem is None:
-                    return await stream_completion(client, request_body(model, req, history), drop_after=drop)
+                    return await stale_retry(lambda: stream_completion(client, body, drop_after=drop))
                 async with sem:
-                    return await stream_completion(client, request_body(model, req, history), drop_after=drop)
+                    return await stale_retry(lambda: stream_completion(client, body, drop_after=drop))
             except httpx.HTTPError as exc:
                 return HttpResult(0, error=f"{type(exc).__name__}: {exc}")
+
+        async def tokens_of(text: str) -> list[int] | None:
+            """The server's ids of ``text`` (vLLM's and ours read "prompt", llama-server's "content")."""
+            try:
+                r = await stale_retry(lambda: client.post("/tokenize", json={"prompt": text, "content": text}))
+                return list(r.json()["tokens"]) if r.status_code == 200 else None
+            except (httpx.HTTPError, ValueError, KeyError):
+                return None
 
         follow: dict[int, list[tuple[int, BenchRequest]]] = {}
         for i, r in enumerate(requests):
@@ -145,7 +174,9 @@ async def run_requests(
             for j, nxt in sorted(follow.get(req.group, []) if req.turn == 0 else [], key=lambda x: x[1].turn):
                 if not res.complete:  # the conversation stops with a failed or dropped turn
                     break
-                answer = (await client.post("/tokenize", json={"prompt": res.text})).json()["tokens"] if res.text else []
+                answer = await tokens_of(res.text) if res.text else []
+                if answer is None:  # the answer could not be re-tokenised: the conversation stops
+                    break
                 history += answer
                 results[j] = res = await send(j, nxt, history)
                 history += list(nxt.prompt)

@@ -21,6 +21,7 @@ from radixflow_jax.models.config import ConfigError
 from radixflow_jax.models.gguf import qwen35, qwen3next
 from radixflow_jax.models.hf_config import parse_hf_config
 from radixflow_jax.models.safetensors_io import WeightsError
+from radixflow_jax.models.tokenizer import TokenizerError
 
 # type -> max |read - source| / max |source| for a N(0, 1) tensor
 QUANTISED = {"F16": 1e-3, "BF16": 1e-2, "Q8_0": 1e-2, "Q4_0": 0.12, "Q4_1": 0.12}
@@ -182,3 +183,29 @@ def test_writer_refuses_a_family_it_does_not_map(tmp_path) -> None:
     with pytest.raises(ConfigError, match=r"architectures=\['Mamba2ForCausalLM'\]: no GGUF writer"):
         gguf.write_gguf(str(src), out)
     assert not os.path.exists(out) and not os.path.exists(out + ".tmp")
+
+
+def test_qwen_pre_tokenizers_split_digits_one_by_one_as_qwen_tokenizers_do(tmp_path) -> None:
+    """A GGUF file whose ``tokenizer.ggml.pre`` is ``qwen2`` or ``qwen35`` (what llama.cpp's
+    converter writes for Qwen models) tokenizes as the Qwen split: each digit alone, unlike gpt2."""
+    from radixflow_jax.models import presets
+    from radixflow_jax.models.gguf import write_gguf
+    from radixflow_jax.models.gguf.reader import GgufFile
+    from radixflow_jax.models.gguf.vocab import build_tokenizer
+
+    path = write_gguf(presets.materialize("tiny-qwen3"), str(tmp_path / "m.gguf"), "f32")
+    f = GgufFile(path)
+    text = "year 2024: it's 12 apples"
+
+    def pieces(tok) -> list[str]:
+        return [p for p, _ in tok._tok.pre_tokenizer.pre_tokenize_str(text)]
+
+    assert "Ġ2024" in pieces(build_tokenizer(f))  # gpt2: a space and a run of digits are one piece
+    for pre in ("qwen2", "qwen35"):
+        f.metadata["tokenizer.ggml.pre"] = pre
+        tok = build_tokenizer(f)
+        assert tok.decode(tok.encode(text)) == text
+        assert pieces(tok)[:7] == ["year", "Ġ", "2", "0", "2", "4", ":"]
+    f.metadata["tokenizer.ggml.pre"] = "llama-bpe"
+    with pytest.raises(TokenizerError, match="llama-bpe.*qwen2, qwen35"):
+        build_tokenizer(f)

@@ -7,7 +7,9 @@ from the metadata; control tokens become special tokens; the chat template is
 added tokens, merges and special ids through ``gguf.SpecialVocab``).
 
 Invariant: only the pre-tokenizers we can rebuild exactly are read or written (``gpt2``/``default``:
-the GPT-2 split; ``smollm``: digits split first); any other raises naming the key.
+the GPT-2 split; ``smollm``: digits split first; read only: ``qwen2`` and ``qwen35``, the split
+regexes of Qwen2's and Qwen3.5's ``tokenizer.json``, then byte-level without the GPT-2 regex); any
+other raises naming the key.
 """
 
 from __future__ import annotations
@@ -21,11 +23,17 @@ from radixflow_jax.models.gguf.reader import GgufFile
 from radixflow_jax.models.tokenizer import Tokenizer, TokenizerError
 
 TOKEN_NORMAL, TOKEN_CONTROL, TOKEN_USER_DEFINED, TOKEN_UNUSED = 1, 3, 4, 5
+# the pre-tokenizer split regexes of the Qwen tokenizers (their tokenizer.json), by llama.cpp's name
+SPLIT_REGEX = {
+    "qwen2": r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
+    "qwen35": r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+",
+}
 
 
 def build_tokenizer(f: GgufFile) -> Tokenizer:
     """A byte-level BPE tokenizer and chat template from the GGUF ``tokenizer.*`` metadata."""
-    from tokenizers import AddedToken, decoders, models, pre_tokenizers
+    from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers
     from tokenizers import Tokenizer as HfTokenizer
 
     kind = f.get("tokenizer.ggml.model")
@@ -45,8 +53,13 @@ def build_tokenizer(f: GgufFile) -> Tokenizer:
         backend.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), byte_level])
     elif pre in ("default", "gpt2", "gpt-2"):
         backend.pre_tokenizer = byte_level
+    elif pre in SPLIT_REGEX:
+        split = pre_tokenizers.Split(Regex(SPLIT_REGEX[pre]), behavior="isolated", invert=False)
+        no_regex = pre_tokenizers.ByteLevel(add_prefix_space=prefix, use_regex=False)
+        backend.pre_tokenizer = pre_tokenizers.Sequence([split, no_regex])
     else:
-        raise TokenizerError(f"{f.path}: GGUF tokenizer.ggml.pre={pre!r} is not supported (default, gpt2, smollm)")
+        names = ", ".join(("default", "gpt2", "smollm", *SPLIT_REGEX))
+        raise TokenizerError(f"{f.path}: GGUF tokenizer.ggml.pre={pre!r} is not supported ({names})")
     backend.decoder = decoders.ByteLevel()
     special = [AddedToken(t, special=True, normalized=False) for t, k in zip(tokens, types) if k == TOKEN_CONTROL]
     user = [AddedToken(t, special=False, normalized=False) for t, k in zip(tokens, types) if k == TOKEN_USER_DEFINED]

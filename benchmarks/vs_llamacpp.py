@@ -1,0 +1,393 @@
+"""Head to head with llama.cpp on the same GGUF files: parity of greedy outputs, then serving.
+
+1. **Build** ``llama-server`` and ``llama-quantize`` from the ``llama-cpp-python`` sdist once, into
+   ``$RADIXFLOW_CACHE/llamacpp/<version>`` (cmake + ninja, 10-35 minutes on two cores, progress
+   printed; ``radixflow_jax/bench/llamacpp.py``).
+2. **Files.** Each model's HF directory is converted by llama.cpp's own converter (f32), and the
+   f32 file is quantised by ``llama-quantize`` (``--quants``, default Q8_0 and Q4_K_M). Models: the
+   tiny presets, ``hybrid-81m`` (a Qwen3.5-shaped hybrid at a compute-dominated size: hidden 768,
+   12 layers, random weights, the presets' tokenizer) and ``smollm2-135m`` (its packaged Q4_1 file
+   with real weights, used as it is).
+3. **Parity** (``--what parity``): greedy continuations (16 tokens, EOS ignored) of a fixed set of
+   token-id prompts, llama-server's ``/completion`` against our ``LLM`` on the same file. A
+   divergence prints its position and both engines' top-1 / top-2 log-probability margins there;
+   a margin under ``--near-tie`` is a near-tie. On quantised files llama.cpp quantises the
+   activations of its dot products to 8 bits and we compute on dequantised f32 weights, so only
+   top-1 agreement is expected.
+4. **Head to head** (``--what h2h``): one HTTP client (``radixflow bench --url``'s driver), one
+   server busy at a time, both warm (ours has compiled every step variant before the first timed
+   run: its compile guard is on, so a compile inside a run would fail it), ``--repeats``
+   interleaved runs in alternating order, equal output lengths (``ignore_eos``; token counts
+   checked). Workloads: RACE-like article bursts with new articles every run, and multi-turn chat
+   (each turn resends the conversation). Reported: output tok/s, mean and p99 latency, mean TTFT,
+   cached prompt tokens; and where the time went: ours from ``/metrics`` (rounds, mean round time,
+   real and padding tokens per round, busy share of the wall time), llama-server's from its
+   per-request ``timings`` (prompt tokens processed, ms per prompt token and per generated token).
+
+    python benchmarks/vs_llamacpp.py                        # everything, as the docs report it
+    python benchmarks/vs_llamacpp.py --what parity --models tiny-qwen3.5
+    python benchmarks/vs_llamacpp.py --what h2h --models hybrid-81m --repeats 3
+
+Run it on an idle machine: the load average is printed before every timed run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import json
+import os
+import shlex
+import statistics
+import sys
+import tempfile
+from typing import Any
+
+import numpy as np
+
+from radixflow_jax.bench import llamacpp
+from radixflow_jax.paths import cache_root
+
+TINY = ("tiny-qwen3.5", "tiny-qwen3", "tiny-qwen3-next", "tiny-granite-4.0-h", "tiny-falcon-h1", "tiny-bamba",
+        "tiny-nemotron-h")  # fmt: skip
+HYBRID = "hybrid-81m"
+SMOLLM = "smollm2-135m"
+# the control tokens llama.cpp ends generation at by their text (src/llama-vocab.cpp); with
+# ignore_eos it bans them, so the parity run bans them on our side too
+EOG_TEXTS = ("<|endoftext|>", "<|im_end|>", "<|eot_id|>", "<|eom_id|>", "<|end|>", "<|end_of_text|>", "<end_of_turn>")
+
+
+# ------------------------------------------------------------------------------------- files
+def hf_dir(name: str) -> str | None:
+    """The model's HF directory (None for ``smollm2-135m``, which ships as a GGUF file)."""
+    from radixflow_jax.models import presets
+
+    if name == SMOLLM:
+        return None
+    if name != HYBRID:
+        return presets.materialize(name)
+    directory = os.path.join(cache_root(), "models", HYBRID)
+    if not os.path.exists(os.path.join(directory, "config.json")):
+        from radixflow_jax.bench.synthetic import ModelShape, write_model
+
+        shape = ModelShape(hidden=768, intermediate=2048, layers=12, heads=12, kv_heads=2, head_dim=64,
+                           linear_key_heads=8, linear_value_heads=8, linear_head_dim=64, vocab=presets.VOCAB_SIZE)  # fmt: skip
+        tmp = directory + ".tmp"
+        write_model(shape, tmp, seed=0, head_std=8.0)
+        presets.build_tokenizer(tmp)
+        os.replace(tmp, directory)
+    return directory
+
+
+def model_files(name: str, src: str, quantizer: str, quants: list[str], work: str) -> dict[str, str]:
+    """``{file type: path}`` of one model: llama.cpp's f32 conversion and its quantisations."""
+    from radixflow_jax.models import presets
+
+    directory = hf_dir(name)
+    if directory is None:
+        return {"Q4_1": presets.packaged_file(name)}
+    f32 = llamacpp.convert(src, directory, os.path.join(work, f"{name}-f32.gguf"), "f32")
+    files = {"f32": f32}
+    for q in quants:
+        files[q] = llamacpp.quantize(quantizer, f32, os.path.join(work, f"{name}-{q}.gguf"), q)
+    return files
+
+
+# ------------------------------------------------------------------------------------- parity
+def prompt_set(vocab: int, count: int = 8, seed: int = 7) -> list[list[int]]:
+    """Fixed token-id prompts of 5 to ~200 tokens drawn from ``[3, vocab)``."""
+    rng = np.random.default_rng(seed)
+    lengths = np.linspace(5, 200, count).astype(int)
+    return [[int(t) for t in rng.integers(3, vocab, n)] for n in lengths]
+
+
+def eog_ids(tokenizer: Any) -> list[int]:
+    """The ids of :data:`EOG_TEXTS` and the EOS token in our tokenizer of the file."""
+    texts = set(EOG_TEXTS) | ({tokenizer.eos_token} if tokenizer.eos_token else set())
+    ids = (tokenizer._tok.token_to_id(t) for t in texts)
+    return sorted(i for i in ids if i is not None)
+
+
+def llama_greedy(url: str, prompt: list[int], n: int) -> tuple[list[int], list[float]]:
+    """llama-server's greedy continuation and, per position, its top-1 minus top-2 log-probability."""
+    import httpx
+
+    body = {"prompt": prompt, "n_predict": n, "temperature": 0.0, "top_k": 1, "ignore_eos": True,
+            "return_tokens": True, "n_probs": 2, "cache_prompt": False, "samplers": ["top_k"]}  # fmt: skip
+    r = httpx.post(url + "/completion", json=body, timeout=600.0)
+    r.raise_for_status()
+    out = r.json()
+    tokens = list(out["tokens"])
+    # an entry names the token it is for; this version leaves some out (the second token's, often),
+    # so entries are matched to tokens in order by id and a token without one gets nan
+    entries = iter(out.get("completion_probabilities", []))
+    margins = []
+    entry = next(entries, None)
+    for tok in tokens:
+        if entry is None or entry.get("id") != tok:
+            margins.append(float("nan"))
+            continue
+        top = sorted((t["logprob"] for t in entry.get("top_logprobs", [])), reverse=True)
+        margins.append(top[0] - top[1] if len(top) > 1 else float("inf"))
+        entry = next(entries, None)
+    return tokens, margins
+
+
+def _common_prefix(a: list[list[int]], b: list[list[int]]) -> int:
+    """Tokens before the first difference, summed over pairs of sequences."""
+    return sum(next((k for k, (x, y) in enumerate(zip(p, q)) if x != y), min(len(p), len(q))) for p, q in zip(a, b))
+
+
+def parity(name: str, files: dict[str, str], args: argparse.Namespace, server: str) -> list[dict[str, Any]]:
+    from radixflow_jax import LLM, SamplingParams
+
+    rows: list[dict[str, Any]] = []
+    f32: dict[str, list[list[int]]] = {}
+    for ftype, path in files.items():
+        llm = LLM(path, max_num_seqs=8)
+        prompts = prompt_set(min(llm.model.config.vocab_size, 50000))
+        ban = eog_ids(llm.model.tokenizer)
+        ours = llm.generate(prompts, SamplingParams(max_tokens=args.parity_tokens, temperature=0.0, ignore_eos=True,
+                                                    logprobs=2, logit_bias={t: -100.0 for t in ban}))  # fmt: skip
+        del llm
+        port = args.port + 1
+        cmd = llamacpp.llama_server_cmd(server, path, port, slots=1, ctx=1024, threads=args.threads)
+        with llamacpp.ServerProcess("llama-server", cmd, port, os.path.join(args.work, "parity.log")) as s:
+            theirs = [llama_greedy(s.url, p, args.parity_tokens) for p in prompts]
+        agree, divergences = 0, []
+        for i, (o, (t_ids, t_margins)) in enumerate(zip(ours, theirs)):
+            o_ids = list(o.token_ids)
+            pos = next((k for k, (a, b) in enumerate(zip(o_ids, t_ids)) if a != b), None)
+            if pos is None and len(o_ids) == len(t_ids):
+                agree += 1
+                continue
+            pos = pos if pos is not None else min(len(o_ids), len(t_ids))
+            lp = o.logprobs[pos] if o.logprobs and pos < len(o.logprobs) else None
+            ours_margin = lp[2][0] - lp[2][1] if lp and len(lp[2]) > 1 else float("nan")
+            theirs_margin = t_margins[pos] if pos < len(t_margins) else float("nan")
+            near = min(m for m in (ours_margin, theirs_margin, float("inf")) if m == m) < args.near_tie
+            divergences.append(f"prompt {i} (len {len(prompts[i])}): diverges at token {pos} "
+                               f"(ours {o_ids[pos:pos + 1]}, llama.cpp {t_ids[pos:pos + 1]}); top-1 margin "
+                               f"ours {ours_margin:.4f}, llama.cpp {theirs_margin:.4f}: "
+                               f"{'a near-tie' if near else 'NOT a near-tie'}")  # fmt: skip
+        first_tokens = sum(1 for o, (t, _) in zip(ours, theirs) if o.token_ids[:1] == t[:1])
+        outputs = {"ours": [list(o.token_ids) for o in ours], "llama.cpp": [t for t, _ in theirs]}
+        if ftype == "f32":
+            f32 = outputs
+        # on a quantised file: how many tokens each engine keeps of its own f32 continuation
+        kept = {w: _common_prefix(outputs[w], f32[w]) for w in outputs} if f32 and ftype != "f32" else {}
+        rows.append({"model": name, "file": ftype, "prompts": len(prompts), "identical": agree,
+                     "top1_first_token": first_tokens, "kept_of_f32": kept, "divergences": divergences})  # fmt: skip
+        extra = f"  tokens kept of the f32 run (of {len(prompts) * args.parity_tokens}): " + \
+            ", ".join(f"{w} {k}" for w, k in kept.items()) if kept else ""
+        print(f"parity {name:18s} {ftype:7s} identical {agree}/{len(prompts)}  first token {first_tokens}/{len(prompts)}{extra}")
+        for d in divergences:
+            print(f"    {d}")
+    return rows
+
+
+# ------------------------------------------------------------------------------------- head to head
+def workload(kind: str, run: int, args: argparse.Namespace, vocab: int) -> list[Any]:
+    from radixflow_jax.bench.workloads import WorkloadSpec, generate
+
+    if kind == "race":  # new articles every run: the seed moves with the run
+        spec = WorkloadSpec("race", args.requests, seed=1000 + run, arrival="burst", rate=args.rate, vocab=vocab,
+                            max_tokens=args.output_tokens)  # fmt: skip
+    else:
+        spec = WorkloadSpec("multiturn", args.requests, seed=2000 + run, arrival="sessions", rate=args.rate,
+                            vocab=vocab, max_tokens=args.output_tokens)  # fmt: skip
+    return generate(spec)
+
+
+def our_metrics(url: str) -> dict[str, float]:
+    """The counters of ``/metrics`` that say where our time went (summed over labels)."""
+    import httpx
+    from prometheus_client.parser import text_string_to_metric_families
+
+    wanted = {"radixflow:rounds_total", "radixflow:round_tokens_total", "radixflow:padding_tokens_total",
+              "radixflow:round_duration_seconds_sum", "radixflow:prefix_cache_hits_total"}  # fmt: skip
+    out = dict.fromkeys(wanted, 0.0)
+    for fam in text_string_to_metric_families(httpx.get(url + "/metrics", timeout=30).text):
+        for s in fam.samples:
+            if s.name in wanted:
+                out[s.name] += s.value
+    return out
+
+
+def breakdown(server: str, results: list[Any], before: dict[str, float] | None, after: dict[str, float] | None,
+              wall: float) -> dict[str, float]:  # fmt: skip
+    if server == "ours":
+        assert before is not None and after is not None
+        d = {k.split(":")[1]: after[k] - before[k] for k in after}
+        rounds = max(d["rounds_total"], 1.0)
+        return {"rounds": d["rounds_total"], "round_ms": 1000 * d["round_duration_seconds_sum"] / rounds,
+                "tokens_per_round": d["round_tokens_total"] / rounds,
+                "padding_per_round": d["padding_tokens_total"] / rounds,
+                "busy_share": d["round_duration_seconds_sum"] / wall,
+                "computed_tok_per_s": d["round_tokens_total"] / max(d["round_duration_seconds_sum"], 1e-9)}  # fmt: skip
+    t = [r.timings for r in results if r.timings]
+    prompt_n = sum(x.get("prompt_n", 0) for x in t)
+    prompt_ms = sum(x.get("prompt_ms", 0.0) for x in t)
+    gen_n = sum(x.get("predicted_n", 0) for x in t)
+    gen_ms = sum(x.get("predicted_ms", 0.0) for x in t)
+    return {"prompt_tokens_computed": prompt_n, "ms_per_prompt_token": prompt_ms / max(prompt_n, 1),
+            "ms_per_generated_token": gen_ms / max(gen_n, 1), "slot_busy_share": (prompt_ms + gen_ms) / 1000 / wall}  # fmt: skip
+
+
+def timed_run(server: str, url: str, reqs: list[Any]) -> dict[str, Any]:
+    from radixflow_jax.bench.http import run_requests, summarize
+
+    before = our_metrics(url) if server == "ours" else None
+    results, wall = asyncio.run(run_requests(url, reqs))
+    after = our_metrics(url) if server == "ours" else None
+    s = summarize(results, wall)
+    wanted = sum(r.max_tokens for r in reqs)
+    if s["completed"] != len(reqs) or s["output_tokens"] != wanted:
+        errors = [r.error for r in results if r.error][:3]
+        raise RuntimeError(f"{server}: {s['completed']}/{len(reqs)} completed, {s['output_tokens']} of {wanted} "
+                           f"output tokens: {errors}")  # fmt: skip
+    return {**s, "breakdown": breakdown(server, results, before, after, wall)}
+
+
+def servers(name: str, path: str, args: argparse.Namespace, server_bin: str) -> dict[str, llamacpp.ServerProcess]:
+    ours_cmd = [sys.executable, "-m", "radixflow_jax.cli", "serve", "--model", path, "--port", str(args.port),
+                "--warmup", "background", "--compilation-cache-dir", os.path.join(cache_root(), "xla-cache-vs-llamacpp"),
+                "--max-num-seqs", str(args.slots * 2), "--log-level", "warning"]  # fmt: skip
+    theirs = llamacpp.llama_server_cmd(server_bin, path, args.port + 1, slots=args.slots, ctx=args.slots * 2048,
+                                       threads=args.threads, extra=shlex.split(args.llama_args))  # fmt: skip
+    return {
+        "ours": llamacpp.ServerProcess("radixflow serve", ours_cmd, args.port, os.path.join(args.work, "ours.log"),
+                                       ready=lambda h: h.get("phase") in ("ready", "lazy")),
+        "llama.cpp": llamacpp.ServerProcess("llama-server", theirs, args.port + 1, os.path.join(args.work, "llama.log")),
+    }  # fmt: skip
+
+
+def head_to_head(name: str, path: str, args: argparse.Namespace, server_bin: str, vocab: int) -> list[dict[str, Any]]:
+    procs = servers(name, path, args, server_bin)
+    rows: list[dict[str, Any]] = []
+    with procs["ours"] as ours, procs["llama.cpp"] as theirs:
+        urls = {"ours": ours.url, "llama.cpp": theirs.url}
+        print(f"{name}: ours ready in {ours.startup_s:.0f} s, llama-server in {theirs.startup_s:.0f} s")
+        for kind in args.workloads:
+            for w in ("ours", "llama.cpp"):  # a warm-up run each (not timed: first-use costs of both)
+                timed_run(w, urls[w], workload(kind, -1, args, vocab))
+            for run in range(args.repeats):
+                order = ("ours", "llama.cpp") if run % 2 == 0 else ("llama.cpp", "ours")
+                reqs = workload(kind, run, args, vocab)
+                for w in order:
+                    load = os.getloadavg()[0]
+                    r = timed_run(w, urls[w], reqs)
+                    rows.append({"model": name, "workload": kind, "run": run, "server": w, "load": load, **r})
+                    print(f"  {kind:9s} run {run} {w:9s} load {load:4.2f}  {r['output_throughput']:7.1f} out tok/s  "
+                          f"mean {r['e2el_ms']['mean']:8.0f} ms  p99 {r['e2el_ms']['p99']:8.0f} ms  "
+                          f"TTFT {r['ttft_ms']['mean']:7.0f} ms  cached {r['cache_hit_rate']:6.1%}  "
+                          f"{json.dumps({k: round(v, 3) for k, v in r['breakdown'].items()})}")  # fmt: skip
+    return rows
+
+
+def summary_table(rows: list[dict[str, Any]]) -> str:
+    """Medians over the repeats per (model, workload, server), and ours / llama.cpp ratios."""
+    out = [f"{'model':14s} {'workload':9s} {'server':9s} {'out tok/s':>10s} {'mean ms':>9s} {'p99 ms':>9s} "
+           f"{'TTFT ms':>9s} {'cached':>7s}  ratio (ours/llama.cpp: tok/s, mean latency)"]  # fmt: skip
+    keys = sorted({(r["model"], r["workload"]) for r in rows})
+    for model, kind in keys:
+        med: dict[str, dict[str, float]] = {}
+        for w in ("ours", "llama.cpp"):
+            sel = [r for r in rows if (r["model"], r["workload"], r["server"]) == (model, kind, w)]
+            med[w] = {"tok": statistics.median(r["output_throughput"] for r in sel),
+                      "mean": statistics.median(r["e2el_ms"]["mean"] for r in sel),
+                      "p99": statistics.median(r["e2el_ms"]["p99"] for r in sel),
+                      "ttft": statistics.median(r["ttft_ms"]["mean"] for r in sel),
+                      "cached": statistics.median(r["cache_hit_rate"] for r in sel)}  # fmt: skip
+        pair = [(a, b) for a in rows for b in rows if a["server"] == "ours" and b["server"] == "llama.cpp"
+                and (a["model"], a["workload"], a["run"]) == (b["model"], b["workload"], b["run"]) == (model, kind, a["run"])]  # fmt: skip
+        tok = [a["output_throughput"] / b["output_throughput"] for a, b in pair]
+        lat = [a["e2el_ms"]["mean"] / b["e2el_ms"]["mean"] for a, b in pair]
+        for w in ("ours", "llama.cpp"):
+            m = med[w]
+            ratio = (f"{statistics.median(tok):.2f}x ({min(tok):.2f}-{max(tok):.2f}), "
+                     f"{statistics.median(lat):.2f}x ({min(lat):.2f}-{max(lat):.2f})") if w == "ours" else ""  # fmt: skip
+            out.append(f"{model:14s} {kind:9s} {w:9s} {m['tok']:10.1f} {m['mean']:9.0f} {m['p99']:9.0f} "
+                       f"{m['ttft']:9.0f} {m['cached']:7.1%}  {ratio}")  # fmt: skip
+    out.append(round_line(rows))
+    return "\n".join(out)
+
+
+def round_line(rows: list[dict[str, Any]]) -> str:
+    """Our time split into a per-round fixed cost and a per-token-slot cost: a least-squares line
+    ``round time = a * rounds + b * token slots`` over every timed run of ours of each model (the
+    workloads differ in tokens per round, which separates the two)."""
+    lines = []
+    for model in sorted({r["model"] for r in rows}):
+        b = [r["breakdown"] for r in rows if r["model"] == model and r["server"] == "ours"]
+        if len(b) < 2:
+            continue
+        a_mat = np.array([[x["rounds"], x["rounds"] * (x["tokens_per_round"] + x["padding_per_round"])] for x in b])
+        y = np.array([x["rounds"] * x["round_ms"] for x in b])
+        (fixed, per_slot), *_ = np.linalg.lstsq(a_mat, y, rcond=None)
+        lines.append(f"{model}: our round time ~ {fixed:.2f} ms per round + {1000 * per_slot:.1f} us per token slot "
+                     f"(least squares over {len(b)} runs); padding is {statistics.median(x['padding_per_round'] / max(x['tokens_per_round'] + x['padding_per_round'], 1e-9) for x in b):.0%} of the slots")  # fmt: skip
+    return "\n".join(lines)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Plan:
+    parity_models: tuple[str, ...]
+    h2h_models: tuple[str, ...]
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--what", default="parity,h2h", help="build, parity, h2h (comma-separated; build is implied)")
+    p.add_argument("--models", default=None, help=f"comma-separated (default parity: {', '.join(TINY)}, {HYBRID}, "
+                   f"{SMOLLM}; h2h: {HYBRID}, tiny-qwen3.5, {SMOLLM})")  # fmt: skip
+    p.add_argument("--quants", default="Q8_0,Q4_K_M", help="llama-quantize types made from each f32 file")
+    p.add_argument("--sdist-dir", default=os.path.join(tempfile.gettempdir(), "lcpp"))
+    p.add_argument("--jobs", type=int, default=2, help="parallel compile jobs of the llama.cpp build")
+    p.add_argument("--threads", type=int, default=2, help="llama-server -t / -tb")
+    p.add_argument("--slots", type=int, default=8, help="llama-server -np (ours gets --max-num-seqs 2x this)")
+    p.add_argument("--parity-tokens", type=int, default=16)
+    p.add_argument("--near-tie", type=float, default=0.05, help="a top-1 margin (log-prob) below this is a near-tie")
+    p.add_argument("--workloads", default="race,multiturn")
+    p.add_argument("--requests", type=int, default=48)
+    p.add_argument("--rate", type=float, default=2.0, help="articles (conversations) per second")
+    p.add_argument("--output-tokens", type=int, default=16)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--llama-args", default="", help="more llama-server flags, e.g. '-ub 64' (its reuse flags are "
+                   "its defaults otherwise: --cache-ram 8192, --ctx-checkpoints 32)")  # fmt: skip
+    p.add_argument("--h2h-file", default="f32", help="the file type the head to head serves (smollm2: its Q4_1)")
+    p.add_argument("--port", type=int, default=18480)
+    p.add_argument("--work", default=os.path.join(cache_root(), "vs-llamacpp"))
+    p.add_argument("--json-out", default=None)
+    args = p.parse_args(argv)
+    args.workloads = args.workloads.split(",")
+    what = set(args.what.split(","))
+    os.makedirs(args.work, exist_ok=True)
+    given = tuple(args.models.split(",")) if args.models else None
+    plan = _Plan(given or (*TINY, HYBRID, SMOLLM), given or (HYBRID, "tiny-qwen3.5", SMOLLM))
+    print(f"load average {os.getloadavg()}; llama.cpp {llamacpp.VERSION}; threads {args.threads}")
+    sdist = llamacpp.fetch_sdist(args.sdist_dir)
+    bins = llamacpp.build(sdist, jobs=args.jobs)
+    src = llamacpp.extract(sdist, os.path.join(llamacpp.home(), "src"))
+    report: dict[str, Any] = {"parity": [], "h2h": []}
+    files = {m: model_files(m, src, bins["llama-quantize"], args.quants.split(","), args.work)
+             for m in sorted(set(plan.parity_models if "parity" in what else ()) | set(plan.h2h_models if "h2h" in what else ()))}  # fmt: skip
+    if "parity" in what:
+        for m in plan.parity_models:
+            report["parity"].extend(parity(m, files[m], args, bins["llama-server"]))
+    if "h2h" in what:
+        for m in plan.h2h_models:
+            path = files[m].get(args.h2h_file) or next(iter(files[m].values()))
+            vocab = 512 if m != SMOLLM else 49152
+            report["h2h"].extend(head_to_head(m, path, args, bins["llama-server"], vocab))
+        print(summary_table(report["h2h"]))
+    if args.json_out:
+        with open(args.json_out, "w") as f:
+            json.dump(report, f, indent=2)
+    bad = [r for r in report["parity"] if r["file"] in ("f32", "f16") and any("NOT" in d for d in r["divergences"])]
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
