@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import dataclasses
 import json
 import os
 import shlex
@@ -105,7 +104,7 @@ def prompt_set(vocab: int, count: int = 8, seed: int = 7) -> list[list[int]]:
 def eog_ids(tokenizer: Any) -> list[int]:
     """The ids of :data:`EOG_TEXTS` and the EOS token in our tokenizer of the file."""
     texts = set(EOG_TEXTS) | ({tokenizer.eos_token} if tokenizer.eos_token else set())
-    ids = (tokenizer._tok.token_to_id(t) for t in texts)
+    ids = (tokenizer.token_id(t) for t in texts)
     return sorted(i for i in ids if i is not None)
 
 
@@ -331,12 +330,6 @@ def round_line(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-@dataclasses.dataclass(frozen=True)
-class _Plan:
-    parity_models: tuple[str, ...]
-    h2h_models: tuple[str, ...]
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--what", default="parity,h2h", help="build, parity, h2h (comma-separated; build is implied)")
@@ -365,19 +358,19 @@ def main(argv: list[str] | None = None) -> int:
     what = set(args.what.split(","))
     os.makedirs(args.work, exist_ok=True)
     given = tuple(args.models.split(",")) if args.models else None
-    plan = _Plan(given or (*TINY, HYBRID, SMOLLM), given or (HYBRID, "tiny-qwen3.5", SMOLLM))
+    parity_models, h2h_models = given or (*TINY, HYBRID, SMOLLM), given or (HYBRID, "tiny-qwen3.5", SMOLLM)
     print(f"load average {os.getloadavg()}; llama.cpp {llamacpp.VERSION}; threads {args.threads}")
     sdist = llamacpp.fetch_sdist(args.sdist_dir)
     bins = llamacpp.build(sdist, jobs=args.jobs)
     src = llamacpp.extract(sdist, os.path.join(llamacpp.home(), "src"))
     report: dict[str, Any] = {"parity": [], "h2h": []}
     files = {m: model_files(m, src, bins["llama-quantize"], args.quants.split(","), args.work)
-             for m in sorted(set(plan.parity_models if "parity" in what else ()) | set(plan.h2h_models if "h2h" in what else ()))}  # fmt: skip
+             for m in sorted(set(parity_models if "parity" in what else ()) | set(h2h_models if "h2h" in what else ()))}  # fmt: skip
     if "parity" in what:
-        for m in plan.parity_models:
+        for m in parity_models:
             report["parity"].extend(parity(m, files[m], args, bins["llama-server"]))
     if "h2h" in what:
-        for m in plan.h2h_models:
+        for m in h2h_models:
             path = files[m].get(args.h2h_file) or next(iter(files[m].values()))
             vocab = 512 if m != SMOLLM else 49152
             report["h2h"].extend(head_to_head(m, path, args, bins["llama-server"], vocab))

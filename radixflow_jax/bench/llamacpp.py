@@ -30,13 +30,34 @@ from radixflow_jax.paths import cache_root
 VERSION = "0.3.36"
 VENDOR = "vendor/llama.cpp"
 TARGETS = ("llama-server", "llama-quantize")
-# not GGML_NATIVE: on a CPU that reports AMX, the native build died with SIGILL on Q8_0 files here
-# (2026-12-02); AVX-512 without AMX is what the published figures used
-CMAKE_FLAGS = ("-G", "Ninja", "-DCMAKE_BUILD_TYPE=Release", "-DGGML_NATIVE=OFF", "-DGGML_AVX=ON", "-DGGML_AVX2=ON",
-               "-DGGML_FMA=ON", "-DGGML_F16C=ON", "-DGGML_BMI2=ON", "-DGGML_AVX512=ON", "-DGGML_AVX512_VBMI=ON",
-               "-DGGML_AVX512_VNNI=ON", "-DGGML_AVX512_BF16=ON", "-DGGML_AVX_VNNI=ON", "-DGGML_AMX_TILE=OFF",
-               "-DGGML_AMX_INT8=OFF", "-DGGML_AMX_BF16=OFF", "-DLLAMA_CURL=OFF", "-DLLAMA_BUILD_TESTS=OFF",
-               "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_BUILD_SERVER=ON")  # fmt: skip
+# not GGML_NATIVE: on a CPU that reports AMX, the native build died with SIGILL on Q8_0 files
+# (2026-12-02, Intel Xeon); the ISA extensions are turned on one by one from what the CPU reports
+# (cpu_isa_flags) and AMX stays off
+BASE_CMAKE_FLAGS = ("-G", "Ninja", "-DCMAKE_BUILD_TYPE=Release", "-DGGML_NATIVE=OFF", "-DGGML_AMX_TILE=OFF",
+                    "-DGGML_AMX_INT8=OFF", "-DGGML_AMX_BF16=OFF", "-DLLAMA_CURL=OFF", "-DLLAMA_BUILD_TESTS=OFF",
+                    "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_BUILD_SERVER=ON")  # fmt: skip
+# ggml's CMake option -> the /proc/cpuinfo flag that must be present for it
+ISA_OPTIONS = (("GGML_AVX", "avx"), ("GGML_AVX2", "avx2"), ("GGML_FMA", "fma"), ("GGML_F16C", "f16c"),
+               ("GGML_BMI2", "bmi2"), ("GGML_AVX512", "avx512f"), ("GGML_AVX512_VBMI", "avx512vbmi"),
+               ("GGML_AVX512_VNNI", "avx512_vnni"), ("GGML_AVX512_BF16", "avx512_bf16"),
+               ("GGML_AVX_VNNI", "avx_vnni"))  # fmt: skip
+
+
+def cpu_isa_flags(cpuinfo: str | None = None) -> tuple[str, ...]:
+    """``-DGGML_<ISA>=ON|OFF`` for each of :data:`ISA_OPTIONS`, ON exactly when the CPU's ``flags``
+    line (``/proc/cpuinfo``, or ``cpuinfo`` as given) names the extension. Where no flags line can be
+    read (not Linux x86), every option is OFF except what ggml turns on by itself."""
+    if cpuinfo is None:
+        try:
+            with open("/proc/cpuinfo") as f:
+                cpuinfo = f.read()
+        except OSError:
+            cpuinfo = ""
+    line = next((ln for ln in cpuinfo.splitlines() if ln.startswith("flags")), "")
+    have = set(line.partition(":")[2].split())
+    return tuple(f"-D{opt}={'ON' if flag in have else 'OFF'}" for opt, flag in ISA_OPTIONS)
+
+
 # the architectures whose conversion asserts MTP layers unless told there are none
 _NO_MTP = ("Qwen3_5ForCausalLM", "Qwen3_5MoeForCausalLM", "Qwen3NextForCausalLM")
 
@@ -115,7 +136,7 @@ def build(sdist: str, *, jobs: int = 2, version: str = VERSION, log: Callable[[s
     logfile = os.path.join(root, "build.log")
     started = time.perf_counter()
     with open(logfile, "w") as f:
-        for cmd in (["cmake", "-S", src, "-B", out, *CMAKE_FLAGS],
+        for cmd in (["cmake", "-S", src, "-B", out, *BASE_CMAKE_FLAGS, *cpu_isa_flags()],
                     ["cmake", "--build", out, f"-j{jobs}", "--target", *TARGETS]):  # fmt: skip
             proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
             shown = -1

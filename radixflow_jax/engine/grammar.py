@@ -137,7 +137,7 @@ def _schema_text(schema: Any, field: str) -> str:
 
 def has_grammar(tokenizer: object, vocab_size: int | None) -> bool:
     """Structured outputs can run with this tokenizer (a HF ``tokenizers`` backend) and vocabulary."""
-    return vocab_size is not None and callable(getattr(getattr(tokenizer, "_tok", None), "to_str", None))
+    return vocab_size is not None and callable(getattr(tokenizer, "backend_json", None))
 
 
 class GrammarCompiler:
@@ -160,7 +160,7 @@ class GrammarCompiler:
         """A fresh matcher for one request; ``GrammarError`` when the grammar does not compile."""
         llg = _llg()
         if self._tok is None:
-            text = self._source._tok.to_str()  # type: ignore[attr-defined]
+            text = self._source.backend_json()  # type: ignore[attr-defined]
             self._tok = llg.LLTokenizer(text, n_vocab=self.vocab_size, eos_token=self._eos)
         matcher = llg.LLMatcher(self._tok, spec.grammar_text(), log_level=0)
         if matcher.is_error():

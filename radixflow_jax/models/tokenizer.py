@@ -80,6 +80,14 @@ class Tokenizer:
     def vocab_size(self) -> int:
         return self._tok.get_vocab_size(with_added_tokens=True)
 
+    def backend_json(self) -> str:
+        """The HF ``tokenizers`` backend serialised (``tokenizer.json``'s text), as grammar engines take it."""
+        return self._tok.to_str()
+
+    def token_id(self, text: str) -> int | None:
+        """The id of the vocabulary entry spelled exactly ``text`` (a special token's name, say), or None."""
+        return self._tok.token_to_id(text)
+
     def encode(self, text: str) -> list[int]:
         return self._tok.encode(text, add_special_tokens=False).ids
 

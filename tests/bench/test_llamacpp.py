@@ -55,6 +55,15 @@ def test_a_finished_build_is_reused(tmp_path, monkeypatch) -> None:
     assert logged == []
 
 
+def test_the_build_turns_on_only_the_isa_extensions_the_cpu_reports() -> None:
+    avx2_only = "processor\t: 0\nflags\t\t: fpu sse2 avx avx2 fma f16c bmi2 amx_tile amx_int8\n"
+    flags = dict(f[2:].split("=") for f in llamacpp.cpu_isa_flags(avx2_only))
+    assert {k for k, v in flags.items() if v == "ON"} == {"GGML_AVX", "GGML_AVX2", "GGML_FMA", "GGML_F16C", "GGML_BMI2"}
+    assert flags["GGML_AVX512"] == "OFF" and flags["GGML_AVX512_VNNI"] == "OFF"  # would be SIGILL on this CPU
+    assert all(v == "OFF" for v in dict(f[2:].split("=") for f in llamacpp.cpu_isa_flags("no flags line")).values())
+    assert "-DGGML_AMX_INT8=OFF" in llamacpp.BASE_CMAKE_FLAGS and "-DGGML_NATIVE=OFF" in llamacpp.BASE_CMAKE_FLAGS
+
+
 def test_the_server_command_states_slots_context_and_threads() -> None:
     cmd = llamacpp.llama_server_cmd("/bin/llama-server", "m.gguf", 9000, slots=8, ctx=16384, threads=2, extra=["-ub", "64"])
     flags = dict(zip(cmd[1::2], cmd[2::2]))

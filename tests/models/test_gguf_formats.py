@@ -96,6 +96,13 @@ def test_layout_changes_invert_exactly() -> None:
     np.testing.assert_array_equal(qwen3next.from_gguf(key, parts, cfg), qkvz)
     weight = rng.standard_normal((4 * 8, 3)).astype(np.float32)
     np.testing.assert_array_equal(gguf.unpermute_qk(gguf.permute_qk(weight, 4), 4), weight)
+    # llama-quantize drops the shared-expert gate's unit extent ([1, H] -> [H]); both forms read back as HF's [1, H]
+    gate = rng.standard_normal((1, 5)).astype(np.float32)
+    key = "model.layers.0.mlp.shared_expert_gate.weight"
+    ((name, stored),) = qwen3next.to_gguf(key, gate, cfg)
+    assert name == "blk.0.ffn_gate_inp_shexp.weight"
+    for form in (stored, stored.reshape(-1)):
+        np.testing.assert_array_equal(qwen3next.from_gguf(key, {name: form}, cfg), gate)
 
 
 @pytest.fixture(scope="module")

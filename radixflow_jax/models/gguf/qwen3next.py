@@ -12,6 +12,8 @@ Layout changes llama.cpp's converter (``Qwen3NextModel``, ``Qwen2MoeModel``) mak
   ``ffn_gate_inp``, the shared expert ``ffn_*_shexp`` and its gate ``ffn_gate_inp_shexp``.
 
 A block without ``ffn_gate_inp`` is a dense-MLP block (``mlp_only_layers``).
+``ffn_gate_inp_shexp`` is ``[1, H]`` as the converter writes it, but ``llama-quantize`` writes it 1-D
+``[H]`` (ggml drops a trailing extent of 1); both read back as HF's ``[1, H]``.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ _QKVZ = "linear_attn.in_proj_qkvz.weight"
 _GATE_UP = "mlp.experts.gate_up_proj"
 _SPLIT = {_QKVZ: ("attn_qkv.weight", "attn_gate.weight"), _GATE_UP: ("ffn_gate_exps.weight", "ffn_up_exps.weight")}
 _BLOCK = re.compile(r"^blk\.(\d+)\.(.+)$")
+_SHARED_GATE = "mlp.shared_expert_gate.weight"
 
 
 def _qkvz_parts(cfg: dict[str, Any]) -> tuple[int, int, int, int]:
@@ -108,7 +111,10 @@ def from_gguf(key: str, parts: Mapping[str, np.ndarray], cfg: dict[str, Any]) ->
         if missing:
             raise WeightsError(f"GGUF tensor '{missing[0]}' is missing (needed for '{key}')")
         return _join(key, parts[names[0]], parts[names[1]], cfg)
-    return gdn_layout(key, only(parts), cfg, to_gguf=False, regroup=False)
+    array = only(parts)
+    if key.endswith(_SHARED_GATE) and array.ndim == 1:
+        return array.reshape(1, -1)
+    return gdn_layout(key, array, cfg, to_gguf=False, regroup=False)
 
 
 def _config(f: Any) -> dict[str, Any]:
