@@ -157,26 +157,31 @@ def build(sdist: str, *, jobs: int = 2, version: str = VERSION, log: Callable[[s
 
 def convert(src: str, model_dir: str, out: str, outtype: str = "f32") -> str:
     """``model_dir`` (a HF directory) converted by llama.cpp's own ``convert_hf_to_gguf.py`` (the
-    wrapper of the module docstring) to ``out``; returns ``out``. Skipped when ``out`` exists."""
+    wrapper of the module docstring) to ``out``; returns ``out``. Skipped when ``out`` exists; ``out``
+    appears only once the converter has finished (it writes ``out.part``, then renames it)."""
     if os.path.exists(out):
         return out
     with open(os.path.join(model_dir, "config.json")) as f:
         architectures = json.load(f).get("architectures") or []
-    args = [sys.executable, "-c", CONVERTER_WRAPPER, src, model_dir, "--outtype", outtype, "--outfile", out]
+    part = out + ".part"  # renamed when complete: an interrupted run never leaves a truncated ``out``
+    args = [sys.executable, "-c", CONVERTER_WRAPPER, src, model_dir, "--outtype", outtype, "--outfile", part]
     if set(architectures) & set(_NO_MTP):
         args.append("--no-mtp")
     proc = subprocess.run(args, capture_output=True, text=True)
     if proc.returncode != 0:
         raise RuntimeError(f"llama.cpp's converter failed on {model_dir}:\n{proc.stderr[-3000:]}")
+    os.replace(part, out)
     return out
 
 
 def quantize(quantizer: str, src: str, out: str, qtype: str) -> str:
-    """``llama-quantize src out qtype`` unless ``out`` exists; returns ``out``."""
+    """``llama-quantize src out qtype`` unless ``out`` exists (written whole or not at all); returns ``out``."""
     if not os.path.exists(out):
-        proc = subprocess.run([quantizer, src, out, qtype], capture_output=True, text=True)
+        part = out + ".part"
+        proc = subprocess.run([quantizer, src, part, qtype], capture_output=True, text=True)
         if proc.returncode != 0:
             raise RuntimeError(f"llama-quantize {qtype} failed on {src}:\n{proc.stdout[-1500:]}{proc.stderr[-1500:]}")
+        os.replace(part, out)
     return out
 
 
