@@ -133,6 +133,31 @@ def llama_greedy(url: str, prompt: list[int], n: int) -> tuple[list[int], list[f
     return tokens, margins
 
 
+def teacher_forced(llm: Any, prompts: list[list[int]], theirs: list[tuple[list[int], list[float]]], ban: set[int],
+                   near_tie: float) -> dict[str, int]:  # fmt: skip
+    """Top-1 agreement with llama.cpp's continuation fed back as context: at every position ``k`` of
+    its greedy output ``t``, is our most likely token after ``prompt + t[:k]`` (EOG tokens banned, as
+    its ``ignore_eos`` bans them) its ``t[k]``? One cold forward per prompt (our prompt logprobs of
+    ``prompt + t``). Unlike free-running continuations, a disagreement does not carry on into the
+    next positions, so this is the measure that stays meaningful on quantised files. ``near_ties``:
+    disagreements where our top-1 minus llama.cpp's token's log-probability is under ``near_tie``."""
+    from radixflow_jax import SamplingParams
+
+    contexts = [p + t for p, (t, _) in zip(prompts, theirs)]
+    outs = llm.generate(contexts, SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=min(len(ban) + 2, 20)))
+    agree = positions = near = 0
+    for p, (t, _), out in zip(prompts, theirs, outs):
+        for k, tok in enumerate(t):
+            lp, top_ids, top_lps = out.prompt_logprobs[len(p) + k]
+            best = next(((i, v) for i, v in zip(top_ids, top_lps) if i not in ban), (-1, float("-inf")))
+            positions += 1
+            if best[0] == tok:
+                agree += 1
+            elif best[1] - lp < near_tie:
+                near += 1
+    return {"positions": positions, "agree": agree, "near_ties": near}
+
+
 def _common_prefix(a: list[list[int]], b: list[list[int]]) -> int:
     """Tokens before the first difference, summed over pairs of sequences."""
     return sum(next((k for k, (x, y) in enumerate(zip(p, q)) if x != y), min(len(p), len(q))) for p, q in zip(a, b))
@@ -149,7 +174,6 @@ def parity(name: str, files: dict[str, str], args: argparse.Namespace, server: s
         ban = eog_ids(llm.model.tokenizer)
         ours = llm.generate(prompts, SamplingParams(max_tokens=args.parity_tokens, temperature=0.0, ignore_eos=True,
                                                     logprobs=2, logit_bias={t: -100.0 for t in ban}))  # fmt: skip
-        del llm
         port = args.port + 1
         cmd = llamacpp.llama_server_cmd(server, path, port, slots=1, ctx=1024, threads=args.threads)
         with llamacpp.ServerProcess("llama-server", cmd, port, os.path.join(args.work, "parity.log")) as s:
@@ -170,6 +194,8 @@ def parity(name: str, files: dict[str, str], args: argparse.Namespace, server: s
                                f"(ours {o_ids[pos:pos + 1]}, llama.cpp {t_ids[pos:pos + 1]}); top-1 margin "
                                f"ours {ours_margin:.4f}, llama.cpp {theirs_margin:.4f}: "
                                f"{'a near-tie' if near else 'NOT a near-tie'}")  # fmt: skip
+        forced = teacher_forced(llm, prompts, theirs, set(ban), args.near_tie)
+        del llm
         first_tokens = sum(1 for o, (t, _) in zip(ours, theirs) if o.token_ids[:1] == t[:1])
         outputs = {"ours": [list(o.token_ids) for o in ours], "llama.cpp": [t for t, _ in theirs]}
         if ftype == "f32":
@@ -177,10 +203,13 @@ def parity(name: str, files: dict[str, str], args: argparse.Namespace, server: s
         # on a quantised file: how many tokens each engine keeps of its own f32 continuation
         kept = {w: _common_prefix(outputs[w], f32[w]) for w in outputs} if f32 and ftype != "f32" else {}
         rows.append({"model": name, "file": ftype, "prompts": len(prompts), "identical": agree,
-                     "top1_first_token": first_tokens, "kept_of_f32": kept, "divergences": divergences})  # fmt: skip
+                     "top1_first_token": first_tokens, "kept_of_f32": kept, "teacher_forced": forced,
+                     "divergences": divergences})  # fmt: skip
         extra = f"  tokens kept of the f32 run (of {len(prompts) * args.parity_tokens}): " + \
             ", ".join(f"{w} {k}" for w, k in kept.items()) if kept else ""
-        print(f"parity {name:18s} {ftype:7s} identical {agree}/{len(prompts)}  first token {first_tokens}/{len(prompts)}{extra}")
+        print(f"parity {name:18s} {ftype:7s} identical {agree}/{len(prompts)}  first token {first_tokens}/{len(prompts)}  "
+              f"teacher-forced top-1 {forced['agree']}/{forced['positions']} (of the rest, near-ties "
+              f"{forced['near_ties']}){extra}")  # fmt: skip
         for d in divergences:
             print(f"    {d}")
     return rows
