@@ -22,6 +22,7 @@ import numpy as np
 from radixflow_jax.models.api import LoadedModel
 from radixflow_jax.models.batch import init_cache
 from radixflow_jax.runner.inputs import BIAS_WIDTH, SamplingRow, StepArrays, build_arrays
+from radixflow_jax.runner.pagecopy import PageCopier
 from radixflow_jax.runner.shapes import ShapeConfig, Variant
 from radixflow_jax.runner.step import CompiledStep, out_rows, splice_defaults
 from radixflow_jax.runner.window import select_round
@@ -52,7 +53,7 @@ def splice_sources(plan: RoundPlan, plan_rows: np.ndarray, cu_seqlens: np.ndarra
     ``UNKNOWN_TOKEN``, the index of that token in ``prev``'s sampled array. ``None`` when no row has
     one. ``ValueError`` when ``prev`` did not sample it (the plan needs a round that is not the last
     launched one) or a token other than a row's last is unknown."""
-    unknown = [i for i, row in enumerate(plan.rows) if row.tokens[-1] == UNKNOWN_TOKEN]
+    unknown = [i for i, row in enumerate(plan.rows) if row.tokens and row.tokens[-1] == UNKNOWN_TOKEN]
     if not unknown:
         return None
     sampled_at = {} if prev is None else {
@@ -110,6 +111,7 @@ class ModelExecutor:
             prompt_logprobs=self.prompt_logprobs, grammar_mask=True,
         )  # fmt: skip
         self.progress = progress
+        self.page_copier = PageCopier(shapes.max_rows)  # riders' partial pages (RoundPlan.page_copies)
         self.warmup_s = 0.0
         self._no_prev = jax.device_put(np.zeros(out_rows(shapes), np.int32))  # prev_tokens of a round that splices nothing
         self._last_done = 0.0  # perf_counter when the latest collected round's result was fetched
@@ -122,6 +124,8 @@ class ModelExecutor:
         variant at a time); afterwards the compile guard may be turned on."""
         todo = [v for v in (self.shapes.variants() if variants is None else variants) if not self.step.is_compiled(v)]
         start = time.perf_counter()
+        if variants is None or first == 1:
+            self.cache = self.page_copier(self.cache, [])  # the riders' page copy, compiled up front too
         for i, v in enumerate(todo, first):
             t = time.perf_counter()
             self.cache = self.step.prime(v, self.model.params, self.cache)
@@ -160,6 +164,8 @@ class ModelExecutor:
             prev.ready = time.perf_counter()
         t1, compiles = time.perf_counter(), self.step.num_compiles
         self.cache, (tokens, *lp) = self.step(variant, self.model.params, self.cache, inputs)
+        if plan.page_copies:  # after the step wrote the producers' pages, before any later round
+            self.cache = self.page_copier(self.cache, plan.page_copies)
         compile_s = self.step.last_compile_s
         if compile_s and self.progress is not None:
             how = "compiled" if self.step.num_compiles > compiles else "took the model's compiled"

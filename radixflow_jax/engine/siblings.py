@@ -2,11 +2,10 @@
 
 A request whose :class:`SamplingParams` ask for more than one sample (``n > 1`` or ``best_of``)
 runs as ``num_samples`` sibling requests of the same prompt (``EngineCore.add_group``). The
-siblings are queued together on one engine, so the scheduler's prefix matching computes their
-prompt once: the first sibling to run produces the prompt's KV pages and checkpoints, the others
-wait for them (they are its consumers) and compute only what lies past the deepest cached point
-(less than one checkpoint grid step ``G``; a prompt of ``k * G + 1`` tokens costs each further
-sibling one token).
+siblings are queued together on one engine, so the prompt is computed once: the first sibling to
+run computes it, and the others ride the round that completes it (``scheduler/riders.py``): each
+samples its first token from the same last-position logits with its own seed, takes the end state
+and the prompt's pages, and computes none of the prompt (``cached_tokens`` is the prompt length).
 
 Invariants:
   * :func:`expand` gives every sibling ``n == 1`` and no ``best_of``; sibling ``i`` has ``seed + i``

@@ -15,6 +15,11 @@ the KV their producer wrote in this round) and take their initial state from the
 unpaired row *of this round* into ``pair_slot`` (a value left in that slot by an earlier round is
 never taken: the step does not read the pool there), then write like any row.
 
+Riders (``RowPlan.rides``) read and write nothing themselves: each samples ``token_for`` its
+producer's sequence, which must end this round at the rider's prompt length; the producer's emit
+wrote the rider's slot, and the plan's page copies (applied after every row) give it the partial
+page, so its next row's context and state checks cover both.
+
 Checked on every row (a failure is recorded in ``violations`` and raised as :class:`ShadowMismatch`):
   * no real row runs in the reserved page 0 or slot 0;
   * the context is fully written and (with ``truth``) equals the request's real tokens;
@@ -133,16 +138,37 @@ class ShadowExecutor:
         written: set[tuple[int, int]] = set()  # KV positions written in this round
         emitted: set[int] = set()  # checkpoint slots unpaired rows emitted in this round
         sampled: dict[int, int] = {}
-        unpaired = [row for row in plan.rows if row.pair_slot is None]
+        unpaired = [row for row in plan.rows if row.pair_slot is None and row.rides is None]
         paired = [row for row in plan.rows if row.pair_slot is not None]
+        sequences: dict[int, tuple[int, ...]] = {}
         for phase in (unpaired, paired):  # the step's order: producers, then their partners
             reads = [self._read(row, emitted) for row in phase]  # every read of a phase before its writes
             for row, seq in zip(phase, reads):
                 self._write(row, seq, written, emitted if phase is unpaired else None, sampled)
+                sequences[row.request_id] = seq
+        for row in plan.rows:
+            if row.rides is not None:
+                self._ride(row, plan, sequences, sampled)
+        for src, dst in plan.page_copies:  # after the step, as the executor copies them
+            self.pages[dst] = list(self.pages.get(src, [None] * self.page_size))
         self.rounds += 1
         if self.clock is not None:
             self.clock.advance(self.round_s)  # type: ignore[attr-defined]
         return StepResult(sampled, plan.num_tokens, len(plan.rows), 0.0, self.round_s)
+
+    def _ride(self, row: RowPlan, plan: RoundPlan, sequences: Mapping[int, tuple[int, ...]], sampled: dict[int, int]) -> None:
+        """A rider samples from its producer's last position: the producer's row must sample in this
+        round and its whole sequence must be the rider's context (its prompt)."""
+        producer = next((r for r in plan.rows if r.request_id == row.rides and r.rides is None), None)
+        seq = sequences.get(row.rides)
+        if producer is None or seq is None or not producer.sample or len(seq) != row.start:
+            self._fail(f"request {row.request_id} rides request {row.rides}, which does not end a sequence of "
+                       f"{row.start} tokens in round {self.rounds}")
+            return
+        if self.truth is not None and tuple(self.truth(row.request_id)[: row.start]) != seq:
+            self._fail(f"request {row.request_id} rides request {row.rides} whose prompt is not its own")
+        self.rows_checked += 1
+        sampled[row.request_id] = token_for(seq, self.vocab)
 
     def _read(self, row: RowPlan, emitted: set[int]) -> tuple[int, ...]:
         p, end = self.page_size, row.start + len(row.tokens)

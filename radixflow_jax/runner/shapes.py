@@ -173,17 +173,18 @@ class ShapeConfig:
 
     def select(
         self, num_tokens: int, num_rows: int, all_decode: bool = False, *, num_decode: int | None = None,
-        num_emits: int | None = None, decode_span: int = 0,
+        num_emits: int | None = None, decode_span: int = 0, num_riders: int = 0,
     ) -> Variant:  # fmt: skip
         """The smallest variant holding a round of ``num_tokens`` tokens in ``num_rows`` rows, of
         which the first ``num_decode`` are one-token rows (``all_decode``: every row is; without
         either, the round is treated as prefill only) and which writes ``num_emits`` checkpoints
         (None: as many as any round of that shape can). ``decode_span``: the decode region must
-        hold this many rows (the window of slots the decode rows span, ``runner/window.py``)."""
+        hold this many rows (the window of slots the decode rows span, ``runner/window.py``).
+        ``num_riders``: rows of no tokens among the others (riders, ``scheduler/riders.py``)."""
         if num_rows > self.max_rows or num_tokens > self.max_tokens:
             raise ValueError(f"round of {num_tokens} tokens / {num_rows} rows exceeds the budgets")
         d = num_rows if all_decode and num_decode is None else (num_decode or 0)
-        if not 0 <= d <= num_rows or num_tokens - d < num_rows - d:
+        if not 0 <= d <= num_rows - num_riders or num_tokens - d < num_rows - d - num_riders:
             raise ValueError(f"{d} decode rows do not fit a round of {num_tokens} tokens / {num_rows} rows")
         if decode_span > self.max_rows or (d and decode_span and decode_span < d):
             raise ValueError(f"a decode window of {decode_span} slots cannot hold {d} decode rows (max {self.max_rows})")

@@ -59,7 +59,7 @@ def variant_for(plan: RoundPlan, shapes: ShapeConfig) -> tuple[Variant, DecodePl
     placement = place_decode(plan, shapes.max_rows)
     variant = shapes.select(
         plan.num_tokens, len(plan.rows), num_decode=len(placement.rows), num_emits=plan.num_emits,
-        decode_span=placement.span,
+        decode_span=placement.span, num_riders=plan.num_riders,
     )  # fmt: skip
     return variant, placement
 

@@ -77,6 +77,8 @@ class RoundBuilder:
         looks_ahead = config.hybrid and config.branch_checkpoints and memory.cache is not None
         self.waiting_index = WaitingIndex(config.grid, tuple(waiting) if looks_ahead else ())
         self._owners: dict[int, Request] = {}  # request id -> request, for the rows planned
+        self._twins: dict[int, list[Request]] | None = None  # prompt key -> requests with no output yet
+        self._rider_parts: dict[int, tuple[int, tuple[int, int] | None, tuple[tuple[int, int], ...]]] = {}
         unused = memory.cache.evicted_unused if memory.cache is not None else 0
         self._evicted = (memory.evicted_pages, memory.evicted_slots, unused)
 
@@ -127,6 +129,38 @@ class RoundBuilder:
         self._owners[req.request_id] = req
         self.budget = self.budget.spend(span)
 
+    def prompt_twins(self, req: Request, running: Iterable[Request]) -> list[Request]:
+        """Running requests (admissions of this round included, :meth:`note_running`) with no output
+        yet whose prompt equals ``req``'s. The index is built on the first call of the round."""
+        if self._twins is None:
+            self._twins = {}
+            for r in running:
+                self.note_running(r)
+        return [r for r in self._twins.get(req.prompt_key, ()) if r.prompt == req.prompt and not r.output]
+
+    def note_running(self, req: Request) -> None:
+        """``req`` runs (admitted this round): a twin for the requests scanned after it."""
+        if self._twins is not None and not req.output:
+            self._twins.setdefault(req.prompt_key, []).append(req)
+
+    def add_rider(self, req: Request, producer_row: RowPlan, page_copies: tuple[tuple[int, int], ...]) -> None:
+        """Plans rider ``req`` (``scheduler/riders.py``; its slot and pages are allocated, its
+        ``num_computed`` is the prompt length): a row of no tokens that samples from the producer
+        row's last position; the producer row emits its end state into the rider's slot (hybrid
+        models). Spends one row place and no tokens."""
+        emit = None
+        if req.slot is not None:
+            i = next(k for k, r in enumerate(self.rows) if r is producer_row)
+            emit = (len(producer_row.tokens), req.slot)
+            self.rows[i] = dataclasses.replace(producer_row, emits=producer_row.emits + (emit,))
+        self.rows.append(RowPlan(
+            request_id=req.request_id, tokens=(), start=req.num_computed, pages=tuple(req.pages), slot=0,
+            copy_from=None, emits=(), sample=True, epoch=req.epoch, rides=producer_row.request_id,
+        ))  # fmt: skip
+        self._rider_parts[req.request_id] = (producer_row.request_id, emit, page_copies)
+        self._owners[req.request_id] = req
+        self.budget = self.budget.spend(0)
+
     def build(self, admitted: int) -> RoundPlan:
         """The plan of the round, with ``admitted`` requests admitted (still in this epoch): rows of
         an older epoch dropped, one-token rows first (stable), eviction counts filled in."""
@@ -138,8 +172,25 @@ class RoundBuilder:
         rows = self.rows
         if stats.preempted:  # a victim, or a partner its roll-back took, may have had a row in this plan
             rows = [r for r in rows if r.epoch == self._owners[r.request_id].epoch]
-            stats.checkpoints_planted = sum(len(r.emits) for r in rows)  # a victim's were unpublished
+            rows = self._drop_rider_parts(rows)
+            stats.checkpoints_planted = sum(len(r.emits) for r in rows) - sum(
+                1 for r in rows if r.rides is not None and self._rider_parts[r.request_id][1] is not None
+            )  # a victim's were unpublished; a rider's emit is no checkpoint
         stats.admitted = admitted
-        rows = sorted(rows, key=lambda r: not r.is_decode)  # one-token rows first (stable)
+        rows = sorted(rows, key=lambda r: 0 if r.is_decode else 2 if r.is_rider else 1)  # stable
         num_decode = sum(1 for r in rows if r.is_decode)
-        return RoundPlan(rows=tuple(rows), num_decode=num_decode, stats=stats)
+        copies = tuple(c for r in rows if r.rides is not None for c in self._rider_parts[r.request_id][2])
+        return RoundPlan(rows=tuple(rows), num_decode=num_decode, stats=stats, page_copies=copies)
+
+    def _drop_rider_parts(self, rows: list[RowPlan]) -> list[RowPlan]:
+        """Riders whose row left the plan (preempted, or rolled back with their producer) take the
+        producer's emit into their released slot with them (their page copies go with their row)."""
+        live = {r.request_id for r in rows}
+        stale: dict[int, set[tuple[int, int]]] = {}  # producer id -> emits into released rider slots
+        for rid, (producer, emit, _) in self._rider_parts.items():
+            if rid not in live and emit is not None:
+                stale.setdefault(producer, set()).add(emit)
+        if not stale:
+            return rows
+        return [dataclasses.replace(r, emits=tuple(e for e in r.emits if e not in stale[r.request_id]))
+                if r.request_id in stale else r for r in rows]  # fmt: skip

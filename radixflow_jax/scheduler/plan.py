@@ -31,6 +31,11 @@ class RowPlan:
     step writes before attention reads them.
     ``epoch``: the request's epoch when the row was planned; a row of an earlier epoch (the request
     was preempted or rolled back after planning, overlap) is skipped at commit.
+    ``rides`` (a *rider*, ``scheduler/riders.py``): the request id of the row whose prompt this
+    request shares exactly and whose round completes it. A rider row computes no token (``tokens``
+    is empty, ``start`` is the prompt length, ``slot`` is 0) and samples its first token from that
+    row's last-position logits; the producer row emits its end state into the rider's own slot and
+    the plan's ``page_copies`` give it its own copy of the producer's partial last page.
     """
 
     request_id: int
@@ -43,10 +48,15 @@ class RowPlan:
     sample: bool
     pair_slot: int | None = None
     epoch: int = 0
+    rides: int | None = None
 
     @property
     def is_decode(self) -> bool:
         return len(self.tokens) == 1
+
+    @property
+    def is_rider(self) -> bool:
+        return self.rides is not None
 
 
 @dataclasses.dataclass
@@ -57,6 +67,8 @@ class RoundStats:
     consumers_blocked: int = 0  # consumers that hit STOP_ROUND (native)
     consumers_waiting: int = 0  # consumers that got WAIT_LOCAL (radixflow)
     consumers_paired: int = 0  # consumers admitted into their producer's round (pair)
+    riders: int = 0  # requests admitted as riders of an identical prompt completed this round
+    riders_waiting: int = 0  # requests that wait for their twin's prompt to complete, to ride it
     fill_declined: int = 0  # fill requests the pair policy's cost rule kept out of the round
     pairs_declined: int = 0  # consumers the pair policy's cost rule left waiting instead of pairing
     stopped_by_consumer: bool = False
@@ -75,9 +87,14 @@ class RoundStats:
 
 @dataclasses.dataclass(frozen=True)
 class RoundPlan:
+    """``rows``: one-token rows first (``num_decode`` of them), rider rows last. ``page_copies``:
+    ``(source page, destination page)`` pairs the executor copies (every attention layer's K and V)
+    after the round's step, so a rider owns the producer's partial last page as the step left it."""
+
     rows: tuple[RowPlan, ...]
     num_decode: int
     stats: RoundStats
+    page_copies: tuple[tuple[int, int], ...] = ()
 
     @property
     def num_tokens(self) -> int:
@@ -91,6 +108,10 @@ class RoundPlan:
     @property
     def is_empty(self) -> bool:
         return not self.rows
+
+    @property
+    def num_riders(self) -> int:
+        return sum(1 for r in self.rows if r.rides is not None)
 
 
 def attention_pairs(rows: Sequence[RowPlan]) -> int:

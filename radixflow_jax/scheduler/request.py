@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import functools
 from typing import Any
 
 
@@ -54,6 +55,12 @@ class Request:
     unresolved: int = 0
     fence: int = -1
     epoch: int = 0
+
+    @functools.cached_property
+    def prompt_key(self) -> int:
+        """``hash(prompt)``, computed once: the key under which requests with identical prompts meet
+        (riders, ``scheduler/riders.py``); equal keys are confirmed by comparing the prompts."""
+        return hash(self.prompt)
 
     @property
     def tokens(self) -> tuple[int, ...]:

@@ -29,7 +29,8 @@ the pages it needed; ``tests/scheduler/test_overlap_liveness.py``).
 
 Policy ``pair``: a producer that leaves before its round commits sends every paired partner back to
 the head of the queue with nothing computed (:meth:`RunningSet.roll_back_partners`), since their
-rows would start from a state nobody is going to commit.
+rows would start from a state nobody is going to commit. Riders (``riders.py``, every policy) go back
+with a leaving producer the same way until its round commits.
 """
 
 from __future__ import annotations
@@ -39,14 +40,16 @@ import collections
 from radixflow_jax.scheduler.builder import RoundBuilder
 from radixflow_jax.scheduler.memory import Memory
 from radixflow_jax.scheduler.request import Request, RequestStatus, drop_in_flight
+from radixflow_jax.scheduler.riders import Riders
 
 
 class RunningSet:
     """``members``: the running requests in admission order (read-only outside this class)."""
 
-    def __init__(self, memory: Memory, waiting: collections.deque[Request]):
+    def __init__(self, memory: Memory, waiting: collections.deque[Request], riders: Riders | None = None):
         self.members: list[Request] = []
         self._memory = memory
+        self._riders = riders  # whose riders go back with a leaving producer, as paired partners do
         self._waiting = waiting  # the coordinator's queue: preempted requests go back to its head
         self._prefill_first = False  # the last round left a prefill without tokens behind decode rows only
 
@@ -81,11 +84,12 @@ class RunningSet:
     def roll_back_partners(self, producer: Request) -> None:
         """The producer leaves before its round committed: its running paired consumers go back to the
         head of the queue with nothing computed (their rows in the uncommitted plan are skipped at
-        commit)."""
+        commit), and so do its riders (``riders.py``)."""
         cache = self._memory.cache
         if cache is None:
             return
-        for rid in cache.take_paired(producer.request_id):
+        riders = self._riders.take(producer.request_id) if self._riders is not None else []
+        for rid in [*cache.take_paired(producer.request_id), *riders]:
             partner = next((r for r in self.members if r.request_id == rid), None)
             if partner is None:  # finished (a running request is always in the list)
                 continue

@@ -41,6 +41,7 @@ from radixflow_jax.scheduler.overlap import InFlight
 from radixflow_jax.scheduler.pairing import Pairing
 from radixflow_jax.scheduler.plan import RoundPlan, RowPlan
 from radixflow_jax.scheduler.request import Request, RequestStatus, drop_in_flight
+from radixflow_jax.scheduler.riders import Riders
 from radixflow_jax.scheduler.running import RunningSet
 
 
@@ -57,7 +58,8 @@ class Scheduler:
         self.waiting: collections.deque[Request] = collections.deque()
         self.requests: dict[int, Request] = {}
         self.round_index = 0  # rounds committed
-        self._running = RunningSet(self.memory, self.waiting)
+        self._riders = Riders(config, self.memory)
+        self._running = RunningSet(self.memory, self.waiting, self._riders)
         self._pairing = Pairing(config, self.memory)
         self._in_flight = InFlight(config, self.memory)
 
@@ -159,6 +161,7 @@ class Scheduler:
                 round_.active += 1
                 self.waiting.remove(req)
                 self._running.admit(req)
+                round_.note_running(req)
                 admitted.append((req, req.epoch))
             elif decision is Decision.WAIT_LOCAL:
                 continue
@@ -177,6 +180,9 @@ class Scheduler:
         cache, memory = self.memory.cache, self.memory
         if round_.budget.rows == 0 or round_.active >= self.config.max_num_seqs:
             return Decision.STOP_ROUND  # a running request that got no row this round still holds its place
+        ride = self._riders.decide(req, round_, self.running, wait=self.policy.consumer is not Decision.STOP_ROUND)
+        if ride is not None:
+            return ride
         match = cache.match(req.tokens, shared=False) if cache is not None else None
         # attention-only models see pending KV only from rounds in flight (overlap, see overlap.py)
         if match is not None and match.is_consumer:
@@ -269,6 +275,7 @@ class Scheduler:
         Returns the requests that finished in this round. A launched plan (``launch``) commits in
         launch order; its samples replace the ``UNKNOWN_TOKEN`` entries."""
         launched = self._in_flight.retire(plan)
+        self._riders.committed(plan.rows)
         self.round_index += 1
         finished = []
         for row in plan.rows:

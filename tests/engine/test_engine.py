@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Callable
 
+import numpy as np
 import pytest
 
 from radixflow_jax import LLM, SamplingParams
@@ -60,6 +61,22 @@ def test_cache_on_equals_cache_off(model: str, prompts, cold_llm) -> None:
     sched.memory.flush()
     assert sched.memory.pages.num_used == 0
     assert sched.memory.slots is None or sched.memory.slots.num_used == 0
+
+
+@pytest.mark.parametrize("model", ["tiny-qwen3", "tiny-bamba"])
+def test_riders_sample_what_cold_runs_sample(model: str, cold_llm) -> None:
+    """Identical prompts ride the round that completes the first (``scheduler/riders.py``): each
+    computes none of the prompt (a partial last page included) and its samples equal a cold run's
+    with the same seed, on an attention-only model and a Mamba2 hybrid."""
+    prompt = [int(t) for t in np.random.default_rng(5).integers(3, 500, 2 * 64 + 21)]
+    params = [SamplingParams(max_tokens=6, ignore_eos=True, temperature=1.0, seed=seed) for seed in (11, 12, 13)]
+    cold = [cold_llm(model).generate([prompt], p)[0].token_ids for p in params]
+    llm = LLM(cold_llm(model).model, **SMALL_FIXED)
+    before = len(llm.engine.records)
+    outs = llm.generate([prompt] * 3, params)
+    assert [o.token_ids for o in outs] == cold and len(set(map(tuple, cold))) >= 2  # seeds differ
+    assert [o.cached_tokens for o in outs] == [0, len(prompt), len(prompt)]
+    assert sum(r.num_tokens for r in llm.engine.records[before:]) == len(prompt) + 3 * 5
 
 
 @pytest.mark.parametrize("policy", ["native", "radixflow"])

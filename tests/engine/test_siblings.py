@@ -17,10 +17,10 @@ def llm(tiny_model) -> LLM:
     return LLM(tiny_model("tiny-qwen3.5"), **SMALL_FIXED)
 
 
-def _prompt(llm: LLM, grids: int) -> list[int]:
-    """``grids * G + 1`` tokens: a sibling that hits the prompt's cached checkpoint computes one token."""
+def _prompt(llm: LLM, grids: int, extra: int = 1) -> list[int]:
+    """``grids * G + extra`` tokens (``extra`` not a page multiple: the last page is partial)."""
     grid = llm.engine.wiring.grid
-    return [int(t) for t in np.random.default_rng(grids).integers(3, 500, grids * grid + 1)]
+    return [int(t) for t in np.random.default_rng(grids).integers(3, 500, grids * grid + extra)]
 
 
 def _sampled(max_tokens: int, **kw) -> SamplingParams:
@@ -49,20 +49,22 @@ def test_expand_gives_seed_streams_and_choose_ranks():
 
 
 # ------------------------------------------------------------------------------ n and best_of
-def test_n_samples_share_the_prompt(llm: LLM) -> None:
-    prompt = _prompt(llm, 2)
+@pytest.mark.parametrize("extra", [37, 1])
+def test_n_samples_share_the_prompt(llm: LLM, extra: int) -> None:
+    prompt = _prompt(llm, 2, extra)
+    llm.reset_prefix_cache()
     before = len(llm.engine.records)
     out = llm.generate([prompt], _sampled(8, n=4, seed=3))[0]
     rounds = llm.engine.records[before:]
     assert out.samples is not None and len(out.samples) == 4 and [s.index for s in out.samples] == [0, 1, 2, 3]
     assert len({tuple(s.token_ids) for s in out.samples}) == 4  # distinct samples
-    # the prompt is computed once: three siblings hit its checkpoint and compute one token each
-    assert sorted(s.cached_tokens for s in out.samples) == [0] + [len(prompt) - 1] * 3
-    assert sum(r.num_tokens for r in rounds) == len(prompt) + 3 + 4 * 7
-    # sibling i draws from seed + i: the same tokens as a lone request with that seed
-    llm.reset_prefix_cache()
-    alone = llm.generate([prompt] * 2, [_sampled(8, seed=3), _sampled(8, seed=5)])
-    assert [a.token_ids for a in alone] == [out.samples[0].token_ids, out.samples[2].token_ids]
+    # the prompt is computed once: three siblings ride the round that completes it and compute none of it
+    assert sorted(s.cached_tokens for s in out.samples) == [0] + [len(prompt)] * 3
+    assert sum(r.num_tokens for r in rounds) == len(prompt) + 4 * 7
+    # sibling i draws from seed + i: the same tokens as a lone request with that seed, computed cold
+    for seed, sample in ((3, out.samples[0]), (5, out.samples[2])):
+        llm.reset_prefix_cache()
+        assert llm.generate([prompt], _sampled(8, seed=seed))[0].token_ids == sample.token_ids
 
 
 def test_best_of_returns_the_highest_cumulative_logprob(llm: LLM) -> None:
