@@ -139,23 +139,32 @@ def teacher_forced(llm: Any, prompts: list[list[int]], theirs: list[tuple[list[i
     its greedy output ``t``, is our most likely token after ``prompt + t[:k]`` (EOG tokens banned, as
     its ``ignore_eos`` bans them) its ``t[k]``? One cold forward per prompt (our prompt logprobs of
     ``prompt + t``). Unlike free-running continuations, a disagreement does not carry on into the
-    next positions, so this is the measure that stays meaningful on quantised files. ``near_ties``:
-    disagreements where our top-1 minus llama.cpp's token's log-probability is under ``near_tie``."""
+    next positions, so this is the measure that stays meaningful on quantised files. ``gaps``: at
+    each disagreement, our top-1 log-probability minus that of llama.cpp's token (ascending);
+    ``near_ties``: how many of them are under ``near_tie``; ``median_margin``: our median top-1 minus
+    top-2 log-probability over all positions (how decided the model is at all)."""
     from radixflow_jax import SamplingParams
 
     contexts = [p + t for p, (t, _) in zip(prompts, theirs)]
     outs = llm.generate(contexts, SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=min(len(ban) + 2, 20)))
     agree = positions = near = 0
+    gaps: list[float] = []
+    margins: list[float] = []  # our top-1 minus top-2 log-probability at every position
     for p, (t, _), out in zip(prompts, theirs, outs):
         for k, tok in enumerate(t):
             lp, top_ids, top_lps = out.prompt_logprobs[len(p) + k]
-            best = next(((i, v) for i, v in zip(top_ids, top_lps) if i not in ban), (-1, float("-inf")))
+            kept = [(i, v) for i, v in zip(top_ids, top_lps) if i not in ban]
+            best = kept[0] if kept else (-1, float("-inf"))
+            if len(kept) > 1:
+                margins.append(kept[0][1] - kept[1][1])
             positions += 1
             if best[0] == tok:
                 agree += 1
-            elif best[1] - lp < near_tie:
-                near += 1
-    return {"positions": positions, "agree": agree, "near_ties": near}
+            else:
+                gaps.append(round(best[1] - lp, 4))
+                near += gaps[-1] < near_tie
+    return {"positions": positions, "agree": agree, "near_ties": near, "gaps": sorted(gaps),
+            "median_margin": round(statistics.median(margins), 4) if margins else float("nan")}
 
 
 def _common_prefix(a: list[list[int]], b: list[list[int]]) -> int:
@@ -209,7 +218,8 @@ def parity(name: str, files: dict[str, str], args: argparse.Namespace, server: s
             ", ".join(f"{w} {k}" for w, k in kept.items()) if kept else ""
         print(f"parity {name:18s} {ftype:7s} identical {agree}/{len(prompts)}  first token {first_tokens}/{len(prompts)}  "
               f"teacher-forced top-1 {forced['agree']}/{forced['positions']} (of the rest, near-ties "
-              f"{forced['near_ties']}){extra}")  # fmt: skip
+              f"{forced['near_ties']}, median gap {statistics.median(forced['gaps'] or [0.0]):.3f}; median top-1 margin "
+              f"{forced['median_margin']:.3f}){extra}")  # fmt: skip
         for d in divergences:
             print(f"    {d}")
     return rows
