@@ -1,7 +1,7 @@
 """Head to head with llama.cpp on the same GGUF files: parity of greedy outputs, then serving.
 
 1. **Build** ``llama-server`` and ``llama-quantize`` from the ``llama-cpp-python`` sdist once, into
-   ``$RADIXFLOW_CACHE/llamacpp/<version>`` (cmake + ninja, 10-35 minutes on two cores, progress
+   ``$RADIXFLOW_CACHE/llamacpp/<version>`` (cmake + ninja, 6-35 minutes on two cores, progress
    printed; ``radixflow_jax/bench/llamacpp.py``).
 2. **Files.** Each model's HF directory is converted by llama.cpp's own converter (f32), and the
    f32 file is quantised by ``llama-quantize`` (``--quants``, default Q8_0 and Q4_K_M). Models: the

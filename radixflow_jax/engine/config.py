@@ -108,6 +108,7 @@ class RoundRecord:
     consumers_paired: int = 0  # consumers admitted into their producer's round (policy pair)
     fill_declined: int = 0  # fill requests pair's cost rule kept out of the round
     pairs_declined: int = 0  # consumers pair's cost rule left waiting instead of pairing
+    riders: int = 0  # requests that rode an identical prompt's last round (scheduler/riders.py)
     decode_slots: int = 0  # the variant's decode region (rows taking the one-step updates)
     prefill_first: bool = False  # planned prompts before decode rows: the round before starved one
     # host time on the critical path: from the previous round's result to this round's dispatch, the

@@ -112,6 +112,7 @@ class ModelExecutor:
         )  # fmt: skip
         self.progress = progress
         self.page_copier = PageCopier(shapes.max_rows)  # riders' partial pages (RoundPlan.page_copies)
+        self._copier_ready = False
         self.warmup_s = 0.0
         self._no_prev = jax.device_put(np.zeros(out_rows(shapes), np.int32))  # prev_tokens of a round that splices nothing
         self._last_done = 0.0  # perf_counter when the latest collected round's result was fetched
@@ -124,8 +125,9 @@ class ModelExecutor:
         variant at a time); afterwards the compile guard may be turned on."""
         todo = [v for v in (self.shapes.variants() if variants is None else variants) if not self.step.is_compiled(v)]
         start = time.perf_counter()
-        if variants is None or first == 1:
-            self.cache = self.page_copier(self.cache, [])  # the riders' page copy, compiled up front too
+        if not self._copier_ready:  # the riders' page copy, compiled with the first warm-up call
+            self.cache = self.page_copier(self.cache, [])
+            self._copier_ready = True
         for i, v in enumerate(todo, first):
             t = time.perf_counter()
             self.cache = self.step.prime(v, self.model.params, self.cache)
@@ -166,6 +168,7 @@ class ModelExecutor:
         self.cache, (tokens, *lp) = self.step(variant, self.model.params, self.cache, inputs)
         if plan.page_copies:  # after the step wrote the producers' pages, before any later round
             self.cache = self.page_copier(self.cache, plan.page_copies)
+            self._copier_ready = True
         compile_s = self.step.last_compile_s
         if compile_s and self.progress is not None:
             how = "compiled" if self.step.num_compiles > compiles else "took the model's compiled"

@@ -45,6 +45,7 @@ class SoakConfig:
     page_size: int = 8
     max_model_len: int = 256
     vocab: int = 1000
+    repeat_share: float = 0.1  # share of requests that resend one of the last 8 prompts (n > 1, retries: riders)
 
 
 def cold_tokens(prompt: list[int], max_tokens: int, vocab: int) -> list[int]:
@@ -75,11 +76,15 @@ def run_soak(cfg: SoakConfig) -> dict[str, Any]:
     ]
     arrival = 0.0
     prompts: dict[int, tuple[list[int], int]] = {}
+    recent: list[list[int]] = []
     for _ in range(cfg.requests):
         arrival += rng.expovariate(cfg.per_round)
         prompt = rng.choice(articles) + [rng.randrange(3, cfg.vocab) for _ in range(rng.randint(*cfg.question_len))]
         max_tokens = rng.randint(*cfg.max_tokens)
+        if recent and rng.random() < cfg.repeat_share:
+            prompt = list(rng.choice(recent))  # an identical prompt soon after: it may ride the first
         prompt = prompt[: cfg.max_model_len - max_tokens]
+        recent = (recent + [prompt])[-8:]
         abort_at, mid = None, False
         if rng.random() < cfg.abort_rate:
             abort_at, mid = int(arrival) + rng.randrange(0, 24), rng.random() < cfg.mid_round_share
@@ -122,6 +127,7 @@ def run_soak(cfg: SoakConfig) -> dict[str, Any]:
         "pool_rebuilds": report.resets,
         "preemptions": report.preemptions,
         "consumer_waits": sum(r.consumers_waiting + r.consumers_blocked for r in core.records),
+        "riders": sum(r.riders for r in core.records),
         "invariant_audits": report.audits,
         "checkpoint_reads_checked": h.checkpoint_reads,
         "rows_checked_by_shadow": shadow.rows_checked,

@@ -191,6 +191,7 @@ class ShapeConfig:
         p, tp, region = num_rows - d, num_tokens - d, max(d, decode_span)
         if p == 0 and self.mode != "fixed":
             return self._variant(_first_at_least(self.decode_buckets, region), 0, 0, num_emits)
-        rows = _first_at_least(self.row_buckets, p)
-        tokens = _first_at_least(self.token_buckets, tp)
+        i = self.row_buckets.index(rows := _first_at_least(self.row_buckets, p))
+        fewest = self.row_buckets[i - 1] + 1 if i else 1  # as variants(): a row bucket's smallest token bucket
+        tokens = _first_at_least(self.token_buckets, max(tp, fewest))  # riders bring rows without tokens
         return self._variant(_first_at_least(self.mixed_decode_buckets, region), tokens, rows)

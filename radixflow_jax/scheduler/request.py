@@ -48,6 +48,7 @@ class Request:
     cached_tokens: int = 0
     hit_node: Any = None
     consumer_waits: int = 0
+    twin_waits: int = 0  # rounds it waited to ride a twin that computed nothing (scheduler/riders.py)
     num_preemptions: int = 0
     rolled_back: int = 0  # times its paired producer left before their round committed (policy pair)
     first_token_round: int | None = None

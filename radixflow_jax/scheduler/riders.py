@@ -22,9 +22,11 @@ Rules:
   * A producer is a running request with no output yet whose row in this round ends its prompt and
     samples (not a rider itself); a rider is a waiting request with nothing computed and no output
     (a preempted request that already generated tokens recomputes as usual).
-  * While its twin is still computing its prompt in earlier rounds, a request waits (``WAIT_LOCAL``,
-    at most ``max_consumer_wait`` rounds, counted with the consumer waits) instead of pairing with or
-    reading the twin's grid checkpoints, which would compute up to a grid step of the prompt again.
+  * While its twin is still computing its prompt in earlier rounds, a request waits (``WAIT_LOCAL``)
+    instead of pairing with or reading the twin's grid checkpoints, which would compute part of the
+    prompt again; it then rides the twin's last prompt round, so waiting costs it no latency. A
+    round in which no twin computes counts against ``max_consumer_wait`` (``Request.twin_waits``,
+    apart from the consumer waits), so a request never waits forever on a stalled twin.
   * Riders are rolled back with their producer as paired consumers are (``running.py``): until the
     producer's round commits, a producer that leaves sends its riders back to the head of the queue.
     A rider whose row leaves the plan before launch takes its emit and page copy with it
@@ -68,15 +70,20 @@ class Riders:
         twins = [t for t in round_.prompt_twins(req, running) if t is not req]
         if not twins:
             return None
+        progressing = False
         for twin in twins:
             row = round_.row_of(twin.request_id)
             if row is not None and row.sample and not row.is_rider and row.start + len(row.tokens) == len(req.prompt):
                 if self._board(req, twin, row, round_):
                     return Decision.ADMIT
                 return None  # no slot or page for it now: admitted (or deferred) as usual
-        if not wait or req.consumer_waits >= self._config.max_consumer_wait:
+            progressing = progressing or (row is not None and not row.is_rider)
+        if not wait:
             return None
-        req.consumer_waits += 1
+        if not progressing:  # no twin computes this round: such waits are bounded
+            if req.twin_waits >= self._config.max_consumer_wait:
+                return None
+            req.twin_waits += 1
         round_.stats.riders_waiting += 1
         return Decision.WAIT_LOCAL
 
@@ -117,3 +124,11 @@ class Riders:
     def take(self, producer_id: int) -> list[int]:
         """The riders of ``producer_id`` whose round has not committed, forgotten here (to roll back)."""
         return self.of.pop(producer_id, [])
+
+    def forget(self, request_id: int) -> None:
+        """``request_id`` left the running set (finished, preempted or rolled back): it is nobody's
+        rider any more, so a later departure of its producer must not send it back again."""
+        for producer in [p for p, riders in self.of.items() if request_id in riders]:
+            self.of[producer].remove(request_id)
+            if not self.of[producer]:
+                del self.of[producer]

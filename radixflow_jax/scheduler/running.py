@@ -93,6 +93,7 @@ class RunningSet:
             partner = next((r for r in self.members if r.request_id == rid), None)
             if partner is None:  # finished (a running request is always in the list)
                 continue
+            self.roll_back_partners(partner)  # a paired partner may have riders of its own
             self._back_to_waiting(partner)
             partner.rolled_back += 1
 
@@ -101,6 +102,8 @@ class RunningSet:
         it at the head of the queue."""
         self._memory.release(req, keep_prefix=False)
         self.members.remove(req)
+        if self._riders is not None:
+            self._riders.forget(req.request_id)
         drop_in_flight(req)
         req.epoch += 1
         req.status, req.num_computed, req.cached_tokens = RequestStatus.WAITING, 0, 0

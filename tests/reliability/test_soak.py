@@ -27,4 +27,5 @@ def test_soak(policy: str, caplog) -> None:
     assert r["invariant_audits"] == r["ticks"] and r["rounds"] <= r["ticks"]  # after every round
     assert r["leaked_pages"] == 0 and r["leaked_slots"] == 0
     assert r["reuse"] > 0.1
+    assert r["riders"] > 20  # resent prompts ride the first one's last round, outputs still equal cold
     assert (r["paired_reads_checked"] > 20) if get_policy(policy).pair else r["paired_reads_checked"] == 0

@@ -33,6 +33,11 @@ def test_select_puts_decode_rows_in_the_decode_region() -> None:
         for tokens, rows, decode in [(1, 1, 1), (8, 8, 8), (128, 8, 0), (100, 8, 7), (9, 3, 1), (17, 2, 0)]:
             for emits in (None, 0, FEW_EMITS, FEW_EMITS + 1):
                 assert s.select(tokens, rows, num_decode=decode, num_emits=emits) in every, (mode, tokens, rows, decode)
+        # riders: rows without tokens (a producer's 1 or 2 tokens and up to 7 riders; decode rows beside them)
+        for tokens, rows, decode, riders in [(1, 8, 0, 7), (2, 8, 0, 6), (3, 8, 1, 6), (5, 8, 3, 4), (1, 2, 0, 1)]:
+            assert s.select(tokens, rows, num_decode=decode, num_riders=riders) in every, (mode, tokens, rows, riders)
+    wide = ShapeConfig(max_tokens=1024, max_rows=64, max_pages_per_row=32, grid=64)  # the review's case
+    assert wide.select(8, 17, num_decode=0, num_riders=16) in set(wide.variants())
     assert len(ShapeConfig(128, 8, 8, 16, mode="fixed").variants()) == 1
     with pytest.raises(ValueError, match="bucket mode"):
         ShapeConfig(128, 8, 8, 16, mode="powers")
