@@ -3,7 +3,8 @@
 Riders (``scheduler/riders.py``): the samples of one prompt ride the round that completes it and
 compute none of it; without them each further sample hits the prompt's deepest grid checkpoint and
 computes the rest (up to one grid step). Both engines run on one loaded model (shared compiled
-step variants, warmed before the clock), with the prefix cache reset before every run, in
+step variants, compiled by two untimed runs each; a timed run that compiled prints it), with the
+prefix cache reset before every run, in
 alternating order; printed per run and as medians: prompt tokens computed (token slots of real
 rows, minus the generated tokens' decode rows), rounds, wall time, and mean latency of the
 requests. Outputs are checked equal between the two (seeded samples do not depend on riders).
@@ -26,6 +27,7 @@ from radixflow_jax import LLM, SamplingParams
 def run(llm: LLM, prompts: list[list[int]], params: SamplingParams) -> dict[str, float]:
     llm.reset_prefix_cache()
     before = len(llm.engine.records)
+    compiles = llm.engine.executor.step.num_compiles
     start = time.perf_counter()
     outs = llm.generate(prompts, params)
     wall = time.perf_counter() - start
@@ -34,7 +36,8 @@ def run(llm: LLM, prompts: list[list[int]], params: SamplingParams) -> dict[str,
     generated = sum(len(s.token_ids) for o in outs for s in (o.samples or [o]))
     samples = [s for o in outs for s in (o.samples or [o])]
     return {"computed": computed, "prompt_computed": computed - (generated - len(samples)), "rounds": len(rounds),
-            "wall_s": wall, "outputs": [tuple(s.token_ids) for s in samples]}  # fmt: skip
+            "wall_s": wall, "outputs": [tuple(s.token_ids) for s in samples],
+            "compiles": llm.engine.executor.step.num_compiles - compiles}  # fmt: skip
 
 
 def main() -> None:
@@ -49,11 +52,12 @@ def main() -> None:
     rng = np.random.default_rng(0)
     prompts = [[int(t) for t in rng.integers(3, 500, args.prompt_len)] for _ in range(args.prompts)]
     params = SamplingParams(max_tokens=args.max_tokens, temperature=1.0, seed=7, n=args.n, ignore_eos=True)
-    opts = dict(max_num_seqs=64, max_num_batched_tokens=1024)
+    opts = dict(max_num_seqs=32, max_num_batched_tokens=512)
     engines = {"riders": LLM(args.model, riders=True, **opts)}
-    engines["no riders"] = LLM(engines["riders"].model, riders=False, **opts)
-    for llm in engines.values():  # compile what the workload uses before any clock runs
-        run(llm, prompts, params)
+    engines["no riders"] = LLM(engines["riders"].model, riders=False, **opts)  # shares the compiled variants
+    for _ in range(2):  # compile what the workload uses before any clock runs (a run with compiles says so)
+        for llm in engines.values():
+            run(llm, prompts, params)
     print(f"load average {os.getloadavg()}; {args.prompts} prompts x {args.prompt_len} tokens, n={args.n}, "
           f"{args.max_tokens} output tokens each")  # fmt: skip
     rows: dict[str, list[dict]] = {k: [] for k in engines}
@@ -63,7 +67,7 @@ def main() -> None:
             r = run(engines[name], prompts, params)
             rows[name].append(r)
             print(f"  run {rep} {name:9s} load {os.getloadavg()[0]:4.2f}  prompt tokens computed {r['prompt_computed']:6d}  "
-                  f"all tokens {r['computed']:6d}  rounds {r['rounds']:4d}  wall {r['wall_s']:6.2f} s")  # fmt: skip
+                  f"all tokens {r['computed']:6d}  rounds {r['rounds']:4d}  wall {r['wall_s']:6.2f} s  compiles {r['compiles']}")  # fmt: skip
     same = all(a["outputs"] == b["outputs"] for a, b in zip(rows["riders"], rows["no riders"]))
     print(f"outputs equal with and without riders: {same}")
     for key in ("prompt_computed", "computed", "rounds", "wall_s"):
