@@ -209,7 +209,7 @@ class RadixCache(TreeStore):
             nodes.discard(node)
         if not nodes:
             del self._pending[producer_id]
-            self._paired.pop(producer_id, None)  # its round is committed: partners now read written state
+            self._paired.drop_producer(producer_id)  # its round is committed: partners now read written state
         return done
 
     def unpublish(self, producer_id: int) -> int:
@@ -217,13 +217,12 @@ class RadixCache(TreeStore):
         pending KV nodes it planted. Its consumers fall back to their committed checkpoints. Also
         the rollback of a tentative plan that was not admitted. Returns how many checkpoints were
         dropped. Committed data of the producer stays."""
-        if self._paired.get(producer_id):
+        if self._paired.has(producer_id):
             raise InvariantError(
-                f"unpublish of producer {producer_id} with paired consumers {sorted(self._paired[producer_id])}: "
+                f"unpublish of producer {producer_id} with paired consumers {self._paired.as_dict()[producer_id]}: "
                 "take_paired (and roll them back) first"
             )
         nodes = self._pending.pop(producer_id, set())
-        self._paired.pop(producer_id, None)
         dropped = 0
         for node in sorted(nodes, key=lambda n: n.depth, reverse=True):  # children first
             ckpt = node.checkpoint
@@ -258,24 +257,21 @@ class RadixCache(TreeStore):
         ckpt = node.checkpoint
         if ckpt is None or not ckpt.pending or not node.attached:
             raise ValueError(f"pair needs a pending checkpoint: {node!r}")
-        self._paired.setdefault(ckpt.producer_id, set()).add(consumer_id)
+        self._paired.add(ckpt.producer_id, consumer_id)
         ckpt.reads += 1  # a sibling used it (in-round): eviction and evicted-before-use count it as read
         return ckpt._slot
 
     def take_paired(self, producer_id: int) -> tuple[int, ...]:
         """Removes and returns (ascending) the consumers paired with ``producer_id``'s uncommitted round."""
-        return tuple(sorted(self._paired.pop(producer_id, ())))
+        return self._paired.take(producer_id)
 
     def unpair(self, consumer_id: int) -> None:
         """The consumer is gone (finished, aborted, rolled back): drop its paired reference."""
-        for producer in [p for p, cs in self._paired.items() if consumer_id in cs]:
-            self._paired[producer].discard(consumer_id)
-            if not self._paired[producer]:
-                del self._paired[producer]
+        self._paired.drop_partner(consumer_id)
 
     def paired(self) -> dict[int, tuple[int, ...]]:
         """Producer -> its paired consumers (ascending), for invariants and tests."""
-        return {p: tuple(sorted(cs)) for p, cs in sorted(self._paired.items())}
+        return self._paired.as_dict()
 
     def pending_producers(self) -> tuple[int, ...]:
         """Producers with pending KV or checkpoints, ascending."""

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from radixflow_jax.cache.config import CacheConfig
 from radixflow_jax.cache.eviction import EvictionPolicy, LRUPolicy
 from radixflow_jax.cache.invariants import check_tree
+from radixflow_jax.cache.partners import Partners
 from radixflow_jax.cache.pools import InvariantError, PagePool, SlotPool
 from radixflow_jax.cache.results import CacheStats
 from radixflow_jax.cache.tree import Node, attach, common_prefix_len, detach_leaf, iter_nodes, split
@@ -38,7 +39,7 @@ class TreeStore:
         self._policy: EvictionPolicy = policy if policy is not None else LRUPolicy()
         self._root = Node((), [], None)
         self._pending: dict[int, set[Node]] = {}  # producer -> nodes with its pending KV/checkpoint
-        self._paired: dict[int, set[int]] = {}  # producer -> consumers paired with it in its uncommitted round
+        self._paired = Partners()  # producer -> consumers paired with it in its uncommitted round
         self._clock = 0
         self._evicted_unused = 0
 
@@ -134,8 +135,8 @@ class TreeStore:
     def check_invariants(self) -> None:
         """Raise ``InvariantError`` unless the tree, the producer index and the pools are consistent."""
         check_tree(self._root, self._config, self._pages, self._slots, self._pending)
-        for producer, consumers in self._paired.items():
-            if producer not in self._pending or not consumers:
+        for producer, consumers in self._paired.as_dict().items():
+            if producer not in self._pending:
                 raise InvariantError(f"paired consumers {sorted(consumers)} of producer {producer} with nothing pending")
 
     # ------------------------------------------------------------------ internals

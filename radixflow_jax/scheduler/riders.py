@@ -39,6 +39,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from radixflow_jax.cache.partners import Partners
 from radixflow_jax.scheduler.admission import Decision
 from radixflow_jax.scheduler.builder import RoundBuilder
 from radixflow_jax.scheduler.config import SchedulerConfig
@@ -49,12 +50,13 @@ from radixflow_jax.scheduler.request import Request
 
 class Riders:
     """Finds a waiting request's twin and boards it (the module docstring). ``of``: producer id ->
-    ids of its riders whose round has not committed yet (the running set rolls them back)."""
+    ids of its riders whose round has not committed yet (``cache/partners.py``; the running set
+    takes them to roll them back, and drops a rider that leaves)."""
 
     def __init__(self, config: SchedulerConfig, memory: Memory):
         self._config = config
         self._memory = memory
-        self.of: dict[int, list[int]] = {}
+        self.of = Partners()
 
     @property
     def enabled(self) -> bool:
@@ -67,7 +69,7 @@ class Riders:
         the usual admission path decides)."""
         if not self.enabled or req.output or req.num_computed:
             return None
-        twins = [t for t in round_.prompt_twins(req, running) if t is not req]
+        twins = round_.prompt_twins(req, running)  # running requests: never ``req``, which waits
         if not twins:
             return None
         progressing = False
@@ -106,29 +108,12 @@ class Riders:
         req.num_computed = req.cached_tokens = length
         copies = ((producer.pages[length // page], req.pages[length // page]),) if length % page else ()
         round_.add_rider(req, row, copies)
-        self.of.setdefault(producer.request_id, []).append(req.request_id)
+        self.of.add(producer.request_id, req.request_id)
         round_.stats.riders += 1
         return True
 
     def committed(self, rows: Iterable[RowPlan]) -> None:
         """The round holding these rows committed: its riders no longer depend on their producers."""
         for row in rows:
-            if row.rides is None:
-                continue
-            riders = self.of.get(row.rides)
-            if riders is not None and row.request_id in riders:
-                riders.remove(row.request_id)
-                if not riders:
-                    del self.of[row.rides]
-
-    def take(self, producer_id: int) -> list[int]:
-        """The riders of ``producer_id`` whose round has not committed, forgotten here (to roll back)."""
-        return self.of.pop(producer_id, [])
-
-    def forget(self, request_id: int) -> None:
-        """``request_id`` left the running set (finished, preempted or rolled back): it is nobody's
-        rider any more, so a later departure of its producer must not send it back again."""
-        for producer in [p for p, riders in self.of.items() if request_id in riders]:
-            self.of[producer].remove(request_id)
-            if not self.of[producer]:
-                del self.of[producer]
+            if row.rides is not None:
+                self.of.discard(row.rides, row.request_id)

@@ -88,8 +88,8 @@ class RunningSet:
         cache = self._memory.cache
         if cache is None:
             return
-        riders = self._riders.take(producer.request_id) if self._riders is not None else []
-        for rid in [*cache.take_paired(producer.request_id), *riders]:
+        riders = self._riders.of.take(producer.request_id) if self._riders is not None else ()
+        for rid in (*cache.take_paired(producer.request_id), *riders):
             partner = next((r for r in self.members if r.request_id == rid), None)
             if partner is None:  # finished (a running request is always in the list)
                 continue
@@ -103,7 +103,7 @@ class RunningSet:
         self._memory.release(req, keep_prefix=False)
         self.members.remove(req)
         if self._riders is not None:
-            self._riders.forget(req.request_id)
+            self._riders.of.drop_partner(req.request_id)
         drop_in_flight(req)
         req.epoch += 1
         req.status, req.num_computed, req.cached_tokens = RequestStatus.WAITING, 0, 0

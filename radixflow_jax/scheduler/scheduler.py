@@ -323,7 +323,7 @@ class Scheduler:
 
     def _finish(self, req: Request, reason: str, *, keep_prefix: bool) -> None:
         self._running.roll_back_partners(req)
-        self._riders.forget(req.request_id)
+        self._riders.of.drop_partner(req.request_id)
         drop_in_flight(req)  # what rounds in flight compute for it is discarded at their commit
         self._in_flight.release(req, self.round_index, keep_prefix=keep_prefix)
         if not self._running.discard(req) and req in self.waiting:

@@ -138,7 +138,7 @@ def test_a_rider_preempted_while_planning_takes_its_emit_and_copy_along() -> Non
     assert (len(PROMPT), rider_slot) not in plan.rows[0].emits  # no write into a slot it gave back
     assert len(plan.rows[0].emits) == plan.stats.checkpoints_planted
     assert producer.status is RequestStatus.RUNNING
-    assert s._riders.of == {}  # it is nobody's rider now: the producer's later departure leaves it alone
+    assert s._riders.of.as_dict() == {}  # it is nobody's rider now: the producer's later departure leaves it alone
     _commit(s, plan)
     _drain(s)
     assert rider.rolled_back == 0 and rider.output == [7, 7, 7]
