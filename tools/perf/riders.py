@@ -3,11 +3,13 @@
 Riders (``scheduler/riders.py``): the samples of one prompt ride the round that completes it and
 compute none of it; without them each further sample hits the prompt's deepest grid checkpoint and
 computes the rest (up to one grid step). Both engines run on one loaded model (shared compiled
-step variants, compiled by two untimed runs each; a timed run that compiled prints it), with the
-prefix cache reset before every run, in
-alternating order; printed per run and as medians: prompt tokens computed (token slots of real
-rows, minus the generated tokens' decode rows), rounds, wall time, and mean latency of the
-requests. Outputs are checked equal between the two (seeded samples do not depend on riders).
+step variants, compiled by two untimed runs each; a timed run that compiled says so), with the
+prefix cache reset before every run, in alternating order. Printed per run and as medians with the
+per-run ratio's range: prompt tokens computed (all computed tokens minus the generated tokens'
+decode rows), all tokens, rounds, and the wall time of the ``generate`` call; wall times compare
+only repeats in which neither side compiled a step variant (policy pair's fill rule reads measured
+round times, so plans and the variants they need vary between runs). Outputs are checked equal
+between the two (seeded samples do not depend on riders).
 
     python tools/perf/riders.py --model tiny-qwen3.5 --prompts 8 --n 8 --repeats 3
 """
@@ -70,10 +72,17 @@ def main() -> None:
                   f"all tokens {r['computed']:6d}  rounds {r['rounds']:4d}  wall {r['wall_s']:6.2f} s  compiles {r['compiles']}")  # fmt: skip
     same = all(a["outputs"] == b["outputs"] for a, b in zip(rows["riders"], rows["no riders"]))
     print(f"outputs equal with and without riders: {same}")
+    clean = [(a, b) for a, b in zip(rows["riders"], rows["no riders"]) if not a["compiles"] and not b["compiles"]]
     for key in ("prompt_computed", "computed", "rounds", "wall_s"):
-        on = statistics.median(r[key] for r in rows["riders"])
-        off = statistics.median(r[key] for r in rows["no riders"])
-        print(f"median {key:16s} riders {on:10.2f}  no riders {off:10.2f}  ratio {on / off:5.2f}")
+        pairs = clean if key == "wall_s" else list(zip(rows["riders"], rows["no riders"]))
+        if not pairs:
+            print(f"{key}: every repeat compiled on one side; no clean pair to compare")
+            continue
+        on = statistics.median(a[key] for a, _ in pairs)
+        off = statistics.median(b[key] for _, b in pairs)
+        ratios = [a[key] / b[key] for a, b in pairs]
+        print(f"median {key:16s} riders {on:10.2f}  no riders {off:10.2f}  per-run ratio median "
+              f"{statistics.median(ratios):5.2f} (min {min(ratios):.2f}, max {max(ratios):.2f}; {len(pairs)} pairs)")  # fmt: skip
 
 
 if __name__ == "__main__":
