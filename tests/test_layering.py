@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ast
 import pathlib
+import re
 
 import pytest
 
@@ -146,3 +147,133 @@ def test_no_mixins():
                 if any(n.endswith("Mixin") for n in names):
                     mixins.append(f"{path.relative_to(PACKAGE)}: class {node.name}")
     assert not mixins, "\n".join(mixins)
+
+
+# --------------------------------------------------------------------------- one owner for a request's fields
+REQUEST_MODULES = ("scheduler/request.py", "scheduler/allocator.py")  # the only writers of a Request's fields
+REQUEST_HOLDERS = {"requests", "running", "waiting", "members", "fenced", "twins"}  # attributes holding Requests
+MUTATORS = {"append", "extend", "insert", "pop", "remove", "clear", "sort", "reverse", "appendleft", "popleft"}
+
+
+def _request_fields() -> set[str]:
+    tree = ast.parse((PACKAGE / "scheduler" / "request.py").read_text())
+    cls = next(n for n in ast.walk(tree) if isinstance(n, ast.ClassDef) and n.name == "Request")
+    return {s.target.id for s in cls.body if isinstance(s, ast.AnnAssign) and isinstance(s.target, ast.Name)}
+
+
+def _yields_requests(expr: ast.AST, known: set[str]) -> bool:
+    """Whether ``expr`` is (or holds) scheduler requests: a name already known to, a ``Request(...)``
+    call, a scheduler container of them (``scheduler.requests``, ``running``, ``waiting``, ...), or
+    an item, copy, iteration or selection of one of these."""
+    if isinstance(expr, ast.Name):
+        return expr.id in known or expr.id.lstrip("_") in REQUEST_HOLDERS
+    if isinstance(expr, ast.Attribute):
+        return expr.attr.lstrip("_") in REQUEST_HOLDERS
+    if isinstance(expr, ast.Subscript):
+        return _yields_requests(expr.value, known)
+    if isinstance(expr, ast.Call):
+        func = expr.func
+        if isinstance(func, ast.Name) and func.id == "Request":
+            return True
+        if isinstance(func, ast.Name) and func.id in {"list", "tuple", "reversed", "sorted", "next", "iter", "set"}:
+            return bool(expr.args) and _yields_requests(expr.args[0], known)
+        return isinstance(func, ast.Attribute) and func.attr in {"get", "pop", "values", "copy", "popleft"} and (
+            _yields_requests(func.value, known)
+        )
+    if isinstance(expr, (ast.GeneratorExp, ast.ListComp, ast.SetComp)):
+        return _yields_requests(expr.generators[0].iter, known)
+    if isinstance(expr, ast.IfExp):
+        return _yields_requests(expr.body, known) or _yields_requests(expr.orelse, known)
+    if isinstance(expr, ast.BoolOp):
+        return any(_yields_requests(v, known) for v in expr.values)
+    return False
+
+
+def _bind(target: ast.AST, value: ast.AST | None, known: set[str]) -> None:
+    """Adds the names ``target`` binds to requests (tuples unpacked item by item when both sides are)."""
+    if isinstance(target, (ast.Tuple, ast.List)):
+        if isinstance(value, (ast.Tuple, ast.List)) and len(value.elts) == len(target.elts):
+            for t, v in zip(target.elts, value.elts):
+                _bind(t, v, known)
+        elif value is not None and _yields_requests(value, known):
+            known.update(n.id for n in ast.walk(target) if isinstance(n, ast.Name))
+    elif isinstance(target, ast.Name) and value is not None and _yields_requests(value, known):
+        known.add(target.id)
+
+
+def _request_names(func: ast.AST, imports_request: bool) -> set[str]:
+    """The names that hold a scheduler ``Request`` (or a collection of them) inside ``func``: its
+    parameters annotated with ``Request`` and what is bound from one (to a fixed point)."""
+    known: set[str] = set()
+    if imports_request:
+        for arg in ast.walk(func.args):
+            if isinstance(arg, ast.arg) and arg.annotation is not None:
+                if re.search(r"\bRequest\b", ast.unparse(arg.annotation)):
+                    known.add(arg.arg)
+    size = -1
+    while size != len(known):
+        size = len(known)
+        for node in ast.walk(func):
+            if isinstance(node, ast.Assign):
+                for target in node.targets:
+                    _bind(target, node.value, known)
+            elif isinstance(node, (ast.AnnAssign, ast.NamedExpr)) and node.value is not None:
+                _bind(node.target, node.value, known)
+            elif isinstance(node, (ast.For, ast.comprehension)):
+                _bind(node.target, node.iter, known)
+    return known
+
+
+def _field_writes(func: ast.AST, names: set[str], fields: set[str]) -> list[tuple[int, str]]:
+    """``(line, text)`` of each write to a field of a request held by ``names``: ``=``, ``op=``,
+    ``del``, an item store (``req.output[i] = t``) or a mutating call (``req.output.append(t)``)."""
+    targets: list[tuple[int, ast.AST]] = []
+    for node in ast.walk(func):
+        if isinstance(node, ast.Assign):
+            targets += [(node.lineno, t) for t in node.targets]
+        elif isinstance(node, (ast.AugAssign, ast.AnnAssign)):
+            targets.append((node.lineno, node.target))
+        elif isinstance(node, ast.Delete):
+            targets += [(node.lineno, t) for t in node.targets]
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in MUTATORS:
+            targets.append((node.lineno, node.func.value))
+    found = []
+    for line, target in targets:
+        for t in target.elts if isinstance(target, (ast.Tuple, ast.List)) else [target]:
+            while isinstance(t, ast.Subscript):
+                t = t.value
+            if isinstance(t, ast.Attribute) and t.attr in fields:
+                if isinstance(t.value, ast.Name) and t.value.id in names:
+                    found.append((line, ast.unparse(t)))
+    return found
+
+
+def request_field_writes() -> list[str]:
+    """Every write to a field of a scheduler ``Request`` in the package outside ``REQUEST_MODULES``.
+    Only layers from the scheduler up can hold a request."""
+    fields, bad = _request_fields(), []
+    for path in _sources():
+        rel = path.relative_to(PACKAGE)
+        layer = rel.parts[0].removesuffix(".py")
+        if rel.as_posix() in REQUEST_MODULES or RANK.get(layer, len(LAYERS)) < RANK["scheduler"]:
+            continue
+        tree = ast.parse(path.read_text())
+        imports_request = any(
+            isinstance(n, ast.ImportFrom) and (n.module or "").startswith("radixflow_jax.scheduler")
+            and any(a.name == "Request" for a in n.names) for n in ast.walk(tree)
+        )  # fmt: skip
+        seen = set()
+        for func in ast.walk(tree):
+            if isinstance(func, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+                for line, text in _field_writes(func, _request_names(func, imports_request), fields):
+                    if (line, text) not in seen:
+                        seen.add((line, text))
+                        bad.append(f"{rel}:{line}: {text}")
+    return sorted(bad)
+
+
+def test_request_fields_are_written_only_by_the_scheduler():
+    """A request is changed through methods of ``scheduler/request.py`` and the allocator (seat,
+    advance, release) and, from outside the scheduler, through the ``Scheduler``'s methods."""
+    bad = request_field_writes()
+    assert not bad, "write these through a Request / Allocator method instead:\n" + "\n".join(bad)

@@ -118,10 +118,7 @@ class EngineCore:
 
     def forget(self, request_id: int) -> None:
         """Drops a finished request's bookkeeping (long-running servers call this after delivery)."""
-        req = self.scheduler.requests.get(request_id)
-        if req is not None and not req.is_finished:
-            raise ValueError(f"request {request_id} is still running")
-        self.scheduler.requests.pop(request_id, None)
+        self.scheduler.forget(request_id)
         self._records.pop(request_id, None)
 
     def add_request(
@@ -164,8 +161,8 @@ class EngineCore:
     ) -> int:
         rid = next(self._ids)
         stops = set(params.stop_token_ids) | (set() if params.ignore_eos else set(self.eos_token_ids))
-        req = Request(rid, prompt, params.max_tokens, frozenset(stops))
-        req.arrival_time = self.clock() if arrival_time is None else arrival_time
+        arrival = self.clock() if arrival_time is None else arrival_time
+        req = Request(rid, prompt, params.max_tokens, frozenset(stops), arrival_time=arrival)
         self.scheduler.add(req)
         rec = RequestRecord.open(req, params, hash((self.seed, rid)) & 0xFFFFFFFF, self.limits.banned(params), grammar)
         self._records[rid] = rec
@@ -361,7 +358,7 @@ class EngineCore:
         if self.tokenizer is not None and rec.update_text(self.tokenizer, req.is_finished):
             verdict = "stop"
         if verdict is not None and req.is_finished:
-            req.finish_reason = verdict  # the completing token was also the last allowed one
+            self.scheduler.amend_finish_reason(rid, verdict)  # the completing token was also the last allowed one
         elif verdict is not None:
             self.scheduler.finish(rid, verdict)
         if req.is_finished:

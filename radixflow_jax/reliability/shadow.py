@@ -15,7 +15,7 @@ the KV their producer wrote in this round) and take their initial state from the
 unpaired row *of this round* into ``pair_slot`` (a value left in that slot by an earlier round is
 never taken: the step does not read the pool there), then write like any row.
 
-Riders (``RowPlan.rides``) read and write nothing themselves: each samples ``token_for`` its
+Riders (``RowPlan.twin_id``) read and write nothing themselves: each samples ``token_for`` its
 producer's sequence, which must end this round at the rider's prompt length; the producer's emit
 wrote the rider's slot, and the plan's page copies (applied after every row) give it the partial
 page, so its next row's context and state checks cover both.
@@ -138,7 +138,7 @@ class ShadowExecutor:
         written: set[tuple[int, int]] = set()  # KV positions written in this round
         emitted: set[int] = set()  # checkpoint slots unpaired rows emitted in this round
         sampled: dict[int, int] = {}
-        unpaired = [row for row in plan.rows if row.pair_slot is None and row.rides is None]
+        unpaired = [row for row in plan.rows if row.pair_slot is None and row.twin_id is None]
         paired = [row for row in plan.rows if row.pair_slot is not None]
         sequences: dict[int, tuple[int, ...]] = {}
         for phase in (unpaired, paired):  # the step's order: producers, then their partners
@@ -147,7 +147,7 @@ class ShadowExecutor:
                 self._write(row, seq, written, emitted if phase is unpaired else None, sampled)
                 sequences[row.request_id] = seq
         for row in plan.rows:
-            if row.rides is not None:
+            if row.twin_id is not None:
                 self._ride(row, plan, sequences, sampled)
         for src, dst in plan.page_copies:  # after the step, as the executor copies them
             self.pages[dst] = list(self.pages.get(src, [None] * self.page_size))
@@ -159,14 +159,14 @@ class ShadowExecutor:
     def _ride(self, row: RowPlan, plan: RoundPlan, sequences: Mapping[int, tuple[int, ...]], sampled: dict[int, int]) -> None:
         """A rider samples from its producer's last position: the producer's row must sample in this
         round and its whole sequence must be the rider's context (its prompt)."""
-        producer = next((r for r in plan.rows if r.request_id == row.rides and r.rides is None), None)
-        seq = sequences.get(row.rides)
+        producer = next((r for r in plan.rows if r.request_id == row.twin_id and r.twin_id is None), None)
+        seq = sequences.get(row.twin_id)
         if producer is None or seq is None or not producer.sample or len(seq) != row.start:
-            self._fail(f"request {row.request_id} rides request {row.rides}, which does not end a sequence of "
+            self._fail(f"request {row.request_id} rides request {row.twin_id}, which does not end a sequence of "
                        f"{row.start} tokens in round {self.rounds}")
             return
         if self.truth is not None and tuple(self.truth(row.request_id)[: row.start]) != seq:
-            self._fail(f"request {row.request_id} rides request {row.rides} whose prompt is not its own")
+            self._fail(f"request {row.request_id} rides request {row.twin_id} whose prompt is not its own")
         self.rows_checked += 1
         sampled[row.request_id] = token_for(seq, self.vocab)
 

@@ -239,7 +239,7 @@ def _fill_tokens(a: StepArrays, rows: Sequence[RowPlan], page_size: int) -> None
     a.logits_index[:nr] = cu[1:] - 1
     a.state_slots[:nr] = [row.slot for row in rows]
     a.copy_src[:nr] = [row.slot if row.copy_from is None else row.copy_from for row in rows]
-    if any(row.rides is not None for row in rows):
+    if any(row.twin_id is not None for row in rows):
         _fill_riders(a, rows)
 
 
@@ -249,13 +249,15 @@ def _fill_riders(a: StepArrays, rows: Sequence[RowPlan]) -> None:
     last token with that row's page table and context length (``models/mixers/attention.py``,
     ``row_last``), so the rider row carries its producer's: its own partial last page is written
     only after the step (``RoundPlan.page_copies``)."""
-    index_of = {row.request_id: i for i, row in enumerate(rows) if row.rides is None and row.request_id >= 0}
+    index_of = {row.request_id: i for i, row in enumerate(rows) if row.twin_id is None and row.request_id >= 0}
     for i, row in enumerate(rows):
-        if row.rides is None:
+        if row.twin_id is None:
             continue
-        producer = index_of.get(row.rides)
+        producer = index_of.get(row.twin_id)
         if producer is None or not rows[producer].sample:
-            raise ValueError(f"request {row.request_id} rides request {row.rides}, which samples in no row of the round")
+            raise ValueError(
+                f"request {row.request_id} rides request {row.twin_id}, which samples in no row of the round"
+            )
         a.kv_lens[i] = a.kv_lens[producer]
         a.page_table[i] = a.page_table[producer]
         a.position[i] = row.start

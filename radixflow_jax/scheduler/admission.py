@@ -22,7 +22,7 @@ import enum
 
 class Decision(enum.Enum):
     ADMIT = "admit"
-    WAIT_LOCAL = "wait_local"  # skip this request, keep scanning
+    WAIT = "wait_local"  # skip this request, keep scanning
     STOP_ROUND = "stop_round"  # end the scan for this round
     STOP_UNTIL_FREE = "stop_until_free"  # memory exhausted: no admissions until something is released
 
@@ -48,10 +48,10 @@ class Policy:
 
 POLICIES: dict[str, Policy] = {
     "native": Policy("native", Decision.STOP_ROUND),
-    "radixflow": Policy("radixflow", Decision.WAIT_LOCAL),
-    "pair": Policy("pair", Decision.WAIT_LOCAL, pair=True, fill=True),
-    "pair-nofill": Policy("pair-nofill", Decision.WAIT_LOCAL, pair=True),
-    "radixflow-fill": Policy("radixflow-fill", Decision.WAIT_LOCAL, fill=True),
+    "radixflow": Policy("radixflow", Decision.WAIT),
+    "pair": Policy("pair", Decision.WAIT, pair=True, fill=True),
+    "pair-nofill": Policy("pair-nofill", Decision.WAIT, pair=True),
+    "radixflow-fill": Policy("radixflow-fill", Decision.WAIT, fill=True),
     "no-cache": Policy("no-cache", Decision.STOP_ROUND, use_cache=False),
 }
 QUEUE_ORDERS = ("fcfs", "lpm")

@@ -30,7 +30,7 @@ from collections.abc import Iterable
 
 from radixflow_jax.scheduler.config import SchedulerConfig
 from radixflow_jax.scheduler.lookahead import WaitingIndex, placements
-from radixflow_jax.scheduler.memory import Memory
+from radixflow_jax.scheduler.allocator import Allocator
 from radixflow_jax.scheduler.plan import RoundPlan, RoundStats, RowPlan
 from radixflow_jax.scheduler.request import Request
 
@@ -66,7 +66,7 @@ class RoundBuilder:
     still compute plus this round's admissions (admission stops at ``max_num_seqs``); ``starved``:
     a request that wants more than one token got no span this round (:meth:`note_starved`)."""
 
-    def __init__(self, config: SchedulerConfig, memory: Memory, waiting: Iterable[Request]):
+    def __init__(self, config: SchedulerConfig, memory: Allocator, waiting: Iterable[Request]):
         self.config = config
         self.memory = memory
         self.budget = Budget(config.max_num_batched_tokens, config.max_num_seqs)
@@ -106,7 +106,7 @@ class RoundBuilder:
         the budget."""
         start = req.num_computed
         wanted = placements(self.config, req, start, start + span, branch_len, self.waiting_index)
-        if req.unresolved and start + span > req.num_tokens - req.unresolved:
+        if req.unknown_tokens and start + span > req.num_tokens - req.unknown_tokens:
             planted, skipped = [], len(wanted)  # a token of a round in flight: see the module docstring
         else:
             planted, skipped = self.memory.plant(req, wanted)
@@ -155,7 +155,7 @@ class RoundBuilder:
             self.rows[i] = dataclasses.replace(producer_row, emits=producer_row.emits + (emit,))
         self.rows.append(RowPlan(
             request_id=req.request_id, tokens=(), start=req.num_computed, pages=tuple(req.pages), slot=0,
-            copy_from=None, emits=(), sample=True, epoch=req.epoch, rides=producer_row.request_id,
+            copy_from=None, emits=(), sample=True, epoch=req.epoch, twin_id=producer_row.request_id,
         ))  # fmt: skip
         self._rider_parts[req.request_id] = (producer_row.request_id, emit, page_copies)
         self._owners[req.request_id] = req
@@ -174,12 +174,12 @@ class RoundBuilder:
             rows = [r for r in rows if r.epoch == self._owners[r.request_id].epoch]
             rows = self._drop_rider_parts(rows)
             stats.checkpoints_planted = sum(len(r.emits) for r in rows) - sum(
-                1 for r in rows if r.rides is not None and self._rider_parts[r.request_id][1] is not None
+                1 for r in rows if r.twin_id is not None and self._rider_parts[r.request_id][1] is not None
             )  # a victim's were unpublished; a rider's emit is no checkpoint
         stats.admitted = admitted
         rows = sorted(rows, key=lambda r: 0 if r.is_decode else 2 if r.is_rider else 1)  # stable
         num_decode = sum(1 for r in rows if r.is_decode)
-        copies = tuple(c for r in rows if r.rides is not None for c in self._rider_parts[r.request_id][2])
+        copies = tuple(c for r in rows if r.twin_id is not None for c in self._rider_parts[r.request_id][2])
         return RoundPlan(rows=tuple(rows), num_decode=num_decode, stats=stats, page_copies=copies)
 
     def _drop_rider_parts(self, rows: list[RowPlan]) -> list[RowPlan]:

@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from radixflow_jax.scheduler.admission import Decision
 from radixflow_jax.scheduler.builder import RoundBuilder, grid_span
 from radixflow_jax.scheduler.config import SchedulerConfig
-from radixflow_jax.scheduler.memory import Memory
+from radixflow_jax.scheduler.allocator import Allocator
 from radixflow_jax.scheduler.plan import RowPlan
 from radixflow_jax.scheduler.request import Request
 
@@ -25,7 +25,7 @@ class Pairing:
     """``round_cost``: seconds a round of these rows takes (the executor's round cost model); ``None``:
     no cost model wired, pair fills like radixflow."""
 
-    def __init__(self, config: SchedulerConfig, memory: Memory):
+    def __init__(self, config: SchedulerConfig, memory: Allocator):
         self._config = config
         self._memory = memory
         self.round_cost: Callable[[Sequence[RowPlan]], float] | None = None
@@ -52,19 +52,9 @@ class Pairing:
         if not self._pairing_pays(req, candidate, round_):
             round_.stats.pairs_declined += 1
             return None
-        slot = memory.alloc_slot()
-        if slot is None:
-            return Decision.STOP_UNTIL_FREE
         shared = producer.pages[: depth // cfg.page_size]
-        for page in shared:
-            memory.pages.incref(page)
-        req.pages, req.own_pages = list(shared), list(shared)
-        if not memory.ensure_pages(req, depth + span):
-            memory.slots.decref(slot)
-            memory.release(req, keep_prefix=False)
+        if not memory.seat(req, computed=depth, end=depth + span, shared_pages=shared, slot=True):
             return Decision.STOP_UNTIL_FREE
-        req.slot = slot
-        req.num_computed = req.cached_tokens = depth
         pair_slot = cache.pair(node, req.request_id)
         branch_len = cache.shared_len(req.tokens) if cfg.branch_checkpoints else None
         round_.add(req, span, None, branch_len, pair_slot=pair_slot)

@@ -48,7 +48,7 @@ class RowPlan:
     sample: bool
     pair_slot: int | None = None
     epoch: int = 0
-    rides: int | None = None
+    twin_id: int | None = None
 
     @property
     def is_decode(self) -> bool:
@@ -56,7 +56,7 @@ class RowPlan:
 
     @property
     def is_rider(self) -> bool:
-        return self.rides is not None
+        return self.twin_id is not None
 
 
 @dataclasses.dataclass
@@ -65,7 +65,7 @@ class RoundStats:
 
     admitted: int = 0
     consumers_blocked: int = 0  # consumers that hit STOP_ROUND (native)
-    consumers_waiting: int = 0  # consumers that got WAIT_LOCAL (radixflow)
+    consumers_waiting: int = 0  # consumers that got WAIT (radixflow)
     consumers_paired: int = 0  # consumers admitted into their producer's round (pair)
     riders: int = 0  # requests admitted as riders of an identical prompt completed this round
     riders_waiting: int = 0  # requests that wait for their twin's prompt to complete, to ride it
@@ -111,7 +111,7 @@ class RoundPlan:
 
     @property
     def num_riders(self) -> int:
-        return sum(1 for r in self.rows if r.rides is not None)
+        return sum(1 for r in self.rows if r.twin_id is not None)
 
 
 def attention_pairs(rows: Sequence[RowPlan]) -> int:

@@ -10,11 +10,17 @@ Invariants:
   * ``slot`` is the request's own recurrent-state slot (one reference), ``None`` until admitted and
     for attention-only models.
   * Overlap (a round launched before the previous one committed): ``num_computed`` counts the tokens
-    of launched rounds too; ``in_flight`` of them are not committed yet. The last ``unresolved``
-    entries of ``output`` are ``UNKNOWN_TOKEN`` (sampled by launched rounds, filled in at their
-    commit). ``fence``: the launch index of the last round holding a row of the request; its pages
-    and slot are released no earlier than that round's commit. ``epoch`` counts preemptions and
-    roll-backs (a row of an earlier epoch is stale).
+    of launched rounds too; ``uncommitted_tokens`` of them are not committed yet. The last
+    ``unknown_tokens`` entries of ``output`` are ``UNKNOWN_TOKEN`` (sampled by launched rounds, filled
+    in at their commit). ``last_launch``: the launch index of the last round holding a row of the
+    request; its pages and slot are released no earlier than that round's commit. ``epoch`` counts
+    preemptions and roll-backs (a row of an earlier epoch is stale).
+  * Only this module and the allocator (``scheduler/allocator.py``: seating, pages, release) change
+    a request's fields, through the methods below (``tests/test_layering.py`` checks it); everything
+    else reads them. A request's life: ``Allocator.seat`` -> :meth:`Request.start_running` -> per
+    round :meth:`Request.launch` (overlap) and :meth:`Request.commit_span` /
+    :meth:`Request.commit_token` -> :meth:`Request.finish`, or back to the queue with
+    :meth:`Request.requeue` after ``Allocator.release``.
 """
 
 from __future__ import annotations
@@ -23,6 +29,8 @@ import dataclasses
 import enum
 import functools
 from typing import Any
+
+from radixflow_jax.scheduler.plan import UNKNOWN_TOKEN
 
 
 class RequestStatus(enum.Enum):
@@ -50,11 +58,11 @@ class Request:
     consumer_waits: int = 0
     twin_waits: int = 0  # rounds it waited to ride a twin that computed nothing (scheduler/riders.py)
     num_preemptions: int = 0
-    rolled_back: int = 0  # times its paired producer left before their round committed (policy pair)
+    num_rollbacks: int = 0  # times its paired producer or twin left before their round committed
     first_token_round: int | None = None
-    in_flight: int = 0
-    unresolved: int = 0
-    fence: int = -1
+    uncommitted_tokens: int = 0
+    unknown_tokens: int = 0
+    last_launch: int = -1
     epoch: int = 0
 
     @functools.cached_property
@@ -83,7 +91,7 @@ class Request:
     @property
     def committed_output(self) -> list[int]:
         """``output`` without the tokens of rounds still in flight."""
-        return self.output[: len(self.output) - self.unresolved] if self.unresolved else list(self.output)
+        return self.output[: len(self.output) - self.unknown_tokens] if self.unknown_tokens else list(self.output)
 
     @property
     def remaining(self) -> int:
@@ -95,10 +103,75 @@ class Request:
         return self.status is RequestStatus.FINISHED
 
 
-def drop_in_flight(req: Request) -> None:
-    """Forgets the uncommitted work of ``req`` (overlap): back to its last committed token."""
-    if req.unresolved:
-        del req.output[-req.unresolved :]
-        req.unresolved = 0
-    req.num_computed -= req.in_flight
-    req.in_flight = 0
+    # ----------------------------------------------------------------- changes (the module docstring)
+    def start_running(self) -> None:
+        """Admitted: taken off the queue and into the running set (seated by the allocator first)."""
+        self.status = RequestStatus.RUNNING
+
+    def count_consumer_wait(self) -> None:
+        """One more round waited as a consumer of a pending checkpoint (``max_consumer_wait``)."""
+        self.consumer_waits += 1
+
+    def count_twin_wait(self) -> None:
+        """One more round waited to ride a twin that computed nothing (``scheduler/riders.py``)."""
+        self.twin_waits += 1
+
+    def launch(self, start: int, end: int, *, sample: bool, launch_index: int) -> None:
+        """A row computing ``tokens[start:end]`` was launched as round ``launch_index`` (overlap): the
+        request advances past it before its result exists; a sampling row appends ``UNKNOWN_TOKEN``."""
+        self.num_computed = end
+        self.uncommitted_tokens += end - start
+        self.last_launch = launch_index
+        if sample:
+            self.output.append(UNKNOWN_TOKEN)
+            self.unknown_tokens += 1
+
+    def commit_span(self, start: int, end: int, *, launched: bool) -> None:
+        """The row computing ``tokens[start:end]`` committed: a launched row's tokens stop being
+        uncommitted; otherwise the request advances to ``end`` now."""
+        if launched:
+            self.uncommitted_tokens -= end - start
+        else:
+            self.num_computed = end
+
+    def commit_token(self, token: int, end: int, *, launched: bool, round_index: int) -> None:
+        """The token the row ending at ``end`` sampled, committed in round ``round_index``: a launched
+        row's ``UNKNOWN_TOKEN`` at that position is filled in; otherwise the token is appended."""
+        if launched:
+            self.output[end - len(self.prompt)] = token
+            self.unknown_tokens -= 1
+        else:
+            self.output.append(token)
+        if self.first_token_round is None:
+            self.first_token_round = round_index
+
+    def drop_uncommitted(self) -> None:
+        """Forgets the uncommitted work (overlap): back to the last committed token."""
+        if self.unknown_tokens:
+            del self.output[-self.unknown_tokens :]
+            self.unknown_tokens = 0
+        self.num_computed -= self.uncommitted_tokens
+        self.uncommitted_tokens = 0
+
+    def requeue(self, *, preempted: bool) -> None:
+        """Back to the queue holding nothing (the allocator released it): its uncommitted work is
+        dropped, its rows of earlier rounds turn stale (a new epoch), and it recomputes from scratch.
+        Counted as a preemption, else as a roll-back (its paired producer or twin left)."""
+        self.drop_uncommitted()
+        self.epoch += 1
+        self.status, self.num_computed, self.cached_tokens = RequestStatus.WAITING, 0, 0
+        if preempted:
+            self.num_preemptions += 1
+        else:
+            self.num_rollbacks += 1
+
+    def finish(self, reason: str) -> None:
+        """Finished for ``reason``; its uncommitted work is dropped (rounds in flight discard theirs)."""
+        self.drop_uncommitted()
+        self.status, self.finish_reason = RequestStatus.FINISHED, reason
+
+    def amend_finish_reason(self, reason: str) -> None:
+        """A finished request's reason, restated (its last allowed token also ended it another way)."""
+        if not self.is_finished:
+            raise ValueError(f"request {self.request_id} has not finished")
+        self.finish_reason = reason

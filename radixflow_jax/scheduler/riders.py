@@ -22,7 +22,7 @@ Rules:
   * A producer is a running request with no output yet whose row in this round ends its prompt and
     samples (not a rider itself); a rider is a waiting request with nothing computed and no output
     (a preempted request that already generated tokens recomputes as usual).
-  * While its twin is still computing its prompt in earlier rounds, a request waits (``WAIT_LOCAL``)
+  * While its twin is still computing its prompt in earlier rounds, a request waits (``WAIT``)
     instead of pairing with or reading the twin's grid checkpoints, which would compute part of the
     prompt again; it then rides the twin's last prompt round, so waiting costs it no latency. A
     round in which no twin computes counts against ``max_consumer_wait`` (``Request.twin_waits``,
@@ -43,7 +43,7 @@ from radixflow_jax.cache.partners import Partners
 from radixflow_jax.scheduler.admission import Decision
 from radixflow_jax.scheduler.builder import RoundBuilder
 from radixflow_jax.scheduler.config import SchedulerConfig
-from radixflow_jax.scheduler.memory import Memory
+from radixflow_jax.scheduler.allocator import Allocator
 from radixflow_jax.scheduler.plan import RowPlan
 from radixflow_jax.scheduler.request import Request
 
@@ -53,17 +53,17 @@ class Riders:
     ids of its riders whose round has not committed yet (``cache/partners.py``; the running set
     takes them to roll them back, and drops a rider that leaves)."""
 
-    def __init__(self, config: SchedulerConfig, memory: Memory):
+    def __init__(self, config: SchedulerConfig, memory: Allocator):
         self._config = config
         self._memory = memory
-        self.of = Partners()
+        self.by_producer = Partners()
 
     @property
     def enabled(self) -> bool:
         return self._config.riders and self._memory.cache is not None
 
     def decide(self, req: Request, round_: RoundBuilder, running: Iterable[Request], *, wait: bool) -> Decision | None:
-        """``ADMIT`` (``req`` boarded its twin's round), ``WAIT_LOCAL`` (its twin computes the prompt
+        """``ADMIT`` (``req`` boarded its twin's round), ``WAIT`` (its twin computes the prompt
         in a later round; only with ``wait``: a policy whose consumers wait, not ``native``, whose
         consumer stops the scan as before) or ``None`` (no twin, or boarding is not possible now:
         the usual admission path decides)."""
@@ -85,35 +85,24 @@ class Riders:
         if not progressing:  # no twin computes this round: such waits are bounded
             if req.twin_waits >= self._config.max_consumer_wait:
                 return None
-            req.twin_waits += 1
+            req.count_twin_wait()
         round_.stats.riders_waiting += 1
-        return Decision.WAIT_LOCAL
+        return Decision.WAIT
 
     def _board(self, req: Request, producer: Request, row: RowPlan, round_: RoundBuilder) -> bool:
         memory, page = self._memory, self._config.page_size
         length = len(req.prompt)
-        slot = memory.alloc_slot() if self._config.hybrid else None
-        if self._config.hybrid and slot is None:
-            return False
         shared = producer.pages[: length // page]
-        for p in shared:
-            memory.pages.incref(p)
-        req.pages, req.own_pages = list(shared), list(shared)
-        if not memory.ensure_pages(req, length):  # the partial last page, when there is one
-            if slot is not None and memory.slots is not None:
-                memory.slots.decref(slot)
-            memory.release(req, keep_prefix=False)
-            return False
-        req.slot = slot
-        req.num_computed = req.cached_tokens = length
+        if not memory.seat(req, computed=length, end=length, shared_pages=shared, slot=self._config.hybrid):
+            return False  # no slot, or no page for a partial last page
         copies = ((producer.pages[length // page], req.pages[length // page]),) if length % page else ()
         round_.add_rider(req, row, copies)
-        self.of.add(producer.request_id, req.request_id)
+        self.by_producer.add(producer.request_id, req.request_id)
         round_.stats.riders += 1
         return True
 
     def committed(self, rows: Iterable[RowPlan]) -> None:
         """The round holding these rows committed: its riders no longer depend on their producers."""
         for row in rows:
-            if row.rides is not None:
-                self.of.discard(row.rides, row.request_id)
+            if row.twin_id is not None:
+                self.by_producer.discard(row.twin_id, row.request_id)

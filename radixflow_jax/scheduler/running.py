@@ -13,7 +13,7 @@ or waiting) no tokens while every one of its rows computed one token, the next r
 first*: running prompts, then admissions, then the decode rows with the tokens left. The decode
 rows' row places are held back meanwhile, so they keep their rows; one that gets no token waits that
 round. So a budget of one grid cannot starve prompts behind decode rows. Admission stops at
-``max_num_seqs`` running requests that still compute (``RoundBuilder.active``), so a running prompt
+``max_num_seqs`` running requests that still compute (``RoundBuilder.num_computing``), so a running prompt
 without a row this round keeps its place.
 
 Preemption under page pressure takes the latest-admitted running request that was admitted after
@@ -38,15 +38,15 @@ from __future__ import annotations
 import collections
 
 from radixflow_jax.scheduler.builder import RoundBuilder
-from radixflow_jax.scheduler.memory import Memory
-from radixflow_jax.scheduler.request import Request, RequestStatus, drop_in_flight
+from radixflow_jax.scheduler.allocator import Allocator
+from radixflow_jax.scheduler.request import Request, RequestStatus
 from radixflow_jax.scheduler.riders import Riders
 
 
 class RunningSet:
     """``members``: the running requests in admission order (read-only outside this class)."""
 
-    def __init__(self, memory: Memory, waiting: collections.deque[Request], riders: Riders | None = None):
+    def __init__(self, memory: Allocator, waiting: collections.deque[Request], riders: Riders | None = None):
         self.members: list[Request] = []
         self._memory = memory
         self._riders = riders  # whose riders go back with a leaving producer, as paired partners do
@@ -57,7 +57,7 @@ class RunningSet:
     def admit(self, req: Request) -> None:
         """``req`` (taken off the queue by the caller) runs from now on."""
         self.members.append(req)
-        req.status = RequestStatus.RUNNING
+        req.start_running()
 
     def discard(self, req: Request) -> bool:
         """Removes a finishing ``req``; whether it was running."""
@@ -70,8 +70,7 @@ class RunningSet:
         """``req`` goes back to the head of the queue (its partners first, policy pair) and will
         recompute from scratch."""
         self.roll_back_partners(req)
-        self._back_to_waiting(req)
-        req.num_preemptions += 1
+        self._back_to_waiting(req, preempted=True)
 
     def requeue_all(self) -> list[Request]:
         """Every running request goes back to the front of the queue, in admission order; returns them."""
@@ -88,36 +87,33 @@ class RunningSet:
         cache = self._memory.cache
         if cache is None:
             return
-        riders = self._riders.of.take(producer.request_id) if self._riders is not None else ()
+        riders = self._riders.by_producer.take(producer.request_id) if self._riders is not None else ()
         for rid in (*cache.take_paired(producer.request_id), *riders):
             partner = next((r for r in self.members if r.request_id == rid), None)
             if partner is None:  # finished (a running request is always in the list)
                 continue
             self.roll_back_partners(partner)  # a paired partner may have riders of its own
-            self._back_to_waiting(partner)
-            partner.rolled_back += 1
+            self._back_to_waiting(partner, preempted=False)
 
-    def _back_to_waiting(self, req: Request) -> None:
+    def _back_to_waiting(self, req: Request, *, preempted: bool) -> None:
         """Releases ``req``'s pages and slot, makes its rows in flight stale (a new epoch) and puts
-        it at the head of the queue."""
+        it at the head of the queue (``Request.requeue``: counted as a preemption or a roll-back)."""
         self._memory.release(req, keep_prefix=False)
         self.members.remove(req)
         if self._riders is not None:
-            self._riders.of.drop_partner(req.request_id)
-        drop_in_flight(req)
-        req.epoch += 1
-        req.status, req.num_computed, req.cached_tokens = RequestStatus.WAITING, 0, 0
+            self._riders.by_producer.drop_partner(req.request_id)
+        req.requeue(preempted=preempted)
         self._waiting.appendleft(req)
 
     def pages_come_back(self, req: Request) -> bool:
         """Whether a commit in flight can free pages for ``req``: a round of its own is in flight (its
         pending KV and checkpoint can pin pages of the tree that a restart would need), or a running
         request finishes there (its last token is in flight)."""
-        return bool(req.in_flight) or any(not computes(r) for r in self.members)
+        return bool(req.uncommitted_tokens) or any(not computes(r) for r in self.members)
 
     # ----------------------------------------------------------------- rows of a round
     def plan_before_admission(self, round_: RoundBuilder) -> int:
-        """Plans the running rows that come before admission, sets ``round_.active`` and returns the
+        """Plans the running rows that come before admission, sets ``round_.num_computing`` and returns the
         row places held back for the decode rows that come after it (0 unless prefill first)."""
         prefill_first = round_.stats.prefill_first = self._prefill_first
         reserved = 0
@@ -128,7 +124,7 @@ class RunningSet:
         else:  # decode rows first: a running prompt earlier in the list must not take their tokens
             self._plan(round_, decode=True)
             self._plan(round_, decode=False)
-        round_.active = sum(1 for r in self.members if computes(r))
+        round_.num_computing = sum(1 for r in self.members if computes(r))
         return reserved
 
     def plan_after_admission(self, round_: RoundBuilder, reserved: int) -> None:

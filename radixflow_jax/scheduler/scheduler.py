@@ -5,12 +5,12 @@ its result, over explicit collaborators that each own their state. No JAX here.
     their rows, preemption under page pressure and the prefill-first rule;
   * :class:`~radixflow_jax.scheduler.pairing.Pairing` (``pairing.py``): policy ``pair``'s paired
     admission and cost-aware fill rule, with the executor's round cost model;
-  * :class:`~radixflow_jax.scheduler.overlap.InFlight` (``overlap.py``): the rounds launched and not
+  * :class:`~radixflow_jax.scheduler.overlap.LaunchedRounds` (``overlap.py``): the rounds launched and not
     committed and the requests fenced until their commit (the overlap rules);
   * :class:`~radixflow_jax.scheduler.builder.RoundBuilder` (``builder.py``): one round being planned
     against its :class:`~radixflow_jax.scheduler.builder.Budget`, created by each ``schedule()``.
 
-The coordinator owns the configuration, the pools and cache (:class:`Memory`), the waiting queue,
+The coordinator owns the configuration, the pools and cache (:class:`Allocator`), the waiting queue,
 the table of requests and the count of rounds committed, and runs the admission scan and the commit
 fence. ``schedule()`` needs no device sync: it reads only host state. The admission scan asks, for
 each waiting request in queue order, for a :class:`Decision`; the policy changes only the answer
@@ -36,11 +36,11 @@ from radixflow_jax.cache import CacheConfig, PagePool, RadixCache, SlotPool
 from radixflow_jax.scheduler.admission import Decision, get_policy
 from radixflow_jax.scheduler.builder import RoundBuilder, grid_span
 from radixflow_jax.scheduler.config import SchedulerConfig
-from radixflow_jax.scheduler.memory import Memory
-from radixflow_jax.scheduler.overlap import InFlight
+from radixflow_jax.scheduler.allocator import Allocator
+from radixflow_jax.scheduler.overlap import LaunchedRounds
 from radixflow_jax.scheduler.pairing import Pairing
 from radixflow_jax.scheduler.plan import RoundPlan, RowPlan
-from radixflow_jax.scheduler.request import Request, RequestStatus, drop_in_flight
+from radixflow_jax.scheduler.request import Request, RequestStatus
 from radixflow_jax.scheduler.riders import Riders
 from radixflow_jax.scheduler.running import RunningSet
 
@@ -54,14 +54,14 @@ class Scheduler:
         slots = SlotPool(num_slots) if config.hybrid else None
         caching = config.enable_prefix_cache and self.policy.use_cache
         cache = RadixCache(cache_cfg, pages, slots) if caching else None
-        self.memory = Memory(cache_cfg, pages, slots, cache)
+        self.memory = Allocator(cache_cfg, pages, slots, cache)
         self.waiting: collections.deque[Request] = collections.deque()
         self.requests: dict[int, Request] = {}
         self.round_index = 0  # rounds committed
         self._riders = Riders(config, self.memory)
         self._running = RunningSet(self.memory, self.waiting, self._riders)
         self._pairing = Pairing(config, self.memory)
-        self._in_flight = InFlight(config, self.memory)
+        self._launched = LaunchedRounds(config, self.memory)
 
     # ----------------------------------------------------------------- views
     @property
@@ -82,12 +82,12 @@ class Scheduler:
     @property
     def num_in_flight(self) -> int:
         """Rounds launched and not committed."""
-        return len(self._in_flight)
+        return len(self._launched)
 
     @property
     def fenced(self) -> tuple[Request, ...]:
         """Finished requests whose pages and slot wait for the commit fence of a round in flight."""
-        return self._in_flight.fenced
+        return self._launched.fenced
 
     # ----------------------------------------------------------------- queue management
     def max_request_tokens(self) -> int:
@@ -155,19 +155,19 @@ class Scheduler:
                     continue
             paired = stats.consumers_paired
             decision = self._decide(req, round_)
-            if decision is Decision.WAIT_LOCAL or stats.consumers_paired > paired:
+            if decision is Decision.WAIT or stats.consumers_paired > paired:
                 skipped_consumer = True  # native would have stopped the scan here: what follows is fill
             if decision is Decision.ADMIT:
-                round_.active += 1
+                round_.num_computing += 1
                 self.waiting.remove(req)
                 self._running.admit(req)
                 round_.note_running(req)
                 admitted.append((req, req.epoch))
-            elif decision is Decision.WAIT_LOCAL:
+            elif decision is Decision.WAIT:
                 continue
             elif decision is Decision.STOP_ROUND:
                 if stats.stopped_by_consumer:
-                    self._shadow(queue[i + 1 :], round_)
+                    self._count_bubble(queue[i + 1 :], round_)
                 break
             else:
                 stats.stopped_by_memory = True
@@ -177,8 +177,8 @@ class Scheduler:
         return admitted
 
     def _decide(self, req: Request, round_: RoundBuilder) -> Decision:
-        cache, memory = self.memory.cache, self.memory
-        if round_.budget.rows == 0 or round_.active >= self.config.max_num_seqs:
+        cache, memory, cfg = self.memory.cache, self.memory, self.config
+        if round_.budget.rows == 0 or round_.num_computing >= self.config.max_num_seqs:
             return Decision.STOP_ROUND  # a running request that got no row this round still holds its place
         ride = self._riders.decide(req, round_, self.running, wait=self.policy.consumer is not Decision.STOP_ROUND)
         if ride is not None:
@@ -194,24 +194,16 @@ class Scheduler:
         if span == 0:
             round_.note_starved(req.num_tokens - hit)
             return Decision.STOP_ROUND
-        if match is not None and hit > 0:
-            cache.lock(match.hit_node)
-            req.hit_node = match.hit_node
-            req.pages = list(match.hit_pages)
-        slot = memory.alloc_slot() if self.config.hybrid else None
-        if (self.config.hybrid and slot is None) or not memory.ensure_pages(req, hit + span):
-            if slot is not None:
-                memory.slots.decref(slot)
-            memory.release(req, keep_prefix=False)
+        hit_node = match.hit_node if match is not None and hit > 0 else None
+        hit_pages = match.hit_pages if hit_node is not None else ()
+        if not memory.seat(req, computed=hit, end=hit + span, hit_node=hit_node, hit_pages=hit_pages, slot=cfg.hybrid):
             return Decision.STOP_UNTIL_FREE
-        req.slot = slot
-        req.num_computed = req.cached_tokens = hit
         copy_from = None
         branch_len = None
-        if match is not None and self.config.hybrid:
+        if match is not None and cfg.hybrid:
             if hit > 0:
                 copy_from = cache.read_checkpoint(match.hit_node)
-            if self.config.branch_checkpoints:  # where this path leaves an existing or pending one
+            if cfg.branch_checkpoints:  # where this path leaves an existing or pending one
                 branch_len = cache.shared_len(req.tokens)
         round_.add(req, span, copy_from, branch_len)
         return Decision.ADMIT
@@ -225,7 +217,7 @@ class Scheduler:
                 return decision
         if req.consumer_waits >= self.config.max_consumer_wait:
             return None
-        req.consumer_waits += 1
+        req.count_consumer_wait()
         if self.policy.consumer is Decision.STOP_ROUND:
             round_.stats.consumers_blocked += 1
             round_.stats.stopped_by_consumer = True
@@ -233,7 +225,7 @@ class Scheduler:
             round_.stats.consumers_waiting += 1
         return self.policy.consumer
 
-    def _shadow(self, queue: Iterable[Request], round_: RoundBuilder) -> None:
+    def _count_bubble(self, queue: Iterable[Request], round_: RoundBuilder) -> None:
         """Counts what non-consumers behind a consumer stop could have brought (the bubble). Looks at
         no more than ``4 * max_num_seqs`` requests: an estimate, bounded so planning stays cheap."""
         tokens, rows, stats = round_.budget.tokens, round_.budget.rows, round_.stats
@@ -257,24 +249,24 @@ class Scheduler:
         """The host side of a round whose result is not known yet (overlap, ``overlap.py``): each
         row's request advances past its span and a sampling row appends ``UNKNOWN_TOKEN``.
         ``commit(plan, ...)`` must follow, in launch order."""
-        self._in_flight.launch(plan, self.requests, self.round_index)
+        self._launched.launch(plan, self.requests, self.round_index)
 
     def plants_on_unknown(self) -> bool:
         """Whether some running request's next decode row would plant a checkpoint on a path that ends
         in a token a round in flight samples (the engine then commits that round before planning)."""
-        return self._in_flight.plants_on_unknown(self.running)
+        return self._launched.plants_on_unknown(self.running)
 
     def drop_in_flight(self) -> None:
         """A launched round failed: every round in flight is void. Releases the fenced requests; the
         caller requeues the running ones (``requeue_running``), which drops their uncommitted work."""
-        self._in_flight.drop()
+        self._launched.drop()
 
     # ----------------------------------------------------------------- commit fence
     def commit(self, plan: RoundPlan, sampled: dict[int, int]) -> list[Request]:
         """Applies a finished round: advance, append samples, commit checkpoints, finish requests.
         Returns the requests that finished in this round. A launched plan (``launch``) commits in
         launch order; its samples replace the ``UNKNOWN_TOKEN`` entries."""
-        launched = self._in_flight.retire(plan)
+        launched = self._launched.retire(plan)
         self._riders.committed(plan.rows)
         self.round_index += 1
         finished = []
@@ -284,17 +276,14 @@ class Scheduler:
                 continue  # aborted, preempted, or rolled back with its aborted producer, while the round ran
             if self._commit_row(req, row, sampled, launched):
                 finished.append(req)
-        self._in_flight.release_due(self.round_index)
+        self._launched.release_due(self.round_index)
         return finished
 
     def _commit_row(self, req: Request, row: RowPlan, sampled: dict[int, int], launched: bool) -> bool:
         """Commits ``req``'s row; whether the request finished with it."""
         cache = self.memory.cache
         end = row.start + len(row.tokens)
-        if launched:
-            req.in_flight -= len(row.tokens)
-        else:
-            req.num_computed = end
+        req.commit_span(row.start, end, launched=launched)
         if cache is not None:
             cache.commit(req.request_id, end)  # later rounds' checkpoints (deeper) stay pending
             if not self.config.hybrid:
@@ -302,16 +291,10 @@ class Scheduler:
         if not row.sample:
             return False
         token = sampled[row.request_id]
-        if launched:
-            req.output[end - len(req.prompt)] = token
-            req.unresolved -= 1
-        else:
-            req.output.append(token)
-        if req.first_token_round is None:
-            req.first_token_round = self.round_index
+        req.commit_token(token, end, launched=launched, round_index=self.round_index)
         if token in req.stop_token_ids:
             self._finish(req, "stop", keep_prefix=True)
-        elif len(req.output) - req.unresolved >= req.max_tokens:
+        elif len(req.output) - req.unknown_tokens >= req.max_tokens:
             self._finish(req, "length", keep_prefix=True)
         return req.is_finished
 
@@ -321,11 +304,25 @@ class Scheduler:
         if not req.is_finished:
             self._finish(req, reason, keep_prefix=True)
 
+    def amend_finish_reason(self, request_id: int, reason: str) -> None:
+        """A request that finished in its last round (e.g. by length) ended another way too (the
+        engine found a stop string or the grammar completed): ``reason`` replaces its reason."""
+        self.requests[request_id].amend_finish_reason(reason)
+
+    def forget(self, request_id: int) -> None:
+        """Drops a finished request from the table (``ValueError`` while it still runs)."""
+        req = self.requests.get(request_id)
+        if req is not None and not req.is_finished:
+            raise ValueError(f"request {request_id} is still running")
+        self.requests.pop(request_id, None)
+
     def _finish(self, req: Request, reason: str, *, keep_prefix: bool) -> None:
+        """Finishes ``req``: its partners roll back (policy pair, riders), what rounds in flight compute
+        for it is discarded at their commit, and it is released (at once, or at the commit fence of
+        its last launched round)."""
         self._running.roll_back_partners(req)
-        self._riders.of.drop_partner(req.request_id)
-        drop_in_flight(req)  # what rounds in flight compute for it is discarded at their commit
-        self._in_flight.release(req, self.round_index, keep_prefix=keep_prefix)
+        self._riders.by_producer.drop_partner(req.request_id)
+        req.finish(reason)
+        self._launched.release(req, self.round_index, keep_prefix=keep_prefix)
         if not self._running.discard(req) and req in self.waiting:
             self.waiting.remove(req)
-        req.status, req.finish_reason = RequestStatus.FINISHED, reason

@@ -110,7 +110,7 @@ class ServerMetrics:
         self.padding = counter("padding_tokens", "Token slots of rounds that carried no real token.")
         self.bubble_tokens = counter("bubble_tokens", "Padding while an admissible waiting request was not scheduled (tokens).")
         self.bubble_rows = counter("bubble_rows", "Padding while an admissible waiting request was not scheduled (rows).")
-        self.consumers_waiting = counter("consumers_waiting", "Consumer decisions WAIT_LOCAL (scan continued).")
+        self.consumers_waiting = counter("consumers_waiting", "Consumer decisions WAIT (scan continued).")
         self.consumers_blocked = counter("consumers_blocked", "Consumer decisions STOP_ROUND (scan halted).")
         self.ttft = histogram("time_to_first_token_seconds", "Time to first token.", _TTFT)
         self.itl = histogram("inter_token_latency_seconds", "Time between consecutive output tokens.", _ITL)

@@ -69,7 +69,7 @@ class RooflineCost:
         kv_read = 0.0
         state_io = 0
         for row in plan.rows:
-            if row.rides is not None:
+            if row.twin_id is not None:
                 continue  # a rider computes nothing: it samples from its producer's logits
             n, ctx = len(row.tokens), row.start + len(row.tokens)
             flops += 4.0 * m.attn * m.q_heads * m.head_dim * n * (row.start + (n + 1) / 2)

@@ -96,12 +96,13 @@ def test_abort_while_rounds_run_is_freed_at_the_fence(base, prompts, reference) 
         sched = core.scheduler
         if "rid" in seen or sched.num_in_flight < 2:
             return  # wait for a launch with the previous round still in flight (and this one planned)
-        req = next((r for r in sched.running if r.in_flight and r.request_id in {row.request_id for row in plan.rows}), None)
+        planned = {row.request_id for row in plan.rows}
+        req = next((r for r in sched.running if r.uncommitted_tokens and r.request_id in planned), None)
         if req is None:
             return
         pages = list(req.own_pages)
         core.abort(req.request_id)
-        seen.update(rid=req.request_id, pages=pages, fence=req.fence)
+        seen.update(rid=req.request_id, pages=pages, fence=req.last_launch)
         assert req in sched.fenced and all(sched.memory.pages.refcount(p) > 0 for p in pages)
 
     def check_fence(core: EngineCore) -> None:

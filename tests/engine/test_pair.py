@@ -62,6 +62,6 @@ def test_pair_equals_cold_and_aborted_producer_rolls_back(model: str, prompts, t
     got = {rid: engine.output(rid) for rid in rids}
     assert got[rids[0]].finish_reason == "abort"
     assert [got[rid].token_ids for rid in rids[1:]] == cold[1:]
-    assert all(engine.scheduler.requests[rid].rolled_back == 1 for rid in rids[1:])
+    assert all(engine.scheduler.requests[rid].num_rollbacks == 1 for rid in rids[1:])
     engine.scheduler.memory.flush()
     assert engine.scheduler.memory.pages.num_used == 0 and engine.scheduler.memory.slots.num_used == 0

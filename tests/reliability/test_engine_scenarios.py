@@ -101,7 +101,7 @@ def test_abort_producer_while_consumers_are_paired_with_it() -> None:
         if producer is not None:
             aborted.append((h._key_of[producer.request_id], [h._key_of[r.request_id] for r in partners]))
             assert h.abort(aborted[0][0])
-            rolled.extend(h.core.scheduler.requests[r.request_id].rolled_back for r in partners)
+            rolled.extend(h.core.scheduler.requests[r.request_id].num_rollbacks for r in partners)
 
     _while_round_runs(h, abort_paired_producer)
     report = h.run()

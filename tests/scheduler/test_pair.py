@@ -64,7 +64,7 @@ def test_producer_abort_between_plan_and_commit_rolls_partners_back() -> None:
     assert s.memory.cache.paired() == {}
     for rid in (1, 2, 3):
         req = s.requests[rid]
-        assert req.status is RequestStatus.WAITING and req.num_computed == 0 and req.rolled_back == 1
+        assert req.status is RequestStatus.WAITING and req.num_computed == 0 and req.num_rollbacks == 1
         assert not req.pages and req.slot is None
     s.commit(plan, {r.request_id: 7 for r in plan.rows if r.sample})
     assert all(s.requests[rid].num_computed == 0 and not s.requests[rid].output for rid in (1, 2, 3))
@@ -169,7 +169,7 @@ def test_a_consumer_short_of_pages_waits_for_its_finishing_producer() -> None:
     assert [r.pair_slot is not None for r in first.rows] == [False, True]  # C paired with V
     s.launch(first)
     plan = s.schedule()
-    assert plan.rows == () and plan.stats.preempted == 0 and s.requests[1].rolled_back == 0
+    assert plan.rows == () and plan.stats.preempted == 0 and s.requests[1].num_rollbacks == 0
     s.commit(first, {r.request_id: 7 for r in first.rows if r.sample})
     assert s.requests[0].is_finished
     after = s.schedule()

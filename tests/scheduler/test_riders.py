@@ -45,7 +45,7 @@ def test_a_twin_rides_the_round_that_completes_the_prompt(hybrid: bool) -> None:
     p = s.requests[0]
     for row in riders:
         req = s.requests[row.request_id]
-        assert row.rides == 0 and row.tokens == () and row.start == len(PROMPT) and row.sample and row.slot == 0
+        assert row.twin_id == 0 and row.tokens == () and row.start == len(PROMPT) and row.sample and row.slot == 0
         assert req.num_computed == req.cached_tokens == len(PROMPT)
         assert req.pages[:5] == p.pages[:5] and req.pages[5] != p.pages[5]  # full pages shared, the partial one its own
         assert (p.pages[5], req.pages[5]) in plan.page_copies
@@ -56,7 +56,7 @@ def test_a_twin_rides_the_round_that_completes_the_prompt(hybrid: bool) -> None:
     _commit(s, plan)
     assert [s.requests[i].output for i in range(3)] == [[7]] * 3
     nxt = s.schedule()  # from now on riders are ordinary running requests: one token each
-    assert sorted((r.request_id, r.start, len(r.tokens), r.rides) for r in nxt.rows) == [
+    assert sorted((r.request_id, r.start, len(r.tokens), r.twin_id) for r in nxt.rows) == [
         (0, 22, 1, None), (1, 22, 1, None), (2, 22, 1, None)]  # fmt: skip
     _commit(s, nxt)
     _drain(s)
@@ -67,7 +67,7 @@ def test_a_page_aligned_prompt_needs_no_page_copy() -> None:
     for rid in range(2):
         s.add(Request(rid, PROMPT[:20], 2))
     plan = s.schedule()
-    assert [r.rides for r in plan.rows] == [None, 0] and plan.page_copies == ()
+    assert [r.twin_id for r in plan.rows] == [None, 0] and plan.page_copies == ()
     _commit(s, plan)
     _drain(s)
 
@@ -83,7 +83,7 @@ def test_a_twin_waits_for_the_round_that_completes_the_prompt(policy: str) -> No
     assert first.stats.consumers_paired == 0  # it does not pair at a grid checkpoint either
     _commit(s, first)
     second = s.schedule()
-    assert [(r.request_id, r.rides) for r in second.rows if r.request_id != 2] == [(0, None), (1, 0)]
+    assert [(r.request_id, r.twin_id) for r in second.rows if r.request_id != 2] == [(0, None), (1, 0)]
     _commit(s, second)
     assert s.requests[1].cached_tokens == len(PROMPT)
     _drain(s)
@@ -96,12 +96,12 @@ def test_native_keeps_its_stop_and_riders_can_be_turned_off() -> None:
     first = s.schedule()
     assert [r.request_id for r in first.rows] == [0] and first.stats.consumers_blocked == 1
     _commit(s, first)
-    assert [r.rides for r in s.schedule().rows] == [None, 0]
+    assert [r.twin_id for r in s.schedule().rows] == [None, 0]
     off = _scheduler(riders=False)
     for rid in range(2):
         off.add(Request(rid, PROMPT, 2))
     plan = off.schedule()
-    assert all(r.rides is None for r in plan.rows) and not plan.page_copies and plan.stats.riders == 0
+    assert all(r.twin_id is None for r in plan.rows) and not plan.page_copies and plan.stats.riders == 0
 
 
 def test_a_producer_that_leaves_before_the_commit_takes_its_riders_back() -> None:
@@ -112,7 +112,7 @@ def test_a_producer_that_leaves_before_the_commit_takes_its_riders_back() -> Non
     s.launch(plan)  # overlap: the round is in flight
     s.abort(0)
     rider = s.requests[1]
-    assert rider.status is RequestStatus.WAITING and rider.rolled_back == 1 and rider.num_computed == 0
+    assert rider.status is RequestStatus.WAITING and rider.num_rollbacks == 1 and rider.num_computed == 0
     assert rider.pages == [] and rider.slot is None
     _commit(s, plan)  # its stale row is skipped
     assert rider.output == []
@@ -128,7 +128,7 @@ def test_a_rider_preempted_while_planning_takes_its_emit_and_copy_along() -> Non
     s._running.plan_before_admission(round_)
     s._admit(round_)
     producer, rider = s.requests[0], s.requests[1]
-    assert [r.rides for r in round_.rows] == [None, 0]
+    assert [r.twin_id for r in round_.rows] == [None, 0]
     rider_slot = rider.slot
     assert (len(PROMPT), rider_slot) in round_.rows[0].emits
     s._running.preempt(rider)  # what a prefill-first round's decode rows may do
@@ -138,7 +138,8 @@ def test_a_rider_preempted_while_planning_takes_its_emit_and_copy_along() -> Non
     assert (len(PROMPT), rider_slot) not in plan.rows[0].emits  # no write into a slot it gave back
     assert len(plan.rows[0].emits) == plan.stats.checkpoints_planted
     assert producer.status is RequestStatus.RUNNING
-    assert s._riders.of.as_dict() == {}  # it is nobody's rider now: the producer's later departure leaves it alone
+    # it is nobody's rider now: the producer's later departure leaves it alone
+    assert s._riders.by_producer.as_dict() == {}
     _commit(s, plan)
     _drain(s)
-    assert rider.rolled_back == 0 and rider.output == [7, 7, 7]
+    assert rider.num_rollbacks == 0 and rider.output == [7, 7, 7]

@@ -1,12 +1,16 @@
-"""Pools and the radix cache as the scheduler uses them: all-or-nothing allocation with eviction,
-checkpoint planting, and releasing what a request holds.
+"""The allocator: the pools and the radix cache as the scheduler uses them. All-or-nothing
+allocation with eviction, seating a request (:meth:`Allocator.seat`, the one admission path of the
+scan, pairing and riders), growing its page table, checkpoint planting, and releasing what a
+request holds (:meth:`Allocator.release`).
 
 Invariants:
   * An allocation either returns every id asked for or changes nothing (after evicting what the
     cache could give up); it never asserts on a short pool.
   * A request holds one reference to each page in ``own_pages`` and to its ``slot``; tree-owned pages
-    in its page table are protected by the lock on ``hit_node``. :meth:`Memory.release` drops exactly
+    in its page table are protected by the lock on ``hit_node``. :meth:`Allocator.release` drops exactly
     these, so after every request finished and the cache is flushed all pages and slots are free.
+  * :meth:`Allocator.seat` either seats a request with everything its first row needs or leaves it
+    holding nothing.
   * A checkpoint slot handed to :meth:`RadixCache.plant_pending` is referenced by the tree only; if
     planting is refused the slot goes straight back to the free list.
 """
@@ -14,13 +18,17 @@ Invariants:
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from radixflow_jax.cache import CacheConfig, PagePool, RadixCache, SlotPool
 from radixflow_jax.cache.placement import Placement
 from radixflow_jax.scheduler.request import Request
 
 
-class Memory:
+class Allocator:
+    """The pools (``pages``, ``slots``: ``None`` for attention-only models) and the prefix cache
+    (``None`` with the cache off), and how many pages and slots eviction freed (round statistics)."""
+
     def __init__(self, cache_config: CacheConfig, pages: PagePool, slots: SlotPool | None, cache: RadixCache | None):
         self.config = cache_config
         self.pages = pages
@@ -51,6 +59,41 @@ class Memory:
             self.evicted_slots += self.cache.evict_states(max(1, self.slots.capacity // 32))
             ids = alloc(1)
         return ids[0] if ids else None
+
+    def seat(
+        self,
+        req: Request,
+        *,
+        computed: int,
+        end: int,
+        hit_node: Any = None,
+        hit_pages: Sequence[int] = (),
+        shared_pages: Sequence[int] = (),
+        slot: bool,
+    ) -> bool:
+        """Seats waiting ``req`` for a first row that computes ``tokens[computed:end]``, all or nothing:
+        locks ``hit_node`` (a committed hit) and takes its tree pages ``hit_pages``, allocates a state
+        slot (``slot``; hybrid models), takes its own reference on ``shared_pages`` (a running
+        request's pages it starts from: policy pair's producer, a rider's twin), then grows its page
+        table to ``end`` tokens. Whether it was seated; if not, it holds nothing again."""
+        if hit_node is not None:
+            self.cache.lock(hit_node)  # before allocating: eviction must not take the hit
+            req.hit_node = hit_node
+            req.pages = list(hit_pages)
+        state = self.alloc_slot() if slot else None
+        if slot and state is None:
+            self.release(req, keep_prefix=False)
+            return False
+        req.slot = state
+        if shared_pages:
+            for page in shared_pages:
+                self.pages.incref(page)
+            req.pages, req.own_pages = list(shared_pages), list(shared_pages)
+        if not self.ensure_pages(req, end):
+            self.release(req, keep_prefix=False)
+            return False
+        req.num_computed = req.cached_tokens = computed
+        return True
 
     def ensure_pages(self, req: Request, num_tokens: int) -> bool:
         """Grows ``req``'s page table to hold ``num_tokens`` tokens (all or nothing)."""
