@@ -179,10 +179,27 @@ def _round(rows: int, ctx: int, span: int, page_size: int) -> Any:
     for r in range(rows):
         pages = tuple(1 + r * per + i for i in range(per))
         if span == 1:
-            row = RowPlan(r, (5 + r,), ctx - 1, pages, 1 + r, None, (), True)
+            row = RowPlan(
+                request_id=r,
+                tokens=(5 + r,),
+                start=ctx - 1,
+                pages=pages,
+                slot=1 + r,
+                copy_from=None,
+                emits=(),
+                sample=True,
+            )
         else:
-            row = RowPlan(r, tuple(5 + (r + i) % 200 for i in range(span)), 0, pages, 1 + r, None,
-                          ((span, 1 + rows + r),), True)  # fmt: skip
+            row = RowPlan(
+                request_id=r,
+                tokens=tuple(5 + (r + i) % 200 for i in range(span)),
+                start=0,
+                pages=pages,
+                slot=1 + r,
+                copy_from=None,
+                emits=((span, 1 + rows + r),),
+                sample=True,
+            )
         plan_rows.append(row)
     return RoundPlan(rows=tuple(plan_rows), num_decode=rows if span == 1 else 0, stats=RoundStats())
 

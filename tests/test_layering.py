@@ -248,6 +248,13 @@ def _field_writes(func: ast.AST, names: set[str], fields: set[str]) -> list[tupl
     return found
 
 
+def _imports_request(node: ast.AST) -> bool:
+    """``node`` imports the scheduler's ``Request``."""
+    if not isinstance(node, ast.ImportFrom) or not (node.module or "").startswith("radixflow_jax.scheduler"):
+        return False
+    return any(a.name == "Request" for a in node.names)
+
+
 def request_field_writes() -> list[str]:
     """Every write to a field of a scheduler ``Request`` in the package outside ``REQUEST_MODULES``.
     Only layers from the scheduler up can hold a request."""
@@ -258,10 +265,7 @@ def request_field_writes() -> list[str]:
         if rel.as_posix() in REQUEST_MODULES or RANK.get(layer, len(LAYERS)) < RANK["scheduler"]:
             continue
         tree = ast.parse(path.read_text())
-        imports_request = any(
-            isinstance(n, ast.ImportFrom) and (n.module or "").startswith("radixflow_jax.scheduler")
-            and any(a.name == "Request" for a in n.names) for n in ast.walk(tree)
-        )  # fmt: skip
+        imports_request = any(_imports_request(n) for n in ast.walk(tree))
         seen = set()
         for func in ast.walk(tree):
             if isinstance(func, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):

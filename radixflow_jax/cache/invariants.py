@@ -24,7 +24,7 @@ def tree_references(root: Node) -> tuple[Counter[int], Counter[int]]:
     for node in iter_nodes(root):
         pages.update(node.pages)
         if node.checkpoint is not None:
-            slots[node.checkpoint._slot] += 1
+            slots[node.checkpoint.held_slot] += 1
     return pages, slots
 
 

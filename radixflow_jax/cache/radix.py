@@ -228,7 +228,7 @@ class RadixCache(TreeStore):
             ckpt = node.checkpoint
             if ckpt is not None and ckpt.pending and ckpt.producer_id == producer_id:
                 node.checkpoint = None
-                self._slots.decref(ckpt._slot)
+                self._slots.decref(ckpt.held_slot)
                 dropped += 1
             if node.kv_producer == producer_id:
                 if node.children or node.lock_count:
@@ -259,7 +259,7 @@ class RadixCache(TreeStore):
             raise ValueError(f"pair needs a pending checkpoint: {node!r}")
         self._paired.add(ckpt.producer_id, consumer_id)
         ckpt.reads += 1  # a sibling used it (in-round): eviction and evicted-before-use count it as read
-        return ckpt._slot
+        return ckpt.held_slot
 
     def take_paired(self, producer_id: int) -> tuple[int, ...]:
         """Removes and returns (ascending) the consumers paired with ``producer_id``'s uncommitted round."""

@@ -227,7 +227,7 @@ class TreeStore:
             if ckpt.committed and not ckpt.reads:
                 self._evicted_unused += 1
             node.checkpoint = None
-            self._slots.decref(ckpt._slot)
+            self._slots.decref(ckpt.held_slot)
 
     def _remove_leaf(self, node: Node) -> None:
         detach_leaf(node, self._config.page_size)

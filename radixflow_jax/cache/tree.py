@@ -35,7 +35,9 @@ class Checkpoint:
     """A recurrent-state snapshot held in a state slot, valid exactly at its node's end depth.
 
     ``slot`` is readable only once committed (the commit fence); reading a pending checkpoint's slot
-    raises ``PendingCheckpointError``. ``producer_id`` names the request whose round writes it.
+    raises ``PendingCheckpointError``. ``held_slot`` is the slot it occupies, pending or not: for
+    bookkeeping (ownership checks, freeing it) and for matching a paired consumer to its producer's
+    in-round emit, never to read a state. ``producer_id`` names the request whose round writes it.
     """
 
     __slots__ = ("_slot", "status", "producer_id", "reads", "wanted")
@@ -59,6 +61,11 @@ class Checkpoint:
     def slot(self) -> int:
         if self.status is not CheckpointStatus.COMMITTED:
             raise PendingCheckpointError(f"checkpoint of producer {self.producer_id} is pending, not readable")
+        return self._slot
+
+    @property
+    def held_slot(self) -> int:
+        """The slot this checkpoint occupies, pending or committed (see the class docstring)."""
         return self._slot
 
     def __repr__(self) -> str:

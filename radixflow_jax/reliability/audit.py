@@ -90,4 +90,4 @@ def committed_slots(core: EngineCore) -> set[int]:
     cache = core.scheduler.memory.cache
     if cache is None:
         return set()
-    return {n.checkpoint._slot for n in iter_nodes(cache.root) if n.checkpoint is not None and n.checkpoint.committed}
+    return {n.checkpoint.slot for n in iter_nodes(cache.root) if n.checkpoint is not None and n.checkpoint.committed}

@@ -110,7 +110,8 @@ class StepArrays:
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in host}
 
 
-_PAD_DECODE = RowPlan(-1, (0,), 0, (0,), 0, None, (), False)  # one token at position 0 of page 0, slot 0
+# one token at position 0 of page 0, slot 0
+_PAD_DECODE = RowPlan(request_id=-1, tokens=(0,), start=0, pages=(0,), slot=0, copy_from=None, emits=(), sample=False)
 
 
 def build_arrays(

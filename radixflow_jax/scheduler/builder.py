@@ -97,9 +97,13 @@ class RoundBuilder:
         return next((r for r in self.rows if r.request_id == request_id), None)
 
     def add(
-        self, req: Request, span: int, copy_from: int | None, branch_len: int | None = None,
+        self,
+        req: Request,
+        span: int,
+        copy_from: int | None,
+        branch_len: int | None = None,
         pair_slot: int | None = None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         """Plans ``req``'s row of ``span`` tokens from ``req.num_computed``: plants its pending
         checkpoints (``copy_from``: a committed slot read first; ``branch_len``: where its path
         leaves an existing one; ``pair_slot``: policy pair's in-round producer state) and spends
@@ -153,10 +157,20 @@ class RoundBuilder:
             i = next(k for k, r in enumerate(self.rows) if r is producer_row)
             emit = (len(producer_row.tokens), req.slot)
             self.rows[i] = dataclasses.replace(producer_row, emits=producer_row.emits + (emit,))
-        self.rows.append(RowPlan(
-            request_id=req.request_id, tokens=(), start=req.num_computed, pages=tuple(req.pages), slot=0,
-            copy_from=None, emits=(), sample=True, epoch=req.epoch, twin_id=producer_row.request_id,
-        ))  # fmt: skip
+        self.rows.append(
+            RowPlan(
+                request_id=req.request_id,
+                tokens=(),
+                start=req.num_computed,
+                pages=tuple(req.pages),
+                slot=0,
+                copy_from=None,
+                emits=(),
+                sample=True,
+                epoch=req.epoch,
+                twin_id=producer_row.request_id,
+            )
+        )
         self._rider_parts[req.request_id] = (producer_row.request_id, emit, page_copies)
         self._owners[req.request_id] = req
         self.budget = self.budget.spend(0)
@@ -192,5 +206,9 @@ class RoundBuilder:
                 stale.setdefault(producer, set()).add(emit)
         if not stale:
             return rows
-        return [dataclasses.replace(r, emits=tuple(e for e in r.emits if e not in stale[r.request_id]))
-                if r.request_id in stale else r for r in rows]  # fmt: skip
+        return [_without_emits(r, stale[r.request_id]) if r.request_id in stale else r for r in rows]
+
+
+def _without_emits(row: RowPlan, emits: set[tuple[int, int]]) -> RowPlan:
+    """``row`` without the given emits."""
+    return dataclasses.replace(row, emits=tuple(e for e in row.emits if e not in emits))

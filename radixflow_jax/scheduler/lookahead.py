@@ -58,7 +58,12 @@ def placements(
         siblings = (sib.tokens if sib.output else sib.prompt for sib in index.siblings(req))
         ahead = placement.lookahead_lengths(req.tokens, siblings, limit=prompt_len)
     return placement.place(
-        start, end, grid=cfg.grid, every=every, prompt_len=prompt_len,
+        start,
+        end,
+        grid=cfg.grid,
+        every=every,
+        prompt_len=prompt_len,
         final_len=prompt_len + req.max_tokens - 1,
-        branch_lens=(branch_len,) if branch_len else (), lookahead_lens=ahead,
-    )  # fmt: skip
+        branch_lens=(branch_len,) if branch_len else (),
+        lookahead_lens=ahead,
+    )

@@ -41,14 +41,24 @@ class Pairing:
         node, depth = match.checkpoint_node, match.checkpoint_depth
         if cache is None or node is None or producer is None or depth % cfg.page_size:
             return None
-        slot_of = node.checkpoint._slot
+        slot_of = node.checkpoint.held_slot
         prow = round_.row_of(producer.request_id)
         if prow is None or prow.pair_slot is not None or (depth - prow.start, slot_of) not in prow.emits:
             return None  # planted by an earlier, uncommitted round, or the producer is paired itself
         span = round_.span(depth, req.num_tokens - depth)
         if span == 0 or depth >= req.num_tokens:
             return None
-        candidate = RowPlan(req.request_id, req.tokens[depth : depth + span], depth, (), 0, None, (), True, slot_of)
+        candidate = RowPlan(
+            request_id=req.request_id,
+            tokens=req.tokens[depth : depth + span],
+            start=depth,
+            pages=(),
+            slot=0,
+            copy_from=None,
+            emits=(),
+            sample=True,
+            pair_slot=slot_of,
+        )
         if not self._pairing_pays(req, candidate, round_):
             round_.stats.pairs_declined += 1
             return None
@@ -135,7 +145,16 @@ class Pairing:
         span = grid_span(hit, req.num_tokens - hit, tokens_left, self._config.grid)
         if span == 0:
             return None
-        return RowPlan(req.request_id, req.tokens[hit : hit + span], hit, (), 0, 0 if hit else None, (), True)
+        return RowPlan(
+            request_id=req.request_id,
+            tokens=req.tokens[hit : hit + span],
+            start=hit,
+            pages=(),
+            slot=0,
+            copy_from=0 if hit else None,
+            emits=(),
+            sample=True,
+        )
 
 
 def _pays(base: float, cost: float, in_round: int, served: int) -> bool:

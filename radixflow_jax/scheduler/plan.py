@@ -15,9 +15,9 @@ device from that round's sampled array (``engine/executor.py``); the commit fenc
 request's output."""
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class RowPlan:
-    """One request's work in a round.
+    """One request's work in a round (constructed with keyword arguments only).
 
     ``tokens`` are computed at positions ``start .. start + len(tokens) - 1``; ``pages`` is the page
     table covering ``start + len(tokens)`` tokens; ``slot`` the row's state slot (0 for attention-only

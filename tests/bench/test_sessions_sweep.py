@@ -77,8 +77,18 @@ def test_simulated_noise_is_seeded_and_sized() -> None:
 
 def _plan(spans: list[tuple[int, int]]) -> RoundPlan:
     rows = tuple(
-        RowPlan(i, tuple(range(n)), start, (), i + 1, None, (), True) for i, (start, n) in enumerate(spans)
-    )  # fmt: skip
+        RowPlan(
+            request_id=i,
+            tokens=tuple(range(n)),
+            start=start,
+            pages=(),
+            slot=i + 1,
+            copy_from=None,
+            emits=(),
+            sample=True,
+        )
+        for i, (start, n) in enumerate(spans)
+    )
     return RoundPlan(rows, sum(1 for _, n in spans if n == 1), RoundStats())
 
 

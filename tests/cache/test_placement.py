@@ -32,9 +32,13 @@ def test_place_priority_and_grid_alignment() -> None:
     # 64 is a grid and a branch position (one placement, the branch); the final-token position
     # (240) lies beyond this span and is not emitted here
     assert got == [
-        Placement(144, "lookahead"), Placement(32, "lookahead"), Placement(192, "grid"),
-        Placement(176, "prompt-end"), Placement(128, "grid"), Placement(64, "branch"),
-    ]  # fmt: skip
+        Placement(144, "lookahead"),
+        Placement(32, "lookahead"),
+        Placement(192, "grid"),
+        Placement(176, "prompt-end"),
+        Placement(128, "grid"),
+        Placement(64, "branch"),
+    ]
     assert all(p.depth % 16 == 0 and 0 < p.depth <= 200 for p in got)
     # a decode span ending on the final-token depth plants it; one not on the grid plants nothing
     assert place(239, 240, grid=16, every=64, prompt_len=190, final_len=250) == [Placement(240, "final")]

@@ -92,9 +92,10 @@ def test_slot_pool_hands_request_slots_low_and_checkpoint_slots_high():
 
 @settings(max_examples=150, deadline=None)
 @given(
-    size=st.integers(1, 8), slots=st.booleans(),
+    size=st.integers(1, 8),
+    slots=st.booleans(),
     ops=st.lists(st.tuples(st.sampled_from("ahid"), st.integers(0, 8)), max_size=60),
-)  # fmt: skip
+)
 def test_pool_matches_a_model(size, slots, ops):
     """Random alloc/incref/decref against a dict model: counts, free xor owned, never negative;
     a slot pool's low and high ends hand out the lowest and highest free ids."""

@@ -17,7 +17,10 @@ TRUE = (0.010, 1e-4, 5e-4, 1e-7, 0.0)  # seconds per round, token slot, row slot
 
 def _rows(tokens: int, rows: int, start: int = 0) -> list[RowPlan]:
     each = tokens // rows
-    return [RowPlan(i, (1,) * each, start, (), 0, None, (), True) for i in range(rows)]
+    return [
+        RowPlan(request_id=i, tokens=(1,) * each, start=start, pages=(), slot=0, copy_from=None, emits=(), sample=True)
+        for i in range(rows)
+    ]
 
 
 def _record(index: int, rows: list[RowPlan], seconds: float | None = None) -> RoundRecord:

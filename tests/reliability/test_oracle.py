@@ -16,7 +16,16 @@ from tests.reliability.test_engine_scenarios import _shared_prefix
 
 
 def _row(rid: int, tokens: tuple[int, ...], start: int, pages: tuple[int, ...], slot: int, copy_from=None, emits=()):
-    return RowPlan(rid, tokens, start, pages, slot, copy_from, tuple(emits), True)
+    return RowPlan(
+        request_id=rid,
+        tokens=tokens,
+        start=start,
+        pages=pages,
+        slot=slot,
+        copy_from=copy_from,
+        emits=tuple(emits),
+        sample=True,
+    )
 
 
 def _plan(*rows: RowPlan) -> RoundPlan:

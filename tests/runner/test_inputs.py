@@ -15,7 +15,16 @@ MAX_PAGES = 4
 
 
 def _row(rid, tokens, start, pages, slot, copy_from=None, emits=(), sample=True) -> RowPlan:
-    return RowPlan(rid, tuple(tokens), start, tuple(pages), slot, copy_from, tuple(emits), sample)
+    return RowPlan(
+        request_id=rid,
+        tokens=tuple(tokens),
+        start=start,
+        pages=tuple(pages),
+        slot=slot,
+        copy_from=copy_from,
+        emits=tuple(emits),
+        sample=sample,
+    )
 
 
 def _plan(*rows: RowPlan) -> RoundPlan:

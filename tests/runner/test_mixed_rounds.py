@@ -16,7 +16,16 @@ PAGE = 4
 
 
 def _row(rid, tokens, start, pages, slot, emits=(), sample=True) -> RowPlan:
-    return RowPlan(rid, tuple(tokens), start, tuple(pages), slot, None, tuple(emits), sample)
+    return RowPlan(
+        request_id=rid,
+        tokens=tuple(tokens),
+        start=start,
+        pages=tuple(pages),
+        slot=slot,
+        copy_from=None,
+        emits=tuple(emits),
+        sample=sample,
+    )
 
 
 def test_select_puts_decode_rows_in_the_decode_region() -> None:

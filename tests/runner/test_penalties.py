@@ -76,7 +76,10 @@ def test_build_arrays_writes_penalised_rows_context() -> None:
     from radixflow_jax.runner.shapes import Variant
     from radixflow_jax.scheduler.plan import RoundPlan, RoundStats, RowPlan
 
-    rows = (RowPlan(1, (9,), 3, (1,), 1, None, (), True), RowPlan(2, (4,), 2, (2,), 2, None, (), True))
+    rows = (
+        RowPlan(request_id=1, tokens=(9,), start=3, pages=(1,), slot=1, copy_from=None, emits=(), sample=True),
+        RowPlan(request_id=2, tokens=(4,), start=2, pages=(2,), slot=2, copy_from=None, emits=(), sample=True),
+    )
     output = [7, 8]
     sampling = {1: SamplingRow(frequency_penalty=0.5, prompt=(1, 2, 3), output=output), 2: SamplingRow()}
     plan = RoundPlan(rows=rows, num_decode=2, stats=RoundStats())

@@ -16,7 +16,17 @@ SHAPES = ShapeConfig(max_tokens=128, max_rows=8, max_pages_per_row=4, grid=16)
 
 
 def _row(rid: int, n: int, start: int, slot: int, copy_from: int | None = None, pair: int | None = None) -> RowPlan:
-    return RowPlan(rid, tuple(range(1, n + 1)), start, (1, 2, 3, 4), slot, copy_from, (), True, pair)
+    return RowPlan(
+        request_id=rid,
+        tokens=tuple(range(1, n + 1)),
+        start=start,
+        pages=(1, 2, 3, 4),
+        slot=slot,
+        copy_from=copy_from,
+        emits=(),
+        sample=True,
+        pair_slot=pair,
+    )
 
 
 def _plan(*rows: RowPlan) -> RoundPlan:

@@ -16,8 +16,15 @@ PROMPT = tuple(range(100, 122))  # 22 tokens: grid 8, page 4, a partial last pag
 
 
 def _scheduler(policy: str = "radixflow", budget: int = 64, hybrid: bool = True, riders: bool = True) -> Scheduler:
-    cfg = SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=budget, page_size=4, grid=8, hybrid=hybrid,
-                          policy=policy, riders=riders)  # fmt: skip
+    cfg = SchedulerConfig(
+        max_num_seqs=4,
+        max_num_batched_tokens=budget,
+        page_size=4,
+        grid=8,
+        hybrid=hybrid,
+        policy=policy,
+        riders=riders,
+    )
     return Scheduler(cfg, num_pages=64, num_slots=24)
 
 
@@ -56,8 +63,8 @@ def test_a_twin_rides_the_round_that_completes_the_prompt(hybrid: bool) -> None:
     _commit(s, plan)
     assert [s.requests[i].output for i in range(3)] == [[7]] * 3
     nxt = s.schedule()  # from now on riders are ordinary running requests: one token each
-    assert sorted((r.request_id, r.start, len(r.tokens), r.twin_id) for r in nxt.rows) == [
-        (0, 22, 1, None), (1, 22, 1, None), (2, 22, 1, None)]  # fmt: skip
+    rows = sorted((r.request_id, r.start, len(r.tokens), r.twin_id) for r in nxt.rows)
+    assert rows == [(0, 22, 1, None), (1, 22, 1, None), (2, 22, 1, None)]
     _commit(s, nxt)
     _drain(s)
 

@@ -14,8 +14,30 @@ from radixflow_jax.sim.specs import get_device_spec, get_model_spec
 
 def _paired(depth: int, producer_len: int = 2048, consumers: int = 1) -> RoundPlan:
     """A producer emitting a checkpoint at ``depth`` into slot 99 and ``consumers`` rows paired with it."""
-    producer = RowPlan(0, (1,) * producer_len, 0, (), 1, None, ((depth, 99),), True)
-    paired = tuple(RowPlan(1 + i, (1,) * 64, depth, (), 2 + i, None, (), True, pair_slot=99) for i in range(consumers))
+    producer = RowPlan(
+        request_id=0,
+        tokens=(1,) * producer_len,
+        start=0,
+        pages=(),
+        slot=1,
+        copy_from=None,
+        emits=((depth, 99),),
+        sample=True,
+    )
+    paired = tuple(
+        RowPlan(
+            request_id=1 + i,
+            tokens=(1,) * 64,
+            start=depth,
+            pages=(),
+            slot=2 + i,
+            copy_from=None,
+            emits=(),
+            sample=True,
+            pair_slot=99,
+        )
+        for i in range(consumers)
+    )
     return RoundPlan((producer, *paired), 0, RoundStats())
 
 
