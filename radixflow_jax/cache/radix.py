@@ -53,10 +53,10 @@ class RadixCache(TreeStore):
         """Walk the tree along ``tokens``; see ``MatchResult`` for what comes back.
 
         Never covers more than ``align_down(len(tokens) - 1)`` tokens. May split the last matched
-        node so that the path ends exactly at the matched depth (``kv_node`` ends exactly at the KV
-        hit). ``touch`` stamps the matched nodes' access time. ``shared=False`` skips the
+        node so that the path ends exactly at the matched depth (the committed KV prefix then ends at
+        a node). ``touch`` stamps the matched nodes' access time. ``shared=False`` skips the
         token-granular divergence search (it scans every child at the divergence node) and reports
-        ``shared_len = pending_kv_len``, a page-granular lower bound.
+        as ``shared_len`` the matched path's depth (pending KV included), a page-granular lower bound.
         """
         p = self._config.page_size
         toks = tuple(tokens)
@@ -90,17 +90,10 @@ class RadixCache(TreeStore):
             hit_node = kv_node
             consumer_of = deepest.kv_producer
         return MatchResult(
-            kv_hit_len=kv_node.depth,
-            kv_pages=tuple(kv_pages),
-            kv_node=kv_node,
-            pending_kv_len=deepest.depth,
             checkpoint_node=ckpt_node,
             checkpoint_depth=ckpt_node.depth if ckpt_node is not None else 0,
             checkpoint_pending=pending,
             producer_id=producer_id,
-            committed_node=committed,
-            committed_depth=committed.depth if committed is not None else 0,
-            committed_slot=committed.readable_slot if committed is not None else None,
             hit_len=hit_node.depth,
             hit_pages=tuple(kv_pages[: hit_node.depth // p]),
             hit_node=hit_node,

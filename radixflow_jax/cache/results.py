@@ -11,36 +11,28 @@ __all__ = ["CacheStats", "InsertResult", "MatchResult"]
 
 @dataclass(frozen=True)
 class MatchResult:
-    """What the cache holds for a token sequence.
+    """What the cache holds for a token sequence, as the scheduler uses it (tests read the rest of
+    the path from the tree: ``tests/cache/helpers.matched``).
 
     Invariants:
       * every depth here is a multiple of ``page_size`` and ``<= len(tokens) - 1`` (at least one
         token is always left to compute, to get logits), except ``shared_len`` (token-granular,
         uncapped: it only feeds ``branch_point``);
-      * ``kv_hit_len``/``kv_pages``/``kv_node``: the committed KV prefix; ``kv_node`` ends exactly at
-        ``kv_hit_len`` (the root when 0). ``pending_kv_len >= kv_hit_len`` also counts KV that a
-        producer's uncommitted round is writing (never readable);
       * ``checkpoint_*``: the deepest checkpoint on the path, pending or committed, and the producer
         of a pending one. Nothing here exposes a pending checkpoint's slot;
-      * ``committed_*``: the deepest committed checkpoint (the fallback), ``committed_slot`` readable;
-      * ``hit_len``/``hit_pages``/``hit_node``: the usable hit. Hybrid models: the committed checkpoint
-        depth (``<= kv_hit_len``); attention-only: ``kv_hit_len``. Lock ``hit_node`` before using it;
+      * ``hit_len``/``hit_pages``/``hit_node``: the usable hit. Hybrid models: the deepest committed
+        checkpoint's depth (never deeper than the committed KV); attention-only: the committed KV
+        prefix. Pending KV (a producer's uncommitted round is writing it) is never part of it. Lock
+        ``hit_node`` before using it;
       * ``consumer_of``: the producer whose commit would extend the usable hit, i.e. the request is a
         *consumer*. Hybrid: the deepest checkpoint is pending (``producer_id``); attention-only: the
         path continues into pending KV. ``None`` otherwise.
     """
 
-    kv_hit_len: int
-    kv_pages: tuple[int, ...]
-    kv_node: Node
-    pending_kv_len: int
     checkpoint_node: Node | None
     checkpoint_depth: int
     checkpoint_pending: bool
     producer_id: int | None
-    committed_node: Node | None
-    committed_depth: int
-    committed_slot: int | None
     hit_len: int
     hit_pages: tuple[int, ...]
     hit_node: Node

@@ -2,9 +2,19 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 
-from radixflow_jax.cache import CacheConfig, EvictionPolicy, InsertResult, Node, PagePool, RadixCache, SlotPool
+from radixflow_jax.cache import (
+    CacheConfig,
+    EvictionPolicy,
+    InsertResult,
+    MatchResult,
+    Node,
+    PagePool,
+    RadixCache,
+    SlotPool,
+)
 
 
 def make_cache(
@@ -56,3 +66,47 @@ def committed_checkpoint(cache: RadixCache, tokens: Sequence[int], depth: int, p
     cache.insert(tokens, table)
     cache.page_pool.release(own)
     return slot
+
+
+@dataclasses.dataclass(frozen=True)
+class Matched(MatchResult):
+    """A ``MatchResult`` with what the tree holds along the matched path, read from the nodes (the
+    cache reports only what the scheduler uses): ``kv_node`` ends the committed KV prefix
+    (``kv_hit_len`` tokens in ``kv_pages``; the root when 0), ``pending_kv_len`` is the path's depth
+    with pending KV, ``committed_node`` the deepest committed checkpoint on it (``committed_depth``,
+    ``committed_slot``; ``None`` / 0 / ``None`` without one)."""
+
+    kv_hit_len: int
+    kv_pages: tuple[int, ...]
+    kv_node: Node
+    pending_kv_len: int
+    committed_node: Node | None
+    committed_depth: int
+    committed_slot: int | None
+
+
+def matched(cache: RadixCache, tokens: Sequence[int], **kw: bool) -> Matched:
+    """``cache.match(tokens, **kw)`` and the tree along its path (which the match split to end
+    exactly at the matched depth): the nodes whose spans ``tokens`` follows, never past
+    ``align_down(len(tokens) - 1)``."""
+    m = cache.match(tokens, **kw)
+    toks, p = tuple(tokens), cache.config.page_size
+    cap = cache.config.align_down(len(toks) - 1) if toks else 0
+    path, node = [], cache.root
+    while (child := node.children.get(toks[node.depth : node.depth + p])) is not None:
+        if child.depth > cap or toks[node.depth : child.depth] != child.key:
+            break
+        path.append(child)
+        node = child
+    committed = [n for n in path if n.checkpoint is not None and n.checkpoint.committed]
+    kv = [n for n in path if n.kv_producer is None]  # committed KV is a prefix of the path
+    return Matched(
+        **{f.name: getattr(m, f.name) for f in dataclasses.fields(MatchResult)},
+        kv_hit_len=kv[-1].depth if kv else 0,
+        kv_pages=tuple(page for n in kv for page in n.pages),
+        kv_node=kv[-1] if kv else cache.root,
+        pending_kv_len=path[-1].depth if path else 0,
+        committed_node=committed[-1] if committed else None,
+        committed_depth=committed[-1].depth if committed else 0,
+        committed_slot=committed[-1].readable_slot if committed else None,
+    )

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from radixflow_jax.cache import FlopAwarePolicy
-from tests.cache.helpers import cold_insert, committed_checkpoint, make_cache, own_pages, plant
+from tests.cache.helpers import cold_insert, committed_checkpoint, make_cache, matched, own_pages, plant
 
 ARTICLE = list(range(100, 116))  # 16 tokens = 8 pages of 2
 
@@ -24,7 +24,7 @@ def test_lock_unlock_rules():
     cache.lock(res.node)
     cache.lock(res.node)
     assert res.node.lock_count == 2 and cache.root.lock_count == 2
-    cache.match(ARTICLE[:4] + [0])  # splits the locked node: the upper part inherits the locks
+    matched(cache, ARTICLE[:4] + [0])  # splits the locked node: the upper part inherits the locks
     assert res.node.parent.lock_count == 2
     cache.unlock(res.node)
     cache.unlock(res.node)
@@ -46,7 +46,7 @@ def test_evict_kv_is_lru_and_spares_locked_and_pending():
     a = cold_insert(cache, [1, 1, 1, 1])
     b = cold_insert(cache, [2, 2, 2, 2])
     c = cold_insert(cache, [3, 3, 3, 3])
-    cache.match([1, 1, 1, 1, 0])  # a becomes most recent; b is the LRU leaf
+    matched(cache, [1, 1, 1, 1, 0])  # a becomes most recent; b is the LRU leaf
     assert cache.evict_kv(1) == 2 and not b.node.attached and a.node.attached and c.node.attached
     cache.lock(c.node)
     table, own = own_pages(cache, [4, 4, 4, 4])
@@ -63,7 +63,7 @@ def test_evict_kv_is_lru_and_spares_locked_and_pending():
 def test_evict_kv_frees_only_unreferenced_pages_and_the_leaf_checkpoint():
     cache = make_cache()
     slot = committed_checkpoint(cache, ARTICLE[:4], 4)
-    m = cache.match(ARTICLE[:6])
+    m = matched(cache, ARTICLE[:6])
     shared = m.hit_pages
     for p in shared:
         cache.page_pool.incref(p)  # a running request still reads these pages
@@ -78,11 +78,11 @@ def test_evict_states_keeps_kv_and_spares_locked_and_pending():
     s_a = committed_checkpoint(cache, [1] * 4, 4)
     s_b = committed_checkpoint(cache, [2] * 4, 4)
     s_c = committed_checkpoint(cache, [3] * 4, 4)
-    cache.match([1] * 5)
+    matched(cache, [1] * 5)
     assert cache.evict_states(1) == 1 and cache.slot_pool.is_free(s_b)
-    m = cache.match([2] * 5)
+    m = matched(cache, [2] * 5)
     assert m.kv_hit_len == 4 and m.hit_len == 0  # KV stays, the usable hybrid hit is gone
-    locked = cache.match([3] * 5).hit_node
+    locked = matched(cache, [3] * 5).hit_node
     cache.lock(locked)
     table, own = own_pages(cache, [4] * 4)
     pend, _ = plant(cache, [4] * 4, 4, 9, table)
@@ -99,7 +99,7 @@ def test_flush_keeps_locked_and_pending_then_empties():
     cache = make_cache()
     committed_checkpoint(cache, ARTICLE[:8], 8)
     cold_insert(cache, [7] * 6)
-    node = cache.match(ARTICLE[:9]).hit_node
+    node = matched(cache, ARTICLE[:9]).hit_node
     cache.lock(node)
     table, own = own_pages(cache, [5] * 4)
     plant(cache, [5] * 4, 4, 2, table)
@@ -133,7 +133,7 @@ def test_flop_aware_policy_keeps_expensive_entries():
 def test_stats_counts():
     cache = make_cache()
     committed_checkpoint(cache, ARTICLE[:8], 8)
-    table, own = own_pages(cache, ARTICLE[:12], cache.match(ARTICLE[:9]).hit_pages)
+    table, own = own_pages(cache, ARTICLE[:12], matched(cache, ARTICLE[:9]).hit_pages)
     plant(cache, ARTICLE[:12], 12, 4, table)
     st = cache.stats()
     assert (st.nodes, st.cached_tokens, st.pending_tokens, st.pages_held) == (2, 8, 4, 6)

@@ -23,7 +23,6 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 from radixflow_jax.cache import (
     CacheConfig,
     FlopAwarePolicy,
-    MatchResult,
     Node,
     PagePool,
     PendingCheckpointError,
@@ -33,6 +32,7 @@ from radixflow_jax.cache import (
 )
 from radixflow_jax.cache.invariants import tree_references
 from radixflow_jax.cache.tree import iter_nodes
+from tests.cache.helpers import Matched, matched
 
 TOKENS = st.lists(st.integers(0, 1), min_size=0, max_size=9)
 
@@ -73,7 +73,7 @@ class CacheMachine(RuleBasedStateMachine):
 
     # ------------------------------------------------------------ checks on a match
 
-    def check_match(self, tokens: tuple[int, ...], m: MatchResult) -> None:
+    def check_match(self, tokens: tuple[int, ...], m: Matched) -> None:
         p = self.cfg.page_size
         assert m.hit_len <= max(len(tokens) - 1, 0) and m.kv_hit_len <= max(len(tokens) - 1, 0)
         assert m.hit_len % p == 0 and m.kv_hit_len % p == 0 and m.hit_len <= m.kv_hit_len
@@ -112,7 +112,7 @@ class CacheMachine(RuleBasedStateMachine):
 
     @rule(tokens=TOKENS)
     def probe(self, tokens: list[int]) -> None:
-        self.check_match(tuple(tokens), self.cache.match(tokens))
+        self.check_match(tuple(tokens), matched(self.cache, tokens))
 
     @rule(tokens=TOKENS, evict_first=st.booleans(), data=st.data())
     def admit(self, tokens: list[int], evict_first: bool, data: st.DataObject) -> None:
@@ -126,7 +126,7 @@ class CacheMachine(RuleBasedStateMachine):
         self._admit(other.tokens[:keep] + tuple(suffix[:3]), evict_first, data)
 
     def _admit(self, toks: tuple[int, ...], evict_first: bool, data: st.DataObject) -> None:
-        m = self.cache.match(toks)
+        m = matched(self.cache, toks)
         self.check_match(toks, m)
         self.cache.lock(m.hit_node)
         need = self.cfg.pages_for(len(toks)) - len(m.hit_pages)
