@@ -62,9 +62,10 @@ def grid_span(start: int, remaining: int, tokens: int, grid: int) -> int:
 
 
 class RoundBuilder:
-    """The round being planned. ``rows`` in the order planned; ``active``: running requests that
-    still compute plus this round's admissions (admission stops at ``max_num_seqs``); ``starved``:
-    a request that wants more than one token got no span this round (:meth:`note_starved`)."""
+    """The round being planned. ``rows`` in the order planned; ``num_computing``: running requests
+    that still compute plus this round's admissions (admission stops at ``max_num_seqs``);
+    ``starved``: a request that wants more than one token got no span this round
+    (:meth:`note_starved`)."""
 
     def __init__(self, config: SchedulerConfig, memory: Allocator, waiting: Iterable[Request]):
         self.config = config
@@ -72,7 +73,7 @@ class RoundBuilder:
         self.budget = Budget(config.max_num_batched_tokens, config.max_num_seqs)
         self.rows: list[RowPlan] = []
         self.stats = RoundStats()
-        self.active = 0
+        self.num_computing = 0
         self.starved = False
         looks_ahead = config.hybrid and config.branch_checkpoints and memory.cache is not None
         self.waiting_index = WaitingIndex(config.grid, tuple(waiting) if looks_ahead else ())
