@@ -28,9 +28,9 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable
 
+from radixflow_jax.scheduler.allocator import Allocator
 from radixflow_jax.scheduler.config import SchedulerConfig
 from radixflow_jax.scheduler.lookahead import WaitingIndex, placements
-from radixflow_jax.scheduler.allocator import Allocator
 from radixflow_jax.scheduler.plan import RoundPlan, RoundStats, RowPlan
 from radixflow_jax.scheduler.request import Request
 

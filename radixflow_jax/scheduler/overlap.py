@@ -26,9 +26,9 @@ from __future__ import annotations
 import collections
 from collections.abc import Iterable, Mapping
 
+from radixflow_jax.scheduler.allocator import Allocator
 from radixflow_jax.scheduler.config import SchedulerConfig
 from radixflow_jax.scheduler.lookahead import WaitingIndex, placements
-from radixflow_jax.scheduler.allocator import Allocator
 from radixflow_jax.scheduler.plan import RoundPlan
 from radixflow_jax.scheduler.request import Request, RequestStatus
 

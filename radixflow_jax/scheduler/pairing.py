@@ -14,9 +14,9 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from radixflow_jax.scheduler.admission import Decision
+from radixflow_jax.scheduler.allocator import Allocator
 from radixflow_jax.scheduler.builder import RoundBuilder, grid_span
 from radixflow_jax.scheduler.config import SchedulerConfig
-from radixflow_jax.scheduler.allocator import Allocator
 from radixflow_jax.scheduler.plan import RowPlan
 from radixflow_jax.scheduler.request import Request
 

@@ -41,9 +41,9 @@ from collections.abc import Iterable
 
 from radixflow_jax.cache.partners import Partners
 from radixflow_jax.scheduler.admission import Decision
+from radixflow_jax.scheduler.allocator import Allocator
 from radixflow_jax.scheduler.builder import RoundBuilder
 from radixflow_jax.scheduler.config import SchedulerConfig
-from radixflow_jax.scheduler.allocator import Allocator
 from radixflow_jax.scheduler.plan import RowPlan
 from radixflow_jax.scheduler.request import Request
 

@@ -37,8 +37,8 @@ from __future__ import annotations
 
 import collections
 
-from radixflow_jax.scheduler.builder import RoundBuilder
 from radixflow_jax.scheduler.allocator import Allocator
+from radixflow_jax.scheduler.builder import RoundBuilder
 from radixflow_jax.scheduler.request import Request, RequestStatus
 from radixflow_jax.scheduler.riders import Riders
 

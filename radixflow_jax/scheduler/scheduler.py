@@ -34,9 +34,9 @@ from collections.abc import Callable, Iterable, Sequence
 
 from radixflow_jax.cache import CacheConfig, PagePool, RadixCache, SlotPool
 from radixflow_jax.scheduler.admission import Decision, get_policy
+from radixflow_jax.scheduler.allocator import Allocator
 from radixflow_jax.scheduler.builder import RoundBuilder, grid_span
 from radixflow_jax.scheduler.config import SchedulerConfig
-from radixflow_jax.scheduler.allocator import Allocator
 from radixflow_jax.scheduler.overlap import LaunchedRounds
 from radixflow_jax.scheduler.pairing import Pairing
 from radixflow_jax.scheduler.plan import RoundPlan, RowPlan
