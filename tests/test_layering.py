@@ -281,3 +281,40 @@ def test_request_fields_are_written_only_by_the_scheduler():
     advance, release) and, from outside the scheduler, through the ``Scheduler``'s methods."""
     bad = request_field_writes()
     assert not bad, "write these through a Request / Allocator method instead:\n" + "\n".join(bad)
+
+
+def test_the_request_rule_sees_every_kind_of_write():
+    """The rule above on a sample: annotated parameters, requests taken from the scheduler's tables
+    and what is bound from them, every kind of write; never ``self`` or another class's field."""
+    sample = """
+def f(self, req: Request, rid):
+    req.num_computed = 1
+    req.epoch += 1
+    req.output[0] = 7
+    req.output.append(1)
+    del req.pages[:]
+    other, rec = self.scheduler.requests[rid], self._records[rid]
+    other.finish_reason = "stop"
+    rec.finish_reason = "stop"
+    for partner in reversed(list(self.members)):
+        partner.status, x = None, 1
+    victim = next((r for r in self.running if r), None)
+    victim.slot = 3
+    self.slot = 4
+    out = rec.output
+    out.cached_tokens = 3
+"""
+    func = ast.parse(sample).body[0]
+    names = _request_names(func, imports_request=True)
+    assert {"req", "other", "partner", "victim"} <= names and not {"self", "rec", "out"} & names
+    writes = [text for _, text in sorted(_field_writes(func, names, _request_fields()))]
+    assert writes == [
+        "req.num_computed",
+        "req.epoch",
+        "req.output",
+        "req.output",
+        "req.pages",
+        "other.finish_reason",
+        "partner.status",
+        "victim.slot",
+    ]
