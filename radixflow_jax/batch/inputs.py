@@ -57,7 +57,7 @@ class BatchItem:
 
 
 @dataclasses.dataclass(frozen=True)
-class RequestLimits:
+class LineLimits:
     """What the engine can run; lines beyond it become errors before reaching the engine."""
 
     max_model_len: int
@@ -101,7 +101,7 @@ class LineIndex:
 
 
 def read_items(
-    index: LineIndex, start: int, tokenizer: TextTokenizer | None, limits: RequestLimits, threads: int = 2,
+    index: LineIndex, start: int, tokenizer: TextTokenizer | None, limits: LineLimits, threads: int = 2,
     end: int | None = None,
 ) -> Iterator[BatchItem]:
     """Items ``start, start + 1, ..., end - 1`` in input order, parsed ahead on ``threads`` grain threads."""
@@ -116,7 +116,7 @@ def read_items(
     return iter(dataset.to_iter_dataset(options))
 
 
-def parse_line(index: int, line: int, raw: bytes, tokenizer: TextTokenizer | None, limits: RequestLimits) -> BatchItem:
+def parse_line(index: int, line: int, raw: bytes, tokenizer: TextTokenizer | None, limits: LineLimits) -> BatchItem:
     """Never raises on bad input: the returned item carries a :class:`LineError` instead."""
     try:
         obj = json.loads(raw)
@@ -140,7 +140,7 @@ def _not_in_batch(params: SamplingParams) -> str | None:
     return None
 
 
-def _with_seed(params: SamplingParams, line: int, limits: RequestLimits) -> SamplingParams:
+def _with_seed(params: SamplingParams, line: int, limits: LineLimits) -> SamplingParams:
     if params.seed is not None:
         return params
     seed = int.from_bytes(hashlib.sha256(f"{limits.seed}:{line}".encode()).digest()[:4], "little")
@@ -148,7 +148,7 @@ def _with_seed(params: SamplingParams, line: int, limits: RequestLimits) -> Samp
 
 
 def _parse_openai(
-    index: int, line: int, obj: dict[str, Any], tok: TextTokenizer | None, limits: RequestLimits
+    index: int, line: int, obj: dict[str, Any], tok: TextTokenizer | None, limits: LineLimits
 ) -> BatchItem:
     from radixflow_jax.serve import protocol
 
@@ -181,7 +181,7 @@ def _parse_openai(
 
 
 def _parse_plain(
-    index: int, line: int, obj: dict[str, Any], tok: TextTokenizer | None, limits: RequestLimits
+    index: int, line: int, obj: dict[str, Any], tok: TextTokenizer | None, limits: LineLimits
 ) -> BatchItem:
     key = obj.get("id")
 

@@ -22,7 +22,7 @@ import sys
 import time
 from typing import Any, Iterator
 
-from radixflow_jax.batch.inputs import BatchItem, LineError, LineIndex, RequestLimits, parse_line, read_items
+from radixflow_jax.batch.inputs import BatchItem, LineError, LineIndex, LineLimits, parse_line, read_items
 from radixflow_jax.batch.output import (
     CrashHook,
     JobState,
@@ -113,7 +113,7 @@ def check_start(cfg: JobConfig, *, announce: bool = True) -> JobState | None:
     return read_state(spath)
 
 
-def _prepare(cfg: JobConfig, index: LineIndex, fingerprint: str, limits: RequestLimits, tokenizer: Any) -> int:
+def _prepare(cfg: JobConfig, index: LineIndex, fingerprint: str, limits: LineLimits, tokenizer: Any) -> int:
     """Checks a fresh start or a resume; returns the first request index to run (output line ``k``
     answers request ``cfg.first + k``)."""
     state = check_start(cfg)
@@ -157,7 +157,7 @@ class BatchJob:
         self.model = model
         self.cfg = cfg
         self.hook = crash_hook
-        self.limits = RequestLimits(engine.max_model_len, model.config.vocab_size, engine.seed)
+        self.limits = LineLimits(engine.max_model_len, model.config.vocab_size, engine.seed)
         self.stats = JobStats()
         self.first_errors: list[LineError] = []
         self._stop_error: LineError | None = None
