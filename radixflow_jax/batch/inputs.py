@@ -123,9 +123,10 @@ def parse_line(index: int, line: int, raw: bytes, tokenizer: TextTokenizer | Non
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         msg = exc.msg if isinstance(exc, json.JSONDecodeError) else str(exc)
         error = LineError(line, f"line {line}: not valid JSON ({msg})", "invalid_json")
-        return BatchItem(index, line, PLAIN, None, error=error)
+        return BatchItem(index=index, line=line, fmt=PLAIN, key=None, error=error)
     if not isinstance(obj, dict):
-        return BatchItem(index, line, PLAIN, None, error=LineError(line, f"line {line}: expected a JSON object"))
+        error = LineError(line, f"line {line}: expected a JSON object")
+        return BatchItem(index=index, line=line, fmt=PLAIN, key=None, error=error)
     if "custom_id" in obj or "body" in obj or "url" in obj:
         return _parse_openai(index, line, obj, tokenizer, limits)
     return _parse_plain(index, line, obj, tokenizer, limits)
@@ -155,7 +156,8 @@ def _parse_openai(
     key = obj.get("custom_id")
 
     def fail(message: str, code: str = "invalid_request") -> BatchItem:
-        return BatchItem(index, line, OPENAI, key, error=LineError(line, f"line {line}: {message}", code))
+        error = LineError(line, f"line {line}: {message}", code)
+        return BatchItem(index=index, line=line, fmt=OPENAI, key=key, error=error)
 
     if not isinstance(key, str) or not key:
         return fail("custom_id must be a non-empty string")
@@ -177,7 +179,16 @@ def _parse_openai(
     except protocol.ProtocolError as exc:
         return fail(f"body: {exc.message}", exc.code or "invalid_request")
     params = _with_seed(req.params, line, limits)
-    return BatchItem(index, line, OPENAI, key, kind, tuple(req.prompt_ids), params, req.model)
+    return BatchItem(
+        index=index,
+        line=line,
+        fmt=OPENAI,
+        key=key,
+        kind=kind,
+        prompt_ids=tuple(req.prompt_ids),
+        params=params,
+        model=req.model,
+    )
 
 
 def _parse_plain(
@@ -186,7 +197,8 @@ def _parse_plain(
     key = obj.get("id")
 
     def fail(message: str, code: str = "invalid_request") -> BatchItem:
-        return BatchItem(index, line, PLAIN, key, error=LineError(line, f"line {line}: {message}", code))
+        error = LineError(line, f"line {line}: {message}", code)
+        return BatchItem(index=index, line=line, fmt=PLAIN, key=key, error=error)
 
     if isinstance(key, bool) or not isinstance(key, (str, int)) or key == "":
         return fail("'id' (a string or an integer) is required")
@@ -215,7 +227,15 @@ def _parse_plain(
             f"prompt ({len(ids)} tokens) + max_tokens ({params.max_tokens}) exceeds max_model_len={limits.max_model_len}",
             "context_length_exceeded",
         )
-    return BatchItem(index, line, PLAIN, key, "completions", tuple(ids), _with_seed(params, line, limits))
+    return BatchItem(
+        index=index,
+        line=line,
+        fmt=PLAIN,
+        key=key,
+        kind="completions",
+        prompt_ids=tuple(ids),
+        params=_with_seed(params, line, limits),
+    )
 
 
 def _plain_prompt(field: str, value: Any, tok: TextTokenizer | None) -> list[int]:

@@ -33,14 +33,32 @@ TARGETS = ("llama-server", "llama-quantize")
 # not GGML_NATIVE: on a CPU that reports AMX, the native build died with SIGILL on Q8_0 files
 # (2026-12-02, Intel Xeon); the ISA extensions are turned on one by one from what the CPU reports
 # (cpu_isa_flags) and AMX stays off
-BASE_CMAKE_FLAGS = ("-G", "Ninja", "-DCMAKE_BUILD_TYPE=Release", "-DGGML_NATIVE=OFF", "-DGGML_AMX_TILE=OFF",
-                    "-DGGML_AMX_INT8=OFF", "-DGGML_AMX_BF16=OFF", "-DLLAMA_CURL=OFF", "-DLLAMA_BUILD_TESTS=OFF",
-                    "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_BUILD_SERVER=ON")  # fmt: skip
+BASE_CMAKE_FLAGS = (
+    "-G",
+    "Ninja",
+    "-DCMAKE_BUILD_TYPE=Release",
+    "-DGGML_NATIVE=OFF",
+    "-DGGML_AMX_TILE=OFF",
+    "-DGGML_AMX_INT8=OFF",
+    "-DGGML_AMX_BF16=OFF",
+    "-DLLAMA_CURL=OFF",
+    "-DLLAMA_BUILD_TESTS=OFF",
+    "-DLLAMA_BUILD_EXAMPLES=OFF",
+    "-DLLAMA_BUILD_SERVER=ON",
+)
 # ggml's CMake option -> the /proc/cpuinfo flag that must be present for it
-ISA_OPTIONS = (("GGML_AVX", "avx"), ("GGML_AVX2", "avx2"), ("GGML_FMA", "fma"), ("GGML_F16C", "f16c"),
-               ("GGML_BMI2", "bmi2"), ("GGML_AVX512", "avx512f"), ("GGML_AVX512_VBMI", "avx512vbmi"),
-               ("GGML_AVX512_VNNI", "avx512_vnni"), ("GGML_AVX512_BF16", "avx512_bf16"),
-               ("GGML_AVX_VNNI", "avx_vnni"))  # fmt: skip
+ISA_OPTIONS = (
+    ("GGML_AVX", "avx"),
+    ("GGML_AVX2", "avx2"),
+    ("GGML_FMA", "fma"),
+    ("GGML_F16C", "f16c"),
+    ("GGML_BMI2", "bmi2"),
+    ("GGML_AVX512", "avx512f"),
+    ("GGML_AVX512_VBMI", "avx512vbmi"),
+    ("GGML_AVX512_VNNI", "avx512_vnni"),
+    ("GGML_AVX512_BF16", "avx512_bf16"),
+    ("GGML_AVX_VNNI", "avx_vnni"),
+)
 
 
 def cpu_isa_flags(cpuinfo: str | None = None) -> tuple[str, ...]:
@@ -96,8 +114,19 @@ def fetch_sdist(directory: str, version: str = VERSION) -> str:
     path = os.path.join(directory, f"llama_cpp_python-{version}.tar.gz")
     if not os.path.exists(path):
         os.makedirs(directory, exist_ok=True)
-        cmd = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-binary", ":all:",
-               f"llama-cpp-python=={version}", "-d", directory]  # fmt: skip
+        cmd = [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "-q",
+            "--no-deps",
+            "--no-binary",
+            ":all:",
+            f"llama-cpp-python=={version}",
+            "-d",
+            directory,
+        ]
         subprocess.run(cmd, check=True)
     return path
 
@@ -136,8 +165,10 @@ def build(sdist: str, *, jobs: int = 2, version: str = VERSION, log: Callable[[s
     logfile = os.path.join(root, "build.log")
     started = time.perf_counter()
     with open(logfile, "w") as f:
-        for cmd in (["cmake", "-S", src, "-B", out, *BASE_CMAKE_FLAGS, *cpu_isa_flags()],
-                    ["cmake", "--build", out, f"-j{jobs}", "--target", *TARGETS]):  # fmt: skip
+        for cmd in (
+            ["cmake", "-S", src, "-B", out, *BASE_CMAKE_FLAGS, *cpu_isa_flags()],
+            ["cmake", "--build", out, f"-j{jobs}", "--target", *TARGETS],
+        ):
             proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
             shown = -1
             assert proc.stdout is not None
@@ -190,8 +221,17 @@ class LlamaServerProcess:
     ``ready(health_json)`` holds for ``GET /health`` (or raises with the log's tail when the child
     exits or ``timeout`` passes); stopped by ``__exit__`` (SIGTERM, then SIGKILL after 20 s)."""
 
-    def __init__(self, name: str, cmd: Sequence[str], port: int, log_path: str, *, timeout: float = 1800.0,
-                 ready: Callable[[dict[str, Any]], bool] = lambda h: True, env: dict[str, str] | None = None):  # fmt: skip
+    def __init__(
+        self,
+        name: str,
+        cmd: Sequence[str],
+        port: int,
+        log_path: str,
+        *,
+        timeout: float = 1800.0,
+        ready: Callable[[dict[str, Any]], bool] = lambda h: True,
+        env: dict[str, str] | None = None,
+    ):
         self.name, self.cmd, self.port, self.log_path = name, list(cmd), port, log_path
         self.timeout, self.ready, self.env = timeout, ready, env
         self.url = f"http://127.0.0.1:{port}"
@@ -239,9 +279,27 @@ class LlamaServerProcess:
         self.proc = None
 
 
-def llama_server_cmd(server: str, model: str, port: int, *, slots: int, ctx: int, threads: int,
-                     extra: Sequence[str] = ()) -> list[str]:  # fmt: skip
+def llama_server_cmd(
+    server: str, model: str, port: int, *, slots: int, ctx: int, threads: int, extra: Sequence[str] = ()
+) -> list[str]:
     """llama-server on one GGUF file: ``slots`` parallel sequences sharing ``ctx`` tokens of KV,
     ``threads`` for both generation and prompt batches."""
-    return [server, "-m", model, "-np", str(slots), "-c", str(ctx), "-t", str(threads), "-tb", str(threads),
-            "--host", "127.0.0.1", "--port", str(port), "--no-webui", *extra]  # fmt: skip
+    return [
+        server,
+        "-m",
+        model,
+        "-np",
+        str(slots),
+        "-c",
+        str(ctx),
+        "-t",
+        str(threads),
+        "-tb",
+        str(threads),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--no-webui",
+        *extra,
+    ]

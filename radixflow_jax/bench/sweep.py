@@ -9,9 +9,13 @@ from typing import Callable, Sequence
 from radixflow_jax.bench.repeats import Repeated
 
 SWEEP_COLUMNS = (
-    ("utilization", "util", "{:.2f}"), ("rounds", "rounds", "{:d}"), ("mean_latency_s", "mean lat s", "{:.3f}"),
-    ("p99_latency_s", "p99 s", "{:.3f}"), ("reuse", "reuse", "{:.1%}"), ("throughput_tok_s", "tok/s", "{:.1f}"),
-)  # fmt: skip
+    ("utilization", "util", "{:.2f}"),
+    ("rounds", "rounds", "{:d}"),
+    ("mean_latency_s", "mean lat s", "{:.3f}"),
+    ("p99_latency_s", "p99 s", "{:.3f}"),
+    ("reuse", "reuse", "{:.1%}"),
+    ("throughput_tok_s", "tok/s", "{:.1f}"),
+)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -100,18 +100,24 @@ def standard_variants(shapes: ShapeConfig, prefill_tokens: int) -> dict[str, Var
 
 
 def export_step(
-    cfg: ModelConfig, dtype: str | jnp.dtype, sizes: ExportShapes, variant: Variant, platform: str,
-    *, kernels: str = "pallas",
-) -> StepExport:  # fmt: skip
+    cfg: ModelConfig,
+    dtype: str | jnp.dtype,
+    sizes: ExportShapes,
+    variant: Variant,
+    platform: str,
+    *,
+    kernels: str = "pallas",
+) -> StepExport:
     """Lowers the step of ``variant`` for ``platform`` with backend ``kernels`` (``pallas``: the
     platform's Pallas kernels, an op without one on its XLA form; ``xla``: no Pallas)."""
     dtype = jnp.dtype(dtype)
     shapes = sizes.step_shapes(cfg)
     graphdef, params = abstract_model(cfg, dtype)
     cache = jax.eval_shape(
-        lambda: init_cache(cfg, num_pages=sizes.num_pages, page_size=sizes.page_size, num_slots=sizes.num_slots,
-                           dtype=dtype)
-    )  # fmt: skip
+        lambda: init_cache(
+            cfg, num_pages=sizes.num_pages, page_size=sizes.page_size, num_slots=sizes.num_slots, dtype=dtype
+        )
+    )
     inputs = input_specs(variant, shapes.max_pages_per_row, sizes.penalty_window, out_rows(shapes))
     step = jax.jit(make_step(graphdef, variant.num_decode, out_rows(shapes)), donate_argnums=(1,))
     checks = [jax_export.DisabledSafetyCheck.custom_call(name) for name in _UNSTABLE_CALLS.get(platform, ())]
@@ -119,8 +125,9 @@ def export_step(
         with ops.use_backend(kernels), ops.target_platform(platform):
             exported = jax_export.export(step, platforms=[platform], disabled_checks=checks)(params, cache, inputs)
     except Exception as exc:  # the lowering's own error type varies by op and platform
-        raise ExportError(f"step variant {variant} does not lower for {platform} with {kernels} kernels: "
-                          f"{type(exc).__name__}: {exc}") from exc  # fmt: skip
+        raise ExportError(
+            f"step variant {variant} does not lower for {platform} with {kernels} kernels: {type(exc).__name__}: {exc}"
+        ) from exc
     counts: dict[str, int] = {}
     for a, b in _CALL.findall(exported.mlir_module()):
         counts[a or b] = counts.get(a or b, 0) + 1

@@ -117,7 +117,10 @@ class StepArrays:
     """rows whose ``token_mask`` a grammar wrote (0: the mask is all ones)"""
 
 
-_PAD_DECODE = RowPlan(-1, (0,), 0, (0,), 0, None, (), False)  # one token at position 0 of page 0, slot 0
+# a padding decode row: one token at position 0 of page 0, in slot 0
+_PAD_DECODE = RowPlan(
+    request_id=-1, tokens=(0,), start=0, pages=(0,), slot=0, copy_from=None, emits=(), sample=False
+)
 
 
 def build_arrays(
@@ -143,8 +146,14 @@ def build_arrays(
         region[plan.rows[i].slot - decode.base] = plan.rows[i]
     rows = tuple(region) + prefill
     _check_pages(rows, page_size, max_pages)
-    inputs = empty_inputs(variant, max_pages, penalty_window=penalty_window, num_out=num_out, mask_words=mask_words,
-                          decode_base=decode.base)  # fmt: skip
+    inputs = empty_inputs(
+        variant,
+        max_pages,
+        penalty_window=penalty_window,
+        num_out=num_out,
+        mask_words=mask_words,
+        decode_base=decode.base,
+    )
     _fill_tokens(inputs, rows, page_size)
     _fill_emits(inputs, rows, variant.num_decode)
     masked_rows = _fill_sampling(inputs, rows, sampling, penalty_window)
@@ -162,8 +171,10 @@ def _check_fits(plan: RoundPlan, variant: Variant, decode: DecodePlacement) -> l
     d = len(decode.rows)
     fits = all(0 <= plan.rows[i].slot - decode.base < variant.num_decode for i in decode.rows)
     if d > variant.num_decode or not fits:
-        raise ValueError(f"decode rows of slots {[plan.rows[i].slot for i in decode.rows]} do not fit the window "
-                         f"of {variant.num_decode} slots from {decode.base}")  # fmt: skip
+        raise ValueError(
+            f"decode rows of slots {[plan.rows[i].slot for i in decode.rows]} do not fit the window "
+            f"of {variant.num_decode} slots from {decode.base}"
+        )
     in_window = set(decode.rows)
     order = [i for i in range(len(plan.rows)) if i not in in_window]
     prefill_tokens = sum(len(plan.rows[i].tokens) for i in order)

@@ -141,9 +141,16 @@ class CompiledStep:
     it is still primed once."""
 
     def __init__(
-        self, graphdef: nnx.GraphDef, params: nnx.State, cache: ModelCache, shapes: ShapeConfig, kernels: str,
-        penalty_window: int = 0, shared: dict[tuple, Callable] | None = None, mask_words: int = 0,
-    ):  # fmt: skip
+        self,
+        graphdef: nnx.GraphDef,
+        params: nnx.State,
+        cache: ModelCache,
+        shapes: ShapeConfig,
+        kernels: str,
+        penalty_window: int = 0,
+        shared: dict[tuple, Callable] | None = None,
+        mask_words: int = 0,
+    ):
         self.graphdef = graphdef
         self.penalty_window = penalty_window
         self.mask_words = mask_words
@@ -159,10 +166,16 @@ class CompiledStep:
         self._compiled: dict[Variant, Callable] = {}
         self._shared = shared
         self._signature = (
-            out_rows(shapes), shapes.max_pages_per_row, penalty_window, kernels, mask_words,
-            jax.tree.structure(self._params_spec), tuple(jax.tree.leaves(self._params_spec)),
-            jax.tree.structure(self._cache_spec), tuple(jax.tree.leaves(self._cache_spec)),
-        )  # fmt: skip
+            out_rows(shapes),
+            shapes.max_pages_per_row,
+            penalty_window,
+            kernels,
+            mask_words,
+            jax.tree.structure(self._params_spec),
+            tuple(jax.tree.leaves(self._params_spec)),
+            jax.tree.structure(self._cache_spec),
+            tuple(jax.tree.leaves(self._cache_spec)),
+        )
         self.num_compiles = 0
         self.compile_seconds = 0.0
         self.last_compile_s = 0.0  # compile time spent inside the latest call (lazy warm-up)

@@ -27,8 +27,12 @@ def flush_cache(core: Any) -> dict[str, int]:
     mem = core.scheduler.memory
     mem.flush()
     slots = mem.slots
-    return {"kv_pages_free": mem.pages.num_free, "kv_pages_total": mem.pages.capacity,
-            "state_slots_free": slots.num_free if slots else 0, "state_slots_total": slots.capacity if slots else 0}  # fmt: skip
+    return {
+        "kv_pages_free": mem.pages.num_free,
+        "kv_pages_total": mem.pages.capacity,
+        "state_slots_free": slots.num_free if slots else 0,
+        "state_slots_total": slots.capacity if slots else 0,
+    }
 
 
 class AdminRoutes:

@@ -48,14 +48,20 @@ class CompletionRoutes:
         check_alive(state)
         body = protocol.parse_body(kind, await read_json(request, state.config))
         check_model(state.config, body.model)
-        req = protocol.to_engine_request(body, state.tokenizer, max_model_len=state.max_model_len,
-                                         vocab_size=state.vocab_size, max_n=state.config.max_n)  # fmt: skip
+        req = protocol.to_engine_request(
+            body,
+            state.tokenizer,
+            max_model_len=state.max_model_len,
+            vocab_size=state.vocab_size,
+            max_n=state.config.max_n,
+        )
         handles = submit(state, req)
         rid = ("chatcmpl-" if kind == protocol.CHAT else "cmpl-") + uuid.uuid4().hex
         if req.stream:
             events = stream(handles, req, rid, state.config.model_name, state.tokenizer)
-            return StreamingResponse(events, media_type="text/event-stream",
-                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})  # fmt: skip
+            return StreamingResponse(
+                events, media_type="text/event-stream", headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+            )
         outs = await final_outputs(handles, request)
         if is_group(req.params):
             outs = choose(expand(req.params), outs)

@@ -35,8 +35,9 @@ class InfoRoutes:
 
     def card(self) -> R.ModelCard:
         s = self.state
-        return R.ModelCard(id=s.config.model_name, created=s.created, root=s.config.model_name,
-                           max_model_len=s.max_model_len)  # fmt: skip
+        return R.ModelCard(
+            id=s.config.model_name, created=s.created, root=s.config.model_name, max_model_len=s.max_model_len
+        )
 
     async def models(self) -> dict[str, Any]:
         return R.ModelList(data=[self.card()]).model_dump()

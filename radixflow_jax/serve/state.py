@@ -52,8 +52,11 @@ class ServerState:
             return {"phase": "lazy"}
         phases = {w.phase for w in self.warmups}
         phase = "failed" if "failed" in phases else "warming" if "warming" in phases else "ready"
-        return {"phase": phase, "variants_compiled": sum(w.compiled for w in self.warmups),
-                "variants": sum(w.total for w in self.warmups)}  # fmt: skip
+        return {
+            "phase": phase,
+            "variants_compiled": sum(w.compiled for w in self.warmups),
+            "variants": sum(w.total for w in self.warmups),
+        }
 
     @property
     def replicas(self) -> list[BackgroundEngine]:

@@ -49,13 +49,31 @@ def scan_kinds(m: ModelSpec) -> list[ScanKind]:
     out = []
     if m.gdn:
         io = (2 * m.gdn_k_heads * m.gdn_k_dim + 2 * m.gdn_v_heads * m.gdn_v_dim + 2 * m.gdn_v_heads) * m.dtype_bytes
-        out.append(ScanKind(m.gdn, m.gdn_v_heads, m.gdn_chunk, 6.0 * m.gdn_k_dim * m.gdn_v_dim,
-                            m.gdn_k_dim + m.gdn_v_dim, io, 4.0 * m.gdn_k_dim * m.gdn_v_dim))  # fmt: skip
+        out.append(
+            ScanKind(
+                layers=m.gdn,
+                heads=m.gdn_v_heads,
+                chunk=m.gdn_chunk,
+                state_flops=6.0 * m.gdn_k_dim * m.gdn_v_dim,
+                intra_width=m.gdn_k_dim + m.gdn_v_dim,
+                io_bytes=io,
+                state_bytes_per_head=4.0 * m.gdn_k_dim * m.gdn_v_dim,
+            )
+        )
     if m.mamba:
         inner = m.mamba_heads * m.mamba_head_dim
         io = (2 * inner + 2 * m.mamba_groups * m.mamba_state + m.mamba_heads) * m.dtype_bytes
-        out.append(ScanKind(m.mamba, m.mamba_heads, m.mamba_chunk, 6.0 * m.mamba_head_dim * m.mamba_state,
-                            m.mamba_head_dim + m.mamba_state, io, 4.0 * m.mamba_head_dim * m.mamba_state))  # fmt: skip
+        out.append(
+            ScanKind(
+                layers=m.mamba,
+                heads=m.mamba_heads,
+                chunk=m.mamba_chunk,
+                state_flops=6.0 * m.mamba_head_dim * m.mamba_state,
+                intra_width=m.mamba_head_dim + m.mamba_state,
+                io_bytes=io,
+                state_bytes_per_head=4.0 * m.mamba_head_dim * m.mamba_state,
+            )
+        )
     return out
 
 
