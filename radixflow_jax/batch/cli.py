@@ -52,14 +52,8 @@ def run(args: argparse.Namespace) -> int:
     from radixflow_jax.llm import LLM
 
     cfg = JobConfig(
-        input=args.input,
-        output=args.output,
-        resume=args.resume,
-        on_error=args.on_error,
-        window=args.window,
-        group=not args.no_group,
-        model_name=args.model,
-        progress=not args.no_progress,
+        input=args.input, output=args.output, resume=args.resume, on_error=args.on_error, window=args.window,
+        group=not args.no_group, model_name=args.model, progress=not args.no_progress,
     )
     if not os.path.isfile(args.input):
         raise FileNotFoundError(f"--input {args.input}: no such file")
@@ -81,15 +75,9 @@ def run(args: argparse.Namespace) -> int:
             cfg = dataclasses.replace(cfg, resume=False)
     cache_dir = None if args.no_compile_cache else args.compile_cache or xla_cache_dir()
     llm = LLM(
-        args.model,
-        dtype=args.dtype,
-        max_num_seqs=args.max_num_seqs,
-        max_num_batched_tokens=args.max_num_batched_tokens,
-        max_model_len=args.max_model_len,
-        policy=args.policy,
-        seed=args.seed,
-        compilation_cache_dir=cache_dir,
-        warmup=args.warmup and not args.no_warmup,
+        args.model, dtype=args.dtype, max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=args.max_model_len, policy=args.policy,
+        seed=args.seed, compilation_cache_dir=cache_dir, warmup=args.warmup and not args.no_warmup,
     )
     if many:
         return _report_share(parts.run_share(llm.engine, llm.model, cfg, args.process_id, args.num_processes), args)

@@ -61,22 +61,14 @@ def cold_tokens(prompt: list[int], max_tokens: int, vocab: int) -> list[int]:
 def _soak_engine(cfg: SoakConfig, rng: random.Random, expected_rounds: int) -> EngineCore:
     """The shadow engine of the soak, with its faults drawn from ``rng`` over ``expected_rounds``."""
     ec = EngineConfig.from_options(
-        max_num_seqs=cfg.max_num_seqs,
-        max_num_batched_tokens=cfg.max_num_batched_tokens,
-        page_size=cfg.page_size,
-        max_model_len=cfg.max_model_len,
-        policy=cfg.policy,
-        warmup=False,
+        max_num_seqs=cfg.max_num_seqs, max_num_batched_tokens=cfg.max_num_batched_tokens, page_size=cfg.page_size,
+        max_model_len=cfg.max_model_len, policy=cfg.policy, warmup=False,
     )
     faults = tuple(
         Fault(r, rng.choice(FAULT_KINDS)) for r in range(expected_rounds) if rng.random() < cfg.fault_rate
     )  # a fault is counted in step calls; calls past the last planned fault simply succeed
     return shadow_engine(
-        ec,
-        num_pages=cfg.num_pages,
-        num_slots=cfg.num_slots,
-        max_model_len=cfg.max_model_len,
-        vocab=cfg.vocab,
+        ec, num_pages=cfg.num_pages, num_slots=cfg.num_slots, max_model_len=cfg.max_model_len, vocab=cfg.vocab,
         faults=faults,
     )
 

@@ -66,15 +66,9 @@ def make_step(graphdef: nnx.GraphDef, num_decode: int, num_out: int) -> Callable
         # copy-on-write of source checkpoints: each recurrent layer reads a row's initial state from
         # copy_src (zero for rows that start a sequence) and writes its result to state_slots
         batch = Batch(
-            cu_seqlens=inputs.cu_seqlens,
-            kv_lens=inputs.kv_lens,
-            page_table=inputs.page_table,
-            slot_mapping=inputs.slot_mapping,
-            state_slots=inputs.state_slots,
-            source_slots=inputs.copy_src,
-            fresh=inputs.kv_lens == span,
-            pair_emit=inputs.pair_emit,
-            decode_base=inputs.decode_base,
+            cu_seqlens=inputs.cu_seqlens, kv_lens=inputs.kv_lens, page_table=inputs.page_table,
+            slot_mapping=inputs.slot_mapping, state_slots=inputs.state_slots, source_slots=inputs.copy_src,
+            fresh=inputs.kv_lens == span, pair_emit=inputs.pair_emit, decode_base=inputs.decode_base,
         )
         emits = Emits(inputs.emit_rows, inputs.emit_offsets, inputs.emit_slots)
         # hidden states of each row's last token only: the last layer's queries, output projections

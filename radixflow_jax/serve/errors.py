@@ -25,12 +25,7 @@ class ApiError(Exception):
     """An answer a route gives instead of its result: ``status`` and the envelope's fields."""
 
     def __init__(
-        self,
-        status: int,
-        message: str,
-        *,
-        param: str | None = None,
-        code: str | None = None,
+        self, status: int, message: str, *, param: str | None = None, code: str | None = None,
         headers: dict[str, str] | None = None,
     ):
         super().__init__(message)
@@ -58,11 +53,7 @@ class ErrorAnswers:
         self.metrics = metrics
 
     def respond(
-        self,
-        status: int,
-        message: str,
-        param: str | None = None,
-        code: str | None = None,
+        self, status: int, message: str, param: str | None = None, code: str | None = None,
         headers: dict[str, str] | None = None,
     ) -> JSONResponse:
         self.metrics.error(status)

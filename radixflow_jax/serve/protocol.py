@@ -275,17 +275,8 @@ def to_engine_request(
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
     names = plan.names if kind == CHAT and plan is not None and plan.parses else None
     return EngineRequest(
-        kind=kind,
-        prompt_ids=ids,
-        params=params,
-        stream=body.stream,
-        include_usage=include_usage,
-        logprobs=logprobs,
-        model=body.model,
-        echo=echo,
-        prompt_text=_prompt_text(body),
-        score_only=score_only,
-        tool_names=names,
+        kind=kind, prompt_ids=ids, params=params, stream=body.stream, include_usage=include_usage, logprobs=logprobs,
+        model=body.model, echo=echo, prompt_text=_prompt_text(body), score_only=score_only, tool_names=names,
     )
 
 

@@ -104,21 +104,11 @@ def build_state(args: argparse.Namespace) -> Any:
     models = replica_models(args.model, args.dtype, args.tp, args.dp)
     model = models[0]
     ec = EngineConfig.from_options(
-        max_num_seqs=args.max_num_seqs,
-        max_num_batched_tokens=args.max_num_batched_tokens,
-        page_size=args.page_size,
-        num_kv_pages=args.num_kv_pages,
-        num_state_slots=args.num_state_slots,
-        max_model_len=args.max_model_len,
-        policy=args.policy,
-        queue_order=args.queue_order,
-        enable_prefix_cache=not args.no_prefix_cache,
-        kernels=args.kernels,
-        seed=args.seed,
-        warmup=warmup_mode(args) == "all",
-        compilation_cache_dir=args.compilation_cache_dir or None,
-        penalty_window=args.penalty_window,
-        max_n=args.max_n,
+        max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens, page_size=args.page_size,
+        num_kv_pages=args.num_kv_pages, num_state_slots=args.num_state_slots, max_model_len=args.max_model_len,
+        policy=args.policy, queue_order=args.queue_order, enable_prefix_cache=not args.no_prefix_cache,
+        kernels=args.kernels, seed=args.seed, warmup=warmup_mode(args) == "all",
+        compilation_cache_dir=args.compilation_cache_dir or None, penalty_window=args.penalty_window, max_n=args.max_n,
     )
     if args.memory_fraction is not None:
         if args.num_kv_pages is not None or args.num_state_slots is not None:

@@ -85,14 +85,7 @@ class Chunks:
     def tool_chunk(self, calls: list[dict[str, Any]]) -> dict[str, Any]:
         """A chat chunk whose delta is whole parsed calls (each with its ``index``)."""
         choice = {"index": self.index, "delta": {"tool_calls": calls}, "logprobs": None, "finish_reason": None}
-        return {
-            "id": self.rid,
-            "object": self.object,
-            "created": self.created,
-            "model": self.model,
-            "choices": [choice],
-            **self.usage_field,
-        }
+        return self._envelope([choice], **self.usage_field)
 
     def echo(self, req: EngineRequest, out: RequestOutput) -> dict[str, Any]:
         """Completions ``echo``: the chunk with the prompt text (and, with logprobs, the prompt's)."""
@@ -108,24 +101,15 @@ class Chunks:
             choice = {"index": self.index, "delta": d, "logprobs": lp, "finish_reason": reason}
         else:
             choice = {"index": self.index, "text": delta or "", "logprobs": lp, "finish_reason": reason}
-        return {
-            "id": self.rid,
-            "object": self.object,
-            "created": self.created,
-            "model": self.model,
-            "choices": [choice],
-            **self.usage_field,
-        }
+        return self._envelope([choice], **self.usage_field)
 
     def usage_chunk(self, outs: Sequence[RequestOutput], score_only: bool = False) -> dict[str, Any]:
-        return {
-            "id": self.rid,
-            "object": self.object,
-            "created": self.created,
-            "model": self.model,
-            "choices": [],
-            "usage": usage(outs, score_only).model_dump(),
-        }
+        return self._envelope([], usage=usage(outs, score_only).model_dump())
+
+    def _envelope(self, choices: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
+        """A chunk of this stream: its id, object, creation time and model around ``choices``."""
+        return {"id": self.rid, "object": self.object, "created": self.created, "model": self.model, "choices": choices,
+                **extra}
 
 
 async def merged(handles: Sequence[RequestHandle]) -> AsyncIterator[tuple[int, RequestOutput]]:

@@ -90,30 +90,11 @@ def plan(
             continue
         checkpoints = max(slots - 1 - ec.scheduler.max_num_seqs, 0) if cfg.is_hybrid else 0
         return MemoryPlan(
-            model=name,
-            device=device.name,
-            dtype=dtype,
-            tensor_parallel=tp,
-            param_bytes=params,
-            page_bytes=page,
-            slot_bytes=slot,
-            num_pages=pages,
-            num_slots=slots,
-            kv_tokens=(pages - 1) * ec.scheduler.page_size,
-            checkpoint_slots=checkpoints,
-            fits=True,
+            model=name, device=device.name, dtype=dtype, tensor_parallel=tp, param_bytes=params, page_bytes=page,
+            slot_bytes=slot, num_pages=pages, num_slots=slots, kv_tokens=(pages - 1) * ec.scheduler.page_size,
+            checkpoint_slots=checkpoints, fits=True,
         )
     return MemoryPlan(
-        model=name,
-        device=device.name,
-        dtype=dtype,
-        tensor_parallel=TENSOR_PARALLEL[-1],
-        param_bytes=params,
-        page_bytes=page,
-        slot_bytes=slot,
-        num_pages=0,
-        num_slots=0,
-        kv_tokens=0,
-        checkpoint_slots=0,
-        fits=False,
+        model=name, device=device.name, dtype=dtype, tensor_parallel=TENSOR_PARALLEL[-1], param_bytes=params,
+        page_bytes=page, slot_bytes=slot, num_pages=0, num_slots=0, kv_tokens=0, checkpoint_slots=0, fits=False,
     )
