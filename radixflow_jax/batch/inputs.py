@@ -20,7 +20,7 @@ import array
 import dataclasses
 import hashlib
 import json
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from radixflow_jax.engine.params import SamplingParams
 from radixflow_jax.serve.protocol import TextTokenizer
@@ -148,16 +148,23 @@ def _with_seed(params: SamplingParams, line: int, limits: LineLimits) -> Samplin
     return dataclasses.replace(params, seed=seed)
 
 
+def _failing(index: int, line: int, fmt: str, key: Any) -> Callable[..., BatchItem]:
+    """``fail(message, code)``: the error item of line ``line`` (a bad line becomes an error record)."""
+
+    def fail(message: str, code: str = "invalid_request") -> BatchItem:
+        error = LineError(line, f"line {line}: {message}", code)
+        return BatchItem(index=index, line=line, fmt=fmt, key=key, error=error)
+
+    return fail
+
+
 def _parse_openai(
     index: int, line: int, obj: dict[str, Any], tok: TextTokenizer | None, limits: LineLimits
 ) -> BatchItem:
     from radixflow_jax.serve import protocol
 
     key = obj.get("custom_id")
-
-    def fail(message: str, code: str = "invalid_request") -> BatchItem:
-        error = LineError(line, f"line {line}: {message}", code)
-        return BatchItem(index=index, line=line, fmt=OPENAI, key=key, error=error)
+    fail = _failing(index, line, OPENAI, key)
 
     if not isinstance(key, str) or not key:
         return fail("custom_id must be a non-empty string")
@@ -180,13 +187,7 @@ def _parse_openai(
         return fail(f"body: {exc.message}", exc.code or "invalid_request")
     params = _with_seed(req.params, line, limits)
     return BatchItem(
-        index=index,
-        line=line,
-        fmt=OPENAI,
-        key=key,
-        kind=kind,
-        prompt_ids=tuple(req.prompt_ids),
-        params=params,
+        index=index, line=line, fmt=OPENAI, key=key, kind=kind, prompt_ids=tuple(req.prompt_ids), params=params,
         model=req.model,
     )
 
@@ -195,10 +196,7 @@ def _parse_plain(
     index: int, line: int, obj: dict[str, Any], tok: TextTokenizer | None, limits: LineLimits
 ) -> BatchItem:
     key = obj.get("id")
-
-    def fail(message: str, code: str = "invalid_request") -> BatchItem:
-        error = LineError(line, f"line {line}: {message}", code)
-        return BatchItem(index=index, line=line, fmt=PLAIN, key=key, error=error)
+    fail = _failing(index, line, PLAIN, key)
 
     if isinstance(key, bool) or not isinstance(key, (str, int)) or key == "":
         return fail("'id' (a string or an integer) is required")
@@ -228,12 +226,7 @@ def _parse_plain(
             "context_length_exceeded",
         )
     return BatchItem(
-        index=index,
-        line=line,
-        fmt=PLAIN,
-        key=key,
-        kind="completions",
-        prompt_ids=tuple(ids),
+        index=index, line=line, fmt=PLAIN, key=key, kind="completions", prompt_ids=tuple(ids),
         params=_with_seed(params, line, limits),
     )
 

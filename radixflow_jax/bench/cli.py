@@ -17,7 +17,7 @@ import os
 import sys
 from typing import Any
 
-from radixflow_jax.bench.driver import RunResult
+from radixflow_jax.bench.driver import COLUMNS, RunResult
 from radixflow_jax.bench.repeats import Repeated
 from radixflow_jax.bench.run import BenchConfig, model_runner, relative_change, run_policies, sim_runner
 from radixflow_jax.bench.sweep import format_sweep, parse_rates, plot_sweep, sweep, sweep_json
@@ -26,21 +26,6 @@ from radixflow_jax.bench.workloads import ARRIVALS, WORKLOADS, BenchRequest, Wor
 from radixflow_jax.engine.config import EngineConfig
 from radixflow_jax.sim.specs import DEVICE_SPECS, MODEL_SPECS, get_device_spec, get_model_spec
 from radixflow_jax.paths import xla_cache_dir
-
-COLUMNS = (
-    ("rounds", "rounds", "{:d}"),
-    ("mean_latency_s", "mean lat s", "{:.3f}"),
-    ("p50_latency_s", "p50 s", "{:.3f}"),
-    ("p99_latency_s", "p99 s", "{:.3f}"),
-    ("mean_ttft_s", "TTFT s", "{:.3f}"),
-    ("padding_tokens", "padding", "{:d}"),
-    ("bubble_tokens", "bubbles", "{:d}"),
-    ("reuse", "reuse", "{:.1%}"),
-    ("throughput_tok_s", "tok/s", "{:.1f}"),
-    ("utilization", "util", "{:.2f}"),
-    ("completed", "done", "{:d}"),
-)
-
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default="tiny-qwen3.5", help="preset, model directory, or a model spec (sim)")

@@ -14,8 +14,9 @@ Invariants:
 from __future__ import annotations
 
 import uuid
+from typing import Any, Callable
 
-from fastapi import FastAPI, Request
+from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from radixflow_jax.serve import protocol
@@ -23,19 +24,15 @@ from radixflow_jax.serve import responses as R
 from radixflow_jax.serve.checks import check_alive, check_model, read_json, submit
 from radixflow_jax.engine.siblings import choose, expand, is_group
 from radixflow_jax.serve.outputs import chat_choice, completion_choice, final_outputs, usage
-from radixflow_jax.serve.state import ServerState
+from radixflow_jax.serve.state import RouteGroup
 from radixflow_jax.serve.streaming import stream
 
 
-class CompletionRoutes:
+class CompletionRoutes(RouteGroup):
     """The two generation routes over one server's state."""
 
-    def __init__(self, state: ServerState):
-        self.state = state
-
-    def register(self, app: FastAPI) -> None:
-        app.add_api_route("/v1/completions", self.completions, methods=["POST"])
-        app.add_api_route("/v1/chat/completions", self.chat_completions, methods=["POST"])
+    def routes(self) -> list[tuple[str, Callable[..., Any], str]]:
+        return [("/v1/completions", self.completions, "POST"), ("/v1/chat/completions", self.chat_completions, "POST")]
 
     async def completions(self, request: Request) -> Response:
         return await self.generate(request, protocol.COMPLETIONS)
