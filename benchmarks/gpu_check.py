@@ -208,7 +208,7 @@ def _time_round(cfg: Any, graphdef: Any, params: Any, plan: Any, ctx: int, reps:
     from radixflow_jax.models.batch import init_cache
     from radixflow_jax.runner.inputs import SamplingRow, build_arrays
     from radixflow_jax.runner.shapes import ShapeConfig
-    from radixflow_jax.runner.step import make_step, out_rows, splice_defaults
+    from radixflow_jax.runner.step import make_step, out_rows
     from radixflow_jax.runner.window import variant_for
 
     ps, rows = 16, len(plan.rows)
@@ -217,8 +217,8 @@ def _time_round(cfg: Any, graphdef: Any, params: Any, plan: Any, ctx: int, reps:
         max(ctx, 2048) / ps), grid=grid)  # fmt: skip
     variant, placement = variant_for(plan, shapes)
     arrays = build_arrays(plan, variant, page_size=ps, max_pages=shapes.max_pages_per_row,
-                          sampling={r.request_id: SamplingRow() for r in plan.rows}, decode=placement).as_dict()
-    arrays = {**arrays, **splice_defaults(variant, shapes)}
+                          sampling={r.request_id: SamplingRow() for r in plan.rows}, decode=placement,
+                          num_out=out_rows(shapes)).inputs
     pages = 2 + sum(len(r.pages) for r in plan.rows)
     cache = [init_cache(cfg, num_pages=pages, page_size=ps, num_slots=2 + 2 * rows, dtype=jnp.bfloat16)]
     step = jax.jit(make_step(graphdef, variant.num_decode, out_rows(shapes)), donate_argnums=(1,))

@@ -16,8 +16,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--input", required=True, help="JSONL: OpenAI batch lines or {id, prompt|prompt_token_ids|messages}")
     p.add_argument("--output", required=True, help="JSONL written in input order (a state file sits beside it)")
     p.add_argument("--resume", action="store_true", help="continue a killed job from its output and state file")
-    p.add_argument("--on-error", choices=("skip", "fail"), default="skip",
-                   help="a bad line becomes an error record (skip) or stops the job (fail)")  # fmt: skip
+    p.add_argument(
+        "--on-error",
+        choices=("skip", "fail"),
+        default="skip",
+        help="a bad line becomes an error record (skip) or stops the job (fail)",
+    )
     p.add_argument("--window", type=int, default=256, help="input lines grouped by shared prefix at a time")
     p.add_argument("--no-group", action="store_true", help="submit in input order (no prefix grouping)")
     p.add_argument("--max-num-seqs", type=int, default=16)
@@ -35,8 +39,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--num-processes", type=int, default=1,
                    help="processes of the job (one engine each); each answers a contiguous share of the requests")
     p.add_argument("--process-id", type=int, default=0, help="this process's index in [0, --num-processes)")
-    p.add_argument("--coordinator", default=None,
-                   help="host:port of process 0's jax.distributed coordinator (same on every process)")  # fmt: skip
+    p.add_argument(
+        "--coordinator",
+        default=None,
+        help="host:port of process 0's jax.distributed coordinator (same on every process)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -47,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
     cfg = JobConfig(
         input=args.input, output=args.output, resume=args.resume, on_error=args.on_error, window=args.window,
         group=not args.no_group, model_name=args.model, progress=not args.no_progress,
-    )  # fmt: skip
+    )
     if not os.path.isfile(args.input):
         raise FileNotFoundError(f"--input {args.input}: no such file")
     many = args.num_processes > 1
@@ -68,10 +75,10 @@ def run(args: argparse.Namespace) -> int:
             cfg = dataclasses.replace(cfg, resume=False)
     cache_dir = None if args.no_compile_cache else args.compile_cache or xla_cache_dir()
     llm = LLM(
-        args.model, dtype=args.dtype, max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
-        max_model_len=args.max_model_len, policy=args.policy, seed=args.seed, compilation_cache_dir=cache_dir,
-        warmup=args.warmup and not args.no_warmup,
-    )  # fmt: skip
+        args.model, dtype=args.dtype, max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=args.max_model_len, policy=args.policy,
+        seed=args.seed, compilation_cache_dir=cache_dir, warmup=args.warmup and not args.no_warmup,
+    )
     if many:
         return _report_share(parts.run_share(llm.engine, llm.model, cfg, args.process_id, args.num_processes), args)
     job = BatchJob(llm.engine, llm.model, cfg)
@@ -97,8 +104,11 @@ def _report_share(result: object, args: argparse.Namespace) -> int:
         print(f"{me}: {args.output} is complete already", file=sys.stderr)
         return 0
     s = result.stats
-    print(f"{me}: {s.requests} requests, {s.errors} errors, {s.generated_tokens} tokens in {s.elapsed_s:.1f} s; "
-          f"cache hit rate {100 * s.hit_rate:.1f}%", file=sys.stderr)  # fmt: skip
+    print(
+        f"{me}: {s.requests} requests, {s.errors} errors, {s.generated_tokens} tokens in {s.elapsed_s:.1f} s; "
+        f"cache hit rate {100 * s.hit_rate:.1f}%",
+        file=sys.stderr,
+    )
     if result.stopped:
         print(f"{me}: {result.stopped}", file=sys.stderr)
     if result.merged is not None:

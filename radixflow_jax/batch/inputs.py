@@ -20,7 +20,7 @@ import array
 import dataclasses
 import hashlib
 import json
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from radixflow_jax.engine.params import SamplingParams
 from radixflow_jax.serve.protocol import TextTokenizer
@@ -57,7 +57,7 @@ class BatchItem:
 
 
 @dataclasses.dataclass(frozen=True)
-class RequestLimits:
+class LineLimits:
     """What the engine can run; lines beyond it become errors before reaching the engine."""
 
     max_model_len: int
@@ -101,7 +101,7 @@ class LineIndex:
 
 
 def read_items(
-    index: LineIndex, start: int, tokenizer: TextTokenizer | None, limits: RequestLimits, threads: int = 2,
+    index: LineIndex, start: int, tokenizer: TextTokenizer | None, limits: LineLimits, threads: int = 2,
     end: int | None = None,
 ) -> Iterator[BatchItem]:
     """Items ``start, start + 1, ..., end - 1`` in input order, parsed ahead on ``threads`` grain threads."""
@@ -116,16 +116,17 @@ def read_items(
     return iter(dataset.to_iter_dataset(options))
 
 
-def parse_line(index: int, line: int, raw: bytes, tokenizer: TextTokenizer | None, limits: RequestLimits) -> BatchItem:
+def parse_line(index: int, line: int, raw: bytes, tokenizer: TextTokenizer | None, limits: LineLimits) -> BatchItem:
     """Never raises on bad input: the returned item carries a :class:`LineError` instead."""
     try:
         obj = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         msg = exc.msg if isinstance(exc, json.JSONDecodeError) else str(exc)
         error = LineError(line, f"line {line}: not valid JSON ({msg})", "invalid_json")
-        return BatchItem(index, line, PLAIN, None, error=error)
+        return BatchItem(index=index, line=line, fmt=PLAIN, key=None, error=error)
     if not isinstance(obj, dict):
-        return BatchItem(index, line, PLAIN, None, error=LineError(line, f"line {line}: expected a JSON object"))
+        error = LineError(line, f"line {line}: expected a JSON object")
+        return BatchItem(index=index, line=line, fmt=PLAIN, key=None, error=error)
     if "custom_id" in obj or "body" in obj or "url" in obj:
         return _parse_openai(index, line, obj, tokenizer, limits)
     return _parse_plain(index, line, obj, tokenizer, limits)
@@ -140,22 +141,30 @@ def _not_in_batch(params: SamplingParams) -> str | None:
     return None
 
 
-def _with_seed(params: SamplingParams, line: int, limits: RequestLimits) -> SamplingParams:
+def _with_seed(params: SamplingParams, line: int, limits: LineLimits) -> SamplingParams:
     if params.seed is not None:
         return params
     seed = int.from_bytes(hashlib.sha256(f"{limits.seed}:{line}".encode()).digest()[:4], "little")
     return dataclasses.replace(params, seed=seed)
 
 
+def _failing(index: int, line: int, fmt: str, key: Any) -> Callable[..., BatchItem]:
+    """``fail(message, code)``: the error item of line ``line`` (a bad line becomes an error record)."""
+
+    def fail(message: str, code: str = "invalid_request") -> BatchItem:
+        error = LineError(line, f"line {line}: {message}", code)
+        return BatchItem(index=index, line=line, fmt=fmt, key=key, error=error)
+
+    return fail
+
+
 def _parse_openai(
-    index: int, line: int, obj: dict[str, Any], tok: TextTokenizer | None, limits: RequestLimits
+    index: int, line: int, obj: dict[str, Any], tok: TextTokenizer | None, limits: LineLimits
 ) -> BatchItem:
     from radixflow_jax.serve import protocol
 
     key = obj.get("custom_id")
-
-    def fail(message: str, code: str = "invalid_request") -> BatchItem:
-        return BatchItem(index, line, OPENAI, key, error=LineError(line, f"line {line}: {message}", code))
+    fail = _failing(index, line, OPENAI, key)
 
     if not isinstance(key, str) or not key:
         return fail("custom_id must be a non-empty string")
@@ -177,16 +186,17 @@ def _parse_openai(
     except protocol.ProtocolError as exc:
         return fail(f"body: {exc.message}", exc.code or "invalid_request")
     params = _with_seed(req.params, line, limits)
-    return BatchItem(index, line, OPENAI, key, kind, tuple(req.prompt_ids), params, req.model)
+    return BatchItem(
+        index=index, line=line, fmt=OPENAI, key=key, kind=kind, prompt_ids=tuple(req.prompt_ids), params=params,
+        model=req.model,
+    )
 
 
 def _parse_plain(
-    index: int, line: int, obj: dict[str, Any], tok: TextTokenizer | None, limits: RequestLimits
+    index: int, line: int, obj: dict[str, Any], tok: TextTokenizer | None, limits: LineLimits
 ) -> BatchItem:
     key = obj.get("id")
-
-    def fail(message: str, code: str = "invalid_request") -> BatchItem:
-        return BatchItem(index, line, PLAIN, key, error=LineError(line, f"line {line}: {message}", code))
+    fail = _failing(index, line, PLAIN, key)
 
     if isinstance(key, bool) or not isinstance(key, (str, int)) or key == "":
         return fail("'id' (a string or an integer) is required")
@@ -215,7 +225,10 @@ def _parse_plain(
             f"prompt ({len(ids)} tokens) + max_tokens ({params.max_tokens}) exceeds max_model_len={limits.max_model_len}",
             "context_length_exceeded",
         )
-    return BatchItem(index, line, PLAIN, key, "completions", tuple(ids), _with_seed(params, line, limits))
+    return BatchItem(
+        index=index, line=line, fmt=PLAIN, key=key, kind="completions", prompt_ids=tuple(ids),
+        params=_with_seed(params, line, limits),
+    )
 
 
 def _plain_prompt(field: str, value: Any, tok: TextTokenizer | None) -> list[int]:

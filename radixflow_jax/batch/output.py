@@ -171,19 +171,39 @@ def result_record(item: BatchItem, out: RequestOutput, model_name: str) -> dict[
     if out.finish_reason == "error":
         return error_record(item, LineError(item.line, f"line {item.line}: {out.error}", "step_failed"))
     if item.fmt != OPENAI:
-        return {"id": item.key, "text": out.text, "token_ids": list(out.token_ids), "finish_reason": out.finish_reason,
-                "cached_tokens": out.cached_tokens, "error": None}  # fmt: skip
+        return {
+            "id": item.key,
+            "text": out.text,
+            "token_ids": list(out.token_ids),
+            "finish_reason": out.finish_reason,
+            "cached_tokens": out.cached_tokens,
+            "error": None,
+        }
     if item.kind == "chat":
-        choice = {"index": 0, "message": {"role": "assistant", "content": out.text}, "logprobs": None,
-                  "finish_reason": out.finish_reason}  # fmt: skip
+        choice = {
+            "index": 0,
+            "message": {"role": "assistant", "content": out.text},
+            "logprobs": None,
+            "finish_reason": out.finish_reason,
+        }
         obj, prefix = "chat.completion", "chatcmpl"
     else:
         choice = {"index": 0, "text": out.text, "logprobs": None, "finish_reason": out.finish_reason}
         obj, prefix = "text_completion", "cmpl"
-    body = {"id": f"{prefix}-{item.line}", "object": obj, "created": int(time.time()),
-            "model": item.model or model_name, "choices": [choice], "usage": _usage(out)}  # fmt: skip
-    return {"id": f"batch_req_{item.line}", "custom_id": item.key,
-            "response": {"status_code": 200, "request_id": f"req_{item.line}", "body": body}, "error": None}  # fmt: skip
+    body = {
+        "id": f"{prefix}-{item.line}",
+        "object": obj,
+        "created": int(time.time()),
+        "model": item.model or model_name,
+        "choices": [choice],
+        "usage": _usage(out),
+    }
+    return {
+        "id": f"batch_req_{item.line}",
+        "custom_id": item.key,
+        "response": {"status_code": 200, "request_id": f"req_{item.line}", "body": body},
+        "error": None,
+    }
 
 
 def error_record(item: BatchItem, error: LineError) -> dict[str, Any]:

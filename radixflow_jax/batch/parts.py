@@ -23,8 +23,15 @@ from typing import Any
 
 from radixflow_jax.batch.inputs import OPENAI, PLAIN, BatchItem, LineError, LineIndex
 from radixflow_jax.batch.output import (
-    JobState, ResumeError, error_record, read_state, record_key, recover_output, state_path, write_state,
-)  # fmt: skip
+    JobState,
+    ResumeError,
+    error_record,
+    read_state,
+    record_key,
+    recover_output,
+    state_path,
+    write_state,
+)
 from radixflow_jax.batch.runner import BatchJob, JobConfig, JobStats, JobStopped, model_fingerprint
 from radixflow_jax.engine.core import EngineCore
 from radixflow_jax.replicas.distributed import barrier, process_share
@@ -63,8 +70,9 @@ def run_share(
         return ShareResult(None, None, None, None)
     index = LineIndex(cfg.input)
     share = process_share(len(index), process_id, num_processes)
-    part = dataclasses.replace(cfg, output=part_path(cfg.output, process_id, num_processes),
-                               first=share.start, end=share.stop)  # fmt: skip
+    part = dataclasses.replace(
+        cfg, output=part_path(cfg.output, process_id, num_processes), first=share.start, end=share.stop
+    )
     job = BatchJob(engine, model, part)
     stats, stopped = None, None
     try:
@@ -82,7 +90,7 @@ def run_share(
 def _duplicate(index: LineIndex, k: int, record: dict[str, Any]) -> dict[str, Any]:
     line = index[k][1]
     key = record_key(record)
-    item = BatchItem(k, line, OPENAI if "custom_id" in record else PLAIN, key)
+    item = BatchItem(index=k, line=line, fmt=OPENAI if "custom_id" in record else PLAIN, key=key)
     return error_record(item, LineError(line, f"line {line}: duplicate id {key!r}", "duplicate_id"))
 
 
@@ -96,8 +104,10 @@ def merge_parts(cfg: JobConfig, index: LineIndex, num_processes: int, fingerprin
         state = read_state(state_path(path))
         done, _ = recover_output(path)
         if (state.first, done) != (len(records), state.done):
-            raise ResumeError(f"merge refused: part {path} holds {done} records from request {state.first}, "
-                              f"expected records from request {len(records)} (state: {state.done})")  # fmt: skip
+            raise ResumeError(
+                f"merge refused: part {path} holds {done} records from request {state.first}, "
+                f"expected records from request {len(records)} (state: {state.done})"
+            )
         with open(path, "rb") as f:
             for line in f.read().splitlines()[:done]:
                 rec = json.loads(line)
@@ -121,7 +131,14 @@ def merge_parts(cfg: JobConfig, index: LineIndex, num_processes: int, fingerprin
         os.fsync(f.fileno())
     os.replace(tmp, cfg.output)
     complete = why is None
-    final = JobState(os.path.abspath(cfg.input), index.sha256, fingerprint, len(index), len(records), complete)
+    final = JobState(
+        input=os.path.abspath(cfg.input),
+        input_sha256=index.sha256,
+        model=fingerprint,
+        total=len(index),
+        done=len(records),
+        complete=complete,
+    )
     write_state(state_path(cfg.output), final)
     if complete:
         for p in range(num_processes):

@@ -22,7 +22,7 @@ import sys
 import time
 from typing import Any, Iterator
 
-from radixflow_jax.batch.inputs import BatchItem, LineError, LineIndex, RequestLimits, parse_line, read_items
+from radixflow_jax.batch.inputs import BatchItem, LineError, LineIndex, LineLimits, parse_line, read_items
 from radixflow_jax.batch.output import (
     CrashHook,
     JobState,
@@ -107,13 +107,16 @@ def check_start(cfg: JobConfig, *, announce: bool = True) -> JobState | None:
         return None
     if not wrote and not os.path.exists(spath):
         if announce:
-            print(f"radixflow batch: --resume: {cfg.output} has no records and no state file yet; starting from the "
-                  "beginning", file=sys.stderr)  # fmt: skip
+            print(
+                f"radixflow batch: --resume: {cfg.output} has no records and no state file yet; starting from the "
+                "beginning",
+                file=sys.stderr,
+            )
         return None
     return read_state(spath)
 
 
-def _prepare(cfg: JobConfig, index: LineIndex, fingerprint: str, limits: RequestLimits, tokenizer: Any) -> int:
+def _prepare(cfg: JobConfig, index: LineIndex, fingerprint: str, limits: LineLimits, tokenizer: Any) -> int:
     """Checks a fresh start or a resume; returns the first request index to run (output line ``k``
     answers request ``cfg.first + k``)."""
     state = check_start(cfg)
@@ -157,7 +160,7 @@ class BatchJob:
         self.model = model
         self.cfg = cfg
         self.hook = crash_hook
-        self.limits = RequestLimits(engine.max_model_len, model.config.vocab_size, engine.seed)
+        self.limits = LineLimits(engine.max_model_len, model.config.vocab_size, engine.seed)
         self.stats = JobStats()
         self.first_errors: list[LineError] = []
         self._stop_error: LineError | None = None
@@ -171,7 +174,14 @@ class BatchJob:
         first, end = self.cfg.first, len(index) if self.cfg.end is None else min(self.cfg.end, len(index))
         self.stats.started = start
         source = os.path.abspath(self.cfg.input)
-        state = JobState(source, index.sha256, fingerprint, end - first, start - first, first=first)
+        state = JobState(
+            input=source,
+            input_sha256=index.sha256,
+            model=fingerprint,
+            total=end - first,
+            done=start - first,
+            first=first,
+        )
         keeper = StateKeeper(state_path(self.cfg.output), state, crash_hook=self.hook)
         writer = OutputWriter(self.cfg.output, crash_hook=self.hook)
         seen = self._seen_keys(start - first)
@@ -188,8 +198,16 @@ class BatchJob:
         return self.stats
 
     # ------------------------------------------------------------------------------------- loop
-    def _loop(self, items: Iterator[BatchItem], start: int, total: int, writer: OutputWriter,
-              keeper: StateKeeper, seen: set[Any], bar: Any) -> None:  # fmt: skip
+    def _loop(
+        self,
+        items: Iterator[BatchItem],
+        start: int,
+        total: int,
+        writer: OutputWriter,
+        keeper: StateKeeper,
+        seen: set[Any],
+        bar: Any,
+    ) -> None:
         records: dict[int, dict[str, Any]] = {}  # finished, waiting for their turn to be written
         running: dict[int, BatchItem] = {}  # engine request id -> item
         next_write, read, stop_at = start, start, None
@@ -223,8 +241,9 @@ class BatchJob:
             written = f"{next_write - self.cfg.first} records written, the job stopped here"
             raise JobStopped(f"{self._stop_error.message} (--on-error fail: {written})")
 
-    def _submit(self, block: list[BatchItem], records: dict[int, dict[str, Any]], running: dict[int, BatchItem],
-                seen: set[Any]) -> int | None:  # fmt: skip
+    def _submit(
+        self, block: list[BatchItem], records: dict[int, dict[str, Any]], running: dict[int, BatchItem], seen: set[Any]
+    ) -> int | None:
         """Submits a block (grouped by prompt); error items become records or stop the job."""
         ok: list[BatchItem] = []
         checked: dict[int, CheckedRequest] = {}  # item index -> the engine's one check of it

@@ -37,10 +37,11 @@ class CalibrationReport:
 
     def summary(self) -> dict[str, float]:
         return {
-            "median_error": _quantile(self.errors, 0.5), "p90_error": _quantile(self.errors, 0.9),
+            "median_error": _quantile(self.errors, 0.5),
+            "p90_error": _quantile(self.errors, 0.9),
             "baseline_median_error": _quantile(self.baseline_errors, 0.5),
             "baseline_p90_error": _quantile(self.baseline_errors, 0.9),
-        }  # fmt: skip
+        }
 
 
 def _quantile(values: Sequence[float], q: float) -> float:
@@ -80,6 +81,12 @@ def calibration_report(fit: Sequence[RoundRecord], held_out: Sequence[RoundRecor
         kinds[r.kind][1].append(base_errors[-1])
     by_kind = {k: (len(e), statistics.median(e), statistics.median(b)) for k, (e, b) in kinds.items()}
     return CalibrationReport(
-        fit_rounds=len(fit), held_out_rounds=len(held), coef=line.named(), baseline_s=baseline, errors=errors,
-        baseline_errors=base_errors, by_kind=by_kind, noise=variant_noise(fit),
-    )  # fmt: skip
+        fit_rounds=len(fit),
+        held_out_rounds=len(held),
+        coef=line.named(),
+        baseline_s=baseline,
+        errors=errors,
+        baseline_errors=base_errors,
+        by_kind=by_kind,
+        noise=variant_noise(fit),
+    )

@@ -17,7 +17,7 @@ import os
 import sys
 from typing import Any
 
-from radixflow_jax.bench.driver import RunResult
+from radixflow_jax.bench.driver import COLUMNS, RunResult
 from radixflow_jax.bench.repeats import Repeated
 from radixflow_jax.bench.run import BenchConfig, model_runner, relative_change, run_policies, sim_runner
 from radixflow_jax.bench.sweep import format_sweep, parse_rates, plot_sweep, sweep, sweep_json
@@ -26,14 +26,6 @@ from radixflow_jax.bench.workloads import ARRIVALS, WORKLOADS, BenchRequest, Wor
 from radixflow_jax.engine.config import EngineConfig
 from radixflow_jax.sim.specs import DEVICE_SPECS, MODEL_SPECS, get_device_spec, get_model_spec
 from radixflow_jax.paths import xla_cache_dir
-
-COLUMNS = (
-    ("rounds", "rounds", "{:d}"), ("mean_latency_s", "mean lat s", "{:.3f}"), ("p50_latency_s", "p50 s", "{:.3f}"),
-    ("p99_latency_s", "p99 s", "{:.3f}"), ("mean_ttft_s", "TTFT s", "{:.3f}"), ("padding_tokens", "padding", "{:d}"),
-    ("bubble_tokens", "bubbles", "{:d}"), ("reuse", "reuse", "{:.1%}"), ("throughput_tok_s", "tok/s", "{:.1f}"),
-    ("utilization", "util", "{:.2f}"), ("completed", "done", "{:d}"),
-)  # fmt: skip
-
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default="tiny-qwen3.5", help="preset, model directory, or a model spec (sim)")
@@ -78,9 +70,14 @@ def _requests(args: argparse.Namespace, executor: str, encode: Any, rate: float 
     if rate is None:
         rate = args.rate if args.rate is not None else (50.0 if executor == "model" else 400.0)
     spec = WorkloadSpec(
-        args.workload, num_requests=args.num_requests or default_n, seed=args.seed, arrival=args.arrival,
-        rate=rate, max_tokens=args.max_tokens, session_window=args.session_window,
-    )  # fmt: skip
+        args.workload,
+        num_requests=args.num_requests or default_n,
+        seed=args.seed,
+        arrival=args.arrival,
+        rate=rate,
+        max_tokens=args.max_tokens,
+        session_window=args.session_window,
+    )
     return generate(spec)
 
 
@@ -223,16 +220,30 @@ def _bench_config(args: argparse.Namespace, executor: str, policies: tuple[str, 
 
 def _run_config(args: argparse.Namespace, executor: str, cfg: BenchConfig, seqs: int, tokens: int) -> dict[str, Any]:
     """The ``config`` block of the JSON output (sim: the device's cost-model parameters too)."""
-    config = {"model": args.model, "executor": executor, "device": args.device if executor == "sim" else "cpu",
-              "workload": args.workload, "arrival": args.arrival, "session_window": args.session_window,
-              "seed": args.seed, "max_num_seqs": seqs, "max_num_batched_tokens": tokens,
-              "policies": list(cfg.policies), "repeats": args.repeats, "buckets": args.buckets,
-              "round_cost": "fitted to the executor's own rounds (engine/roundcost.py)"}  # fmt: skip
+    config = {
+        "model": args.model,
+        "executor": executor,
+        "device": args.device if executor == "sim" else "cpu",
+        "workload": args.workload,
+        "arrival": args.arrival,
+        "session_window": args.session_window,
+        "seed": args.seed,
+        "max_num_seqs": seqs,
+        "max_num_batched_tokens": tokens,
+        "policies": list(cfg.policies),
+        "repeats": args.repeats,
+        "buckets": args.buckets,
+        "round_cost": "fitted to the executor's own rounds (engine/roundcost.py)",
+    }
     if executor == "sim":
         dev, overhead = get_device_spec(args.device), cfg.overhead_s
-        config.update(sim_noise=args.sim_noise, round_overhead_s=overhead if overhead is not None else dev.round_overhead_s,
-                      overhead_source=dev.overhead_source if overhead is None else "--round-overhead-ms",
-                      mfu=dev.mfu, mbu=dev.mbu)  # fmt: skip
+        config.update(
+            sim_noise=args.sim_noise,
+            round_overhead_s=overhead if overhead is not None else dev.round_overhead_s,
+            overhead_source=dev.overhead_source if overhead is None else "--round-overhead-ms",
+            mfu=dev.mfu,
+            mbu=dev.mbu,
+        )
     return config
 
 

@@ -39,10 +39,13 @@ class ClusterResult:
 
     def as_dict(self) -> dict[str, Any]:
         return {
-            "router": self.router, "overall": self.overall.as_dict(),
-            "replicas": [r.as_dict() for r in self.replicas], "requests": list(self.requests),
-            "prefix_hits": self.prefix_hits, "fallbacks": self.fallbacks,
-        }  # fmt: skip
+            "router": self.router,
+            "overall": self.overall.as_dict(),
+            "replicas": [r.as_dict() for r in self.replicas],
+            "requests": list(self.requests),
+            "prefix_hits": self.prefix_hits,
+            "fallbacks": self.fallbacks,
+        }
 
 
 def drive_cluster(replicas: ReplicaSet, requests: Sequence[BenchRequest]) -> list[tuple[int, RequestOutput]]:
@@ -76,9 +79,14 @@ def drive_cluster(replicas: ReplicaSet, requests: Sequence[BenchRequest]) -> lis
 
 
 def run_cluster(
-    spec: ModelSpec, device: DeviceSpec, requests: Sequence[BenchRequest], cfg: BenchConfig, policy: str,
-    num_replicas: int, router: RouterConfig,
-) -> ClusterResult:  # fmt: skip
+    spec: ModelSpec,
+    device: DeviceSpec,
+    requests: Sequence[BenchRequest],
+    cfg: BenchConfig,
+    policy: str,
+    num_replicas: int,
+    router: RouterConfig,
+) -> ClusterResult:
     """``num_replicas`` simulated engines of ``spec`` on ``device`` (one device each), scheduling
     policy ``policy``, behind ``router``."""
     ec = cfg.engine.with_options(policy=policy)
@@ -93,9 +101,13 @@ def run_cluster(
     outs = [o for _, o in done]
     overall = summarize(f"{policy}/{router.policy}", everything, outs, len(requests))  # type: ignore[arg-type]
     return ClusterResult(
-        router.policy, overall, results, tuple(replicas.router.routed), replicas.router.prefix_hits,
-        replicas.router.fallbacks,
-    )  # fmt: skip
+        router=router.policy,
+        overall=overall,
+        replicas=results,
+        requests=tuple(replicas.router.routed),
+        prefix_hits=replicas.router.prefix_hits,
+        fallbacks=replicas.router.fallbacks,
+    )
 
 
 def format_cluster(results: Sequence[ClusterResult]) -> str:

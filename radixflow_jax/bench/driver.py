@@ -19,6 +19,22 @@ from radixflow_jax.engine.core import EngineCore
 from radixflow_jax.engine.params import RequestOutput, SamplingParams
 
 
+# the report columns of a run: (RunResult field, heading, format)
+COLUMNS = (
+    ("rounds", "rounds", "{:d}"),
+    ("mean_latency_s", "mean lat s", "{:.3f}"),
+    ("p50_latency_s", "p50 s", "{:.3f}"),
+    ("p99_latency_s", "p99 s", "{:.3f}"),
+    ("mean_ttft_s", "TTFT s", "{:.3f}"),
+    ("padding_tokens", "padding", "{:d}"),
+    ("bubble_tokens", "bubbles", "{:d}"),
+    ("reuse", "reuse", "{:.1%}"),
+    ("throughput_tok_s", "tok/s", "{:.1f}"),
+    ("utilization", "util", "{:.2f}"),
+    ("completed", "done", "{:d}"),
+)
+
+
 @dataclasses.dataclass(frozen=True)
 class RunResult:
     policy: str

@@ -109,8 +109,14 @@ async def stream_completion(client: Any, body: dict[str, Any], *, drop_after: in
 
 
 def request_body(model: str | None, req: BenchRequest, history: Sequence[int] = ()) -> dict[str, Any]:
-    body = {"prompt": list(history) + list(req.prompt), "max_tokens": req.max_tokens, "temperature": 0, "ignore_eos": True,
-            "stream": True, "stream_options": {"include_usage": True}}  # fmt: skip
+    body = {
+        "prompt": list(history) + list(req.prompt),
+        "max_tokens": req.max_tokens,
+        "temperature": 0,
+        "ignore_eos": True,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
     if model:
         body["model"] = model
     return body
@@ -200,17 +206,22 @@ def summarize(results: Sequence[HttpResult], wall_s: float) -> dict[str, Any]:
     prompt_tokens = sum(r.prompt_tokens for r in ok)
     tpot = [(r.latency - r.ttft) / (r.output_tokens - 1) for r in ok if r.output_tokens > 1 and r.ttft is not None]
     return {
-        "completed": len(ok), "failed": sum(1 for r in results if not r.complete and not r.dropped),
+        "completed": len(ok),
+        "failed": sum(1 for r in results if not r.complete and not r.dropped),
         "dropped": sum(1 for r in results if r.dropped),
-        "status_5xx": sum(1 for r in results if r.status >= 500), "duration_s": wall_s,
+        "status_5xx": sum(1 for r in results if r.status >= 500),
+        "duration_s": wall_s,
         "request_throughput": len(ok) / wall_s if wall_s else 0.0,
         "output_throughput": out_tokens / wall_s if wall_s else 0.0,
         "total_token_throughput": (out_tokens + prompt_tokens) / wall_s if wall_s else 0.0,
-        "ttft_ms": _stats([r.ttft for r in ok if r.ttft is not None]), "tpot_ms": _stats(tpot),
-        "itl_ms": _stats([g for r in ok for g in r.itl]), "e2el_ms": _stats([r.latency for r in ok if r.latency is not None]),
+        "ttft_ms": _stats([r.ttft for r in ok if r.ttft is not None]),
+        "tpot_ms": _stats(tpot),
+        "itl_ms": _stats([g for r in ok for g in r.itl]),
+        "e2el_ms": _stats([r.latency for r in ok if r.latency is not None]),
         "cache_hit_rate": sum(r.cached_tokens for r in ok) / prompt_tokens if prompt_tokens else 0.0,
-        "prompt_tokens": prompt_tokens, "output_tokens": out_tokens,
-    }  # fmt: skip
+        "prompt_tokens": prompt_tokens,
+        "output_tokens": out_tokens,
+    }
 
 
 def format_report(s: dict[str, Any]) -> str:
@@ -234,8 +245,13 @@ def run_url(args: argparse.Namespace, requests: list[BenchRequest]) -> int:
     except ImportError:
         raise ValueError("radixflow bench --url needs httpx: pip install httpx") from None
     results, wall = asyncio.run(
-        run_requests(args.url.rstrip("/"), requests, model=args.served_model_name, api_key=args.api_key,
-                     concurrency=args.concurrency)  # fmt: skip
+        run_requests(
+            args.url.rstrip("/"),
+            requests,
+            model=args.served_model_name,
+            api_key=args.api_key,
+            concurrency=args.concurrency,
+        )
     )
     summary = summarize(results, wall)
     print(format_report(summary))

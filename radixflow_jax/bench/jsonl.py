@@ -44,7 +44,7 @@ def _parse(path: str, lineno: int, line: str, encode: Callable[[str], list[int]]
     arrival = obj.get("arrival_s", 0.0)
     if not isinstance(arrival, (int, float)) or arrival < 0:
         raise WorkloadFileError(f"{where}: arrival_s must be a number >= 0")
-    return BenchRequest(prompt, max_tokens, float(arrival), group=int(obj.get("group", 0)))
+    return BenchRequest(prompt=prompt, max_tokens=max_tokens, arrival_s=float(arrival), group=int(obj.get("group", 0)))
 
 
 def read_jsonl(path: str, encode: Callable[[str], list[int]] | None = None) -> list[BenchRequest]:
@@ -66,5 +66,14 @@ def read_jsonl(path: str, encode: Callable[[str], list[int]] | None = None) -> l
 def write_jsonl(path: str, requests: Sequence[BenchRequest]) -> None:
     with open(path, "w") as f:
         for r in requests:
-            f.write(json.dumps({"prompt_token_ids": list(r.prompt), "max_tokens": r.max_tokens,
-                                "arrival_s": r.arrival_s, "group": r.group}) + "\n")  # fmt: skip
+            f.write(
+                json.dumps(
+                    {
+                        "prompt_token_ids": list(r.prompt),
+                        "max_tokens": r.max_tokens,
+                        "arrival_s": r.arrival_s,
+                        "group": r.group,
+                    }
+                )
+                + "\n"
+            )

@@ -9,7 +9,7 @@ Invariants:
   * The converter runs unmodified, through a wrapper that patches three things only in its own
     process (the BPE pre-tokenizer name, the missing ``tokenizer.model``, Nemotron-H's raw config):
     the tiny presets' tokenizer is not one the converter knows by hash.
-  * A :class:`ServerProcess` is started and stopped by its context manager; on exit the child and
+  * A :class:`LlamaServerProcess` is started and stopped by its context manager; on exit the child and
     its log file are gone whatever happened inside.
 """
 
@@ -33,14 +33,32 @@ TARGETS = ("llama-server", "llama-quantize")
 # not GGML_NATIVE: on a CPU that reports AMX, the native build died with SIGILL on Q8_0 files
 # (2026-12-02, Intel Xeon); the ISA extensions are turned on one by one from what the CPU reports
 # (cpu_isa_flags) and AMX stays off
-BASE_CMAKE_FLAGS = ("-G", "Ninja", "-DCMAKE_BUILD_TYPE=Release", "-DGGML_NATIVE=OFF", "-DGGML_AMX_TILE=OFF",
-                    "-DGGML_AMX_INT8=OFF", "-DGGML_AMX_BF16=OFF", "-DLLAMA_CURL=OFF", "-DLLAMA_BUILD_TESTS=OFF",
-                    "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_BUILD_SERVER=ON")  # fmt: skip
+BASE_CMAKE_FLAGS = (
+    "-G",
+    "Ninja",
+    "-DCMAKE_BUILD_TYPE=Release",
+    "-DGGML_NATIVE=OFF",
+    "-DGGML_AMX_TILE=OFF",
+    "-DGGML_AMX_INT8=OFF",
+    "-DGGML_AMX_BF16=OFF",
+    "-DLLAMA_CURL=OFF",
+    "-DLLAMA_BUILD_TESTS=OFF",
+    "-DLLAMA_BUILD_EXAMPLES=OFF",
+    "-DLLAMA_BUILD_SERVER=ON",
+)
 # ggml's CMake option -> the /proc/cpuinfo flag that must be present for it
-ISA_OPTIONS = (("GGML_AVX", "avx"), ("GGML_AVX2", "avx2"), ("GGML_FMA", "fma"), ("GGML_F16C", "f16c"),
-               ("GGML_BMI2", "bmi2"), ("GGML_AVX512", "avx512f"), ("GGML_AVX512_VBMI", "avx512vbmi"),
-               ("GGML_AVX512_VNNI", "avx512_vnni"), ("GGML_AVX512_BF16", "avx512_bf16"),
-               ("GGML_AVX_VNNI", "avx_vnni"))  # fmt: skip
+ISA_OPTIONS = (
+    ("GGML_AVX", "avx"),
+    ("GGML_AVX2", "avx2"),
+    ("GGML_FMA", "fma"),
+    ("GGML_F16C", "f16c"),
+    ("GGML_BMI2", "bmi2"),
+    ("GGML_AVX512", "avx512f"),
+    ("GGML_AVX512_VBMI", "avx512vbmi"),
+    ("GGML_AVX512_VNNI", "avx512_vnni"),
+    ("GGML_AVX512_BF16", "avx512_bf16"),
+    ("GGML_AVX_VNNI", "avx_vnni"),
+)
 
 
 def cpu_isa_flags(cpuinfo: str | None = None) -> tuple[str, ...]:
@@ -96,8 +114,19 @@ def fetch_sdist(directory: str, version: str = VERSION) -> str:
     path = os.path.join(directory, f"llama_cpp_python-{version}.tar.gz")
     if not os.path.exists(path):
         os.makedirs(directory, exist_ok=True)
-        cmd = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-binary", ":all:",
-               f"llama-cpp-python=={version}", "-d", directory]  # fmt: skip
+        cmd = [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "-q",
+            "--no-deps",
+            "--no-binary",
+            ":all:",
+            f"llama-cpp-python=={version}",
+            "-d",
+            directory,
+        ]
         subprocess.run(cmd, check=True)
     return path
 
@@ -136,8 +165,10 @@ def build(sdist: str, *, jobs: int = 2, version: str = VERSION, log: Callable[[s
     logfile = os.path.join(root, "build.log")
     started = time.perf_counter()
     with open(logfile, "w") as f:
-        for cmd in (["cmake", "-S", src, "-B", out, *BASE_CMAKE_FLAGS, *cpu_isa_flags()],
-                    ["cmake", "--build", out, f"-j{jobs}", "--target", *TARGETS]):  # fmt: skip
+        for cmd in (
+            ["cmake", "-S", src, "-B", out, *BASE_CMAKE_FLAGS, *cpu_isa_flags()],
+            ["cmake", "--build", out, f"-j{jobs}", "--target", *TARGETS],
+        ):
             proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
             shown = -1
             assert proc.stdout is not None
@@ -185,20 +216,29 @@ def quantize(quantizer: str, src: str, out: str, qtype: str) -> str:
     return out
 
 
-class ServerProcess:
+class LlamaServerProcess:
     """A server child process on ``127.0.0.1:port``: started by ``__enter__``, which waits until
     ``ready(health_json)`` holds for ``GET /health`` (or raises with the log's tail when the child
     exits or ``timeout`` passes); stopped by ``__exit__`` (SIGTERM, then SIGKILL after 20 s)."""
 
-    def __init__(self, name: str, cmd: Sequence[str], port: int, log_path: str, *, timeout: float = 1800.0,
-                 ready: Callable[[dict[str, Any]], bool] = lambda h: True, env: dict[str, str] | None = None):  # fmt: skip
+    def __init__(
+        self,
+        name: str,
+        cmd: Sequence[str],
+        port: int,
+        log_path: str,
+        *,
+        timeout: float = 1800.0,
+        ready: Callable[[dict[str, Any]], bool] = lambda h: True,
+        env: dict[str, str] | None = None,
+    ):
         self.name, self.cmd, self.port, self.log_path = name, list(cmd), port, log_path
         self.timeout, self.ready, self.env = timeout, ready, env
         self.url = f"http://127.0.0.1:{port}"
         self.proc: subprocess.Popen[bytes] | None = None
         self.startup_s = 0.0
 
-    def __enter__(self) -> ServerProcess:
+    def __enter__(self) -> LlamaServerProcess:
         import httpx
 
         start = time.perf_counter()
@@ -239,9 +279,27 @@ class ServerProcess:
         self.proc = None
 
 
-def llama_server_cmd(server: str, model: str, port: int, *, slots: int, ctx: int, threads: int,
-                     extra: Sequence[str] = ()) -> list[str]:  # fmt: skip
+def llama_server_cmd(
+    server: str, model: str, port: int, *, slots: int, ctx: int, threads: int, extra: Sequence[str] = ()
+) -> list[str]:
     """llama-server on one GGUF file: ``slots`` parallel sequences sharing ``ctx`` tokens of KV,
     ``threads`` for both generation and prompt batches."""
-    return [server, "-m", model, "-np", str(slots), "-c", str(ctx), "-t", str(threads), "-tb", str(threads),
-            "--host", "127.0.0.1", "--port", str(port), "--no-webui", *extra]  # fmt: skip
+    return [
+        server,
+        "-m",
+        model,
+        "-np",
+        str(slots),
+        "-c",
+        str(ctx),
+        "-t",
+        str(threads),
+        "-tb",
+        str(threads),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--no-webui",
+        *extra,
+    ]

@@ -39,9 +39,12 @@ Runner = Callable[[str], tuple[RunResult, list[RoundRecord]]]
 
 
 def model_runner(
-    model: Any, requests: list[BenchRequest], cfg: BenchConfig, dtype: str = "float32",
+    model: Any,
+    requests: list[BenchRequest],
+    cfg: BenchConfig,
+    dtype: str = "float32",
     progress: Callable[[str, int, int], None] | None = None,
-) -> Runner:  # fmt: skip
+) -> Runner:
     """One policy on a fresh engine over one loaded model (a ``LoadedModel`` or a name)."""
     from radixflow_jax.engine.build import build_engine
     from radixflow_jax.models.api import load
@@ -58,9 +61,12 @@ def model_runner(
 
 
 def sim_runner(
-    spec: ModelSpec, device: DeviceSpec, requests: list[BenchRequest], cfg: BenchConfig,
+    spec: ModelSpec,
+    device: DeviceSpec,
+    requests: list[BenchRequest],
+    cfg: BenchConfig,
     progress: Callable[[str, int, int], None] | None = None,
-) -> Runner:  # fmt: skip
+) -> Runner:
     """One policy on a fresh simulated engine (virtual clock: idle gaps are skipped)."""
 
     def run(policy: str) -> tuple[RunResult, list[RoundRecord]]:
@@ -81,9 +87,14 @@ def run_policies(runner: Runner, cfg: BenchConfig, repeats: int = 1) -> tuple[li
 
 
 def run_model(
-    model: Any, requests: list[BenchRequest], cfg: BenchConfig, dtype: str = "float32",
-    progress: Callable[[str, int, int], None] | None = None, with_records: bool = False, repeats: int = 1,
-) -> Any:  # fmt: skip
+    model: Any,
+    requests: list[BenchRequest],
+    cfg: BenchConfig,
+    dtype: str = "float32",
+    progress: Callable[[str, int, int], None] | None = None,
+    with_records: bool = False,
+    repeats: int = 1,
+) -> Any:
     """Each policy ``repeats`` times (interleaved) on fresh engines over the same loaded model.
     Returns the per-policy medians, and with ``with_records`` also the per-round records per policy."""
     reps, records = run_policies(model_runner(model, requests, cfg, dtype, progress), cfg, repeats)
@@ -92,9 +103,13 @@ def run_model(
 
 
 def run_sim(
-    spec: ModelSpec, device: DeviceSpec, requests: list[BenchRequest], cfg: BenchConfig,
-    progress: Callable[[str, int, int], None] | None = None, with_records: bool = False,
-) -> Any:  # fmt: skip
+    spec: ModelSpec,
+    device: DeviceSpec,
+    requests: list[BenchRequest],
+    cfg: BenchConfig,
+    progress: Callable[[str, int, int], None] | None = None,
+    with_records: bool = False,
+) -> Any:
     reps, records = run_policies(sim_runner(spec, device, requests, cfg, progress), cfg)
     results = [r.median for r in reps]
     return (results, records) if with_records else results

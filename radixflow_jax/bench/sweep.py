@@ -6,12 +6,13 @@ from __future__ import annotations
 import dataclasses
 from typing import Callable, Sequence
 
+from radixflow_jax.bench.driver import COLUMNS
 from radixflow_jax.bench.repeats import Repeated
 
-SWEEP_COLUMNS = (
-    ("utilization", "util", "{:.2f}"), ("rounds", "rounds", "{:d}"), ("mean_latency_s", "mean lat s", "{:.3f}"),
-    ("p99_latency_s", "p99 s", "{:.3f}"), ("reuse", "reuse", "{:.1%}"), ("throughput_tok_s", "tok/s", "{:.1f}"),
-)  # fmt: skip
+_BY_FIELD = {column[0]: column for column in COLUMNS}
+SWEEP_COLUMNS = tuple(
+    _BY_FIELD[f] for f in ("utilization", "rounds", "mean_latency_s", "p99_latency_s", "reuse", "throughput_tok_s")
+)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -54,8 +54,9 @@ class ModelShape:
 
 WORKLOAD = PrefixWorkload()
 QUICK_WORKLOAD = PrefixWorkload(requests=16, prefixes=4, prefix_len=128, suffix_len=32, output_len=16)
-QUICK_SHAPE = ModelShape(hidden=256, intermediate=768, layers=4, heads=4, head_dim=64, linear_key_heads=2,
-                         linear_value_heads=4)  # fmt: skip
+QUICK_SHAPE = ModelShape(
+    hidden=256, intermediate=768, layers=4, heads=4, head_dim=64, linear_key_heads=2, linear_value_heads=4
+)
 PAD_ID = 0
 
 
@@ -72,14 +73,24 @@ def write_model(shape: ModelShape, directory: str, seed: int, head_std: float) -
     from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
 
     config = Qwen3_5TextConfig(
-        vocab_size=shape.vocab, hidden_size=shape.hidden, intermediate_size=shape.intermediate,
-        num_hidden_layers=shape.layers, num_attention_heads=shape.heads, num_key_value_heads=shape.kv_heads,
-        head_dim=shape.head_dim, linear_num_key_heads=shape.linear_key_heads,
-        linear_num_value_heads=shape.linear_value_heads, linear_key_head_dim=shape.linear_head_dim,
-        linear_value_head_dim=shape.linear_head_dim, layer_types=layer_types(shape.layers),
-        max_position_embeddings=4096, tie_word_embeddings=False, pad_token_id=PAD_ID, eos_token_id=None,
+        vocab_size=shape.vocab,
+        hidden_size=shape.hidden,
+        intermediate_size=shape.intermediate,
+        num_hidden_layers=shape.layers,
+        num_attention_heads=shape.heads,
+        num_key_value_heads=shape.kv_heads,
+        head_dim=shape.head_dim,
+        linear_num_key_heads=shape.linear_key_heads,
+        linear_num_value_heads=shape.linear_value_heads,
+        linear_key_head_dim=shape.linear_head_dim,
+        linear_value_head_dim=shape.linear_head_dim,
+        layer_types=layer_types(shape.layers),
+        max_position_embeddings=4096,
+        tie_word_embeddings=False,
+        pad_token_id=PAD_ID,
+        eos_token_id=None,
         bos_token_id=None,
-    )  # fmt: skip
+    )
     torch.manual_seed(seed)
     model = Qwen3_5ForCausalLM(config)
     with torch.no_grad():
@@ -110,8 +121,11 @@ def add_setup_args(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--no-prefix-cache", action="store_true", help="run our engine without the prefix cache")
     p.add_argument("--buckets", choices=("fine", "pow2", "fixed"), default="fine", help="our bucket mode")
     p.add_argument("--repeats", type=int, default=3, help="interleaved runs of each engine; the median is reported")
-    p.add_argument("--jax-cache", default=os.path.join(cache_root(), "xla-cache-bench"),
-                   help="persistent XLA cache directory ('' turns it off)")  # fmt: skip
+    p.add_argument(
+        "--jax-cache",
+        default=os.path.join(cache_root(), "xla-cache-bench"),
+        help="persistent XLA cache directory ('' turns it off)",
+    )
 
 
 def setup_from_args(args: argparse.Namespace) -> tuple[PrefixWorkload, ModelShape]:
@@ -162,7 +176,8 @@ class VariantRecorder:
 
         v, _ = select_round(plan, self.shapes, self.num_slots)
         self.variants.add(v)
-        return StepResult({r.request_id: 1 for r in plan.rows if r.sample}, v.num_tokens, v.num_rows, 0.0, 0.0)
+        sampled = {r.request_id: 1 for r in plan.rows if r.sample}
+        return StepResult(sampled=sampled, token_slots=v.num_tokens, row_slots=v.num_rows, build_s=0.0, step_s=0.0)
 
 
 def planned_variants(llm: LLM, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[Variant]:
@@ -219,9 +234,13 @@ def capture_round(args: argparse.Namespace, kind: str = "decode") -> tuple[Any, 
     prompts = w.prompts(vocab_of(model_dir))
     params = SamplingParams(max_tokens=w.output_len, ignore_eos=True)
     llm = LLM(
-        model_dir, dtype="float32", max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_batched_tokens,
-        max_model_len=w.max_len, warmup=False,
-    )  # fmt: skip
+        model_dir,
+        dtype="float32",
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_batched_tokens,
+        max_model_len=w.max_len,
+        warmup=False,
+    )
     llm.engine.executor.warmup(planned_variants(llm, prompts, params))
     captured: dict[str, Any] = {}
     call = step_module.CompiledStep.__call__

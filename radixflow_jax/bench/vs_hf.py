@@ -75,9 +75,12 @@ def left_pad(batch: Sequence[Sequence[int]]) -> tuple[torch.Tensor, torch.Tensor
 
 
 def hf_generate(
-    model: PreTrainedModel, batch: Sequence[Sequence[int]], max_new_tokens: int, config: str = "eager",
+    model: PreTrainedModel,
+    batch: Sequence[Sequence[int]],
+    max_new_tokens: int,
+    config: str = "eager",
     cache: Any = None,
-) -> list[list[int]]:  # fmt: skip
+) -> list[list[int]]:
     """Greedy batched ``generate`` (left padding, EOS ignored) of ``batch``; the new ids per row. With
     ``cache`` (a filled prefix cache) ``generate`` continues from it and ``cache_implementation`` is
     dropped from the configuration's arguments (the cache object is given)."""
@@ -90,9 +93,14 @@ def hf_generate(
         kwargs["cache"] = cache
     with torch.inference_mode():
         out = model.generate(
-            input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=max_new_tokens,
-            pad_token_id=PAD_ID, eos_token_id=None, **kwargs,
-        )  # fmt: skip
+            input_ids=ids,
+            attention_mask=mask,
+            do_sample=False,
+            max_new_tokens=max_new_tokens,
+            pad_token_id=PAD_ID,
+            eos_token_id=None,
+            **kwargs,
+        )
     return out[:, ids.shape[1] :].tolist()
 
 
@@ -138,8 +146,12 @@ def prefill_prefixes(model: PreTrainedModel, prefixes: Sequence[Sequence[int]], 
 
 
 def reuse_generate(
-    model: PreTrainedModel, prompts: Sequence[Sequence[int]], plan: ReusePlan, max_new_tokens: int, config: str,
-) -> list[list[int]]:  # fmt: skip
+    model: PreTrainedModel,
+    prompts: Sequence[Sequence[int]],
+    plan: ReusePlan,
+    max_new_tokens: int,
+    config: str,
+) -> list[list[int]]:
     """Every prompt's new ids, computing each shared prefix once (:func:`prefill_prefixes`) and each
     batch from a copy of that cache expanded to the batch's rows."""
     import torch
@@ -242,5 +254,11 @@ def ratio_spread(ratios: Sequence[float]) -> dict[str, Any]:
     if r.size == 0:
         raise ValueError("no runs")
     q1, med, q3 = (float(x) for x in np.percentile(r, [25, 50, 75]))
-    return {"median": med, "min": float(r.min()), "max": float(r.max()), "q1": q1, "q3": q3,
-            "runs": [float(x) for x in r]}  # fmt: skip
+    return {
+        "median": med,
+        "min": float(r.min()),
+        "max": float(r.max()),
+        "q1": q1,
+        "q3": q3,
+        "runs": [float(x) for x in r],
+    }

@@ -63,8 +63,16 @@ def _ids(rng: np.random.Generator, n: int, vocab: int) -> tuple[int, ...]:
     return tuple(int(t) for t in rng.integers(3, vocab, max(1, n)))
 
 
-def _articles(spec: WorkloadSpec, rng: np.random.Generator, art_mean: int, art_sd: int, q_mean: int, q_sd: int,
-              per_article: Sequence[int], out: int) -> list[BenchRequest]:  # fmt: skip
+def _articles(
+    spec: WorkloadSpec,
+    rng: np.random.Generator,
+    art_mean: int,
+    art_sd: int,
+    q_mean: int,
+    q_sd: int,
+    per_article: Sequence[int],
+    out: int,
+) -> list[BenchRequest]:
     reqs: list[BenchRequest] = []
     template = _ids(rng, 12, spec.vocab)  # shared instruction header
     group = 0
@@ -74,7 +82,8 @@ def _articles(spec: WorkloadSpec, rng: np.random.Generator, art_mean: int, art_s
         count = int(rng.choice(per_article))
         for _ in range(min(count, spec.num_requests - len(reqs))):
             n_q = spec.question_len or int(max(8, rng.normal(q_mean, q_sd)))
-            reqs.append(BenchRequest(article + _ids(rng, n_q, spec.vocab), spec.max_tokens or out, group=group))
+            prompt = article + _ids(rng, n_q, spec.vocab)
+            reqs.append(BenchRequest(prompt=prompt, max_tokens=spec.max_tokens or out, group=group))
         group += 1
     return reqs
 
@@ -87,7 +96,8 @@ def _gsp(spec: WorkloadSpec, rng: np.random.Generator) -> list[BenchRequest]:
     while len(reqs) < spec.num_requests:
         system = _ids(rng, sys_len, spec.vocab)
         for _ in range(min(per_group, spec.num_requests - len(reqs))):
-            reqs.append(BenchRequest(system + _ids(rng, q_len, spec.vocab), spec.max_tokens or 256, group=group))
+            prompt = system + _ids(rng, q_len, spec.vocab)
+            reqs.append(BenchRequest(prompt=prompt, max_tokens=spec.max_tokens or 256, group=group))
         group += 1
     return reqs
 
@@ -102,7 +112,7 @@ def _multiturn(spec: WorkloadSpec, rng: np.random.Generator) -> list[BenchReques
         first = _ids(rng, spec.article_len or 300, spec.vocab)
         for t in range(min(turns, spec.num_requests - len(reqs))):
             text = first if t == 0 else _ids(rng, spec.question_len or 40, spec.vocab)
-            reqs.append(BenchRequest(text, spec.max_tokens or 32, group=group, turn=t))
+            reqs.append(BenchRequest(prompt=text, max_tokens=spec.max_tokens or 32, group=group, turn=t))
         group += 1
     return reqs
 

@@ -21,10 +21,10 @@ import numpy as np
 
 from radixflow_jax.models.api import LoadedModel
 from radixflow_jax.models.batch import init_cache
-from radixflow_jax.runner.inputs import BIAS_WIDTH, SamplingRow, StepArrays, build_arrays
+from radixflow_jax.runner.inputs import BIAS_WIDTH, SamplingRow, StepArrays, StepInputs, build_arrays
 from radixflow_jax.runner.pagecopy import PageCopier
 from radixflow_jax.runner.shapes import ShapeConfig, Variant
-from radixflow_jax.runner.step import CompiledStep, out_rows, splice_defaults
+from radixflow_jax.runner.step import CompiledStep, out_rows
 from radixflow_jax.runner.window import select_round
 from radixflow_jax.engine.protocol import ExecutorCapabilities, PromptLogprob, StepResult
 from radixflow_jax.scheduler.plan import UNKNOWN_TOKEN, RoundPlan
@@ -148,15 +148,15 @@ class ModelExecutor:
         arrays = build_arrays(
             plan, variant, page_size=self.page_size, max_pages=self.shapes.max_pages_per_row, sampling=sampling,
             penalty_window=self.penalty_window, decode=decode, mask_words=self.mask_words,
-        )  # fmt: skip
-        inputs = arrays.as_dict()
-        self._keep_neutral(variant, arrays, inputs)
-        src = splice_sources(plan, arrays.plan_rows, arrays.cu_seqlens, variant.num_tokens, prev)
+            num_out=out_rows(self.shapes),
+        )
+        inputs = self._keep_neutral(variant, arrays)
+        src = splice_sources(plan, arrays.plan_rows, inputs.cu_seqlens, variant.num_tokens, prev)
         if src is None:
-            inputs["splice_src"], inputs["prev_tokens"] = splice_defaults(variant, self.shapes)["splice_src"], self._no_prev
+            inputs = inputs._replace(prev_tokens=self._no_prev)
         else:
-            inputs["tokens"] = np.where(src >= 0, 0, arrays.tokens).astype(np.int32)  # UNKNOWN_TOKEN is no id
-            inputs["splice_src"], inputs["prev_tokens"] = src, prev.tokens
+            tokens = np.where(src >= 0, 0, inputs.tokens).astype(np.int32)  # UNKNOWN_TOKEN is no id
+            inputs = inputs._replace(tokens=tokens, splice_src=src, prev_tokens=prev.tokens)
         want = [(int(i), row.request_id, sampling[row.request_id].logprobs) for i, row in zip(arrays.plan_rows, plan.rows)
                 if row.sample and row.request_id in sampling and sampling[row.request_id].logprobs >= 0]  # fmt: skip
         if prev is not None and not self.step.is_compiled(variant):
@@ -176,23 +176,29 @@ class ModelExecutor:
                           f"D={variant.num_decode} on first use in {compile_s:.1f}s")  # fmt: skip
         return InFlight(plan, variant, arrays.plan_rows, tokens, tuple(lp), want, t1 - t0, t1 + compile_s, compile_s)
 
-    def _keep_neutral(self, variant: Variant, arrays: StepArrays, inputs: dict) -> None:
-        """Inputs that are the same every round while no row uses them (penalty context, bias
-        entries, grammar mask) are kept on the device instead of copied each round (one device)."""
+    def _keep_neutral(self, variant: Variant, arrays: StepArrays) -> StepInputs:
+        """The round's inputs, where those that are the same every round while no row uses them
+        (penalty context, bias entries, grammar mask) are the copies kept on the device instead of
+        copied each round (one device)."""
+        inputs = arrays.inputs
         if not self.step.single_device:
-            return
-        if self.penalty_window and not arrays.presence.any() and not arrays.frequency.any() and (arrays.repetition == 1).all():
+            return inputs
+        kept: dict[str, jax.Array] = {}
+        penalised = (inputs.presence, inputs.frequency, inputs.repetition - 1)
+        if self.penalty_window and not any(x.any() for x in penalised):
             if variant not in self._neutral_ctx:
-                self._neutral_ctx[variant] = (jax.device_put(arrays.ctx_ids), jax.device_put(arrays.ctx_out))
-            inputs["ctx_ids"], inputs["ctx_out"] = self._neutral_ctx[variant]
-        if not (arrays.bias_ids >= 0).any():
+                self._neutral_ctx[variant] = (jax.device_put(inputs.ctx_ids), jax.device_put(inputs.ctx_out))
+            kept["ctx_ids"], kept["ctx_out"] = self._neutral_ctx[variant]
+        if not (inputs.bias_ids >= 0).any():
             if variant not in self._neutral_bias:
-                self._neutral_bias[variant] = tuple(jax.device_put(x) for x in (arrays.bias_ids, arrays.bias_vals, arrays.bias_until))
-            inputs["bias_ids"], inputs["bias_vals"], inputs["bias_until"] = self._neutral_bias[variant]
+                bias = (inputs.bias_ids, inputs.bias_vals, inputs.bias_until)
+                self._neutral_bias[variant] = tuple(jax.device_put(x) for x in bias)
+            kept["bias_ids"], kept["bias_vals"], kept["bias_until"] = self._neutral_bias[variant]
         if not arrays.masked_rows:
             if variant not in self._neutral_mask:
-                self._neutral_mask[variant] = jax.device_put(arrays.token_mask)
-            inputs["token_mask"] = self._neutral_mask[variant]
+                self._neutral_mask[variant] = jax.device_put(inputs.token_mask)
+            kept["token_mask"] = self._neutral_mask[variant]
+        return inputs._replace(**kept)
 
     def collect(self, handle: InFlight) -> StepResult:
         """Waits for a launched round and returns its result. ``step_s``: from when the device could

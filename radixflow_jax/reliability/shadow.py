@@ -154,7 +154,9 @@ class ShadowExecutor:
         self.rounds += 1
         if self.clock is not None:
             self.clock.advance(self.round_s)  # type: ignore[attr-defined]
-        return StepResult(sampled, plan.num_tokens, len(plan.rows), 0.0, self.round_s)
+        return StepResult(
+            sampled=sampled, token_slots=plan.num_tokens, row_slots=len(plan.rows), build_s=0.0, step_s=self.round_s
+        )
 
     def _ride(self, row: RowPlan, plan: RoundPlan, sequences: Mapping[int, tuple[int, ...]], sampled: dict[int, int]) -> None:
         """A rider samples from its producer's last position: the producer's row must sample in this
@@ -183,9 +185,13 @@ class ShadowExecutor:
         return ctx + row.tokens
 
     def _write(
-        self, row: RowPlan, seq: tuple[int, ...], written: set[tuple[int, int]], emitted: set[int] | None,
+        self,
+        row: RowPlan,
+        seq: tuple[int, ...],
+        written: set[tuple[int, int]],
+        emitted: set[int] | None,
         sampled: dict[int, int],
-    ) -> None:  # fmt: skip
+    ) -> None:
         p = self.page_size
         for pos in range(row.start, len(seq)):
             page_id = row.pages[pos // p]

@@ -19,6 +19,7 @@ import time
 from typing import Any
 
 from radixflow_jax.engine.config import EngineConfig
+from radixflow_jax.engine.core import EngineCore
 from radixflow_jax.reliability.faults import FAULT_KINDS, Fault
 from radixflow_jax.reliability.harness import Harness, shadow_engine, shadow_of
 from radixflow_jax.engine.params import RequestOutput, SamplingParams
@@ -57,19 +58,26 @@ def cold_tokens(prompt: list[int], max_tokens: int, vocab: int) -> list[int]:
     return out
 
 
-def run_soak(cfg: SoakConfig) -> dict[str, Any]:
-    """Runs the soak; raises on the first violated invariant or wrong output; returns the report."""
-    rng = random.Random(cfg.seed)
+def _soak_engine(cfg: SoakConfig, rng: random.Random, expected_rounds: int) -> EngineCore:
+    """The shadow engine of the soak, with its faults drawn from ``rng`` over ``expected_rounds``."""
     ec = EngineConfig.from_options(
         max_num_seqs=cfg.max_num_seqs, max_num_batched_tokens=cfg.max_num_batched_tokens, page_size=cfg.page_size,
         max_model_len=cfg.max_model_len, policy=cfg.policy, warmup=False,
-    )  # fmt: skip
-    expected_rounds = int(cfg.requests / cfg.per_round * 4) + 100
+    )
     faults = tuple(
         Fault(r, rng.choice(FAULT_KINDS)) for r in range(expected_rounds) if rng.random() < cfg.fault_rate
     )  # a fault is counted in step calls; calls past the last planned fault simply succeed
-    core = shadow_engine(ec, num_pages=cfg.num_pages, num_slots=cfg.num_slots, max_model_len=cfg.max_model_len,
-                         vocab=cfg.vocab, faults=faults)  # fmt: skip
+    return shadow_engine(
+        ec, num_pages=cfg.num_pages, num_slots=cfg.num_slots, max_model_len=cfg.max_model_len, vocab=cfg.vocab,
+        faults=faults,
+    )
+
+
+def run_soak(cfg: SoakConfig) -> dict[str, Any]:
+    """Runs the soak; raises on the first violated invariant or wrong output; returns the report."""
+    rng = random.Random(cfg.seed)
+    expected_rounds = int(cfg.requests / cfg.per_round * 4) + 100
+    core = _soak_engine(cfg, rng, expected_rounds)
     h = Harness(core, audit_before=False, keep_outputs=False)  # audited after every round
     articles = [
         [rng.randrange(3, cfg.vocab) for _ in range(rng.randint(*cfg.article_len))] for _ in range(cfg.articles)
@@ -88,8 +96,13 @@ def run_soak(cfg: SoakConfig) -> dict[str, Any]:
         abort_at, mid = None, False
         if rng.random() < cfg.abort_rate:
             abort_at, mid = int(arrival) + rng.randrange(0, 24), rng.random() < cfg.mid_round_share
-        key = h.submit(prompt, SamplingParams(max_tokens=max_tokens, ignore_eos=True), at_round=int(arrival),
-                       abort_at=abort_at, mid_round=mid)  # fmt: skip
+        key = h.submit(
+            prompt,
+            SamplingParams(max_tokens=max_tokens, ignore_eos=True),
+            at_round=int(arrival),
+            abort_at=abort_at,
+            mid_round=mid,
+        )
         prompts[key] = (prompt, max_tokens)
     counts = {"completed": 0, "aborted": 0, "errors": 0, "prompt_tokens": 0, "cached_tokens": 0, "checked": 0}
 

@@ -20,9 +20,8 @@ Invariants:
 
 from __future__ import annotations
 
-import concurrent.futures
 import threading
-from typing import Any, Callable, Sequence
+from typing import Sequence
 
 from radixflow_jax.replicas.background import BackgroundEngine, RequestHandle
 from radixflow_jax.engine.core import EngineCore
@@ -65,10 +64,6 @@ class ReplicatedEngine:
                 loads = [r.num_waiting + r.num_running for r in self.replicas]
                 choice = self.router.choose(prompt, loads, [0] * len(self.replicas))
         return choice
-
-    def call_all(self, fn: Callable[[EngineCore], Any]) -> list[concurrent.futures.Future[Any]]:
-        """Runs ``fn(core)`` on every replica's thread (before its next round); one future each."""
-        return [r.call(fn) for r in self.replicas]
 
     @property
     def num_waiting(self) -> int:

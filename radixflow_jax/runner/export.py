@@ -2,7 +2,7 @@
 
 A GPU or TPU step can be lowered on a CPU host: the model is built abstractly
 (``models/weights.abstract_model``: shapes and dtypes only, no weights in memory), the pools by
-``jax.eval_shape`` of ``init_cache``, the round's inputs by ``runner/step.array_specs``, and the
+``jax.eval_shape`` of ``init_cache``, the round's inputs by ``runner/step.input_specs``, and the
 step (``runner/step.make_step``, the very function the engine compiles) is traced under
 ``ops.target_platform(platform)`` so that ops pick that platform's kernels (the Pallas Triton
 variants for ``cuda``, the Mosaic variants for ``tpu``; no native CPU kernel). The exported program
@@ -32,7 +32,7 @@ from radixflow_jax.models.batch import init_cache
 from radixflow_jax.models.config import ModelConfig
 from radixflow_jax.models.weights import abstract_model
 from radixflow_jax.runner.shapes import ShapeConfig, Variant
-from radixflow_jax.runner.step import array_specs, make_step, out_rows
+from radixflow_jax.runner.step import input_specs, make_step, out_rows
 
 # custom calls that jax.export does not list as stable but that a Pallas kernel lowers to: the
 # Triton kernels' call target on GPUs (the exported module pins the Triton IR it carries)
@@ -100,27 +100,34 @@ def standard_variants(shapes: ShapeConfig, prefill_tokens: int) -> dict[str, Var
 
 
 def export_step(
-    cfg: ModelConfig, dtype: str | jnp.dtype, sizes: ExportShapes, variant: Variant, platform: str,
-    *, kernels: str = "pallas",
-) -> StepExport:  # fmt: skip
+    cfg: ModelConfig,
+    dtype: str | jnp.dtype,
+    sizes: ExportShapes,
+    variant: Variant,
+    platform: str,
+    *,
+    kernels: str = "pallas",
+) -> StepExport:
     """Lowers the step of ``variant`` for ``platform`` with backend ``kernels`` (``pallas``: the
     platform's Pallas kernels, an op without one on its XLA form; ``xla``: no Pallas)."""
     dtype = jnp.dtype(dtype)
     shapes = sizes.step_shapes(cfg)
     graphdef, params = abstract_model(cfg, dtype)
     cache = jax.eval_shape(
-        lambda: init_cache(cfg, num_pages=sizes.num_pages, page_size=sizes.page_size, num_slots=sizes.num_slots,
-                           dtype=dtype)
-    )  # fmt: skip
-    arrays = array_specs(variant, shapes.max_pages_per_row, sizes.penalty_window, out_rows(shapes))
+        lambda: init_cache(
+            cfg, num_pages=sizes.num_pages, page_size=sizes.page_size, num_slots=sizes.num_slots, dtype=dtype
+        )
+    )
+    inputs = input_specs(variant, shapes.max_pages_per_row, sizes.penalty_window, out_rows(shapes))
     step = jax.jit(make_step(graphdef, variant.num_decode, out_rows(shapes)), donate_argnums=(1,))
     checks = [jax_export.DisabledSafetyCheck.custom_call(name) for name in _UNSTABLE_CALLS.get(platform, ())]
     try:
         with ops.use_backend(kernels), ops.target_platform(platform):
-            exported = jax_export.export(step, platforms=[platform], disabled_checks=checks)(params, cache, arrays)
+            exported = jax_export.export(step, platforms=[platform], disabled_checks=checks)(params, cache, inputs)
     except Exception as exc:  # the lowering's own error type varies by op and platform
-        raise ExportError(f"step variant {variant} does not lower for {platform} with {kernels} kernels: "
-                          f"{type(exc).__name__}: {exc}") from exc  # fmt: skip
+        raise ExportError(
+            f"step variant {variant} does not lower for {platform} with {kernels} kernels: {type(exc).__name__}: {exc}"
+        ) from exc
     counts: dict[str, int] = {}
     for a, b in _CALL.findall(exported.mlir_module()):
         counts[a or b] = counts.get(a or b, 0) + 1

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-from typing import Mapping, Protocol, Sequence
+from typing import Mapping, NamedTuple, Protocol, Sequence
 
 import numpy as np
 
@@ -65,9 +65,12 @@ BIAS_WIDTH = 128  # bias entries (logit_bias + min_tokens bans) one row may carr
 _ALWAYS = np.iinfo(np.int32).max  # ban_until of a logit_bias entry: it applies at every position
 
 
-@dataclasses.dataclass
-class StepArrays:
-    """Every array the step takes, by name; shapes depend only on the variant."""
+class StepInputs(NamedTuple):
+    """Every array the step takes, by name: a pytree (the step reads ``inputs.tokens``), flattened
+    in field order. Shapes depend only on the variant (``T`` tokens, ``R`` rows, ``M`` emits, the
+    penalty window ``W``, ``BIAS_WIDTH`` ``B``, the grammar mask width, ``O`` the length of the
+    previous round's sampled array). The engine may swap an array for an equal one kept on the
+    device (``_replace``); a swap never changes a shape or dtype."""
 
     tokens: np.ndarray  # int32 [T]
     cu_seqlens: np.ndarray  # int32 [R + 1]
@@ -98,28 +101,36 @@ class StepArrays:
     pair_emit: np.ndarray  # int32 [R]: a paired consumer's initial state is emit pair_emit[r]; -1 = unpaired
     decode_base: np.ndarray  # int32 []: decode row r runs in state slot decode_base + r
     token_mask: np.ndarray  # int32 [R, ceil(V/32)]: grammar mask, bit v%32 of word v//32; all ones (-1): none
-    plan_rows: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0, np.int64))
-    """host only: the array row of each plan row (``sampled[plan_rows[i]]`` belongs to ``plan.rows[i]``)"""
+    splice_src: np.ndarray  # int32 [T]: overlap, input token t is prev_tokens[splice_src[t]] when >= 0
+    prev_tokens: np.ndarray  # int32 [O]: the previous round's sampled array (overlap; zeros: none)
+
+
+@dataclasses.dataclass
+class StepArrays:
+    """A built round: the step's :class:`StepInputs` and what stays on the host."""
+
+    inputs: StepInputs
+    plan_rows: np.ndarray
+    """the array row of each plan row (``sampled[plan_rows[i]]`` belongs to ``plan.rows[i]``)"""
 
     masked_rows: int = 0
-    """host only: rows whose ``token_mask`` a grammar wrote (0: the mask is all ones)"""
-
-    def as_dict(self) -> dict[str, np.ndarray]:
-        """The step's inputs (``plan_rows`` and ``masked_rows`` stay on the host)."""
-        host = ("plan_rows", "masked_rows")
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in host}
+    """rows whose ``token_mask`` a grammar wrote (0: the mask is all ones)"""
 
 
-# one token at position 0 of page 0, slot 0
-_PAD_DECODE = RowPlan(request_id=-1, tokens=(0,), start=0, pages=(0,), slot=0, copy_from=None, emits=(), sample=False)
+# a padding decode row: one token at position 0 of page 0, in slot 0
+_PAD_DECODE = RowPlan(
+    request_id=-1, tokens=(0,), start=0, pages=(0,), slot=0, copy_from=None, emits=(), sample=False
+)
 
 
 def build_arrays(
     plan: RoundPlan, variant: Variant, *, page_size: int, max_pages: int, sampling: Mapping[int, SamplingRow],
-    penalty_window: int = 0, decode: DecodePlacement | None = None, mask_words: int = 0,
+    penalty_window: int = 0, decode: DecodePlacement | None = None, mask_words: int = 0, num_out: int = 0,
 ) -> StepArrays:
     """``penalty_window``: width ``W`` of the penalty context arrays (0: penalties unavailable);
     ``mask_words``: width of the grammar mask (0: structured outputs unavailable);
+    ``num_out``: length of the sampled array the step returns (``runner/step.out_rows``), which
+    ``prev_tokens`` takes (at least the variant's rows); the round splices no token from another;
     ``decode``: the round's decode placement (``runner/window.select_round``; None: placed here,
     with ``base`` the lowest decode slot, which the caller must know fits its pool).
 
@@ -135,16 +146,22 @@ def build_arrays(
         region[plan.rows[i].slot - decode.base] = plan.rows[i]
     rows = tuple(region) + prefill
     _check_pages(rows, page_size, max_pages)
-    a = _empty_arrays(variant, max_pages, penalty_window, decode.base, mask_words)
-    _fill_tokens(a, rows, page_size)
-    _fill_emits(a, rows, variant.num_decode)
-    _fill_sampling(a, rows, sampling, penalty_window)
+    inputs = empty_inputs(
+        variant,
+        max_pages,
+        penalty_window=penalty_window,
+        num_out=num_out,
+        mask_words=mask_words,
+        decode_base=decode.base,
+    )
+    _fill_tokens(inputs, rows, page_size)
+    _fill_emits(inputs, rows, variant.num_decode)
+    masked_rows = _fill_sampling(inputs, rows, sampling, penalty_window)
     plan_rows = np.zeros(len(plan.rows), np.int64)
     for i in decode.rows:
         plan_rows[i] = plan.rows[i].slot - decode.base
     plan_rows[order] = np.arange(variant.num_decode, variant.num_decode + len(prefill))
-    a.plan_rows = plan_rows
-    return a
+    return StepArrays(inputs=inputs, plan_rows=plan_rows, masked_rows=masked_rows)
 
 
 def _check_fits(plan: RoundPlan, variant: Variant, decode: DecodePlacement) -> list[int]:
@@ -154,8 +171,10 @@ def _check_fits(plan: RoundPlan, variant: Variant, decode: DecodePlacement) -> l
     d = len(decode.rows)
     fits = all(0 <= plan.rows[i].slot - decode.base < variant.num_decode for i in decode.rows)
     if d > variant.num_decode or not fits:
-        raise ValueError(f"decode rows of slots {[plan.rows[i].slot for i in decode.rows]} do not fit the window "
-                         f"of {variant.num_decode} slots from {decode.base}")  # fmt: skip
+        raise ValueError(
+            f"decode rows of slots {[plan.rows[i].slot for i in decode.rows]} do not fit the window "
+            f"of {variant.num_decode} slots from {decode.base}"
+        )
     in_window = set(decode.rows)
     order = [i for i in range(len(plan.rows)) if i not in in_window]
     prefill_tokens = sum(len(plan.rows[i].tokens) for i in order)
@@ -181,10 +200,14 @@ def _check_pages(rows: Sequence[RowPlan], page_size: int, max_pages: int) -> Non
             )
 
 
-def _empty_arrays(variant: Variant, max_pages: int, penalty_window: int, decode_base: int, mask_words: int = 0) -> StepArrays:
-    """The arrays of ``variant`` with every row and token padding (neutral sampling, no emits)."""
+def empty_inputs(
+    variant: Variant, max_pages: int, *, penalty_window: int = 0, num_out: int = 0, mask_words: int = 0,
+    decode_base: int = 0,
+) -> StepInputs:
+    """The inputs of ``variant`` with every row and token padding (neutral sampling, no emits, no
+    splice); the one statement of every input's shape and dtype (``runner/step.input_specs``)."""
     t, r, m = variant.num_tokens, variant.num_rows, variant.max_emits
-    return StepArrays(
+    return StepInputs(
         tokens=np.zeros(t, np.int32),
         cu_seqlens=np.zeros(r + 1, np.int32),
         kv_lens=np.zeros(r, np.int32),
@@ -214,10 +237,12 @@ def _empty_arrays(variant: Variant, max_pages: int, penalty_window: int, decode_
         pair_emit=np.full(r, -1, np.int32),
         decode_base=np.asarray(decode_base, np.int32),
         token_mask=np.full((r, mask_words), -1, np.int32),
+        splice_src=np.full(t, -1, np.int32),
+        prev_tokens=np.zeros(max(num_out, r), np.int32),
     )
 
 
-def _fill_tokens(a: StepArrays, rows: Sequence[RowPlan], page_size: int) -> None:
+def _fill_tokens(inputs: StepInputs, rows: Sequence[RowPlan], page_size: int) -> None:
     """Token ids, page table, KV slot of every token, row boundaries and lengths, state slots.
     Rows past ``len(rows)`` stay empty spans at the end (``cu_seqlens`` repeats the total)."""
     nr = len(rows)
@@ -227,24 +252,24 @@ def _fill_tokens(a: StepArrays, rows: Sequence[RowPlan], page_size: int) -> None
     cu = np.zeros(nr + 1, np.int64)
     np.cumsum(lens, out=cu[1:])
     total = int(cu[-1])
-    a.tokens[:total] = np.fromiter(itertools.chain.from_iterable(row.tokens for row in rows), np.int32, total)
+    inputs.tokens[:total] = np.fromiter(itertools.chain.from_iterable(row.tokens for row in rows), np.int32, total)
     for i, row in enumerate(rows):
-        a.page_table[i, : len(row.pages)] = row.pages
+        inputs.page_table[i, : len(row.pages)] = row.pages
     row_of = np.repeat(np.arange(nr), lens)
     pos = np.asarray(starts, np.int64)[row_of] + (np.arange(total) - cu[:-1][row_of])
-    a.slot_mapping[:total] = a.page_table[row_of, pos // page_size] * page_size + pos % page_size
-    a.cu_seqlens[: nr + 1] = cu
-    a.cu_seqlens[nr + 1 :] = total
-    a.kv_lens[:nr] = cu[1:] - cu[:-1] + np.asarray(starts, np.int64)
-    a.position[:nr] = a.kv_lens[:nr]
-    a.logits_index[:nr] = cu[1:] - 1
-    a.state_slots[:nr] = [row.slot for row in rows]
-    a.copy_src[:nr] = [row.slot if row.copy_from is None else row.copy_from for row in rows]
+    inputs.slot_mapping[:total] = inputs.page_table[row_of, pos // page_size] * page_size + pos % page_size
+    inputs.cu_seqlens[: nr + 1] = cu
+    inputs.cu_seqlens[nr + 1 :] = total
+    inputs.kv_lens[:nr] = cu[1:] - cu[:-1] + np.asarray(starts, np.int64)
+    inputs.position[:nr] = inputs.kv_lens[:nr]
+    inputs.logits_index[:nr] = cu[1:] - 1
+    inputs.state_slots[:nr] = [row.slot for row in rows]
+    inputs.copy_src[:nr] = [row.slot if row.copy_from is None else row.copy_from for row in rows]
     if any(row.twin_id is not None for row in rows):
-        _fill_riders(a, rows)
+        _fill_riders(inputs, rows)
 
 
-def _fill_riders(a: StepArrays, rows: Sequence[RowPlan]) -> None:
+def _fill_riders(inputs: StepInputs, rows: Sequence[RowPlan]) -> None:
     """A rider row (``scheduler/riders.py``) computes no token and runs in the sink slot; it samples
     position ``start`` from its producer row's last token. The model's last layer queries each row's
     last token with that row's page table and context length (``models/mixers/attention.py``,
@@ -259,13 +284,13 @@ def _fill_riders(a: StepArrays, rows: Sequence[RowPlan]) -> None:
             raise ValueError(
                 f"request {row.request_id} rides request {row.twin_id}, which samples in no row of the round"
             )
-        a.kv_lens[i] = a.kv_lens[producer]
-        a.page_table[i] = a.page_table[producer]
-        a.position[i] = row.start
-        a.logits_index[i] = a.logits_index[producer]
+        inputs.kv_lens[i] = inputs.kv_lens[producer]
+        inputs.page_table[i] = inputs.page_table[producer]
+        inputs.position[i] = row.start
+        inputs.logits_index[i] = inputs.logits_index[producer]
 
 
-def _fill_emits(a: StepArrays, rows: Sequence[RowPlan], num_decode: int) -> None:
+def _fill_emits(inputs: StepInputs, rows: Sequence[RowPlan], num_decode: int) -> None:
     """Checkpoint emits in row order, and each paired row's emit index. A decode row (the first
     ``num_decode``) emits only after its one token and never pairs; a row pairs with the emit of an
     unpaired row of the same round."""
@@ -276,7 +301,7 @@ def _fill_emits(a: StepArrays, rows: Sequence[RowPlan], num_decode: int) -> None
                 f"request {rows[i].request_id}: a decode row emits after its one token, not at offset {offset}"
             )
     if emits:
-        a.emit_rows[: len(emits)], a.emit_offsets[: len(emits)], a.emit_slots[: len(emits)] = zip(*emits)
+        inputs.emit_rows[: len(emits)], inputs.emit_offsets[: len(emits)], inputs.emit_slots[: len(emits)] = zip(*emits)
     emit_of = {slot: j for j, (_, _, slot) in enumerate(emits)}
     for i, row in enumerate(rows):
         if row.pair_slot is not None:
@@ -286,28 +311,31 @@ def _fill_emits(a: StepArrays, rows: Sequence[RowPlan], num_decode: int) -> None
                     f"request {row.request_id} pairs with checkpoint slot {row.pair_slot}, which no unpaired "
                     "prefill row of the round emits"
                 )
-            a.pair_emit[i] = j
+            inputs.pair_emit[i] = j
 
 
-def _fill_sampling(a: StepArrays, rows: Sequence[RowPlan], sampling: Mapping[int, SamplingRow], window: int) -> None:
+def _fill_sampling(
+    inputs: StepInputs, rows: Sequence[RowPlan], sampling: Mapping[int, SamplingRow], window: int
+) -> int:
     """Each row's sampling settings (``GREEDY`` for a request without any, and for padding rows);
-    a penalised row's prompt + output ids, which must fit the penalty ``window``, go into ``ctx_ids``."""
-    nr = len(rows)
+    a penalised row's prompt + output ids, which must fit the penalty ``window``, go into ``ctx_ids``.
+    Returns how many rows' grammar mask it wrote."""
+    nr, masked_rows = len(rows), 0
     params = [sampling.get(row.request_id, GREEDY) for row in rows]
-    a.temperature[:nr] = [p.temperature for p in params]
-    a.top_k[:nr] = [p.top_k for p in params]
-    a.top_p[:nr] = [p.top_p for p in params]
-    a.min_p[:nr] = [p.min_p for p in params]
-    a.seed[:nr] = [p.seed & 0xFFFFFFFF for p in params]
-    a.want_logprobs[:nr] = [p.logprobs >= 0 for p in params]
+    inputs.temperature[:nr] = [p.temperature for p in params]
+    inputs.top_k[:nr] = [p.top_k for p in params]
+    inputs.top_p[:nr] = [p.top_p for p in params]
+    inputs.min_p[:nr] = [p.min_p for p in params]
+    inputs.seed[:nr] = [p.seed & 0xFFFFFFFF for p in params]
+    inputs.want_logprobs[:nr] = [p.logprobs >= 0 for p in params]
     for i, p in enumerate(params):
         if p.bias or p.ban:
-            _fill_bias(a, i, p)
+            _fill_bias(inputs, i, p)
         if p.grammar is not None and rows[i].sample:
-            if not a.token_mask.shape[1]:
+            if not inputs.token_mask.shape[1]:
                 raise ValueError(f"request {rows[i].request_id} has a grammar; this step has no grammar mask")
-            p.grammar.mask_into(a.token_mask[i])
-            a.masked_rows += 1
+            p.grammar.mask_into(inputs.token_mask[i])
+            masked_rows += 1
         if p.has_penalty:
             n_prompt, n_out = len(p.prompt), len(p.output)
             if n_prompt + n_out > window:
@@ -315,28 +343,34 @@ def _fill_sampling(a: StepArrays, rows: Sequence[RowPlan], sampling: Mapping[int
                     f"request {rows[i].request_id}: {n_prompt + n_out} context tokens exceed the penalty window "
                     f"{window}"
                 )
-            a.presence[i], a.frequency[i] = p.presence_penalty, p.frequency_penalty
-            a.repetition[i] = p.repetition_penalty
-            a.ctx_ids[i, :n_prompt] = p.prompt
-            a.ctx_ids[i, n_prompt : n_prompt + n_out] = p.output
-            a.ctx_out[i, n_prompt : n_prompt + n_out] = True
+            inputs.presence[i], inputs.frequency[i] = p.presence_penalty, p.frequency_penalty
+            inputs.repetition[i] = p.repetition_penalty
+            inputs.ctx_ids[i, :n_prompt] = p.prompt
+            inputs.ctx_ids[i, n_prompt : n_prompt + n_out] = p.output
+            inputs.ctx_out[i, n_prompt : n_prompt + n_out] = True
+    return masked_rows
 
 
-def _fill_bias(a: StepArrays, i: int, p: SamplingRow) -> None:
+def _fill_bias(inputs: StepInputs, i: int, p: SamplingRow) -> None:
     """Row ``i``'s logit_bias entries, then its min_tokens bans (which must fit ``BIAS_WIDTH``)."""
     nb, nban = len(p.bias), len(p.ban)
     if nb + nban > BIAS_WIDTH:
         raise ValueError(f"{nb} logit_bias entries + {nban} banned stop tokens exceed the {BIAS_WIDTH} bias slots")
     if nb:
         ids, vals = zip(*p.bias)
-        a.bias_ids[i, :nb], a.bias_vals[i, :nb], a.bias_until[i, :nb] = ids, vals, _ALWAYS
+        inputs.bias_ids[i, :nb], inputs.bias_vals[i, :nb], inputs.bias_until[i, :nb] = ids, vals, _ALWAYS
     if nban:
-        a.bias_ids[i, nb : nb + nban], a.bias_vals[i, nb : nb + nban] = p.ban, -np.inf
-        a.bias_until[i, nb : nb + nban] = p.ban_until
+        inputs.bias_ids[i, nb : nb + nban], inputs.bias_vals[i, nb : nb + nban] = p.ban, -np.inf
+        inputs.bias_until[i, nb : nb + nban] = p.ban_until
 
 
-def padding_arrays(variant: Variant, max_pages: int, penalty_window: int = 0, mask_words: int = 0) -> StepArrays:
-    """The arrays of a round with no real row (warm-up executions): every row and token is padding."""
+def padding_inputs(
+    variant: Variant, max_pages: int, *, penalty_window: int = 0, num_out: int = 0, mask_words: int = 0
+) -> StepInputs:
+    """The inputs of a round with no real row (warm-up executions): every row and token is padding."""
     empty = RoundPlan(rows=(), num_decode=0, stats=RoundStats())
-    return build_arrays(empty, variant, page_size=1, max_pages=max_pages, sampling={}, penalty_window=penalty_window,
-                        mask_words=mask_words)  # fmt: skip
+    built = build_arrays(
+        empty, variant, page_size=1, max_pages=max_pages, sampling={}, penalty_window=penalty_window,
+        mask_words=mask_words, num_out=num_out,
+    )
+    return built.inputs

@@ -1,6 +1,7 @@
 """The jitted step and its compiled variants.
 
-``step(params, cache, arrays) -> (cache, tokens)`` with the pools donated:
+``step(params, cache, inputs) -> (cache, tokens)`` with the pools donated (``inputs``: a
+:class:`~radixflow_jax.runner.inputs.StepInputs`, a pytree of arrays):
   1. copy source checkpoints into the rows' state slots (``copy_src -> state_slots``): each
      recurrent layer reads a row's initial state from ``copy_src`` and writes to ``state_slots``;
   2. run the model over the packed ragged batch (KV and states written in place, checkpoints
@@ -31,18 +32,17 @@ from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from flax import nnx
 from jax.sharding import NamedSharding
 
 from radixflow_jax.kernels import ops
 from radixflow_jax.models.batch import Batch, ModelCache
 from radixflow_jax.models.mixers.recurrent import Emits
-from radixflow_jax.runner.inputs import BIAS_WIDTH
+from radixflow_jax.runner.inputs import StepInputs, empty_inputs, padding_inputs
 from radixflow_jax.runner.sampling import apply_bias, apply_mask, apply_penalties, sample, token_logprobs
+from radixflow_jax.runner.shapes import ShapeConfig, Variant
 
 MAX_LOGPROBS = 20  # top alternatives computed per sampled token (the OpenAI API's maximum)
-from radixflow_jax.runner.shapes import ShapeConfig, Variant
 
 
 class CompileAfterWarmupError(RuntimeError):
@@ -57,39 +57,40 @@ def out_rows(shapes: ShapeConfig) -> int:
     return 2 * shapes.max_rows
 
 
-def splice_defaults(variant: Variant, shapes: ShapeConfig) -> dict[str, np.ndarray]:
-    """The overlap inputs of a round that takes no token from another round."""
-    return {"splice_src": np.full(variant.num_tokens, -1, np.int32), "prev_tokens": np.zeros(out_rows(shapes), np.int32)}
-
-
 def make_step(graphdef: nnx.GraphDef, num_decode: int, num_out: int) -> Callable:
-    def step(params: nnx.State, cache: ModelCache, a: dict[str, jax.Array]) -> tuple[ModelCache, jax.Array]:
+    def step(params: nnx.State, cache: ModelCache, inputs: StepInputs) -> tuple[ModelCache, jax.Array]:
         model = nnx.merge(graphdef, params)
-        src = a["splice_src"]  # overlap: input tokens sampled by the previous round, on the device
-        input_ids = jnp.where(src >= 0, a["prev_tokens"][jnp.maximum(src, 0)], a["tokens"])
-        span = a["cu_seqlens"][1:] - a["cu_seqlens"][:-1]
+        src = inputs.splice_src  # overlap: input tokens sampled by the previous round, on the device
+        input_ids = jnp.where(src >= 0, inputs.prev_tokens[jnp.maximum(src, 0)], inputs.tokens)
+        span = inputs.cu_seqlens[1:] - inputs.cu_seqlens[:-1]
         # copy-on-write of source checkpoints: each recurrent layer reads a row's initial state from
         # copy_src (zero for rows that start a sequence) and writes its result to state_slots
-        batch = Batch(a["cu_seqlens"], a["kv_lens"], a["page_table"], a["slot_mapping"], a["state_slots"],
-                      source_slots=a["copy_src"], fresh=a["kv_lens"] == span, pair_emit=a["pair_emit"],
-                      decode_base=a["decode_base"])  # fmt: skip
-        emits = Emits(a["emit_rows"], a["emit_offsets"], a["emit_slots"])
+        batch = Batch(
+            cu_seqlens=inputs.cu_seqlens, kv_lens=inputs.kv_lens, page_table=inputs.page_table,
+            slot_mapping=inputs.slot_mapping, state_slots=inputs.state_slots, source_slots=inputs.copy_src,
+            fresh=inputs.kv_lens == span, pair_emit=inputs.pair_emit, decode_base=inputs.decode_base,
+        )
+        emits = Emits(inputs.emit_rows, inputs.emit_offsets, inputs.emit_slots)
         # hidden states of each row's last token only: the last layer's queries, output projections
         # and MLP run on those alone (a decode-only variant has one token per row already)
-        prefill = a["tokens"].shape[0] > a["cu_seqlens"].shape[0] - 1
-        row_last = a["logits_index"] if prefill else None
+        prefill = inputs.tokens.shape[0] > inputs.cu_seqlens.shape[0] - 1
+        row_last = inputs.logits_index if prefill else None
         hidden, cache = model(input_ids, batch, cache, num_decode=num_decode, emits=emits, row_last=row_last)
-        logits = model.logits(hidden if prefill else hidden[a["logits_index"]]).astype(jnp.float32)
-        logits = apply_penalties(logits, a["ctx_ids"], a["ctx_out"], a["presence"], a["frequency"], a["repetition"])
-        logits = apply_bias(logits, a["bias_ids"], a["bias_vals"], a["bias_until"], a["position"])
-        if a["token_mask"].shape[-1]:  # structured outputs: each row's grammar mask (all ones: none)
-            logits = apply_mask(logits, a["token_mask"])
-        tokens = sample(logits, a["temperature"], a["top_k"], a["top_p"], a["min_p"], a["seed"], a["position"])
+        logits = model.logits(hidden if prefill else hidden[inputs.logits_index]).astype(jnp.float32)
+        logits = apply_penalties(
+            logits, inputs.ctx_ids, inputs.ctx_out, inputs.presence, inputs.frequency, inputs.repetition
+        )
+        logits = apply_bias(logits, inputs.bias_ids, inputs.bias_vals, inputs.bias_until, inputs.position)
+        if inputs.token_mask.shape[-1]:  # structured outputs: each row's grammar mask (all ones: none)
+            logits = apply_mask(logits, inputs.token_mask)
+        tokens = sample(
+            logits, inputs.temperature, inputs.top_k, inputs.top_p, inputs.min_p, inputs.seed, inputs.position
+        )
         k = min(MAX_LOGPROBS, logits.shape[-1])
         rows = logits.shape[0]
         skipped = (jnp.zeros(rows, jnp.float32), jnp.zeros((rows, k), jnp.int32), jnp.zeros((rows, k), jnp.float32))
         logprobs = jax.lax.cond(
-            jnp.any(a["want_logprobs"]), lambda: token_logprobs(logits, tokens, k), lambda: skipped
+            jnp.any(inputs.want_logprobs), lambda: token_logprobs(logits, tokens, k), lambda: skipped
         )  # a round where no row asked for logprobs does not pay for the log-softmax and top-k
         padded = jnp.zeros((num_out,), jnp.int32).at[:rows].set(tokens.astype(jnp.int32))
         return cache, (padded, *logprobs)
@@ -97,26 +98,14 @@ def make_step(graphdef: nnx.GraphDef, num_decode: int, num_out: int) -> Callable
     return step
 
 
-def array_specs(
+def input_specs(
     variant: Variant, max_pages: int, penalty_window: int = 0, num_out: int = 0, mask_words: int = 0
-) -> dict[str, jax.ShapeDtypeStruct]:
-    """Shapes of the step's inputs; ``num_out``: length of the previous round's sampled array (overlap);
-    ``mask_words``: width of the grammar mask, ``ceil(vocab / 32)`` (0: no structured outputs)."""
-    t, r, m, w = variant.num_tokens, variant.num_rows, variant.max_emits, penalty_window
-    i32, f32 = jnp.int32, jnp.float32
-    shapes = {
-        "tokens": ((t,), i32), "cu_seqlens": ((r + 1,), i32), "kv_lens": ((r,), i32),
-        "page_table": ((r, max_pages), i32), "slot_mapping": ((t,), i32), "state_slots": ((r,), i32),
-        "copy_src": ((r,), i32), "emit_rows": ((m,), i32), "emit_offsets": ((m,), i32), "emit_slots": ((m,), i32),
-        "logits_index": ((r,), i32), "temperature": ((r,), f32), "top_k": ((r,), i32), "top_p": ((r,), f32),
-        "min_p": ((r,), f32), "seed": ((r,), jnp.uint32), "position": ((r,), i32),
-        "presence": ((r,), f32), "frequency": ((r,), f32), "repetition": ((r,), f32),
-        "ctx_ids": ((r, w), i32), "ctx_out": ((r, w), jnp.bool_), "want_logprobs": ((r,), jnp.bool_),
-        "bias_ids": ((r, BIAS_WIDTH), i32), "bias_vals": ((r, BIAS_WIDTH), f32), "bias_until": ((r, BIAS_WIDTH), i32),
-        "pair_emit": ((r,), i32), "splice_src": ((t,), i32), "prev_tokens": ((max(num_out, r),), i32),
-        "decode_base": ((), i32), "token_mask": ((r, mask_words), i32),
-    }  # fmt: skip
-    return {k: jax.ShapeDtypeStruct(s, d) for k, (s, d) in shapes.items()}
+) -> StepInputs:
+    """Shapes and dtypes of the step's inputs (those of ``runner/inputs.empty_inputs``); ``num_out``:
+    length of the previous round's sampled array (overlap); ``mask_words``: width of the grammar
+    mask, ``ceil(vocab / 32)`` (0: no structured outputs)."""
+    empty = empty_inputs(variant, max_pages, penalty_window=penalty_window, num_out=num_out, mask_words=mask_words)
+    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), empty)
 
 
 def _spec_of(x: jax.Array) -> jax.ShapeDtypeStruct:
@@ -127,8 +116,8 @@ def _spec_of(x: jax.Array) -> jax.ShapeDtypeStruct:
 def _pin_cache(step: Callable, shardings: ModelCache) -> Callable:
     """The step with its output pools constrained to the input pools' shardings (donation reuses them)."""
 
-    def pinned(params: nnx.State, cache: ModelCache, a: dict[str, jax.Array]) -> tuple[ModelCache, jax.Array]:
-        cache, out = step(params, cache, a)
+    def pinned(params: nnx.State, cache: ModelCache, inputs: StepInputs) -> tuple[ModelCache, jax.Array]:
+        cache, out = step(params, cache, inputs)
         return jax.lax.with_sharding_constraint(cache, shardings), out
 
     return pinned
@@ -146,9 +135,16 @@ class CompiledStep:
     it is still primed once."""
 
     def __init__(
-        self, graphdef: nnx.GraphDef, params: nnx.State, cache: ModelCache, shapes: ShapeConfig, kernels: str,
-        penalty_window: int = 0, shared: dict[tuple, Callable] | None = None, mask_words: int = 0,
-    ):  # fmt: skip
+        self,
+        graphdef: nnx.GraphDef,
+        params: nnx.State,
+        cache: ModelCache,
+        shapes: ShapeConfig,
+        kernels: str,
+        penalty_window: int = 0,
+        shared: dict[tuple, Callable] | None = None,
+        mask_words: int = 0,
+    ):
         self.graphdef = graphdef
         self.penalty_window = penalty_window
         self.mask_words = mask_words
@@ -164,10 +160,16 @@ class CompiledStep:
         self._compiled: dict[Variant, Callable] = {}
         self._shared = shared
         self._signature = (
-            out_rows(shapes), shapes.max_pages_per_row, penalty_window, kernels, mask_words,
-            jax.tree.structure(self._params_spec), tuple(jax.tree.leaves(self._params_spec)),
-            jax.tree.structure(self._cache_spec), tuple(jax.tree.leaves(self._cache_spec)),
-        )  # fmt: skip
+            out_rows(shapes),
+            shapes.max_pages_per_row,
+            penalty_window,
+            kernels,
+            mask_words,
+            jax.tree.structure(self._params_spec),
+            tuple(jax.tree.leaves(self._params_spec)),
+            jax.tree.structure(self._cache_spec),
+            tuple(jax.tree.leaves(self._cache_spec)),
+        )
         self.num_compiles = 0
         self.compile_seconds = 0.0
         self.last_compile_s = 0.0  # compile time spent inside the latest call (lazy warm-up)
@@ -188,11 +190,10 @@ class CompiledStep:
             step = _pin_cache(step, self._cache_shardings)
         fn = jax.jit(step, donate_argnums=(1,))
         with ops.use_backend(self.kernels), _per_shard(self._cache_shardings):
-            lowered = fn.lower(
-                self._params_spec, self._cache_spec,
-                array_specs(variant, self.shapes.max_pages_per_row, self.penalty_window, out_rows(self.shapes),
-                            self.mask_words),
-            )  # fmt: skip
+            specs = input_specs(
+                variant, self.shapes.max_pages_per_row, self.penalty_window, out_rows(self.shapes), self.mask_words
+            )
+            lowered = fn.lower(self._params_spec, self._cache_spec, specs)
         compiled = lowered.compile()
         self.num_compiles += 1
         self.compile_seconds += time.perf_counter() - start
@@ -207,16 +208,17 @@ class CompiledStep:
     def prime(self, variant: Variant, params: nnx.State, cache: ModelCache) -> ModelCache:
         """Compiles ``variant`` if needed and executes it once on an all-padding batch (writes only
         the reserved page 0 and state slot 0); returns the pools."""
-        from radixflow_jax.runner.inputs import padding_arrays
-
         fn = self._compiled.get(variant) or self._compile(variant)
-        arrays = padding_arrays(variant, self.shapes.max_pages_per_row, self.penalty_window, self.mask_words).as_dict()
-        cache, tokens = fn(params, cache, {**arrays, **splice_defaults(variant, self.shapes)})
+        inputs = padding_inputs(
+            variant, self.shapes.max_pages_per_row, penalty_window=self.penalty_window, num_out=out_rows(self.shapes),
+            mask_words=self.mask_words,
+        )
+        cache, tokens = fn(params, cache, inputs)
         jax.block_until_ready(tokens)
         return cache
 
     def __call__(
-        self, variant: Variant, params: nnx.State, cache: ModelCache, arrays: dict[str, np.ndarray]
+        self, variant: Variant, params: nnx.State, cache: ModelCache, inputs: StepInputs
     ) -> tuple[ModelCache, jax.Array]:
         """Runs one round. A variant not compiled yet is compiled and primed first; that time is
         ``last_compile_s`` (not serving time)."""
@@ -225,7 +227,7 @@ class CompiledStep:
             start = time.perf_counter()
             cache = self.prime(variant, params, cache)
             self.last_compile_s = time.perf_counter() - start
-        return self._compiled[variant](params, cache, arrays)
+        return self._compiled[variant](params, cache, inputs)
 
 
 def _per_shard(shardings: Any) -> Any:

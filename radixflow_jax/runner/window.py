@@ -58,9 +58,13 @@ def variant_for(plan: RoundPlan, shapes: ShapeConfig) -> tuple[Variant, DecodePl
     the model executor selects, so the simulated executor and the round-cost model use it too."""
     placement = place_decode(plan, shapes.max_rows)
     variant = shapes.select(
-        plan.num_tokens, len(plan.rows), num_decode=len(placement.rows), num_emits=plan.num_emits,
-        decode_span=placement.span, num_riders=plan.num_riders,
-    )  # fmt: skip
+        plan.num_tokens,
+        len(plan.rows),
+        num_decode=len(placement.rows),
+        num_emits=plan.num_emits,
+        decode_span=placement.span,
+        num_riders=plan.num_riders,
+    )
     return variant, placement
 
 

@@ -11,15 +11,15 @@ Invariants:
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import Any, Callable
 
-from fastapi import FastAPI, Request
+from fastapi import Request
 
 from radixflow_jax.replicas.background import EngineDeadError
 from radixflow_jax.serve import protocol
 from radixflow_jax.serve.checks import check_alive, need_tokenizer, read_object
 from radixflow_jax.serve.errors import ApiError, engine_error
-from radixflow_jax.serve.state import ServerState
+from radixflow_jax.serve.state import RouteGroup
 
 
 def flush_cache(core: Any) -> dict[str, int]:
@@ -27,20 +27,23 @@ def flush_cache(core: Any) -> dict[str, int]:
     mem = core.scheduler.memory
     mem.flush()
     slots = mem.slots
-    return {"kv_pages_free": mem.pages.num_free, "kv_pages_total": mem.pages.capacity,
-            "state_slots_free": slots.num_free if slots else 0, "state_slots_total": slots.capacity if slots else 0}  # fmt: skip
+    return {
+        "kv_pages_free": mem.pages.num_free,
+        "kv_pages_total": mem.pages.capacity,
+        "state_slots_free": slots.num_free if slots else 0,
+        "state_slots_total": slots.capacity if slots else 0,
+    }
 
 
-class AdminRoutes:
+class AdminRoutes(RouteGroup):
     """The tokenizer and cache routes over one server's state."""
 
-    def __init__(self, state: ServerState):
-        self.state = state
-
-    def register(self, app: FastAPI) -> None:
-        app.add_api_route("/tokenize", self.tokenize, methods=["POST"])
-        app.add_api_route("/detokenize", self.detokenize, methods=["POST"])
-        app.add_api_route("/reset_prefix_cache", self.reset_prefix_cache, methods=["POST"])
+    def routes(self) -> list[tuple[str, Callable[..., Any], str]]:
+        return [
+            ("/tokenize", self.tokenize, "POST"),
+            ("/detokenize", self.detokenize, "POST"),
+            ("/reset_prefix_cache", self.reset_prefix_cache, "POST"),
+        ]
 
     async def tokenize(self, request: Request) -> dict[str, Any]:
         state = self.state

@@ -55,8 +55,9 @@ def require_key(app: FastAPI, cfg: ServerConfig, answers: ErrorAnswers) -> None:
     """Puts the API key check in front of every route when ``cfg`` sets a key (401 otherwise)."""
     if cfg.api_key is None:
         return
-    reject = functools.partial(answers.respond, 401, "missing or invalid API key (send 'Authorization: Bearer KEY')",
-                               code="invalid_api_key")  # fmt: skip
+    reject = functools.partial(
+        answers.respond, 401, "missing or invalid API key (send 'Authorization: Bearer KEY')", code="invalid_api_key"
+    )
     app.add_middleware(ApiKeyMiddleware, key=cfg.api_key, reject=reject)
 
 

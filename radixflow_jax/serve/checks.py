@@ -52,8 +52,12 @@ async def read_object(request: Request, cfg: ServerConfig) -> dict[str, Any]:
 def check_model(cfg: ServerConfig, name: str | None) -> None:
     """404 ``model_not_found`` unless ``name`` is absent or the served model's id."""
     if name is not None and name != cfg.model_name:
-        raise ApiError(404, f"the model '{name}' does not exist; this server serves '{cfg.model_name}'",
-                       param="model", code="model_not_found")  # fmt: skip
+        raise ApiError(
+            404,
+            f"the model '{name}' does not exist; this server serves '{cfg.model_name}'",
+            param="model",
+            code="model_not_found",
+        )
 
 
 def check_alive(state: ServerState) -> None:
@@ -78,8 +82,12 @@ def submit(state: ServerState, req: EngineRequest) -> list[RequestHandle]:
     engine's refusal as :func:`engine_error` on the prompt's field."""
     cfg, engine = state.config, state.engine
     if cfg.max_waiting is not None and engine.num_waiting >= cfg.max_waiting:
-        raise ApiError(429, f"too many waiting requests ({cfg.max_waiting}); retry later",
-                       code="queue_full", headers={"Retry-After": str(cfg.retry_after_s)})  # fmt: skip
+        raise ApiError(
+            429,
+            f"too many waiting requests ({cfg.max_waiting}); retry later",
+            code="queue_full",
+            headers={"Retry-After": str(cfg.retry_after_s)},
+        )
     try:
         return engine.submit_group(req.prompt_ids, req.params)
     except (EngineDeadError, ValueError) as exc:

@@ -14,8 +14,9 @@ Invariants:
 from __future__ import annotations
 
 import uuid
+from typing import Any, Callable
 
-from fastapi import FastAPI, Request
+from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from radixflow_jax.serve import protocol
@@ -23,19 +24,15 @@ from radixflow_jax.serve import responses as R
 from radixflow_jax.serve.checks import check_alive, check_model, read_json, submit
 from radixflow_jax.engine.siblings import choose, expand, is_group
 from radixflow_jax.serve.outputs import chat_choice, completion_choice, final_outputs, usage
-from radixflow_jax.serve.state import ServerState
+from radixflow_jax.serve.state import RouteGroup
 from radixflow_jax.serve.streaming import stream
 
 
-class CompletionRoutes:
+class CompletionRoutes(RouteGroup):
     """The two generation routes over one server's state."""
 
-    def __init__(self, state: ServerState):
-        self.state = state
-
-    def register(self, app: FastAPI) -> None:
-        app.add_api_route("/v1/completions", self.completions, methods=["POST"])
-        app.add_api_route("/v1/chat/completions", self.chat_completions, methods=["POST"])
+    def routes(self) -> list[tuple[str, Callable[..., Any], str]]:
+        return [("/v1/completions", self.completions, "POST"), ("/v1/chat/completions", self.chat_completions, "POST")]
 
     async def completions(self, request: Request) -> Response:
         return await self.generate(request, protocol.COMPLETIONS)
@@ -48,14 +45,20 @@ class CompletionRoutes:
         check_alive(state)
         body = protocol.parse_body(kind, await read_json(request, state.config))
         check_model(state.config, body.model)
-        req = protocol.to_engine_request(body, state.tokenizer, max_model_len=state.max_model_len,
-                                         vocab_size=state.vocab_size, max_n=state.config.max_n)  # fmt: skip
+        req = protocol.to_engine_request(
+            body,
+            state.tokenizer,
+            max_model_len=state.max_model_len,
+            vocab_size=state.vocab_size,
+            max_n=state.config.max_n,
+        )
         handles = submit(state, req)
         rid = ("chatcmpl-" if kind == protocol.CHAT else "cmpl-") + uuid.uuid4().hex
         if req.stream:
             events = stream(handles, req, rid, state.config.model_name, state.tokenizer)
-            return StreamingResponse(events, media_type="text/event-stream",
-                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})  # fmt: skip
+            return StreamingResponse(
+                events, media_type="text/event-stream", headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+            )
         outs = await final_outputs(handles, request)
         if is_group(req.params):
             outs = choose(expand(req.params), outs)

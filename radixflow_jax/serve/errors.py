@@ -24,8 +24,10 @@ from radixflow_jax.serve.protocol import ProtocolError
 class ApiError(Exception):
     """An answer a route gives instead of its result: ``status`` and the envelope's fields."""
 
-    def __init__(self, status: int, message: str, *, param: str | None = None, code: str | None = None,
-                 headers: dict[str, str] | None = None):  # fmt: skip
+    def __init__(
+        self, status: int, message: str, *, param: str | None = None, code: str | None = None,
+        headers: dict[str, str] | None = None,
+    ):
         super().__init__(message)
         self.status, self.message, self.param, self.code, self.headers = status, message, param, code, headers
 
@@ -50,8 +52,10 @@ class ErrorAnswers:
     def __init__(self, metrics: ServerMetrics):
         self.metrics = metrics
 
-    def respond(self, status: int, message: str, param: str | None = None, code: str | None = None,
-                headers: dict[str, str] | None = None) -> JSONResponse:  # fmt: skip
+    def respond(
+        self, status: int, message: str, param: str | None = None, code: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> JSONResponse:
         self.metrics.error(status)
         return JSONResponse(R.error_body(status, message, param, code), status_code=status, headers=headers)
 

@@ -10,33 +10,32 @@ Invariants:
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
-from fastapi import FastAPI
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from radixflow_jax.serve import responses as R
 from radixflow_jax.serve.checks import check_alive, check_model
-from radixflow_jax.serve.state import ServerState
+from radixflow_jax.serve.state import RouteGroup
 
 
-class InfoRoutes:
+class InfoRoutes(RouteGroup):
     """The read-only routes over one server's state."""
 
-    def __init__(self, state: ServerState):
-        self.state = state
-
-    def register(self, app: FastAPI) -> None:
-        app.add_api_route("/v1/models", self.models, methods=["GET"])
-        app.add_api_route("/v1/models/{model_id:path}", self.model, methods=["GET"])
-        app.add_api_route("/health", self.health, methods=["GET"])
-        app.add_api_route("/metrics", self.metrics_route, methods=["GET"])
+    def routes(self) -> list[tuple[str, Callable[..., Any], str]]:
+        return [
+            ("/v1/models", self.models, "GET"),
+            ("/v1/models/{model_id:path}", self.model, "GET"),
+            ("/health", self.health, "GET"),
+            ("/metrics", self.metrics_route, "GET"),
+        ]
 
     def card(self) -> R.ModelCard:
         s = self.state
-        return R.ModelCard(id=s.config.model_name, created=s.created, root=s.config.model_name,
-                           max_model_len=s.max_model_len)  # fmt: skip
+        return R.ModelCard(
+            id=s.config.model_name, created=s.created, root=s.config.model_name, max_model_len=s.max_model_len
+        )
 
     async def models(self) -> dict[str, Any]:
         return R.ModelList(data=[self.card()]).model_dump()

@@ -23,9 +23,13 @@ def free_port() -> int:
 
 class ServerProcess:
     def __init__(
-        self, args: Sequence[str], *, api_key: str | None = None, startup_timeout: float = 300.0,
+        self,
+        args: Sequence[str],
+        *,
+        api_key: str | None = None,
+        startup_timeout: float = 300.0,
         compilation_cache_dir: str | None = None,
-    ):  # fmt: skip
+    ):
         self.port = free_port()
         self.api_key = api_key
         self.url = f"http://127.0.0.1:{self.port}"

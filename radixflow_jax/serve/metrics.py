@@ -67,14 +67,20 @@ class _Gauges(Collector):
         waiting = sum(r.num_waiting for r in self.replicas)
         yield self._gauge("num_requests_running", "Requests in the running set.", running)
         yield self._gauge("num_requests_waiting", "Requests accepted and not yet admitted.", waiting)
-        yield self._gauge("kv_cache_usage_perc", "Share of KV pages in use (requests and cached prefixes).",
-                          pages_used / max(pages_total, 1))  # fmt: skip
+        yield self._gauge(
+            "kv_cache_usage_perc",
+            "Share of KV pages in use (requests and cached prefixes).",
+            pages_used / max(pages_total, 1),
+        )
         yield self._gauge("kv_pages_total", "KV pages that can be handed out.", pages_total)
         yield self._gauge("kv_pages_free", "KV pages on the free list.", sum(m.pages.num_free for m in mems))
         total = sum(m.slots.capacity for m in mems if m.slots is not None)
         free = sum(m.slots.num_free for m in mems if m.slots is not None)
-        yield self._gauge("state_slot_usage_perc", "Share of recurrent-state slots in use (requests and checkpoints).",
-                          (total - free) / total if total else 0.0)  # fmt: skip
+        yield self._gauge(
+            "state_slot_usage_perc",
+            "Share of recurrent-state slots in use (requests and checkpoints).",
+            (total - free) / total if total else 0.0,
+        )
         yield self._gauge("state_slots_total", "Recurrent-state slots that can be handed out.", total)
         yield self._gauge("state_slots_free", "Recurrent-state slots on the free list.", free)
         alive = all(r.is_running and r.error is None for r in self.replicas)  # the thread outlives its error briefly

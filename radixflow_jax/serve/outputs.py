@@ -78,16 +78,18 @@ def completion_choice(tokenizer: Any, req: EngineRequest, out: RequestOutput, in
     """One ``/v1/completions`` choice: the completion, after the prompt with ``echo``."""
     text = "" if req.score_only else out.text or ""
     if not req.echo:
-        return R.CompletionChoice(index=index, text=text, finish_reason=out.finish_reason,
-                                  logprobs=completion_logprobs(tokenizer, out, 0, 0))  # fmt: skip
+        return R.CompletionChoice(
+            index=index, text=text, finish_reason=out.finish_reason, logprobs=completion_logprobs(tokenizer, out, 0, 0)
+        )
     logprobs = None
     if req.logprobs is not None:
         logprobs, offset = echo_logprobs(tokenizer, out)
         tail = None if req.score_only else completion_logprobs(tokenizer, out, 0, offset)
         for name in ("tokens", "token_logprobs", "top_logprobs", "text_offset"):
             getattr(logprobs, name).extend(getattr(tail, name) if tail is not None else ())
-    return R.CompletionChoice(index=index, text=prompt_text(tokenizer, req) + text, finish_reason=out.finish_reason,
-                              logprobs=logprobs)  # fmt: skip
+    return R.CompletionChoice(
+        index=index, text=prompt_text(tokenizer, req) + text, finish_reason=out.finish_reason, logprobs=logprobs
+    )
 
 
 def chat_choice(tokenizer: Any, req: EngineRequest, out: RequestOutput, index: int) -> R.ChatChoice:

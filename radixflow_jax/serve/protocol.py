@@ -31,19 +31,23 @@ Invariants:
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Literal, Protocol, Sequence, Union
+from typing import Any, Protocol, Sequence
 
 import pydantic
-from pydantic import BaseModel, ConfigDict, Field
 
 from radixflow_jax.engine.params import DEFAULT_MAX_N, SamplingParams, UnsupportedParameterError
 from radixflow_jax.engine.grammar import GrammarError, StructuredOutputsParams
-from radixflow_jax.serve.structured import ResponseFormat, structured_params
+from radixflow_jax.serve.bodies import ChatCompletionRequest, CompletionRequest
+from radixflow_jax.serve.structured import structured_params
 from radixflow_jax.serve.tools import ToolError, ToolPlan, history_calls, render_chat, tool_plan
 
 COMPLETIONS = "completions"
 CHAT = "chat"
 _DEFAULT_COMPLETION_TOKENS = 16
+_NO_SUFFIX = (
+    "suffix is not supported: this model has no fill-in-the-middle (insertion) format, so a completion cannot "
+    "be conditioned on text after it"
+)
 
 
 class ProtocolError(ValueError):
@@ -58,81 +62,17 @@ class ProtocolError(ValueError):
         self.code = code
 
 
-class _Body(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-
-
-class StreamOptions(_Body):
-    include_usage: bool = False
-
-
-class _SamplingFields(_Body):
-    """Fields shared by both endpoints (OpenAI's plus vLLM's extras)."""
-
-    model: str | None = None
-    max_tokens: int | None = None
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: int | None = None
-    min_p: float | None = None
-    n: int | None = None
-    best_of: int | None = None
-    stream: bool = False
-    stream_options: StreamOptions | None = None
-    stop: Union[str, list[str], None] = None
-    stop_token_ids: list[int] | None = None
-    seed: int | None = None
-    ignore_eos: bool = False
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
-    repetition_penalty: float | None = None
-    logit_bias: dict[str, float] | None = None
-    min_tokens: int | None = None
-    user: str | None = None
-    response_format: ResponseFormat | None = None
-    guided_json: Union[dict[str, Any], str, None] = None
-    guided_regex: str | None = None
-    guided_choice: list[str] | None = None
-    guided_grammar: str | None = None
-    structured_outputs: dict[str, Any] | None = None
-
-
-class CompletionRequest(_SamplingFields):
-    prompt: Union[str, list[int], list[str], list[list[int]]]
-    logprobs: int | None = None
-    echo: bool = False
-    suffix: str | None = None
-
-
-class TextPart(_Body):
-    type: Literal["text"]
-    text: str
-
-
-class ChatMessage(_Body):
-    role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: Union[str, list[TextPart], None] = None
-    name: str | None = None
-    tool_calls: list[dict[str, Any]] | None = None
-    tool_call_id: str | None = None
-
-
-class ChatCompletionRequest(_SamplingFields):
-    messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: int | None = None
-    logprobs: bool = False
-    top_logprobs: int | None = None
-    tools: list[dict[str, Any]] | None = None
-    tool_choice: Any = None
-
-
 class TextTokenizer(Protocol):
     """What translation needs from a tokenizer (``radixflow_jax.models.tokenizer.Tokenizer`` has it)."""
 
     def encode(self, text: str) -> list[int]: ...
 
-    def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
-                            tools: list[dict[str, Any]] | None = None) -> str: ...
+    def apply_chat_template(
+        self,
+        messages: list[dict[str, Any]],
+        add_generation_prompt: bool = True,
+        tools: list[dict[str, Any]] | None = None,
+    ) -> str: ...
 
 
 @dataclasses.dataclass(frozen=True)
@@ -174,7 +114,12 @@ def parse_body(kind: str, raw: Any) -> CompletionRequest | ChatCompletionRequest
     except pydantic.ValidationError as exc:
         err = exc.errors(include_url=False)[0]
         where = _loc(err["loc"])
-        raise ProtocolError(f"{where}: {err['msg']}", param=where, code="invalid_value") from None
+        raise _invalid(where, f"{where}: {err['msg']}") from None
+
+
+def _invalid(param: str | None, message: str) -> ProtocolError:
+    """The error of a value the request may send but did not send validly (400 ``invalid_value``)."""
+    return ProtocolError(message, param=param, code="invalid_value")
 
 
 def _reject_if(condition: bool, param: str, message: str) -> None:
@@ -210,7 +155,7 @@ def _chat_prompt(body: ChatCompletionRequest, tokenizer: TextTokenizer | None) -
         plan = tool_plan(body.tools, body.tool_choice)
         messages = _chat_messages(body)
     except ToolError as exc:
-        raise ProtocolError(str(exc), param=exc.field, code="invalid_value") from None
+        raise _invalid(exc.field, str(exc)) from None
     if tokenizer is None:
         raise ProtocolError("messages: this model has no tokenizer or chat template", param="messages")
     try:
@@ -223,7 +168,8 @@ def _chat_prompt(body: ChatCompletionRequest, tokenizer: TextTokenizer | None) -
 def _prompt_ids(body: CompletionRequest, tokenizer: TextTokenizer | None) -> list[int]:
     prompt = body.prompt
     if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
-        _reject_if(len(prompt) != 1, "prompt", "several prompts in one request are not supported; send one request per prompt")
+        several = "several prompts in one request are not supported; send one request per prompt"
+        _reject_if(len(prompt) != 1, "prompt", several)
         prompt = prompt[0]
     if isinstance(prompt, str):
         if not prompt:
@@ -236,19 +182,24 @@ def _prompt_ids(body: CompletionRequest, tokenizer: TextTokenizer | None) -> lis
     return [int(t) for t in prompt]
 
 
+# sampling fields a body names as SamplingParams does, in SamplingParams' order (which _field_of reads)
+_SAME_NAMED = ("ignore_eos", "presence_penalty", "frequency_penalty", "repetition_penalty", "min_tokens", "n")
+
+
 def _sampling_dict(body: CompletionRequest | ChatCompletionRequest, max_tokens: int) -> dict[str, Any]:
     stop = body.stop if body.stop is not None else ()
     return {
         "max_tokens": max_tokens,
         "temperature": 1.0 if body.temperature is None else body.temperature,
         "top_p": 1.0 if body.top_p is None else body.top_p,
-        "top_k": body.top_k, "min_p": body.min_p, "seed": body.seed,
+        "top_k": body.top_k,
+        "min_p": body.min_p,
+        "seed": body.seed,
         "stop": (stop,) if isinstance(stop, str) else tuple(stop),
-        "stop_token_ids": tuple(body.stop_token_ids or ()), "ignore_eos": body.ignore_eos,
-        "presence_penalty": body.presence_penalty, "frequency_penalty": body.frequency_penalty,
-        "repetition_penalty": body.repetition_penalty, "min_tokens": body.min_tokens, "n": body.n,
+        "stop_token_ids": tuple(body.stop_token_ids or ()),
+        **{name: getattr(body, name) for name in _SAME_NAMED},
         "best_of": body.best_of,
-    }  # fmt: skip
+    }
 
 
 def _field_of(message: str, names: Sequence[str]) -> str | None:
@@ -276,8 +227,7 @@ def to_engine_request(
     echo = score_only = False
     plan: ToolPlan | None = None
     if isinstance(body, CompletionRequest):
-        _reject_if(body.suffix is not None, "suffix", "suffix is not supported: this model has no fill-in-the-middle "
-                   "(insertion) format, so a completion cannot be conditioned on text after it")  # fmt: skip
+        _reject_if(body.suffix is not None, "suffix", _NO_SUFFIX)
         echo = body.echo
         score_only = echo and body.max_tokens == 0
         if body.logprobs is not None and not 0 <= body.logprobs <= 20:
@@ -315,15 +265,7 @@ def to_engine_request(
             param=max_field if len(ids) < max_model_len else ("prompt" if kind == COMPLETIONS else "messages"),
             code="context_length_exceeded",
         )
-    try:
-        structured = structured_params(body)
-        forced = plan.grammar() if kind == CHAT and plan is not None else None
-        if forced is not None:
-            _reject_if(structured is not None, "tool_choice", f"tool_choice {body.tool_choice!r} cannot be combined "
-                       f"with another structured output constraint ({structured and structured.field})")  # fmt: skip
-            structured = StructuredOutputsParams(grammar=forced, field="tool_choice")
-    except GrammarError as exc:
-        raise ProtocolError(str(exc), param=exc.field, code="invalid_value") from None
+    structured = _constraint(body, plan if kind == CHAT else None)
     values = {**_sampling_dict(body, max_tokens), "logit_bias": bias, "structured_outputs": structured}
     if logprobs is not None:
         values["logprobs"] = logprobs
@@ -332,8 +274,31 @@ def to_engine_request(
     params = _params(values)
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
     names = plan.names if kind == CHAT and plan is not None and plan.parses else None
-    return EngineRequest(kind, ids, params, body.stream, include_usage, logprobs, body.model, echo,
-                         _prompt_text(body), score_only, names)  # fmt: skip
+    return EngineRequest(
+        kind=kind, prompt_ids=ids, params=params, stream=body.stream, include_usage=include_usage, logprobs=logprobs,
+        model=body.model, echo=echo, prompt_text=_prompt_text(body), score_only=score_only, tool_names=names,
+    )
+
+
+def _constraint(
+    body: CompletionRequest | ChatCompletionRequest, plan: ToolPlan | None
+) -> StructuredOutputsParams | None:
+    """The body's structured-output constraint, or the grammar a forced ``tool_choice`` (chat's
+    ``plan``) imposes; both at once is a 400 on ``tool_choice``."""
+    try:
+        structured = structured_params(body)
+        forced = plan.grammar() if plan is not None else None
+        if forced is None:
+            return structured
+        _reject_if(
+            structured is not None,
+            "tool_choice",
+            f"tool_choice {body.tool_choice!r} cannot be combined "
+            f"with another structured output constraint ({structured and structured.field})",
+        )
+        return StructuredOutputsParams(grammar=forced, field="tool_choice")
+    except GrammarError as exc:
+        raise _invalid(exc.field, str(exc)) from None
 
 
 def _params(values: dict[str, Any]) -> SamplingParams:
@@ -345,7 +310,7 @@ def _params(values: dict[str, Any]) -> SamplingParams:
         raise ProtocolError(str(exc), param=param, code="unsupported_parameter") from None
     except (ValueError, TypeError) as exc:
         param = _field_of(str(exc), list(values))
-        raise ProtocolError(str(exc), param=param, code="invalid_value") from None
+        raise _invalid(param, str(exc)) from None
 
 
 def _prompt_text(body: CompletionRequest | ChatCompletionRequest) -> str | None:
@@ -360,16 +325,17 @@ def _check_samples(body: CompletionRequest | ChatCompletionRequest, max_n: int) 
     """``n`` and ``best_of``: 1..max_n, ``best_of >= n``, no ``best_of > 1`` with ``stream`` (as vLLM)."""
     n = 1 if body.n is None else body.n
     if not 1 <= n <= max_n:
-        raise ProtocolError(f"n: must be between 1 and {max_n} (this server's --max-n), got {n}", param="n",
-                            code="invalid_value")  # fmt: skip
+        raise _invalid("n", f"n: must be between 1 and {max_n} (this server's --max-n), got {n}")
     if body.best_of is None:
         return
     if not n <= body.best_of <= max_n:
-        raise ProtocolError(f"best_of: must be between n ({n}) and {max_n} (this server's --max-n), got {body.best_of}",
-                            param="best_of", code="invalid_value")  # fmt: skip
+        raise _invalid(
+            "best_of", f"best_of: must be between n ({n}) and {max_n} (this server's --max-n), got {body.best_of}"
+        )
     if body.stream and body.best_of > 1:
-        raise ProtocolError("best_of: cannot be used with stream=true (candidates are ranked when all have finished)",
-                            param="best_of", code="invalid_value")  # fmt: skip
+        raise _invalid(
+            "best_of", "best_of: cannot be used with stream=true (candidates are ranked when all have finished)"
+        )
 
 
 def _logit_bias(bias: dict[str, float] | None, vocab_size: int | None) -> dict[int, float] | None:
@@ -381,15 +347,12 @@ def _logit_bias(bias: dict[str, float] | None, vocab_size: int | None) -> dict[i
     for key, value in bias.items():
         token = key.strip()
         if not (token.isdigit() or (token.startswith("-") and token[1:].isdigit())):
-            raise ProtocolError(f"logit_bias: key {key!r} is not a token id (an integer)", param="logit_bias",
-                                code="invalid_value")  # fmt: skip
+            raise _invalid("logit_bias", f"logit_bias: key {key!r} is not a token id (an integer)")
         tid = int(token)
         if tid < 0 or (vocab_size is not None and tid >= vocab_size):
             where = f"[0, {vocab_size})" if vocab_size is not None else "the vocabulary"
-            raise ProtocolError(f"logit_bias: token id {tid} is outside the vocabulary {where}", param="logit_bias",
-                                code="invalid_value")  # fmt: skip
+            raise _invalid("logit_bias", f"logit_bias: token id {tid} is outside the vocabulary {where}")
         if not -100 <= value <= 100:
-            raise ProtocolError(f"logit_bias: the bias of token {tid} must be in [-100, 100], got {value}",
-                                param="logit_bias", code="invalid_value")  # fmt: skip
+            raise _invalid("logit_bias", f"logit_bias: the bias of token {tid} must be in [-100, 100], got {value}")
         out[tid] = float(value)
     return out

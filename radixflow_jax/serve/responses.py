@@ -13,9 +13,14 @@ from pydantic import BaseModel, Field
 
 # HTTP status -> OpenAI error type
 ERROR_TYPES = {
-    400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error", 413: "invalid_request_error",
-    429: "rate_limit_error", 500: "internal_server_error", 503: "service_unavailable",
-}  # fmt: skip
+    400: "invalid_request_error",
+    401: "authentication_error",
+    404: "not_found_error",
+    413: "invalid_request_error",
+    429: "rate_limit_error",
+    500: "internal_server_error",
+    503: "service_unavailable",
+}
 
 
 class ErrorInfo(BaseModel):

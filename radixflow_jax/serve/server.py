@@ -108,9 +108,8 @@ def build_state(args: argparse.Namespace) -> Any:
         num_kv_pages=args.num_kv_pages, num_state_slots=args.num_state_slots, max_model_len=args.max_model_len,
         policy=args.policy, queue_order=args.queue_order, enable_prefix_cache=not args.no_prefix_cache,
         kernels=args.kernels, seed=args.seed, warmup=warmup_mode(args) == "all",
-        compilation_cache_dir=args.compilation_cache_dir or None, penalty_window=args.penalty_window,
-        max_n=args.max_n,
-    )  # fmt: skip
+        compilation_cache_dir=args.compilation_cache_dir or None, penalty_window=args.penalty_window, max_n=args.max_n,
+    )
     if args.memory_fraction is not None:
         if args.num_kv_pages is not None or args.num_state_slots is not None:
             raise ValueError("--memory-fraction sizes the pools: do not also give --num-kv-pages/--num-state-slots")
@@ -124,16 +123,32 @@ def build_state(args: argparse.Namespace) -> Any:
     cores = [build_engine(m, ec) for m in models]
     warmups = tuple(BackgroundWarmup(c.executor) for c in cores) if warmup_mode(args) == "background" else ()
     replicas = [
-        BackgroundEngine(core, observer=functools.partial(metrics.observe, replica=i), trim_records=True,
-                         idle=warmups[i] if warmups else None)  # fmt: skip
+        BackgroundEngine(
+            core,
+            observer=functools.partial(metrics.observe, replica=i),
+            trim_records=True,
+            idle=warmups[i] if warmups else None,
+        )
         for i, core in enumerate(cores)
     ]
     engine = replicas[0] if len(replicas) == 1 else ReplicatedEngine(replicas, router)
     metrics.attach(engine)
-    config = ServerConfig(name, api_key=args.api_key or None, max_waiting=args.max_waiting,
-                          max_body_bytes=args.max_body_bytes, max_n=args.max_n)  # fmt: skip
-    return ServerState(engine, model.tokenizer, metrics, config, engine.core.max_model_len, model.config.vocab_size,
-                       warmups=warmups)  # fmt: skip
+    config = ServerConfig(
+        name,
+        api_key=args.api_key or None,
+        max_waiting=args.max_waiting,
+        max_body_bytes=args.max_body_bytes,
+        max_n=args.max_n,
+    )
+    return ServerState(
+        engine=engine,
+        tokenizer=model.tokenizer,
+        metrics=metrics,
+        config=config,
+        max_model_len=engine.core.max_model_len,
+        vocab_size=model.config.vocab_size,
+        warmups=warmups,
+    )
 
 
 def serve(args: argparse.Namespace) -> int:
@@ -148,8 +163,9 @@ def serve(args: argparse.Namespace) -> int:
         f"radixflow serve: {state.config.model_name} on http://{args.host}:{args.port} "
         f"(max_model_len {state.max_model_len}, {pools.pages.capacity} KV pages, "
         f"{pools.slots.capacity if pools.slots else 0} state slots per replica, policy {args.policy}{replicas})",
-        file=sys.stderr, flush=True,
-    )  # fmt: skip
+        file=sys.stderr,
+        flush=True,
+    )
 
     class DrainingServer(uvicorn.Server):
         def handle_exit(self, sig: int, frame: Any) -> None:
@@ -158,9 +174,13 @@ def serve(args: argparse.Namespace) -> int:
             self._captured_signals.clear()  # a drained shutdown exits 0 instead of re-raising the signal
 
     config = uvicorn.Config(
-        create_app(state), host=args.host, port=args.port, log_level=args.log_level,
-        timeout_graceful_shutdown=max(1, math.ceil(args.drain_timeout)), access_log=False,
-    )  # fmt: skip
+        create_app(state),
+        host=args.host,
+        port=args.port,
+        log_level=args.log_level,
+        timeout_graceful_shutdown=max(1, math.ceil(args.drain_timeout)),
+        access_log=False,
+    )
     try:
         DrainingServer(config).run()
     finally:

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Any
+from typing import Any, Callable
+
+from fastapi import FastAPI
 
 from radixflow_jax.engine.params import DEFAULT_MAX_N
 from radixflow_jax.replicas.background import BackgroundEngine
@@ -52,9 +54,27 @@ class ServerState:
             return {"phase": "lazy"}
         phases = {w.phase for w in self.warmups}
         phase = "failed" if "failed" in phases else "warming" if "warming" in phases else "ready"
-        return {"phase": phase, "variants_compiled": sum(w.compiled for w in self.warmups),
-                "variants": sum(w.total for w in self.warmups)}  # fmt: skip
+        return {
+            "phase": phase,
+            "variants_compiled": sum(w.compiled for w in self.warmups),
+            "variants": sum(w.total for w in self.warmups),
+        }
 
     @property
     def replicas(self) -> list[BackgroundEngine]:
         return list(self.engine.replicas) if isinstance(self.engine, ReplicatedEngine) else [self.engine]
+
+
+class RouteGroup:
+    """Routes over one server's state: ``routes()`` lists each route's path, endpoint and HTTP
+    method; ``register`` adds them all to the app."""
+
+    def __init__(self, state: ServerState):
+        self.state = state
+
+    def routes(self) -> list[tuple[str, Callable[..., Any], str]]:
+        raise NotImplementedError
+
+    def register(self, app: FastAPI) -> None:
+        for path, endpoint, method in self.routes():
+            app.add_api_route(path, endpoint, methods=[method])

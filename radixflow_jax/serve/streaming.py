@@ -77,15 +77,15 @@ class Chunks:
         self.lp_sent = len(out.logprobs)
         return lp
 
-    def chunk(self, delta: str | None, reason: str | None, first: bool = False,
-              out: RequestOutput | None = None) -> dict[str, Any]:  # fmt: skip
+    def chunk(
+        self, delta: str | None, reason: str | None, first: bool = False, out: RequestOutput | None = None
+    ) -> dict[str, Any]:
         return self._body(delta, reason, first, self._logprobs(out))
 
     def tool_chunk(self, calls: list[dict[str, Any]]) -> dict[str, Any]:
         """A chat chunk whose delta is whole parsed calls (each with its ``index``)."""
         choice = {"index": self.index, "delta": {"tool_calls": calls}, "logprobs": None, "finish_reason": None}
-        return {"id": self.rid, "object": self.object, "created": self.created, "model": self.model,
-                "choices": [choice], **self.usage_field}  # fmt: skip
+        return self._envelope([choice], **self.usage_field)
 
     def echo(self, req: EngineRequest, out: RequestOutput) -> dict[str, Any]:
         """Completions ``echo``: the chunk with the prompt text (and, with logprobs, the prompt's)."""
@@ -101,12 +101,15 @@ class Chunks:
             choice = {"index": self.index, "delta": d, "logprobs": lp, "finish_reason": reason}
         else:
             choice = {"index": self.index, "text": delta or "", "logprobs": lp, "finish_reason": reason}
-        return {"id": self.rid, "object": self.object, "created": self.created, "model": self.model,
-                "choices": [choice], **self.usage_field}  # fmt: skip
+        return self._envelope([choice], **self.usage_field)
 
     def usage_chunk(self, outs: Sequence[RequestOutput], score_only: bool = False) -> dict[str, Any]:
-        return {"id": self.rid, "object": self.object, "created": self.created, "model": self.model,
-                "choices": [], "usage": usage(outs, score_only).model_dump()}  # fmt: skip
+        return self._envelope([], usage=usage(outs, score_only).model_dump())
+
+    def _envelope(self, choices: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
+        """A chunk of this stream: its id, object, creation time and model around ``choices``."""
+        return {"id": self.rid, "object": self.object, "created": self.created, "model": self.model, "choices": choices,
+                **extra}
 
 
 async def merged(handles: Sequence[RequestHandle]) -> AsyncIterator[tuple[int, RequestOutput]]:
@@ -138,8 +141,9 @@ async def merged(handles: Sequence[RequestHandle]) -> AsyncIterator[tuple[int, R
             t.cancel()
 
 
-async def stream(handles: Sequence[RequestHandle], req: EngineRequest, rid: str, model: str,
-                 tokenizer: Any) -> AsyncIterator[bytes]:  # fmt: skip
+async def stream(
+    handles: Sequence[RequestHandle], req: EngineRequest, rid: str, model: str, tokenizer: Any
+) -> AsyncIterator[bytes]:
     """The SSE body of a streamed request, its samples' chunks interleaved as they come (each with
     its ``choices[].index``; chat: a first chunk with the assistant role per sample; completions
     with ``echo``: the prompt before a sample's first text)."""

@@ -79,9 +79,12 @@ class ToolPlan:
 
 
 def _call_schema(function: dict[str, Any]) -> dict[str, Any]:
-    return {"type": "object", "properties": {"name": {"const": function["name"]},
-            "arguments": function["parameters"]}, "required": ["name", "arguments"],
-            "additionalProperties": False}  # fmt: skip
+    return {
+        "type": "object",
+        "properties": {"name": {"const": function["name"]}, "arguments": function["parameters"]},
+        "required": ["name", "arguments"],
+        "additionalProperties": False,
+    }
 
 
 def _calls_grammar(functions: Sequence[dict[str, Any]], many: bool) -> str:
@@ -141,8 +144,9 @@ def tool_plan(tools: list[Any] | None, tool_choice: Any) -> ToolPlan | None:
         if name not in names:
             raise ToolError(f"names the function {name!r}, which is not in tools ({', '.join(names)})", "tool_choice")
         return ToolPlan(functions, "named", name)
-    raise ToolError('must be "auto", "none", "required" or {"type": "function", "function": {"name": ...}}',
-                    "tool_choice")  # fmt: skip
+    raise ToolError(
+        'must be "auto", "none", "required" or {"type": "function", "function": {"name": ...}}', "tool_choice"
+    )
 
 
 def default_system_block(functions: Sequence[dict[str, Any]]) -> str:
@@ -150,10 +154,12 @@ def default_system_block(functions: Sequence[dict[str, Any]]) -> str:
     short form of the Hermes / Qwen 2.5 block): each function's JSON, one a line, inside
     ``<tools>``, then the call format."""
     listed = "\n".join(json.dumps({"type": "function", "function": f}) for f in functions)
-    return (f"# Tools\n\nYou may call one or more functions. Their signatures:\n<tools>\n{listed}\n</tools>\n\n"
-            "For each call, reply with a JSON object of the function name and arguments inside "
-            '<tool_call></tool_call> tags:\n<tool_call>{"name": <function-name>, "arguments": <args-json-object>}'
-            "</tool_call>")  # fmt: skip
+    return (
+        f"# Tools\n\nYou may call one or more functions. Their signatures:\n<tools>\n{listed}\n</tools>\n\n"
+        "For each call, reply with a JSON object of the function name and arguments inside "
+        '<tool_call></tool_call> tags:\n<tool_call>{"name": <function-name>, "arguments": <args-json-object>}'
+        "</tool_call>"
+    )
 
 
 def call_text(name: str, arguments: Any) -> str:
@@ -241,8 +247,7 @@ def parse_block(inner: str, names: Sequence[str]) -> dict[str, Any] | None:
             return None
     if not isinstance(args, dict):
         return None
-    return {"id": new_call_id(), "type": "function",
-            "function": {"name": obj["name"], "arguments": json.dumps(args)}}  # fmt: skip
+    return {"id": new_call_id(), "type": "function", "function": {"name": obj["name"], "arguments": json.dumps(args)}}
 
 
 def parse_tool_calls(text: str, names: Sequence[str]) -> tuple[str | None, list[dict[str, Any]]]:

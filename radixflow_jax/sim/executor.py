@@ -92,9 +92,16 @@ class SimExecutor:
     when built with ``overlap``; no logprobs, no penalties, no round cost (see the module doc)."""
 
     def __init__(
-        self, cost: CostModel, clock: VirtualClock, shapes: ShapeConfig | None = None, token: int = 1,
-        *, overlap: bool = False, noise: float = 0.0, seed: int = 0,
-    ):  # fmt: skip
+        self,
+        cost: CostModel,
+        clock: VirtualClock,
+        shapes: ShapeConfig | None = None,
+        token: int = 1,
+        *,
+        overlap: bool = False,
+        noise: float = 0.0,
+        seed: int = 0,
+    ):
         if noise < 0:
             raise ValueError(f"noise must be >= 0, got {noise}")
         self.cost = cost
@@ -130,7 +137,7 @@ class SimExecutor:
         seconds, token_slots, row_slots = self._time(plan)
         self.clock.advance(seconds)
         sampled = {row.request_id: self.token for row in plan.rows if row.sample}
-        return StepResult(sampled, token_slots, row_slots, 0.0, seconds)
+        return StepResult(sampled=sampled, token_slots=token_slots, row_slots=row_slots, build_s=0.0, step_s=seconds)
 
     def reset(self) -> None:
         """Nothing to rebuild: the simulated executor holds no device buffers."""

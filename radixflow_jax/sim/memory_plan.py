@@ -53,12 +53,16 @@ class MemoryPlan:
         if not self.fits:
             return f"{head} does not fit on {TENSOR_PARALLEL[-1]} chips"
         note = f"needs tensor parallel >= {self.tensor_parallel}" if self.tensor_parallel > 1 else "one chip"
-        return (f"{head} {self.param_bytes / 2**30:8.2f} {self.num_pages - 1:9d} {self.kv_tokens:10d} "
-                f"{self.num_slots - 1:6d} {self.checkpoint_slots:6d}  {note}")  # fmt: skip
+        return (
+            f"{head} {self.param_bytes / 2**30:8.2f} {self.num_pages - 1:9d} {self.kv_tokens:10d} "
+            f"{self.num_slots - 1:6d} {self.checkpoint_slots:6d}  {note}"
+        )
 
 
-HEADER = (f"{'model':>14s} {'device':>8s} {'dtype':>9s} {'param GiB':>8s} {'KV pages':>9s} {'KV tokens':>10s} "
-          f"{'slots':>6s} {'ckpts':>6s}  chips")  # fmt: skip
+HEADER = (
+    f"{'model':>14s} {'device':>8s} {'dtype':>9s} {'param GiB':>8s} {'KV pages':>9s} {'KV tokens':>10s} "
+    f"{'slots':>6s} {'ckpts':>6s}  chips"
+)
 
 
 def param_bytes(cfg: ModelConfig, dtype: str) -> int:
@@ -68,9 +72,14 @@ def param_bytes(cfg: ModelConfig, dtype: str) -> int:
 
 
 def plan(
-    name: str, cfg: ModelConfig, device: DeviceSpec, ec: EngineConfig, *, dtype: str = "bfloat16",
+    name: str,
+    cfg: ModelConfig,
+    device: DeviceSpec,
+    ec: EngineConfig,
+    *,
+    dtype: str = "bfloat16",
     fraction: float = 0.9,
-) -> MemoryPlan:  # fmt: skip
+) -> MemoryPlan:
     """The plan on the fewest chips (1, 2, 4 or 8) where ``memory_pools`` leaves room for pools."""
     params = param_bytes(cfg, dtype)
     page, slot = pool_unit_bytes(cfg, dtype, ec.scheduler.page_size)
@@ -80,6 +89,12 @@ def plan(
         except ValueError:
             continue
         checkpoints = max(slots - 1 - ec.scheduler.max_num_seqs, 0) if cfg.is_hybrid else 0
-        return MemoryPlan(name, device.name, dtype, tp, params, page, slot, pages, slots,
-                          (pages - 1) * ec.scheduler.page_size, checkpoints, True)  # fmt: skip
-    return MemoryPlan(name, device.name, dtype, TENSOR_PARALLEL[-1], params, page, slot, 0, 0, 0, 0, False)
+        return MemoryPlan(
+            model=name, device=device.name, dtype=dtype, tensor_parallel=tp, param_bytes=params, page_bytes=page,
+            slot_bytes=slot, num_pages=pages, num_slots=slots, kv_tokens=(pages - 1) * ec.scheduler.page_size,
+            checkpoint_slots=checkpoints, fits=True,
+        )
+    return MemoryPlan(
+        model=name, device=device.name, dtype=dtype, tensor_parallel=TENSOR_PARALLEL[-1], param_bytes=params,
+        page_bytes=page, slot_bytes=slot, num_pages=0, num_slots=0, kv_tokens=0, checkpoint_slots=0, fits=False,
+    )

@@ -45,17 +45,28 @@ class ScanKind:
         return self.chunk * self.state_flops + 2.0 * self.chunk**2 * self.intra_width
 
 
+def _scan_kind(layers: int, heads: int, chunk: int, dk: int, dv: int, io_bytes: float) -> ScanKind:
+    """A scan whose per-head state is ``dk x dv`` (float32)."""
+    return ScanKind(
+        layers=layers,
+        heads=heads,
+        chunk=chunk,
+        state_flops=6.0 * dk * dv,
+        intra_width=dk + dv,
+        io_bytes=io_bytes,
+        state_bytes_per_head=4.0 * dk * dv,
+    )
+
+
 def scan_kinds(m: ModelSpec) -> list[ScanKind]:
     out = []
     if m.gdn:
         io = (2 * m.gdn_k_heads * m.gdn_k_dim + 2 * m.gdn_v_heads * m.gdn_v_dim + 2 * m.gdn_v_heads) * m.dtype_bytes
-        out.append(ScanKind(m.gdn, m.gdn_v_heads, m.gdn_chunk, 6.0 * m.gdn_k_dim * m.gdn_v_dim,
-                            m.gdn_k_dim + m.gdn_v_dim, io, 4.0 * m.gdn_k_dim * m.gdn_v_dim))  # fmt: skip
+        out.append(_scan_kind(m.gdn, m.gdn_v_heads, m.gdn_chunk, m.gdn_k_dim, m.gdn_v_dim, io))
     if m.mamba:
         inner = m.mamba_heads * m.mamba_head_dim
         io = (2 * inner + 2 * m.mamba_groups * m.mamba_state + m.mamba_heads) * m.dtype_bytes
-        out.append(ScanKind(m.mamba, m.mamba_heads, m.mamba_chunk, 6.0 * m.mamba_head_dim * m.mamba_state,
-                            m.mamba_head_dim + m.mamba_state, io, 4.0 * m.mamba_head_dim * m.mamba_state))  # fmt: skip
+        out.append(_scan_kind(m.mamba, m.mamba_heads, m.mamba_chunk, m.mamba_head_dim, m.mamba_state, io))
     return out
 
 

@@ -65,10 +65,8 @@ class ModelSpec:
         """Parameters touched per token (routed experts: only the active ones)."""
         mlp = self.mlp_layers * self.mlp_mats * self.hidden * self.mlp_inter
         moe = self.moe_layers * 3 * self.hidden * (self.experts_active * self.expert_inter + self.shared_inter)
-        return (
-            self.attn * self._attn_params() + self.gdn * self._gdn_params() + self.mamba * self._mamba_params()
-            + mlp + moe + 2 * self.vocab * self.hidden
-        )  # fmt: skip
+        mixers = self.attn * self._attn_params() + self.gdn * self._gdn_params() + self.mamba * self._mamba_params()
+        return mixers + mlp + moe + 2 * self.vocab * self.hidden
 
     @property
     def total_params(self) -> int:
@@ -101,31 +99,45 @@ class ModelSpec:
 
 
 def _qwen35(name: str, hidden: int, layers: int, q: int, kv: int, v_heads: int, mlp: int, **kw: int) -> ModelSpec:
+    """A Qwen3.5-style model: one attention layer in four, the others Gated DeltaNet."""
     attn = layers // 4
     return ModelSpec(
-        name, hidden, 248320, attn, q, kv, 256, gdn=layers - attn, gdn_k_heads=16, gdn_v_heads=v_heads,
-        mlp_layers=layers if mlp else 0, mlp_inter=mlp, **kw,
-    )  # fmt: skip
+        name=name,
+        hidden=hidden,
+        vocab=248320,
+        attn=attn,
+        q_heads=q,
+        kv_heads=kv,
+        head_dim=256,
+        gdn=layers - attn,
+        gdn_k_heads=16,
+        gdn_v_heads=v_heads,
+        mlp_layers=layers if mlp else 0,
+        mlp_inter=mlp,
+        **kw,
+    )
 
 
+_MOE_35B = {"moe_layers": 40, "experts_active": 8, "expert_inter": 512, "shared_inter": 512, "total_experts": 256}
+_MOE_80B = {**_MOE_35B, "moe_layers": 48, "experts_active": 10, "total_experts": 512}
 MODEL_SPECS: dict[str, ModelSpec] = {
-    "qwen3.5-4b": _qwen35("qwen3.5-4b", 2560, 32, 16, 4, 32, 9216),
-    "qwen3.5-9b": _qwen35("qwen3.5-9b", 4096, 32, 16, 4, 32, 12288),
-    "qwen3.5-27b": _qwen35("qwen3.5-27b", 5120, 64, 24, 4, 48, 17408),
-    "qwen3.5-35b-a3b": _qwen35(
-        "qwen3.5-35b-a3b", 2048, 40, 16, 2, 32, 0, moe_layers=40, experts_active=8, expert_inter=512,
-        shared_inter=512, total_experts=256,
-    ),  # fmt: skip
+    "qwen3.5-4b": _qwen35("qwen3.5-4b", hidden=2560, layers=32, q=16, kv=4, v_heads=32, mlp=9216),
+    "qwen3.5-9b": _qwen35("qwen3.5-9b", hidden=4096, layers=32, q=16, kv=4, v_heads=32, mlp=12288),
+    "qwen3.5-27b": _qwen35("qwen3.5-27b", hidden=5120, layers=64, q=24, kv=4, v_heads=48, mlp=17408),
+    "qwen3.5-35b-a3b": _qwen35("qwen3.5-35b-a3b", hidden=2048, layers=40, q=16, kv=2, v_heads=32, mlp=0, **_MOE_35B),
     "qwen3-next-80b-a3b": dataclasses.replace(
-        _qwen35("qwen3-next-80b-a3b", 2048, 48, 16, 2, 32, 0, moe_layers=48, experts_active=10, expert_inter=512,
-                shared_inter=512, total_experts=512),
+        _qwen35("qwen3-next-80b-a3b", hidden=2048, layers=48, q=16, kv=2, v_heads=32, mlp=0, **_MOE_80B),
         vocab=151936,
-    ),  # fmt: skip
+    ),
     "nemotron-h-8b": ModelSpec(
-        "nemotron-h-8b", 4096, 131072, 4, 32, 8, 128, mamba=24, mamba_heads=128, mamba_head_dim=64,
-        mamba_state=128, mamba_groups=8, mlp_layers=24, mlp_inter=21504, mlp_mats=2,
-    ),  # fmt: skip
-    "qwen3-8b": ModelSpec("qwen3-8b", 4096, 151936, 36, 32, 8, 128, mlp_layers=36, mlp_inter=12288),
+        name="nemotron-h-8b", hidden=4096, vocab=131072, attn=4, q_heads=32, kv_heads=8, head_dim=128,
+        mamba=24, mamba_heads=128, mamba_head_dim=64, mamba_state=128, mamba_groups=8,
+        mlp_layers=24, mlp_inter=21504, mlp_mats=2,
+    ),
+    "qwen3-8b": ModelSpec(
+        name="qwen3-8b", hidden=4096, vocab=151936, attn=36, q_heads=32, kv_heads=8, head_dim=128,
+        mlp_layers=36, mlp_inter=12288,
+    ),
 }
 
 
@@ -182,11 +194,17 @@ class DeviceSpec:
 
 
 DEVICE_SPECS: dict[str, DeviceSpec] = {
-    "h200": DeviceSpec("h200", 989e12, 4.8e12, 141e9),
+    "h200": DeviceSpec(name="h200", peak_flops=989e12, hbm_bandwidth=4.8e12, memory_bytes=141e9),
     # two H200 with tensor parallelism, communication not modelled (for models that need 2 GPUs)
-    "h200x2": DeviceSpec("h200x2", 2 * 989e12, 2 * 4.8e12, 2 * 141e9, sm_count=2 * 132),
-    "tpu-v5e": DeviceSpec("tpu-v5e", 197e12, 0.819e12, 16e9, backend="tpu", sm_count=1),
-    "tpu-v6e": DeviceSpec("tpu-v6e", 918e12, 1.64e12, 32e9, backend="tpu", sm_count=1),
+    "h200x2": DeviceSpec(
+        name="h200x2", peak_flops=2 * 989e12, hbm_bandwidth=2 * 4.8e12, memory_bytes=2 * 141e9, sm_count=2 * 132
+    ),
+    "tpu-v5e": DeviceSpec(
+        name="tpu-v5e", peak_flops=197e12, hbm_bandwidth=0.819e12, memory_bytes=16e9, backend="tpu", sm_count=1
+    ),
+    "tpu-v6e": DeviceSpec(
+        name="tpu-v6e", peak_flops=918e12, hbm_bandwidth=1.64e12, memory_bytes=32e9, backend="tpu", sm_count=1
+    ),
 }
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from radixflow_jax.runner.inputs import BIAS_WIDTH, SamplingRow, build_arrays
+from radixflow_jax.runner.inputs import BIAS_WIDTH, SamplingRow, StepInputs, build_arrays
 from radixflow_jax.runner.shapes import ShapeConfig, Variant
 from radixflow_jax.scheduler.plan import RoundPlan, RoundStats, RowPlan
 
@@ -37,16 +37,20 @@ DECODE_A = _row(10, [7], 5, [3, 5], slot=2)
 DECODE_B = _row(11, [8], 8, [1, 2, 6], slot=3, emits=[(1, 7)])
 PREFILL = _row(12, [21, 22, 23, 24, 25, 26], 2, [4, 9], slot=1, copy_from=5, emits=[(2, 8), (6, 9)], sample=False)
 VARIANT = Variant(num_tokens=16, num_rows=4, num_decode=0, max_emits=6)
-SAMPLING = {10: SamplingRow(0.5, 7, 0.9, 0.05, seed=(1 << 40) + 3), 12: SamplingRow(1.0, 0, 1.0, 0.0, seed=99)}
+SAMPLING = {
+    10: SamplingRow(temperature=0.5, top_k=7, top_p=0.9, min_p=0.05, seed=(1 << 40) + 3),
+    12: SamplingRow(temperature=1.0, seed=99),
+}
 
 
 @pytest.fixture(scope="module")
-def arrays():
-    return build_arrays(_plan(DECODE_A, DECODE_B, PREFILL), VARIANT, page_size=PAGE, max_pages=MAX_PAGES, sampling=SAMPLING)
+def arrays() -> StepInputs:
+    plan = _plan(DECODE_A, DECODE_B, PREFILL)
+    return build_arrays(plan, VARIANT, page_size=PAGE, max_pages=MAX_PAGES, sampling=SAMPLING).inputs
 
 
 def test_shapes_depend_only_on_the_variant(arrays) -> None:
-    d = arrays.as_dict()
+    d = arrays._asdict()
     expected = {
         "tokens": (16,), "cu_seqlens": (5,), "kv_lens": (4,), "page_table": (4, MAX_PAGES), "slot_mapping": (16,),
         "state_slots": (4,), "copy_src": (4,), "emit_rows": (6,), "emit_offsets": (6,), "emit_slots": (6,),
@@ -54,14 +58,17 @@ def test_shapes_depend_only_on_the_variant(arrays) -> None:
         "position": (4,), "presence": (4,), "frequency": (4,), "repetition": (4,), "ctx_ids": (4, 0), "ctx_out": (4, 0), "want_logprobs": (4,), "pair_emit": (4,), "decode_base": (),
         "bias_ids": (4, BIAS_WIDTH), "bias_vals": (4, BIAS_WIDTH), "bias_until": (4, BIAS_WIDTH),
         "token_mask": (4, 0),  # no grammar mask unless mask_words is given
+        "splice_src": (16,), "prev_tokens": (4,),  # no splice; prev_tokens as long as num_out, at least R
     }  # fmt: skip
     assert {k: v.shape for k, v in d.items()} == expected
     assert d["seed"].dtype == np.uint32
     assert d["temperature"].dtype == np.float32
     floats = ("temperature", "top_p", "min_p", "presence", "frequency", "repetition", "bias_vals")
     assert all(d[k].dtype == np.int32 for k in expected if k not in ("seed", "ctx_out", "want_logprobs", *floats))
-    empty = build_arrays(_plan(), VARIANT, page_size=PAGE, max_pages=MAX_PAGES, sampling={})
-    assert {k: v.shape for k, v in empty.as_dict().items()} == expected
+    assert d["splice_src"].tolist() == [-1] * 16
+    empty = build_arrays(_plan(), VARIANT, page_size=PAGE, max_pages=MAX_PAGES, sampling={}).inputs
+    assert {k: v.shape for k, v in empty._asdict().items()} == expected
+    assert list(d) == list(StepInputs._fields)  # the pytree's leaves, in the order the step flattens them
 
 
 def test_tokens_and_ragged_layout(arrays) -> None:
@@ -102,7 +109,7 @@ def test_decode_variant_from_shapes() -> None:
     plan = _plan(DECODE_A, DECODE_B)
     variant = shapes.select(plan.num_tokens, len(plan.rows), all_decode=True)
     assert (variant.num_tokens, variant.num_rows, variant.num_decode) == (2, 2, 2)
-    a = build_arrays(plan, variant, page_size=PAGE, max_pages=MAX_PAGES, sampling={})
+    a = build_arrays(plan, variant, page_size=PAGE, max_pages=MAX_PAGES, sampling={}).inputs
     np.testing.assert_array_equal(a.tokens, [7, 8])
     np.testing.assert_array_equal(a.cu_seqlens, [0, 1, 2])
     np.testing.assert_array_equal(a.slot_mapping, [21, 24])
@@ -112,8 +119,8 @@ def test_decode_variant_from_shapes() -> None:
 
 def test_same_plan_same_arrays() -> None:
     plan = _plan(DECODE_A, DECODE_B, PREFILL)
-    a = build_arrays(plan, VARIANT, page_size=PAGE, max_pages=MAX_PAGES, sampling=SAMPLING).as_dict()
-    b = build_arrays(plan, VARIANT, page_size=PAGE, max_pages=MAX_PAGES, sampling=SAMPLING).as_dict()
+    a = build_arrays(plan, VARIANT, page_size=PAGE, max_pages=MAX_PAGES, sampling=SAMPLING).inputs._asdict()
+    b = build_arrays(plan, VARIANT, page_size=PAGE, max_pages=MAX_PAGES, sampling=SAMPLING).inputs._asdict()
     for k in a:
         np.testing.assert_array_equal(a[k], b[k], err_msg=k)
 
@@ -145,8 +152,9 @@ def test_pages_not_covering_the_span_raise() -> None:
 
 def test_bias_and_min_tokens_bans_fill_the_bias_arrays() -> None:
     sampling = {10: SamplingRow(bias=((4, 2.5), (8, -100.0)), ban=(2, 3), ban_until=9), 12: SamplingRow()}
-    a = build_arrays(_plan(DECODE_A, DECODE_B, PREFILL), VARIANT, page_size=PAGE, max_pages=MAX_PAGES, sampling=sampling)
-    row = int(a.plan_rows[0])  # request 10
+    built = build_arrays(_plan(DECODE_A, DECODE_B, PREFILL), VARIANT, page_size=PAGE, max_pages=MAX_PAGES,
+                         sampling=sampling)  # fmt: skip
+    a, row = built.inputs, int(built.plan_rows[0])  # request 10
     np.testing.assert_array_equal(a.bias_ids[row, :5], [4, 8, 2, 3, -1])
     np.testing.assert_array_equal(a.bias_vals[row, :4], [2.5, -100.0, -np.inf, -np.inf])
     assert a.bias_until[row, 0] == np.iinfo(np.int32).max and list(a.bias_until[row, 2:4]) == [9, 9]
@@ -171,9 +179,10 @@ class _OnlyToken:
 def test_grammar_masks_fill_only_sampled_rows() -> None:
     g10, g12 = _OnlyToken(40), _OnlyToken(3)
     sampling = {10: SamplingRow(grammar=g10), 12: SamplingRow(grammar=g12)}  # request 12 does not sample
-    a = build_arrays(_plan(DECODE_A, DECODE_B, PREFILL), VARIANT, page_size=PAGE, max_pages=MAX_PAGES,
-                     sampling=sampling, mask_words=3)  # fmt: skip
-    row = int(a.plan_rows[0])
+    built = build_arrays(_plan(DECODE_A, DECODE_B, PREFILL), VARIANT, page_size=PAGE, max_pages=MAX_PAGES,
+                         sampling=sampling, mask_words=3)  # fmt: skip
+    a, row = built.inputs, int(built.plan_rows[0])
+    assert built.masked_rows == 1
     assert a.token_mask.shape == (4, 3) and (g10.calls, g12.calls) == (1, 0)
     np.testing.assert_array_equal(a.token_mask[row], [0, 1 << 8, 0])
     assert (a.token_mask[[r for r in range(4) if r != row]] == -1).all()  # no grammar: all ones

@@ -74,7 +74,7 @@ def test_decode_rounds_that_emit_little_take_the_small_emit_bucket() -> None:
         build_arrays(plan, small, page_size=PAGE, max_pages=32, sampling={})
     fitting = shapes.select(plan.num_tokens, len(rows), num_decode=len(rows), num_emits=plan.num_emits)
     built = build_arrays(plan, fitting, page_size=PAGE, max_pages=32, sampling={})
-    assert (built.emit_slots > 0).sum() == FEW_EMITS + 1
+    assert (built.inputs.emit_slots > 0).sum() == FEW_EMITS + 1
     at_start = RoundPlan((_row(0, [5], 3, [0], 1, emits=((0, 100),)),), 1, RoundStats())
     with pytest.raises(ValueError, match="after its one token"):
         build_arrays(at_start, shapes.select(1, 1, num_decode=1), page_size=PAGE, max_pages=32, sampling={})
@@ -85,16 +85,17 @@ def test_mixed_layout_pads_the_decode_region() -> None:
     prefill = _row(12, [21, 22, 23], 0, [4], slot=1, emits=[(3, 9)])
     plan = RoundPlan(rows=(decode, prefill), num_decode=1, stats=RoundStats())
     variant = Variant(num_tokens=3 + 8, num_rows=3 + 2, num_decode=3, max_emits=6)
-    a = build_arrays(plan, variant, page_size=PAGE, max_pages=2, sampling={})
+    built = build_arrays(plan, variant, page_size=PAGE, max_pages=2, sampling={})
+    a = built.inputs
     np.testing.assert_array_equal(a.tokens, [7, 0, 0, 21, 22, 23, 0, 0, 0, 0, 0])
     np.testing.assert_array_equal(a.cu_seqlens, [0, 1, 2, 3, 6, 6])  # padding decode rows own one slot each
     np.testing.assert_array_equal(a.kv_lens, [6, 1, 1, 3, 0])
     np.testing.assert_array_equal(a.slot_mapping[:6], [5 * PAGE + 1, 0, 0, 16, 17, 18])
     np.testing.assert_array_equal(a.state_slots, [2, 0, 0, 1, 0])
     np.testing.assert_array_equal(a.emit_rows[:1], [3])
-    np.testing.assert_array_equal(a.plan_rows, [0, 3])
+    np.testing.assert_array_equal(built.plan_rows, [0, 3])
     np.testing.assert_array_equal(a.logits_index[[0, 3]], [0, 5])
-    assert "plan_rows" not in a.as_dict()
+    assert "plan_rows" not in a._fields  # host only
 
 
 @pytest.mark.parametrize("model", ["tiny-qwen3.5", "tiny-bamba"])

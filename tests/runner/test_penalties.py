@@ -83,9 +83,9 @@ def test_build_arrays_writes_penalised_rows_context() -> None:
     output = [7, 8]
     sampling = {1: SamplingRow(frequency_penalty=0.5, prompt=(1, 2, 3), output=output), 2: SamplingRow()}
     plan = RoundPlan(rows=rows, num_decode=2, stats=RoundStats())
-    a = build_arrays(plan, Variant(2, 2, 2, 2), page_size=16, max_pages=2, sampling=sampling, penalty_window=8)
+    a = build_arrays(plan, Variant(2, 2, 2, 2), page_size=16, max_pages=2, sampling=sampling, penalty_window=8).inputs
     assert a.ctx_ids[0].tolist() == [1, 2, 3, 7, 8, -1, -1, -1] and a.ctx_out[0].tolist() == [0, 0, 0, 1, 1, 0, 0, 0]
     assert a.ctx_ids[1].tolist() == [-1] * 8 and a.frequency.tolist() == [0.5, 0.0]
     output.append(9)  # the live output list: the next round sees the new token
-    a = build_arrays(plan, Variant(2, 2, 2, 2), page_size=16, max_pages=2, sampling=sampling, penalty_window=8)
+    a = build_arrays(plan, Variant(2, 2, 2, 2), page_size=16, max_pages=2, sampling=sampling, penalty_window=8).inputs
     assert a.ctx_ids[0, :6].tolist() == [1, 2, 3, 7, 8, 9]

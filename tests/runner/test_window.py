@@ -48,10 +48,11 @@ def test_decode_rows_sit_at_their_slot_and_the_rest_in_the_prefill_region() -> N
     variant, decode = select_round(plan, SHAPES, num_slots=64)
     assert (decode.base, decode.rows, decode.span) == (4, (0, 1), 4)  # slots 7 and 4: window 4..7
     assert variant.num_decode == 8 and variant.prefill_rows >= 2  # (mixed rounds: one decode bucket here)
-    a = build_arrays(plan, variant, page_size=4, max_pages=4, sampling={}, decode=decode)
+    built = build_arrays(plan, variant, page_size=4, max_pages=4, sampling={}, decode=decode)
+    a = built.inputs
     assert int(a.decode_base) == 4
     assert a.state_slots[:8].tolist() == [4, 0, 0, 7, 0, 0, 0, 0]  # slots 5, 6 are padding positions
-    assert a.plan_rows.tolist() == [3, 0, 8, 9]  # plan row -> array row; the checkpoint row runs as prefill
+    assert built.plan_rows.tolist() == [3, 0, 8, 9]  # plan row -> array row; the checkpoint row runs as prefill
     assert a.state_slots[8:10].tolist() == [5, 6] and a.copy_src[8] == 40
     assert a.cu_seqlens[8:11].tolist() == [8, 9, 14]  # prefill tokens after the decode region
 
@@ -69,7 +70,8 @@ def test_window_is_fitted_into_the_pool() -> None:
     plan = _plan(_row(1, 1, 9, slot=60), _row(2, 1, 9, slot=62))
     variant, decode = select_round(plan, SHAPES, num_slots=64)
     assert decode.base + variant.num_decode <= 64 and decode.base <= 60
-    a = build_arrays(plan, variant, page_size=4, max_pages=4, sampling={}, decode=decode)
+    built = build_arrays(plan, variant, page_size=4, max_pages=4, sampling={}, decode=decode)
+    a = built.inputs
     assert a.state_slots[60 - decode.base] == 60 and a.state_slots[62 - decode.base] == 62
     with pytest.raises(ValueError, match="does not fit a pool"):
         select_round(_plan(*(_row(i, 1, 9, slot=1 + i) for i in range(8))), SHAPES, num_slots=4)
@@ -81,4 +83,5 @@ def test_a_window_that_does_not_hold_its_rows_is_refused() -> None:
     small = type(variant)(variant.num_tokens, variant.num_rows, 4, variant.max_emits)
     with pytest.raises(ValueError, match="do not fit the window"):
         build_arrays(plan, small, page_size=4, max_pages=4, sampling={}, decode=decode)
-    assert np.all(build_arrays(plan, variant, page_size=4, max_pages=4, sampling={}).state_slots[[0, 6]] == [3, 9])
+    placed_here = build_arrays(plan, variant, page_size=4, max_pages=4, sampling={}).inputs
+    assert np.all(placed_here.state_slots[[0, 6]] == [3, 9])

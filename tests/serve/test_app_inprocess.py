@@ -26,7 +26,10 @@ def test_engine_death_gives_503():
     metrics = ServerMetrics("sim", hybrid=True)
     engine = BackgroundEngine(core, observer=metrics.observe, trim_records=True)
     metrics.attach(engine)
-    state = ServerState(engine, None, metrics, ServerConfig("sim"), 512, None)
+    state = ServerState(
+        engine=engine, tokenizer=None, metrics=metrics, config=ServerConfig("sim"),
+        max_model_len=512, vocab_size=None,
+    )
     try:
         with TestClient(create_app(state)) as c:
             ok = c.post("/v1/completions", json={"prompt": [1, 2, 3], "max_tokens": 3, "ignore_eos": True})

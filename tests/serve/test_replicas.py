@@ -36,7 +36,10 @@ def make_state(replicas: int, router: str = "prefix") -> ServerState:
     router_config = RouterConfig(policy=router, block=EC.scheduler.page_size)
     engine = engines[0] if replicas == 1 else ReplicatedEngine(engines, router_config)
     metrics.attach(engine)
-    return ServerState(engine, None, metrics, ServerConfig("sim"), 512, None)
+    return ServerState(
+        engine=engine, tokenizer=None, metrics=metrics, config=ServerConfig("sim"),
+        max_model_len=512, vocab_size=None,
+    )
 
 
 def prompts() -> list[list[int]]:

@@ -28,8 +28,10 @@ def served(tiny_model):
     metrics = ServerMetrics("tiny", hybrid=True)
     engine = BackgroundEngine(core, observer=metrics.observe, trim_records=True)
     metrics.attach(engine)
-    state = ServerState(engine, model.tokenizer, metrics, ServerConfig("tiny", max_n=MAX_N), core.max_model_len,
-                        model.config.vocab_size)  # fmt: skip
+    state = ServerState(
+        engine=engine, tokenizer=model.tokenizer, metrics=metrics, config=ServerConfig("tiny", max_n=MAX_N),
+        max_model_len=core.max_model_len, vocab_size=model.config.vocab_size,
+    )
     try:
         with TestClient(create_app(state)) as client:
             yield client, model
