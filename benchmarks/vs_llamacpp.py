@@ -185,7 +185,7 @@ def parity(name: str, files: dict[str, str], args: argparse.Namespace, server: s
                                                     logprobs=2, logit_bias={t: -100.0 for t in ban}))  # fmt: skip
         port = args.port + 1
         cmd = llamacpp.llama_server_cmd(server, path, port, slots=1, ctx=1024, threads=args.threads)
-        with llamacpp.ServerProcess("llama-server", cmd, port, os.path.join(args.work, "parity.log")) as s:
+        with llamacpp.ChildServer("llama-server", cmd, port, os.path.join(args.work, "parity.log")) as s:
             theirs = [llama_greedy(s.url, p, args.parity_tokens) for p in prompts]
         agree, divergences = 0, []
         for i, (o, (t_ids, t_margins)) in enumerate(zip(ours, theirs)):
@@ -288,16 +288,16 @@ def timed_run(server: str, url: str, reqs: list[Any]) -> dict[str, Any]:
     return {**s, "breakdown": breakdown(server, results, before, after, wall)}
 
 
-def servers(name: str, path: str, args: argparse.Namespace, server_bin: str) -> dict[str, llamacpp.ServerProcess]:
+def servers(name: str, path: str, args: argparse.Namespace, server_bin: str) -> dict[str, llamacpp.ChildServer]:
     ours_cmd = [sys.executable, "-m", "radixflow_jax.cli", "serve", "--model", path, "--port", str(args.port),
                 "--warmup", "background", "--compilation-cache-dir", os.path.join(cache_root(), "xla-cache-vs-llamacpp"),
                 "--max-num-seqs", str(args.slots * 2), "--log-level", "warning"]  # fmt: skip
     theirs = llamacpp.llama_server_cmd(server_bin, path, args.port + 1, slots=args.slots, ctx=args.slots * 2048,
                                        threads=args.threads, extra=shlex.split(args.llama_args))  # fmt: skip
     return {
-        "ours": llamacpp.ServerProcess("radixflow serve", ours_cmd, args.port, os.path.join(args.work, "ours.log"),
+        "ours": llamacpp.ChildServer("radixflow serve", ours_cmd, args.port, os.path.join(args.work, "ours.log"),
                                        ready=lambda h: h.get("phase") in ("ready", "lazy")),
-        "llama.cpp": llamacpp.ServerProcess("llama-server", theirs, args.port + 1, os.path.join(args.work, "llama.log")),
+        "llama.cpp": llamacpp.ChildServer("llama-server", theirs, args.port + 1, os.path.join(args.work, "llama.log")),
     }  # fmt: skip
 
 

@@ -9,7 +9,7 @@ Invariants:
   * The converter runs unmodified, through a wrapper that patches three things only in its own
     process (the BPE pre-tokenizer name, the missing ``tokenizer.model``, Nemotron-H's raw config):
     the tiny presets' tokenizer is not one the converter knows by hash.
-  * A :class:`LlamaServerProcess` is started and stopped by its context manager; on exit the child and
+  * A :class:`ChildServer` is started and stopped by its context manager; on exit the child and
     its log file are gone whatever happened inside.
 """
 
@@ -216,8 +216,8 @@ def quantize(quantizer: str, src: str, out: str, qtype: str) -> str:
     return out
 
 
-class LlamaServerProcess:
-    """A server child process on ``127.0.0.1:port``: started by ``__enter__``, which waits until
+class ChildServer:
+    """A server child process (llama-server, or our own server in a head to head) on ``127.0.0.1:port``: started by ``__enter__``, which waits until
     ``ready(health_json)`` holds for ``GET /health`` (or raises with the log's tail when the child
     exits or ``timeout`` passes); stopped by ``__exit__`` (SIGTERM, then SIGKILL after 20 s)."""
 
@@ -238,7 +238,7 @@ class LlamaServerProcess:
         self.proc: subprocess.Popen[bytes] | None = None
         self.startup_s = 0.0
 
-    def __enter__(self) -> LlamaServerProcess:
+    def __enter__(self) -> ChildServer:
         import httpx
 
         start = time.perf_counter()

@@ -74,7 +74,7 @@ def test_the_server_command_states_slots_context_and_threads() -> None:
 def test_a_server_that_exits_at_start_up_raises_with_its_log(tmp_path) -> None:
     cmd = [sys.executable, "-c", "print('cannot load the model'); raise SystemExit(3)"]
     with pytest.raises(RuntimeError, match="(?s)exited with 3:.*cannot load the model"):
-        with llamacpp.LlamaServerProcess("peer", cmd, 1, str(tmp_path / "log")):
+        with llamacpp.ChildServer("peer", cmd, 1, str(tmp_path / "log")):
             pass
 
 
