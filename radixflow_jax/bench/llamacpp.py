@@ -217,9 +217,10 @@ def quantize(quantizer: str, src: str, out: str, qtype: str) -> str:
 
 
 class ChildServer:
-    """A server child process (llama-server, or our own server in a head to head) on ``127.0.0.1:port``: started by ``__enter__``, which waits until
-    ``ready(health_json)`` holds for ``GET /health`` (or raises with the log's tail when the child
-    exits or ``timeout`` passes); stopped by ``__exit__`` (SIGTERM, then SIGKILL after 20 s)."""
+    """A server child process (llama-server, or our own server in a head to head) on
+    ``127.0.0.1:port``: started by ``__enter__``, which waits until ``ready(health_json)`` holds for
+    ``GET /health`` (or raises with the log's tail when the child exits or ``timeout`` passes);
+    stopped by ``__exit__`` (SIGTERM, then SIGKILL after 20 s)."""
 
     def __init__(
         self,
