@@ -2,14 +2,13 @@
 
 :class:`EngineConfig` (pools, overlap, compile options and the scheduler's), :class:`RoundRecord` (what
 one round carried and cost), :class:`ServingClock` (wall time minus first-use compiles),
-:class:`EngineFailure` and the checkpoint grid. No JAX here.
+:class:`EngineFailure`. No JAX here.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
-from typing import Any, Callable, Sequence
+from typing import Any, Callable
 
 from radixflow_jax.engine.params import DEFAULT_MAX_N
 from radixflow_jax.engine.protocol import StepResult
@@ -17,7 +16,7 @@ from radixflow_jax.scheduler.config import MODEL_DERIVED, SchedulerConfig
 from radixflow_jax.scheduler.plan import RoundPlan, RoundStats, attention_pairs, pairing_spans
 
 
-ENGINE_SCHEDULER = SchedulerConfig(policy="pair")  # an engine's scheduling options unless given (policy pair)
+ENGINE_SCHEDULER = SchedulerConfig()  # an engine's scheduling options unless given (the defaults: policy pair)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,7 +67,8 @@ class EngineConfig:
         Unknown names and the model-derived ``grid`` / ``hybrid`` raise ``TypeError`` naming them."""
         unknown = sorted(set(options) - _ENGINE_FIELDS - _SCHEDULER_OPTIONS)
         if unknown:
-            raise TypeError(f"unknown engine option{'s' if len(unknown) > 1 else ''}: {', '.join(unknown)}")
+            hint = " (the prefix cache is off under policy='no-cache')" if "enable_prefix_cache" in unknown else ""
+            raise TypeError(f"unknown engine option{'s' if len(unknown) > 1 else ''}: {', '.join(unknown)}{hint}")
         own = {k: v for k, v in options.items() if k in _ENGINE_FIELDS}
         scheduling = {k: v for k, v in options.items() if k in _SCHEDULER_OPTIONS}
         base = own.pop("scheduler", self.scheduler)
@@ -168,7 +168,3 @@ class ServingClock:
 class EngineFailure(RuntimeError):
     """The engine cannot go on: recovery from a failed step failed, or too many rounds failed in a row."""
 
-
-def model_grid(chunk_sizes: Sequence[int], page_size: int) -> int:
-    """The checkpoint grid ``G = lcm(page size, every recurrent kernel chunk)``."""
-    return math.lcm(page_size, *chunk_sizes) if chunk_sizes else page_size

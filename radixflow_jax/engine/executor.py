@@ -90,9 +90,9 @@ class ModelExecutor:
         self.model = model
         self.shapes = shapes
         self.page_size = page_size
-        # the device state pools hold at least one decode window of max_rows slots past slot 0 (the
+        # the device state pools hold at least one decode window of max_num_seqs slots past slot 0 (the
         # host pool may be smaller: window positions past its ids are padding, runner/window.py)
-        self.num_slots = max(num_slots, shapes.max_rows + 1)
+        self.num_slots = max(num_slots, shapes.max_num_seqs + 1)
         self.pool_sizes = (num_pages, self.num_slots)
         self.cache = model.place_cache(init_cache(
             model.config, num_pages=num_pages, page_size=page_size, num_slots=self.num_slots, dtype=model.dtype
@@ -111,7 +111,7 @@ class ModelExecutor:
             prompt_logprobs=self.prompt_logprobs, grammar_mask=True,
         )  # fmt: skip
         self.progress = progress
-        self.page_copier = PageCopier(shapes.max_rows)  # riders' partial pages (RoundPlan.page_copies)
+        self.page_copier = PageCopier(shapes.max_num_seqs)  # riders' partial pages (RoundPlan.page_copies)
         self._copier_ready = False
         self.warmup_s = 0.0
         self._no_prev = jax.device_put(np.zeros(out_rows(shapes), np.int32))  # prev_tokens of a round that splices nothing

@@ -54,7 +54,7 @@ class CompileAfterWarmupError(RuntimeError):
 def out_rows(shapes: ShapeConfig) -> int:
     """Length of every variant's sampled-token output (the most rows a variant has: decode region
     plus prefill rows)."""
-    return 2 * shapes.max_rows
+    return 2 * shapes.max_num_seqs
 
 
 def splice_defaults(variant: Variant, shapes: ShapeConfig) -> dict[str, np.ndarray]:

@@ -52,7 +52,7 @@ class Scheduler:
         cache_cfg = CacheConfig(page_size=config.page_size, grid=config.grid, hybrid=config.hybrid)
         pages = PagePool(num_pages)
         slots = SlotPool(num_slots) if config.hybrid else None
-        caching = config.enable_prefix_cache and self.policy.use_cache
+        caching = self.policy.use_cache  # policy no-cache: no radix cache
         cache = RadixCache(cache_cfg, pages, slots) if caching else None
         self.memory = Memory(cache_cfg, pages, slots, cache)
         self.waiting: collections.deque[Request] = collections.deque()

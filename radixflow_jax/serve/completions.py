@@ -49,7 +49,7 @@ class CompletionRoutes:
         body = protocol.parse_body(kind, await read_json(request, state.config))
         check_model(state.config, body.model)
         req = protocol.to_engine_request(body, state.tokenizer, max_model_len=state.max_model_len,
-                                         vocab_size=state.vocab_size, max_n=state.config.max_n)  # fmt: skip
+                                         vocab_size=state.vocab_size, max_n=state.engine.core.limits.max_n)  # fmt: skip
         handles = submit(state, req)
         rid = ("chatcmpl-" if kind == protocol.CHAT else "cmpl-") + uuid.uuid4().hex
         if req.stream:

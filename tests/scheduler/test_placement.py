@@ -14,7 +14,7 @@ ARTICLE = tuple(range(100, 137))  # 37 shared tokens: branch point floor(37 / 8)
 def _sched(num_slots: int = 32, max_num_seqs: int = 4, **kw) -> Scheduler:
     cfg = SchedulerConfig(
         max_num_seqs=max_num_seqs, max_num_batched_tokens=64, page_size=4, grid=8, hybrid=True,
-        **{"checkpoint_interval": 64, **kw},
+        **{"checkpoint_interval": 64, "policy": "radixflow", **kw},
     )  # fmt: skip
     return Scheduler(cfg, num_pages=64, num_slots=num_slots)
 

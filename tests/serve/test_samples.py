@@ -28,7 +28,7 @@ def served(tiny_model):
     metrics = ServerMetrics("tiny", hybrid=True)
     engine = BackgroundEngine(core, observer=metrics.observe, trim_records=True)
     metrics.attach(engine)
-    state = ServerState(engine, model.tokenizer, metrics, ServerConfig("tiny", max_n=MAX_N), core.max_model_len,
+    state = ServerState(engine, model.tokenizer, metrics, ServerConfig("tiny"), core.max_model_len,
                         model.config.vocab_size)  # fmt: skip
     try:
         with TestClient(create_app(state)) as client:
