@@ -24,9 +24,11 @@ class EngineConfig:
     """Budgets, pools and policy. ``None`` pool sizes are derived from the other values.
 
     ``scheduler`` is the one home of the scheduling options (budgets, page size, policy, queue
-    order, checkpoint placement); ``engine/build.py`` completes it with the model's grid. Flat
-    options, as ``LLM(model, policy="pair", max_num_seqs=8)`` and the CLIs give them, go through
-    :meth:`from_options` / :meth:`with_options`, which send each name to its home."""
+    order, checkpoint placement); the engine spec (``engine/spec.py``) completes it with the
+    model's grid. Every other setting has its one home here (``max_n`` too: the request check and
+    the server read it from this config). Flat options, as ``LLM(model, policy="pair",
+    max_num_seqs=8)`` and the CLIs give them, go through :meth:`from_options` /
+    :meth:`with_options`, which send each name to its home."""
 
     scheduler: SchedulerConfig = ENGINE_SCHEDULER
     num_kv_pages: int | None = None
@@ -126,13 +128,21 @@ class RoundRecord:
         """The record of round ``index``: ``plan``'s counts and stats, ``result``'s slots and times."""
         stats, num_tokens = plan.stats, plan.num_tokens
         return cls(
-            index=index, num_tokens=num_tokens, num_rows=len(plan.rows), num_decode=plan.num_decode,
-            padding_tokens=result.token_slots - num_tokens, bubble_tokens=stats.shadow_tokens,
-            bubble_rows=stats.shadow_rows, plan_s=plan_s, host_s=host_s, overlapped=overlapped,
-            attention_pairs=attention_pairs(plan.rows), pairing_tokens=sum(pairing_spans(plan.rows).values()),
+            index=index,
+            num_tokens=num_tokens,
+            num_rows=len(plan.rows),
+            num_decode=plan.num_decode,
+            padding_tokens=result.token_slots - num_tokens,
+            bubble_tokens=stats.shadow_tokens,
+            bubble_rows=stats.shadow_rows,
+            plan_s=plan_s,
+            host_s=host_s,
+            overlapped=overlapped,
+            attention_pairs=attention_pairs(plan.rows),
+            pairing_tokens=sum(pairing_spans(plan.rows).values()),
             **{name: getattr(stats, name) for name in _FROM_STATS},
             **{name: getattr(result, name) for name in _FROM_RESULT},
-        )  # fmt: skip
+        )
 
     @property
     def kind(self) -> str:
