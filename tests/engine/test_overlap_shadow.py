@@ -141,7 +141,8 @@ def _attention_only_run(policy: str, overlap: bool, prompts: list[list[int]]) ->
     clock = VirtualClock()
     shadow = ShadowExecutor(config.scheduler.page_size, hybrid=False, vocab=1000, clock=clock)
     adapter = LaunchOrderShadow(shadow)
-    core = assemble_engine(_spec(config, hybrid=False, num_pages=120, num_slots=1), lambda shapes: adapter, clock=clock)
+    spec = _spec(config, hybrid=False, num_pages=120, num_slots=1)
+    core = assemble_engine(spec, lambda shapes: adapter, clock=clock)
     adapter.core = core
     h = Harness(core)
     for p in prompts:
