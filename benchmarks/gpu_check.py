@@ -213,8 +213,12 @@ def _time_round(cfg: Any, graphdef: Any, params: Any, plan: Any, ctx: int, reps:
 
     ps, rows = 16, len(plan.rows)
     grid = math.lcm(ps, *[c.chunk_size for c in (cfg.gdn, cfg.mamba) if c is not None])
-    shapes = ShapeConfig(max_tokens=max(2048, rows * 32) + 64, max_rows=max(rows, 1), max_pages_per_row=math.ceil(
-        max(ctx, 2048) / ps), grid=grid)  # fmt: skip
+    shapes = ShapeConfig(
+        max_num_batched_tokens=max(2048, rows * 32) + 64,
+        max_num_seqs=max(rows, 1),
+        max_pages_per_row=math.ceil(max(ctx, 2048) / ps),
+        grid=grid,
+    )
     variant, placement = variant_for(plan, shapes)
     arrays = build_arrays(plan, variant, page_size=ps, max_pages=shapes.max_pages_per_row,
                           sampling={r.request_id: SamplingRow() for r in plan.rows}, decode=placement,

@@ -33,8 +33,9 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=48)
     ap.add_argument("--repeats", type=int, default=3)
     args = ap.parse_args()
-    llm = LLM(args.model, max_num_seqs=args.requests, max_num_batched_tokens=256, bucket_mode="fixed",
-              enable_prefix_cache=False)  # fmt: skip
+    llm = LLM(
+        args.model, max_num_seqs=args.requests, max_num_batched_tokens=256, bucket_mode="fixed", policy="no-cache"
+    )
     prompts = [[5 + i, 6, 7, 8, 9, 10 + i] for i in range(args.requests)]
     plain = SamplingParams(max_tokens=args.tokens, ignore_eos=True)
     grammar = SamplingParams(max_tokens=args.tokens, ignore_eos=True, structured_outputs={"regex": "[a-z ]*"})

@@ -119,7 +119,7 @@ def make_bench(s: Setup, ramp_rounds: int = 1000) -> Bench:
         hybrid=True, policy=s.policy,
     )  # fmt: skip
     pages, slots = pools(s, model_len)
-    shapes = ShapeConfig(max_tokens=s.max_batched_tokens, max_rows=s.running,
+    shapes = ShapeConfig(max_num_batched_tokens=s.max_batched_tokens, max_num_seqs=s.running,
                          max_pages_per_row=math.ceil(model_len / PAGE_SIZE), grid=GRID)  # fmt: skip
     rng = np.random.default_rng(s.seed)
     bench = Bench(Scheduler(config, num_pages=pages, num_slots=slots), shapes, {}, rng, max(slots, s.running + 1))

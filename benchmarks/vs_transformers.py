@@ -107,7 +107,7 @@ def build_llm(
 
     llm = LLM(
         model, dtype="float32", max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_batched_tokens,
-        max_model_len=w.prefix_len + w.suffix_len + w.output_len, enable_prefix_cache=prefix_cache,
+        max_model_len=w.prefix_len + w.suffix_len + w.output_len, policy="pair" if prefix_cache else "no-cache",
         warmup=args.warmup == "all", bucket_mode=args.buckets,
     )  # fmt: skip
     if args.warmup == "planned":

@@ -31,9 +31,15 @@ class LLM:
     and N == 1, the replicas share the model's one device (one copy); otherwise it is refused."""
 
     def __init__(
-        self, model: str | LoadedModel, *, dtype: str = "float32", tensor_parallel_size: int = 1,
-        data_parallel_size: int = 1, router: str = "prefix", **engine_options: object,
-    ):  # fmt: skip
+        self,
+        model: str | LoadedModel,
+        *,
+        dtype: str = "float32",
+        tensor_parallel_size: int = 1,
+        data_parallel_size: int = 1,
+        router: str = "prefix",
+        **engine_options: object,
+    ):
         from radixflow_jax.replicas.router import ReplicaSet, RouterConfig
 
         self.config = EngineConfig.from_options(**engine_options)

@@ -183,11 +183,12 @@ class VariantRecorder:
 def planned_variants(llm: LLM, prompts: Sequence[Sequence[int]], params: SamplingParams) -> list[Variant]:
     """The variants the workload will select: the same scheduler config and pools, a recording
     executor. With EOS ignored the plan does not depend on the sampled ids."""
-    from radixflow_jax.engine.build import wire_engine
+    from radixflow_jax.engine.build import assemble_engine
 
     ex = llm.engine.executor
     recorder = VariantRecorder(ex.shapes, llm.engine.overlap, ex.num_slots)
-    dry = wire_engine(llm.engine.wiring, lambda shapes: recorder)
+    spec = dataclasses.replace(llm.engine.spec, eos_token_ids=(), tokenizer=None, vocab_size=None)
+    dry = assemble_engine(spec, lambda shapes: recorder)
     for ids in prompts:
         dry.add_request(ids, params)
     dry.run_until_done()

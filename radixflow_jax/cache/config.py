@@ -13,20 +13,25 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Sequence
 
-__all__ = ["CacheConfig"]
+__all__ = ["PAGE_SIZE", "CacheConfig"]
+
+PAGE_SIZE = 16  # tokens per KV page unless a config says otherwise (the one default, SchedulerConfig's too)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class CacheConfig:
-    """``page_size``: tokens per KV page. ``grid``: the checkpoint grid ``G`` (a multiple of
-    ``page_size``, normally ``lcm(page_size, kernel chunk)``). ``hybrid``: the model has recurrent
-    layers, so a usable hit is cut back to the deepest committed checkpoint; with ``hybrid=False``
-    (attention-only control) the usable hit is the committed KV hit."""
+    """The cache's geometry: the one home of page size, grid and hybridness once a model is known.
+    ``page_size``: tokens per KV page. ``grid``: the checkpoint grid ``G`` (a multiple of
+    ``page_size``, ``lcm(page_size, kernel chunks)``: :meth:`for_model` derives it). ``hybrid``: the
+    model has recurrent layers, so a usable hit is cut back to the deepest committed checkpoint;
+    with ``hybrid=False`` (attention-only) the usable hit is the committed KV hit. ``grid`` and
+    ``hybrid`` describe the model, so they have no default."""
 
-    page_size: int = 16
-    grid: int = 64
-    hybrid: bool = True
+    page_size: int = PAGE_SIZE
+    grid: int
+    hybrid: bool
 
     def __post_init__(self) -> None:
         if self.page_size < 1:
@@ -35,9 +40,11 @@ class CacheConfig:
             raise ValueError(f"grid {self.grid} must be a positive multiple of page_size {self.page_size}")
 
     @classmethod
-    def from_chunk(cls, page_size: int, chunk: int, *, hybrid: bool = True) -> CacheConfig:
-        """The config with ``G = lcm(page_size, chunk)`` (the grid of docs/design.md)."""
-        return cls(page_size=page_size, grid=math.lcm(page_size, chunk), hybrid=hybrid)
+    def for_model(cls, page_size: int, chunk_sizes: Sequence[int], *, hybrid: bool) -> CacheConfig:
+        """The geometry of a model whose recurrent kernels run in ``chunk_sizes`` (empty for an
+        attention-only model): ``G = lcm(page_size, every chunk)`` (the grid of docs/design.md)."""
+        grid = math.lcm(page_size, *chunk_sizes) if chunk_sizes else page_size
+        return cls(page_size=page_size, grid=grid, hybrid=hybrid)
 
     def align_down(self, num_tokens: int) -> int:
         """``num_tokens`` rounded down to a whole number of pages."""

@@ -1,10 +1,11 @@
 """The one place engines are assembled and their pools sized.
 
-An engine is built from a :class:`Wiring` (engine config -> checkpoint grid, step shapes, the
-scheduler config completed with the model's grid and kind, pool sizes) and an executor factory.
-Every kind goes through :func:`wire_engine`: the model engine (:func:`build_engine`), the simulated
-engine and the simulated mirror of a model engine (``sim/engines.py``), so they make the same
-scheduling decisions from the same configuration.
+An engine is built from an :class:`~radixflow_jax.engine.spec.EngineSpec` (the engine config, the
+model's facts and the pool sizes; it derives the cache geometry, the step shapes and the scheduler
+config completed with the model) and an executor factory. Every kind goes through
+:func:`assemble_engine`: the model engine (:func:`build_engine`), the simulated engine and the
+simulated mirror of a model engine (``sim/engines.py``) and the shadow engine
+(``reliability/harness.py``), so they make the same scheduling decisions from the same spec.
 
 Pool sizes come from configurations alone, never from loaded weights, so a memory plan can use the
 same sizers: :func:`pool_sizes` (the engine's defaults for a model config), :func:`memory_pools`
@@ -15,74 +16,34 @@ No JAX at import time: the executor is built by the caller's factory from the st
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import os
 import time
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable
 
-from radixflow_jax.engine.config import EngineConfig, model_grid
+from radixflow_jax.engine.config import EngineConfig
 from radixflow_jax.engine.core import EngineCore
 from radixflow_jax.engine.protocol import Executor
 from radixflow_jax.engine.roundcost import FittedRoundCost
+from radixflow_jax.engine.spec import EngineSpec
 from radixflow_jax.runner.shapes import ShapeConfig
-from radixflow_jax.scheduler.config import SchedulerConfig
 
 if TYPE_CHECKING:
     from radixflow_jax.models.api import LoadedModel
     from radixflow_jax.models.config import ModelConfig
 
-@dataclasses.dataclass(frozen=True)
-class Wiring:
-    """Everything an engine is built from besides its executor. ``chunk_sizes``: the recurrent
-    kernels' chunks (the grid is ``lcm(page size, chunks)``; empty for attention-only models);
-    ``num_pages`` / ``num_slots`` include the reserved id 0 of each pool."""
 
-    config: EngineConfig
-    hybrid: bool
-    chunk_sizes: tuple[int, ...]
-    num_pages: int
-    num_slots: int
-    max_model_len: int
-
-    @property
-    def grid(self) -> int:
-        return model_grid(self.chunk_sizes, self.config.scheduler.page_size)
-
-    def shapes(self) -> ShapeConfig:
-        sc = self.config.scheduler
-        return ShapeConfig(
-            max_tokens=sc.max_num_batched_tokens, max_rows=sc.max_num_seqs,
-            max_pages_per_row=math.ceil(self.max_model_len / sc.page_size), grid=self.grid,
-            mode=self.config.bucket_mode,
-        )  # fmt: skip
-
-    def scheduler(self) -> SchedulerConfig:
-        """The engine's scheduling options completed with this model's grid and kind."""
-        return self.config.scheduler.for_model(self.grid, self.hybrid)
-
-
-def wire_engine(
-    wiring: Wiring,
+def assemble_engine(
+    spec: EngineSpec,
     make_executor: Callable[[ShapeConfig], Executor],
     *,
     clock: Callable[[], float] = time.perf_counter,
-    eos_token_ids: Sequence[int] = (),
-    tokenizer: object | None = None,
-    vocab_size: int | None = None,
 ) -> EngineCore:
-    """An engine over ``make_executor(wiring.shapes())``; ``engine.wiring`` keeps ``wiring``."""
-    executor = make_executor(wiring.shapes())
-    engine = EngineCore(
-        executor, wiring.scheduler(), num_pages=wiring.num_pages, num_slots=wiring.num_slots,
-        max_model_len=wiring.max_model_len, eos_token_ids=eos_token_ids, tokenizer=tokenizer,
-        seed=wiring.config.seed, clock=clock, vocab_size=vocab_size, wiring=wiring,
-        step_retries=wiring.config.step_retries, max_failed_rounds=wiring.config.max_failed_rounds,
-        overlap=wiring.config.overlap,
-    )  # fmt: skip
+    """An engine over ``make_executor(spec.shapes())``; ``engine.spec`` keeps ``spec``."""
+    engine = EngineCore(make_executor(spec.shapes()), spec, clock=clock)
     # pairing and the fill rule judge by the round-cost estimator fitted to this engine's own rounds
     if engine.scheduler.policy.uses_round_cost:
-        engine.scheduler.round_cost = FittedRoundCost(wiring.shapes(), engine.records)
+        engine.scheduler.round_cost = FittedRoundCost(spec.shapes(), engine.records)
     return engine
 
 
@@ -155,17 +116,32 @@ def build_engine(model: LoadedModel, ec: EngineConfig) -> EngineCore:
     max_model_len = ec.max_model_len or min(cfg.max_position_embeddings, 8192)
     num_pages, num_slots = pool_sizes(cfg, ec, max_model_len)
     kernels = step_kernels(model, ec.kernels)
-    wiring = Wiring(ec, cfg.is_hybrid, tuple(recurrent_chunks(cfg)), num_pages, num_slots, max_model_len)
+    spec = EngineSpec(
+        config=ec,
+        hybrid=cfg.is_hybrid,
+        chunk_sizes=tuple(recurrent_chunks(cfg)),
+        num_pages=num_pages,
+        num_slots=num_slots,
+        max_model_len=max_model_len,
+        eos_token_ids=tuple(cfg.eos_token_ids) + (model.tokenizer.eos_token_ids if model.tokenizer else ()),
+        tokenizer=model.tokenizer,
+        vocab_size=cfg.vocab_size,
+    )
 
     def executor(shapes: ShapeConfig) -> Executor:
         return ModelExecutor(
-            model, shapes, page_size=ec.scheduler.page_size, num_pages=num_pages, num_slots=num_slots,
-            kernels=kernels, warmup=ec.warmup_all, progress=stderr_progress if ec.warmup_progress else None,
+            model,
+            shapes,
+            page_size=spec.cache_config.page_size,
+            num_pages=num_pages,
+            num_slots=num_slots,
+            kernels=kernels,
+            warmup=ec.warmup_all,
+            progress=stderr_progress if ec.warmup_progress else None,
             penalty_window=min(max_model_len, 4096) if ec.penalty_window is None else ec.penalty_window,
-        )  # fmt: skip
+        )
 
-    eos = tuple(cfg.eos_token_ids) + (model.tokenizer.eos_token_ids if model.tokenizer else ())
-    return wire_engine(wiring, executor, eos_token_ids=eos, tokenizer=model.tokenizer, vocab_size=cfg.vocab_size)
+    return assemble_engine(spec, executor)
 
 
 def memory_pools(

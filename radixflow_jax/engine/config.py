@@ -2,14 +2,13 @@
 
 :class:`EngineConfig` (pools, overlap, compile options and the scheduler's), :class:`RoundRecord` (what
 one round carried and cost), :class:`ServingClock` (wall time minus first-use compiles),
-:class:`EngineFailure` and the checkpoint grid. No JAX here.
+:class:`EngineFailure`. No JAX here.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
-from typing import Any, Callable, Sequence
+from typing import Any, Callable
 
 from radixflow_jax.engine.params import DEFAULT_MAX_N
 from radixflow_jax.engine.protocol import StepResult
@@ -17,7 +16,7 @@ from radixflow_jax.scheduler.config import MODEL_DERIVED, SchedulerConfig
 from radixflow_jax.scheduler.plan import RoundPlan, RoundStats, attention_pairs, pairing_spans
 
 
-ENGINE_SCHEDULER = SchedulerConfig(policy="pair")  # an engine's scheduling options unless given (policy pair)
+ENGINE_SCHEDULER = SchedulerConfig()  # an engine's scheduling options unless given (the defaults: policy pair)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -25,9 +24,11 @@ class EngineConfig:
     """Budgets, pools and policy. ``None`` pool sizes are derived from the other values.
 
     ``scheduler`` is the one home of the scheduling options (budgets, page size, policy, queue
-    order, checkpoint placement); ``engine/build.py`` completes it with the model's grid. Flat
-    options, as ``LLM(model, policy="pair", max_num_seqs=8)`` and the CLIs give them, go through
-    :meth:`from_options` / :meth:`with_options`, which send each name to its home."""
+    order, checkpoint placement); the engine spec (``engine/spec.py``) completes it with the
+    model's grid. Every other setting has its one home here (``max_n`` too: the request check and
+    the server read it from this config). Flat options, as ``LLM(model, policy="pair",
+    max_num_seqs=8)`` and the CLIs give them, go through :meth:`from_options` /
+    :meth:`with_options`, which send each name to its home."""
 
     scheduler: SchedulerConfig = ENGINE_SCHEDULER
     num_kv_pages: int | None = None
@@ -68,7 +69,8 @@ class EngineConfig:
         Unknown names and the model-derived ``grid`` / ``hybrid`` raise ``TypeError`` naming them."""
         unknown = sorted(set(options) - _ENGINE_FIELDS - _SCHEDULER_OPTIONS)
         if unknown:
-            raise TypeError(f"unknown engine option{'s' if len(unknown) > 1 else ''}: {', '.join(unknown)}")
+            hint = " (the prefix cache is off under policy='no-cache')" if "enable_prefix_cache" in unknown else ""
+            raise TypeError(f"unknown engine option{'s' if len(unknown) > 1 else ''}: {', '.join(unknown)}{hint}")
         own = {k: v for k, v in options.items() if k in _ENGINE_FIELDS}
         scheduling = {k: v for k, v in options.items() if k in _SCHEDULER_OPTIONS}
         base = own.pop("scheduler", self.scheduler)
@@ -126,13 +128,21 @@ class RoundRecord:
         """The record of round ``index``: ``plan``'s counts and stats, ``result``'s slots and times."""
         stats, num_tokens = plan.stats, plan.num_tokens
         return cls(
-            index=index, num_tokens=num_tokens, num_rows=len(plan.rows), num_decode=plan.num_decode,
-            padding_tokens=result.token_slots - num_tokens, bubble_tokens=stats.shadow_tokens,
-            bubble_rows=stats.shadow_rows, plan_s=plan_s, host_s=host_s, overlapped=overlapped,
-            attention_pairs=attention_pairs(plan.rows), pairing_tokens=sum(pairing_spans(plan.rows).values()),
+            index=index,
+            num_tokens=num_tokens,
+            num_rows=len(plan.rows),
+            num_decode=plan.num_decode,
+            padding_tokens=result.token_slots - num_tokens,
+            bubble_tokens=stats.shadow_tokens,
+            bubble_rows=stats.shadow_rows,
+            plan_s=plan_s,
+            host_s=host_s,
+            overlapped=overlapped,
+            attention_pairs=attention_pairs(plan.rows),
+            pairing_tokens=sum(pairing_spans(plan.rows).values()),
             **{name: getattr(stats, name) for name in _FROM_STATS},
             **{name: getattr(result, name) for name in _FROM_RESULT},
-        )  # fmt: skip
+        )
 
     @property
     def kind(self) -> str:
@@ -168,7 +178,3 @@ class ServingClock:
 class EngineFailure(RuntimeError):
     """The engine cannot go on: recovery from a failed step failed, or too many rounds failed in a row."""
 
-
-def model_grid(chunk_sizes: Sequence[int], page_size: int) -> int:
-    """The checkpoint grid ``G = lcm(page size, every recurrent kernel chunk)``."""
-    return math.lcm(page_size, *chunk_sizes) if chunk_sizes else page_size

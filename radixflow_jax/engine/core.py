@@ -1,11 +1,13 @@
-"""The engine loop (docs/design.md, "One round"): plan a round -> build arrays -> run the step -> commit.
+"""The engine loop (docs/design.md, "One round"): plan -> launch -> collect -> commit.
 
 :class:`EngineCore` is single-threaded and step-driven: ``add_request`` (``check`` + ``add``) /
 ``abort`` / ``step``. ``replicas/background.py`` runs it on a thread for servers and streaming
-clients. A request is checked once, by ``check`` (``engine/intake.py``), and its engine-side state
-is one :class:`~radixflow_jax.engine.record.RequestRecord` (sampling row, output, detokeniser,
-failures) in one table. The executor's capabilities (``engine/protocol.py``) are read once, here.
-Every round leaves a :class:`RoundRecord` (slots, padding, bubbles, consumers, timings) in ``records``.
+clients. It is built from one :class:`~radixflow_jax.engine.spec.EngineSpec` (``engine/build.py``)
+and reads every setting from it. A request is checked once, by ``check`` (``engine/intake.py``),
+and its engine-side state is one :class:`~radixflow_jax.engine.record.RequestRecord` (sampling
+row, output, detokeniser, failures) in one table. The executor's capabilities
+(``engine/protocol.py``) are read once, here. Every round leaves a :class:`RoundRecord` (slots,
+padding, bubbles, consumers, timings: ``engine/timing.RoundTimer``) in ``records``.
 
 Failure recovery (``docs/reliability.md``, ``engine/recovery.py``): a round whose step raises is not
 committed. The step may have consumed the donated pools, so the executor rebuilds them, the radix
@@ -19,91 +21,96 @@ it propagates. When recovery itself fails, or ``max_failed_rounds`` rounds fail 
 Overlap (``overlap=True`` and an executor whose capabilities offer it): ``step`` plans and launches
 round r+1 while the device runs round r, then collects and commits r (the scheduler's ``launch`` /
 ``commit``, see ``scheduler/scheduler.py``). Each ``step`` still commits one round and returns its
-outputs; one round stays in flight between calls (``has_unfinished`` counts it). Round
-r is committed before planning r+1 when r+1 could not be planned without r's tokens on the host: a
-penalised request (its penalty context), a constrained one (structured outputs: its mask for r+1
-comes from its matcher after r's token, so it never has two rounds in flight), or a checkpoint
-that would be planted on a path ending in one of r's samples. A failed round voids the round launched after it (recovered as one failure).
-The shadow executor and the simulated one run synchronously (the simulated one models overlap's
-decisions when built with ``overlap=True``, as the mirror of an overlapped model engine is).
+outputs; one :class:`LaunchedRound` stays in flight between calls (``has_unfinished`` counts it).
+Round r is committed before planning r+1 when r+1 could not be planned without r's tokens on the
+host: a penalised request (its penalty context), a constrained one (structured outputs: its mask
+for r+1 comes from its matcher after r's token, so it never has two rounds in flight), or a
+checkpoint that would be planted on a path ending in one of r's samples. A failed round voids the
+round launched after it (recovered as one failure). The shadow executor and the simulated one run
+synchronously (the simulated one models overlap's decisions when built with ``overlap=True``, as
+the mirror of an overlapped model engine is).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import itertools
-import logging
 import time
 from typing import Callable, Sequence, cast
 
-from radixflow_jax.engine.config import EngineFailure, RoundRecord, ServingClock
+from radixflow_jax.engine.config import RoundRecord, ServingClock
 from radixflow_jax.engine.grammar import GrammarCompiler, GrammarState, has_grammar
 from radixflow_jax.engine.intake import CheckedRequest, RequestLimits
 from radixflow_jax.engine.params import RequestOutput, SamplingParams
 from radixflow_jax.engine.protocol import Executor, LaunchHandle, OverlapExecutor, PromptLogprob, StepResult
 from radixflow_jax.engine.record import RequestRecord, SamplingRows
-from radixflow_jax.engine.recovery import failure_text, is_fatal, rebuild
-from radixflow_jax.engine.siblings import expand, is_group, sample_limit
-from radixflow_jax.scheduler.config import SchedulerConfig
+from radixflow_jax.engine.recovery import FailedRounds, LaunchFailed, is_fatal
+from radixflow_jax.engine.siblings import expand, is_group
+from radixflow_jax.engine.spec import EngineSpec
+from radixflow_jax.engine.timing import RoundTimer, RoundTimes
 from radixflow_jax.scheduler.plan import RoundPlan
 from radixflow_jax.scheduler.request import Request
 from radixflow_jax.scheduler.scheduler import Scheduler
 
-log = logging.getLogger(__name__)
-
 
 class EngineCore:
-    def __init__(
-        self,
-        executor: Executor,
-        sched_config: SchedulerConfig,
-        *,
-        num_pages: int,
-        num_slots: int,
-        max_model_len: int,
-        eos_token_ids: Sequence[int] = (),
-        tokenizer: object | None = None,
-        seed: int = 0,
-        clock: Callable[[], float] = time.perf_counter,
-        vocab_size: int | None = None,
-        wiring: object | None = None,
-        step_retries: int = 1,
-        max_failed_rounds: int = 3,
-        overlap: bool = True,
-        max_n: int | None = None,
-    ):
-        if step_retries < 0 or max_failed_rounds < 1:
-            raise ValueError(f"step_retries={step_retries} must be >= 0, max_failed_rounds={max_failed_rounds} >= 1")
-        self.step_retries = step_retries
-        self.max_failed_rounds = max_failed_rounds
-        self.num_step_failures = 0  # rounds whose step raised (recovered)
-        self._failed_in_a_row = 0
-        self.wiring = wiring  # what engine/build.py built this engine from (None when built by hand)
-        self.vocab_size = vocab_size
+    """One engine: a scheduler over ``spec``'s pools and an ``executor`` built for ``spec.shapes()``
+    (``engine/build.assemble_engine`` makes both). Every setting is read from ``spec`` (kept as
+    ``self.spec``); ``clock``: the engine's time (a virtual clock for simulated executors)."""
+
+    def __init__(self, executor: Executor, spec: EngineSpec, *, clock: Callable[[], float] = time.perf_counter):
+        config = spec.config
+        self.spec = spec
+        self.failures = FailedRounds(step_retries=config.step_retries, max_failed_rounds=config.max_failed_rounds)
+        self.vocab_size = spec.vocab_size
         # the default wall clock leaves compile pauses out; a clock given by the caller (a virtual
         # clock of the simulated executor, where nothing compiles) is used as it is
         self.clock: Callable[[], float] = ServingClock(clock) if clock is time.perf_counter else clock
+        self.timer = RoundTimer(self.clock)
         self.executor = executor
-        self.scheduler = Scheduler(sched_config, num_pages=num_pages, num_slots=num_slots)
-        self.max_model_len = max_model_len
-        self.eos_token_ids = tuple(eos_token_ids)
-        self.tokenizer = tokenizer
-        self.seed = seed
+        self.scheduler = Scheduler(spec.scheduler(), num_pages=spec.num_pages, num_slots=spec.num_slots)
+        self.max_model_len = spec.max_model_len
+        self.eos_token_ids = tuple(spec.eos_token_ids)
+        self.tokenizer = spec.tokenizer
+        self.seed = config.seed
         self.records: list[RoundRecord] = []  # a long-running owner may trim it; num_rounds keeps counting
         self._ids = itertools.count()
         self._records: dict[int, RequestRecord] = {}  # request id -> its engine-side state (engine/record.py)
         self._sampling = SamplingRows(self._records)  # the view executors read
         caps = executor.capabilities
-        self.overlap = overlap and caps.overlap
+        self.overlap = config.overlap and caps.overlap
         self._prompt_logprobs = caps.prompt_logprobs
         self.limits = RequestLimits(
-            max_model_len, self.scheduler.max_request_tokens(), caps.penalty_window, caps.logprobs,
-            tokenizer is not None, vocab_size, caps.logit_bias, caps.prompt_logprobs is not None,
-            sample_limit(max_n, wiring), self.eos_token_ids, caps.grammar_mask and has_grammar(tokenizer, vocab_size),
-        )  # fmt: skip
-        self._grammars = GrammarCompiler(tokenizer, vocab_size or 0, self.eos_token_ids) if self.limits.structured else None
-        self._in_flight: _Launched | None = None  # overlap: the round launched and not collected yet
-        self._host_tail = 0.0  # host time after the latest result was fetched, inside step()
+            max_model_len=spec.max_model_len,
+            pool_tokens=self.scheduler.max_request_tokens(),
+            penalty_window=caps.penalty_window,
+            logprobs=caps.logprobs,
+            stop_strings=self.tokenizer is not None,
+            vocab_size=self.vocab_size,
+            bias_width=caps.logit_bias,
+            prompt_logprobs=caps.prompt_logprobs is not None,
+            max_n=config.max_n,
+            stop_ids=self.eos_token_ids,
+            structured=caps.grammar_mask and has_grammar(self.tokenizer, self.vocab_size),
+        )
+        self._grammars: GrammarCompiler | None = None
+        if self.limits.structured:
+            self._grammars = GrammarCompiler(self.tokenizer, self.vocab_size or 0, self.eos_token_ids)
+        self._launched: LaunchedRound | None = None  # overlap: the round launched and not collected yet
+
+    @property
+    def step_retries(self) -> int:
+        """Failed rounds a request is retried through before it ends with an error (settable)."""
+        return self.failures.step_retries
+
+    @step_retries.setter
+    def step_retries(self, value: int) -> None:
+        self.failures.step_retries = value
+
+    @property
+    def num_step_failures(self) -> int:
+        """Rounds whose step raised (recovered)."""
+        return self.failures.total
 
     @property
     def num_rounds(self) -> int:
@@ -183,25 +190,24 @@ class EngineCore:
         rec = self._records[request_id]
         rec.output.finish_reason, rec.output.finish_time = "abort", self.clock()
         rec.close()
-        if self._in_flight is not None and not self.scheduler.has_work():
+        if self._launched is not None and not self.scheduler.has_work():
             # overlap: nothing is left to run; commit the round in flight now, so its fence releases
             # what the aborted requests hold and the engine has nothing unfinished
-            launched, self._in_flight = self._in_flight, None
+            launched, self._launched = self._launched, None
             self._collect(launched)
         return rec.output
 
     def has_unfinished(self) -> bool:
-        return self.scheduler.has_work() or self._in_flight is not None
+        return self.scheduler.has_work() or self._launched is not None
 
     # --------------------------------------------------------------------------------- the loop
     def step(self) -> list[RequestOutput]:
-        """Runs one round; returns the outputs that changed (new tokens or finished). With overlap,
-        launches a round and completes the one launched before it."""
+        """Runs one round: plan -> launch -> collect -> commit; returns the outputs that changed (new
+        tokens or finished). Without overlap, launch and collect are one ``execute``."""
         if self.overlap:
             return self._step_overlapped()
-        t0 = time.perf_counter()
-        plan = self.scheduler.schedule()
-        t1 = time.perf_counter()
+        self.timer.start()
+        plan, plan_s = self.timer.plan(self.scheduler.schedule)
         if plan.is_empty:
             return []
         try:
@@ -210,44 +216,42 @@ class EngineCore:
             if is_fatal(exc):
                 raise  # a broken invariant or a guard (e.g. compile after warm-up): a bug, not a device error
             return self._recover(plan, exc)
-        host_s = self._host_tail + (t1 - t0) + result.build_s
-        return self._complete(plan, result, t1 - t0, host_s, False, launched=False)
+        return self._commit(plan, result, self.timer.executed(plan_s, result))
 
     def _step_overlapped(self) -> list[RequestOutput]:
-        """Commits one round per call, as the synchronous step does: with no round in flight it first
-        launches one; then it plans and launches the next round and collects and commits the one in
-        flight (or commits that one first, when the next plan needs its tokens on the host)."""
-        start = time.perf_counter()
-        prev, self._in_flight = self._in_flight, None
-        if prev is None:
-            try:
-                prev = self._launch_next(None, start)
-            except _LaunchFailed as failure:
-                return self._recover(failure.plan, failure.exc)
-            if prev is None:
-                return []  # nothing to run
-        if self._needs_commit_first(prev.plan):
-            changed, failed = self._collect(prev)
-            if not failed:
-                try:
-                    self._in_flight = self._launch_next(None, time.perf_counter())
-                except _LaunchFailed as failure:
-                    changed += self._recover(failure.plan, failure.exc)
-            return changed
+        """One round committed per call, as the synchronous step: with no round in flight it first
+        plans and launches one (r); then it plans and launches r+1 while the device runs r, and
+        collects and commits r. When r+1 needs r's tokens on the host, r is committed first."""
+        self.timer.start()
+        prev, self._launched = self._launched, None
         try:
-            self._in_flight = self._launch_next(prev, start)
-        except _LaunchFailed as failure:  # nothing of that round runs; the one in flight may be fine
-            changed, failed = self._collect(prev)
-            return changed if failed else changed + self._recover(failure.plan, failure.exc)
-        changed, _ = self._collect(prev)  # a failure voids the round just launched too
-        return changed
+            if prev is None:
+                prev = self._launch(None)
+                if prev is None:
+                    return []  # nothing to run
+            if self._needs_commit_first(prev.plan):
+                return self._commit_first(prev)
+            self._launched = self._launch(prev)
+        except LaunchFailed as failure:  # nothing of that round runs; the one in flight may be fine
+            outputs, failed = self._collect(prev) if prev is not None else ([], False)
+            return outputs if failed else outputs + self._recover(failure.plan, failure.exc)
+        return self._collect(prev)[0]  # a failure voids the round just launched too
 
-    def _launch_next(self, prev: _Launched | None, start: float) -> _Launched | None:
+    def _commit_first(self, prev: LaunchedRound) -> list[RequestOutput]:
+        """Collects and commits ``prev``, then plans and launches the next round (nothing overlaps)."""
+        outputs, failed = self._collect(prev)
+        if not failed:
+            self.timer.start()
+            try:
+                self._launched = self._launch(None)
+            except LaunchFailed as failure:
+                outputs += self._recover(failure.plan, failure.exc)
+        return outputs
+
+    def _launch(self, prev: LaunchedRound | None) -> LaunchedRound | None:
         """Plans and launches a round (``prev``: the round in flight, whose samples feed it); ``None``
-        when there is nothing to run. Raises :class:`_LaunchFailed` when the launch raised."""
-        t0 = time.perf_counter()
-        plan = self.scheduler.schedule()
-        t1 = time.perf_counter()
+        when there is nothing to run. Raises :class:`LaunchFailed` when the launch raised."""
+        plan, plan_s = self.timer.plan(self.scheduler.schedule)
         if plan.is_empty:
             return None
         self.scheduler.launch(plan)
@@ -257,12 +261,8 @@ class EngineCore:
         except Exception as exc:
             if is_fatal(exc):
                 raise
-            raise _LaunchFailed(plan, exc) from exc
-        compile_s = handle.compile_s
-        if compile_s and isinstance(self.clock, ServingClock):
-            self.clock.paused_s += compile_s  # now: the round in flight commits after this
-        host_s = 0.0 if prev is not None else self._host_tail + (time.perf_counter() - start)
-        return _Launched(plan, handle, t1 - t0, host_s, prev is not None)
+            raise LaunchFailed(plan, exc) from exc
+        return LaunchedRound(plan, handle, self.timer.launched(plan_s, handle.compile_s, overlapped=prev is not None))
 
     def _needs_commit_first(self, plan: RoundPlan) -> bool:
         """The next round cannot be planned before ``plan``'s tokens are on the host (module docstring)."""
@@ -272,31 +272,21 @@ class EngineCore:
                 return True  # its next row needs this round's token on the host (penalty context, grammar mask)
         return self.scheduler.plants_on_unknown()
 
-    def _collect(self, launched: _Launched) -> tuple[list[RequestOutput], bool]:
+    def _collect(self, launched: LaunchedRound) -> tuple[list[RequestOutput], bool]:
         """Waits for a launched round and commits it; ``(outputs, failed)``. A failure voids the round
-        launched after it (``_in_flight``) and recovers."""
+        launched after it (``_launched``) and recovers."""
         try:
             result = cast(OverlapExecutor, self.executor).collect(launched.handle)
         except Exception as exc:
             if is_fatal(exc):
                 raise
-            self._in_flight = None
             return self._recover(launched.plan, exc), True
-        host_s = launched.host_s if launched.overlapped else max(0.0, launched.host_s - result.compile_s)
-        return self._complete(launched.plan, result, launched.plan_s, host_s, launched.overlapped, launched=True), False
+        return self._commit(launched.plan, result, self.timer.collected(launched.times, result)), False
 
-    def _complete(
-        self, plan: RoundPlan, result: StepResult, plan_s: float, host_s: float, overlapped: bool, *, launched: bool
-    ) -> list[RequestOutput]:
-        """Commits a round whose result came back; returns the outputs that changed. ``launched``: it
-        went through ``_launch_next`` (overlap), which took its compile time off the clock already."""
-        fetched = time.perf_counter()
-        self._failed_in_a_row = 0
-        if self.num_step_failures:  # these requests ran a round successfully: their retry count starts over
-            for row in plan.rows:
-                rec = self._records.get(row.request_id)
-                if rec is not None:
-                    rec.failures = 0
+    def _commit(self, plan: RoundPlan, result: StepResult, times: RoundTimes) -> list[RequestOutput]:
+        """Commits a round whose result came back (the scheduler's commit fence, then the outputs);
+        returns the outputs that changed."""
+        self.failures.committed(plan, self._records)
         if result.logprobs:
             reqs = self.scheduler.requests
             live = {r.request_id for r in plan.rows if r.request_id in reqs and reqs[r.request_id].epoch == r.epoch}
@@ -304,11 +294,11 @@ class EngineCore:
                 rec = self._records.get(rid)
                 if rid in live and rec is not None:  # not for a stale row (preempted after planning, overlap)
                     rec.add_logprobs(lp)
-        if result.compile_s and isinstance(self.clock, ServingClock) and not launched:
-            self.clock.paused_s += result.compile_s  # (a launched round's was taken off at its launch)
         finished = self.scheduler.commit(plan, result.sampled)
         self.records.append(
-            RoundRecord.of(self.num_rounds - 1, plan, result, plan_s=plan_s, host_s=host_s, overlapped=overlapped)
+            RoundRecord.of(
+                self.num_rounds - 1, plan, result, plan_s=times.plan_s, host_s=times.host_s, overlapped=times.overlapped
+            )
         )
         now = self.clock()
         changed = []
@@ -318,36 +308,22 @@ class EngineCore:
         for req in finished:
             if self._records[req.request_id].output.finish_reason is None:
                 self._finalize(req, now)
-        self._host_tail = time.perf_counter() - fetched
+        self.timer.committed()
         return changed
 
-    def _recover(self, plan, exc: Exception) -> list[RequestOutput]:
-        """See the module docstring. Returns the outputs of requests that ended with an error."""
-        self.num_step_failures += 1
-        self._failed_in_a_row += 1
-        log.error("round %d: the step raised %r; rebuilding the pools and flushing the cache", self.num_rounds, exc)
-        if self._failed_in_a_row > self.max_failed_rounds:
-            n = self._failed_in_a_row
-            raise EngineFailure(f"{n} rounds failed in a row; the last step raised {exc!r}") from exc
-        sched = self.scheduler
-        self._in_flight = None
-        self._host_tail = 0.0
-        rebuild(sched, self.executor, exc)
+    def _recover(self, plan: RoundPlan, exc: Exception) -> list[RequestOutput]:
+        """A failed round (``engine/recovery.py``); returns the outputs of requests that ended with an error."""
+        self._launched = None  # a failure voids the round launched after the failed one
+        self.timer.reset()
+        failed = self.failures.recover(plan, exc, self.scheduler, self.executor, self._records)
         now = self.clock()
-        failed = []
-        for row in plan.rows:
-            req = sched.requests.get(row.request_id)
-            if req is None or req.is_finished:
-                continue  # aborted while the round ran
-            rec = self._records[req.request_id]
-            n = rec.failures = rec.failures + 1
-            if n > self.step_retries:
-                rec.failures = 0
-                sched.finish(req.request_id, "error")
-                self._finalize(req, now)
-                rec.output.error = failure_text(n, exc)
-                failed.append(rec.output)
-        return failed
+        outputs = []
+        for req, error in failed:
+            self._finalize(req, now)
+            output = self._records[req.request_id].output
+            output.error = error
+            outputs.append(output)
+        return outputs
 
     def _update(self, rid: int, now: float) -> RequestOutput:
         """The output of a request its round sampled; a stop string in its text, or its grammar
@@ -377,19 +353,10 @@ class EngineCore:
 
 
 @dataclasses.dataclass(frozen=True)
-class _Launched:
-    """A round launched with overlap: its plan, the executor's handle, and its host timings."""
+class LaunchedRound:
+    """A round launched with overlap and not collected yet: its plan, the executor's handle, and its
+    host timings so far."""
 
     plan: RoundPlan
     handle: LaunchHandle
-    plan_s: float
-    host_s: float
-    overlapped: bool
-
-
-class _LaunchFailed(Exception):
-    """A round's launch raised a recoverable error (nothing of it runs)."""
-
-    def __init__(self, plan: RoundPlan, exc: Exception):
-        super().__init__(repr(exc))
-        self.plan, self.exc = plan, exc
+    times: RoundTimes

@@ -3,7 +3,7 @@ executor (``engine/sim``) replaces it with a cost model. The engine loop and sch
 code for both.
 
 Overlap: :meth:`ModelExecutor.launch` builds the arrays and dispatches the step without waiting for
-it (JAX dispatch is asynchronous) and returns an :class:`InFlight`; :meth:`ModelExecutor.collect`
+it (JAX dispatch is asynchronous) and returns an :class:`LaunchedStep`; :meth:`ModelExecutor.collect`
 fetches its result. A row whose input is ``UNKNOWN_TOKEN`` takes it from the sampled array of the
 round launched just before (``prev``) on the device, so round r+1 is launched before round r is
 collected. ``execute`` is launch + collect.
@@ -31,9 +31,10 @@ from radixflow_jax.scheduler.plan import UNKNOWN_TOKEN, RoundPlan
 
 
 @dataclasses.dataclass
-class InFlight:
-    """A launched round: its plan, the variant, where each plan row sits in the arrays, the device
-    outputs (sampled tokens padded to ``out_rows``, logprob arrays), and host timings."""
+class LaunchedStep:
+    """The handle of a dispatched step (what ``launch`` returns, ``collect`` reads): its plan, the
+    variant, where each plan row sits in the arrays, the device outputs (sampled tokens padded to
+    ``out_rows``, logprob arrays, not fetched yet), and host timings."""
 
     plan: RoundPlan
     variant: Variant
@@ -47,8 +48,9 @@ class InFlight:
     ready: float | None = None  # perf_counter its result was seen ready, when a later launch waited for it
 
 
-def splice_sources(plan: RoundPlan, plan_rows: np.ndarray, cu_seqlens: np.ndarray, num_tokens: int,
-                   prev: InFlight | None) -> np.ndarray | None:  # fmt: skip
+def splice_sources(
+    plan: RoundPlan, plan_rows: np.ndarray, cu_seqlens: np.ndarray, num_tokens: int, prev: LaunchedStep | None
+) -> np.ndarray | None:
     """``splice_src`` of a round (see ``runner/step.py``): for each row whose last input token is
     ``UNKNOWN_TOKEN``, the index of that token in ``prev``'s sampled array. ``None`` when no row has
     one. ``ValueError`` when ``prev`` did not sample it (the plan needs a round that is not the last
@@ -56,9 +58,9 @@ def splice_sources(plan: RoundPlan, plan_rows: np.ndarray, cu_seqlens: np.ndarra
     unknown = [i for i, row in enumerate(plan.rows) if row.tokens and row.tokens[-1] == UNKNOWN_TOKEN]
     if not unknown:
         return None
-    sampled_at = {} if prev is None else {
-        row.request_id: int(prev.plan_rows[i]) for i, row in enumerate(prev.plan.rows) if row.sample
-    }  # fmt: skip
+    sampled_at: dict[int, int] = {}
+    if prev is not None:
+        sampled_at = {row.request_id: int(prev.plan_rows[i]) for i, row in enumerate(prev.plan.rows) if row.sample}
     src = np.full(num_tokens, -1, np.int32)
     for i in unknown:
         row = plan.rows[i]
@@ -90,28 +92,39 @@ class ModelExecutor:
         self.model = model
         self.shapes = shapes
         self.page_size = page_size
-        # the device state pools hold at least one decode window of max_rows slots past slot 0 (the
+        # the device state pools hold at least one decode window of max_num_seqs slots past slot 0 (the
         # host pool may be smaller: window positions past its ids are padding, runner/window.py)
-        self.num_slots = max(num_slots, shapes.max_rows + 1)
+        self.num_slots = max(num_slots, shapes.max_num_seqs + 1)
         self.pool_sizes = (num_pages, self.num_slots)
-        self.cache = model.place_cache(init_cache(
+        pools = init_cache(
             model.config, num_pages=num_pages, page_size=page_size, num_slots=self.num_slots, dtype=model.dtype
-        ))  # fmt: skip
+        )
+        self.cache = model.place_cache(pools)
         self.penalty_window = penalty_window
         self._neutral_ctx: dict[object, tuple[jax.Array, jax.Array]] = {}  # per variant: unpenalised context arrays
         self._neutral_bias: dict[object, tuple[jax.Array, ...]] = {}  # per variant: bias arrays of no entry
         self._neutral_mask: dict[object, jax.Array] = {}  # per variant: the grammar mask of no constrained row
         self.mask_words = (model.config.vocab_size + 31) // 32  # grammar mask width (structured outputs)
         self.step = CompiledStep(
-            model.graphdef, model.params, self.cache, shapes, kernels, penalty_window,
-            shared=model.compiled_variants, mask_words=self.mask_words,
-        )  # fmt: skip
+            graphdef=model.graphdef,
+            params=model.params,
+            cache=self.cache,
+            shapes=shapes,
+            kernels=kernels,
+            penalty_window=penalty_window,
+            shared=model.compiled_variants,
+            mask_words=self.mask_words,
+        )
         self.capabilities = ExecutorCapabilities(
-            overlap=self.step.single_device, logprobs=True, penalty_window=penalty_window, logit_bias=BIAS_WIDTH,
-            prompt_logprobs=self.prompt_logprobs, grammar_mask=True,
-        )  # fmt: skip
+            overlap=self.step.single_device,
+            logprobs=True,
+            penalty_window=penalty_window,
+            logit_bias=BIAS_WIDTH,
+            prompt_logprobs=self.prompt_logprobs,
+            grammar_mask=True,
+        )
         self.progress = progress
-        self.page_copier = PageCopier(shapes.max_rows)  # riders' partial pages (RoundPlan.page_copies)
+        self.page_copier = PageCopier(shapes.max_num_seqs)  # riders' partial pages (RoundPlan.page_copies)
         self._copier_ready = False
         self.warmup_s = 0.0
         self._no_prev = jax.device_put(np.zeros(out_rows(shapes), np.int32))  # prev_tokens of a round that splices nothing
@@ -141,7 +154,7 @@ class ModelExecutor:
     def execute(self, plan: RoundPlan, sampling: Mapping[int, SamplingRow]) -> StepResult:
         return self.collect(self.launch(plan, sampling))
 
-    def launch(self, plan: RoundPlan, sampling: Mapping[int, SamplingRow], prev: InFlight | None = None) -> InFlight:
+    def launch(self, plan: RoundPlan, sampling: Mapping[int, SamplingRow], prev: LaunchedStep | None = None) -> LaunchedStep:
         """Builds the round's arrays and dispatches the step; does not wait for the device."""
         t0 = time.perf_counter()
         variant, decode = select_round(plan, self.shapes, self.num_slots)
@@ -157,8 +170,11 @@ class ModelExecutor:
         else:
             tokens = np.where(src >= 0, 0, inputs.tokens).astype(np.int32)  # UNKNOWN_TOKEN is no id
             inputs = inputs._replace(tokens=tokens, splice_src=src, prev_tokens=prev.tokens)
-        want = [(int(i), row.request_id, sampling[row.request_id].logprobs) for i, row in zip(arrays.plan_rows, plan.rows)
-                if row.sample and row.request_id in sampling and sampling[row.request_id].logprobs >= 0]  # fmt: skip
+        want = [
+            (int(i), row.request_id, sampling[row.request_id].logprobs)
+            for i, row in zip(arrays.plan_rows, plan.rows)
+            if row.sample and row.request_id in sampling and sampling[row.request_id].logprobs >= 0
+        ]
         if prev is not None and not self.step.is_compiled(variant):
             # compiling takes the host for seconds: note when the round in flight finished first, so
             # its step time does not absorb the compile (it would otherwise end at its collect)
@@ -172,9 +188,19 @@ class ModelExecutor:
         compile_s = self.step.last_compile_s
         if compile_s and self.progress is not None:
             how = "compiled" if self.step.num_compiles > compiles else "took the model's compiled"
-            self.progress(f"{how} {variant.kind} T={variant.num_tokens} R={variant.num_rows} "
-                          f"D={variant.num_decode} on first use in {compile_s:.1f}s")  # fmt: skip
-        return InFlight(plan, variant, arrays.plan_rows, tokens, tuple(lp), want, t1 - t0, t1 + compile_s, compile_s)
+            shape = f"{variant.kind} T={variant.num_tokens} R={variant.num_rows} D={variant.num_decode}"
+            self.progress(f"{how} {shape} on first use in {compile_s:.1f}s")
+        return LaunchedStep(
+            plan=plan,
+            variant=variant,
+            plan_rows=arrays.plan_rows,
+            tokens=tokens,
+            logprobs=tuple(lp),
+            want=want,
+            build_s=t1 - t0,
+            start=t1 + compile_s,
+            compile_s=compile_s,
+        )
 
     def _keep_neutral(self, variant: Variant, arrays: StepArrays) -> StepInputs:
         """The round's inputs, where those that are the same every round while no row uses them
@@ -200,7 +226,7 @@ class ModelExecutor:
             kept["token_mask"] = self._neutral_mask[variant]
         return inputs._replace(**kept)
 
-    def collect(self, handle: InFlight) -> StepResult:
+    def collect(self, handle: LaunchedStep) -> StepResult:
         """Waits for a launched round and returns its result. ``step_s``: from when the device could
         start it (its dispatch, or the previous round's result, whichever is later) to its result."""
         tokens = np.asarray(jax.device_get(handle.tokens))
@@ -214,8 +240,14 @@ class ModelExecutor:
         plan, variant = handle.plan, handle.variant
         sampled = {row.request_id: int(tokens[i]) for i, row in zip(handle.plan_rows, plan.rows) if row.sample}
         return StepResult(
-            sampled, variant.num_tokens, variant.num_rows, handle.build_s, step_s, logprobs, variant.num_decode,
-            handle.compile_s,
+            sampled=sampled,
+            token_slots=variant.num_tokens,
+            row_slots=variant.num_rows,
+            build_s=handle.build_s,
+            step_s=step_s,
+            logprobs=logprobs,
+            decode_slots=variant.num_decode,
+            compile_s=handle.compile_s,
         )
 
     def prompt_logprobs(self, prompt: Sequence[int], k: int) -> list[PromptLogprob | None]:

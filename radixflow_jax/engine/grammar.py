@@ -81,8 +81,8 @@ class StructuredOutputsParams:
         given = [k for k in ("json", "regex", "choice", "grammar") if getattr(self, k) is not None]
         given += ["json_object"] if self.json_object else []
         if len(given) != 1:
-            raise GrammarError(f"exactly one of json, regex, choice, grammar, json_object is required, got {given}",
-                               self.field)  # fmt: skip
+            message = f"exactly one of json, regex, choice, grammar, json_object is required, got {given}"
+            raise GrammarError(message, self.field)
         if self.json is not None:
             object.__setattr__(self, "json", _schema_text(self.json, self.field))
         if self.choice is not None:

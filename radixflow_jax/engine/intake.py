@@ -27,7 +27,7 @@ import dataclasses
 import numbers
 from typing import Sequence
 
-from radixflow_jax.engine.params import DEFAULT_MAX_N, SamplingParams
+from radixflow_jax.engine.params import SamplingParams
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,16 +38,17 @@ class CheckedRequest:
     params: SamplingParams
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class RequestLimits:
     """What one engine can run. ``pool_tokens``: the longest request its KV pool holds with nothing
     else running; ``penalty_window``: the longest penalised context (0: no penalties);
     ``logprobs``: its executor returns logprobs; ``stop_strings``: it has a tokenizer;
     ``vocab_size``: None when unknown (no range check); ``bias_width``: bias entries a row may carry
     (0: no logit_bias / min_tokens); ``prompt_logprobs``: the executor computes them; ``max_n``: the
-    most samples (``n``, ``best_of``) of one request; ``stop_ids``: the model's EOS ids (what
-    ``min_tokens`` bans besides ``stop_token_ids``); ``structured``: the engine can constrain
-    outputs to a grammar (its executor masks and its tokenizer is one the grammar engine reads)."""
+    most samples (``n``, ``best_of``) of one request (a copy of ``EngineConfig.max_n``, the setting's
+    one home); ``stop_ids``: the model's EOS ids (what ``min_tokens`` bans besides ``stop_token_ids``);
+    ``structured``: the engine can constrain outputs to a grammar (its executor masks and its
+    tokenizer is one the grammar engine reads)."""
 
     max_model_len: int
     pool_tokens: int
@@ -57,7 +58,7 @@ class RequestLimits:
     vocab_size: int | None
     bias_width: int = 0
     prompt_logprobs: bool = False
-    max_n: int = DEFAULT_MAX_N
+    max_n: int
     stop_ids: tuple[int, ...] = ()
     structured: bool = False
 
@@ -83,8 +84,10 @@ class RequestLimits:
                 raise ValueError(f"token id {bad} is outside the vocabulary [0, {self.vocab_size})")
         self._check_extras(params)
         if params.structured_outputs is not None and not self.structured:
-            raise ValueError(f"{params.structured_outputs.field}: structured outputs are not available on this engine "
-                             "(they need a Hugging Face tokenizer and an executor that masks tokens)")  # fmt: skip
+            raise ValueError(
+                f"{params.structured_outputs.field}: structured outputs are not available on this engine "
+                "(they need a Hugging Face tokenizer and an executor that masks tokens)"
+            )
         if len(ids) + params.max_tokens > self.pool_tokens:
             raise ValueError(
                 f"prompt ({len(ids)} tokens) + max_tokens ({params.max_tokens}) exceeds the KV pool's "
@@ -104,13 +107,16 @@ class RequestLimits:
         for name in ("n", "best_of"):
             value = getattr(params, name)
             if value is not None and value > self.max_n:
-                raise ValueError(f"{name}={value} exceeds this engine's limit of {self.max_n} samples per request (max_n)")
+                limit = f"this engine's limit of {self.max_n} samples per request (max_n)"
+                raise ValueError(f"{name}={value} exceeds {limit}")
         entries = len(params.logit_bias) + len(self.banned(params))
         if entries and not self.bias_width:
             raise ValueError("logit_bias and min_tokens are not available with this executor")
         if entries > self.bias_width:
-            raise ValueError(f"logit_bias has {len(params.logit_bias)} entries and min_tokens bans "
-                             f"{entries - len(params.logit_bias)} stop tokens: more than the {self.bias_width} allowed")  # fmt: skip
+            raise ValueError(
+                f"logit_bias has {len(params.logit_bias)} entries and min_tokens bans "
+                f"{entries - len(params.logit_bias)} stop tokens: more than the {self.bias_width} allowed"
+            )
         if self.vocab_size is not None:
             bad = next((t for t, _ in params.logit_bias if t >= self.vocab_size), None)
             if bad is not None:

@@ -46,24 +46,45 @@ class RequestRecord:
 
     @classmethod
     def open(
-        cls, req: Request, params: SamplingParams, default_seed: int, banned: tuple[int, ...] = (),
+        cls,
+        req: Request,
+        params: SamplingParams,
+        default_seed: int,
+        banned: tuple[int, ...] = (),
         grammar: GrammarState | None = None,
-    ) -> RequestRecord:  # fmt: skip
+    ) -> RequestRecord:
         """The record of a request just queued: its sampling row (``default_seed`` unless the params
         fix one; penalised rows carry the live prompt and output lists; ``banned``: the stop tokens
         masked until ``min_tokens`` tokens were generated; ``grammar``: its matcher) and an empty output."""
         penalised = params.has_penalty
         row = SamplingRow(
-            params.temperature, params.top_k, params.top_p, params.min_p,
-            params.seed if params.seed is not None else default_seed, params.presence_penalty, params.frequency_penalty,
-            params.repetition_penalty, -1 if params.logprobs is None else params.logprobs,
-            params.logit_bias, banned if params.min_tokens else (), len(req.prompt) + params.min_tokens,
-            req.prompt if penalised else (), req.output if penalised else (), grammar,
-        )  # fmt: skip
+            temperature=params.temperature,
+            top_k=params.top_k,
+            top_p=params.top_p,
+            min_p=params.min_p,
+            seed=params.seed if params.seed is not None else default_seed,
+            presence_penalty=params.presence_penalty,
+            frequency_penalty=params.frequency_penalty,
+            repetition_penalty=params.repetition_penalty,
+            logprobs=-1 if params.logprobs is None else params.logprobs,
+            bias=params.logit_bias,
+            ban=banned if params.min_tokens else (),
+            ban_until=len(req.prompt) + params.min_tokens,
+            prompt=req.prompt if penalised else (),
+            output=req.output if penalised else (),
+            grammar=grammar,
+        )
         output = RequestOutput(
-            req.request_id, req.prompt, [], None, None, len(req.prompt), 0, req.arrival_time,
+            request_id=req.request_id,
+            prompt_token_ids=req.prompt,
+            token_ids=[],
+            text=None,
+            finish_reason=None,
+            prompt_tokens=len(req.prompt),
+            cached_tokens=0,
+            arrival_time=req.arrival_time,
             logprobs=[] if params.logprobs is not None else None,
-        )  # fmt: skip
+        )
         return cls(params, output, row, grammar=grammar)
 
     # ------------------------------------------------------------------ output assembly

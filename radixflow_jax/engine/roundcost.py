@@ -109,9 +109,13 @@ class FittedRoundCost:
     owner trimming it loses nothing that was read); the prior until ``min_rounds`` were read."""
 
     def __init__(
-        self, shapes: ShapeConfig, records: Sequence[RoundRecord], *, window: int = 256,
+        self,
+        shapes: ShapeConfig,
+        records: Sequence[RoundRecord],
+        *,
+        window: int = 256,
         min_rounds: int = 2 * len(FEATURES),
-    ):  # fmt: skip
+    ):
         if window < min_rounds or min_rounds < 1:
             raise ValueError(f"need window >= min_rounds >= 1, got window={window}, min_rounds={min_rounds}")
         self.shapes = shapes

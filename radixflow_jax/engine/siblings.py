@@ -22,8 +22,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Sequence
 
-from radixflow_jax.engine.config import EngineConfig
-from radixflow_jax.engine.params import DEFAULT_MAX_N, RequestOutput, SamplingParams
+from radixflow_jax.engine.params import RequestOutput, SamplingParams
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,14 +34,6 @@ class SampleGroup:
     n: int
     ranked: bool
     strip_logprobs: bool  # logprobs were turned on for ranking only
-
-
-def sample_limit(max_n: int | None, wiring: object | None) -> int:
-    """An engine's ``max_n``: as given, else its wiring's config's (``EngineConfig.max_n``), else the default."""
-    if max_n is not None:
-        return max_n
-    config = getattr(wiring, "config", None)
-    return config.max_n if isinstance(config, EngineConfig) else DEFAULT_MAX_N
 
 
 def is_group(params: SamplingParams) -> bool:
@@ -57,9 +48,8 @@ def expand(params: SamplingParams) -> SampleGroup:
     members = []
     for i in range(params.num_samples):
         seed = None if params.seed is None else params.seed + i
-        members.append(dataclasses.replace(
-            params, n=1, best_of=None, seed=seed, logprobs=0 if strip else params.logprobs,
-        ))  # fmt: skip
+        logprobs = 0 if strip else params.logprobs
+        members.append(dataclasses.replace(params, n=1, best_of=None, seed=seed, logprobs=logprobs))
     return SampleGroup(tuple(members), params.n, ranked, strip)
 
 

@@ -28,7 +28,8 @@ from radixflow_jax.engine.params import RequestOutput, SamplingParams
 from radixflow_jax.engine.protocol import Executor
 from radixflow_jax.reliability.shadow import ShadowExecutor
 from radixflow_jax.sim.executor import VirtualClock
-from radixflow_jax.engine.build import Wiring, wire_engine
+from radixflow_jax.engine.build import assemble_engine
+from radixflow_jax.engine.spec import EngineSpec
 from radixflow_jax.scheduler.plan import RoundPlan
 
 ENDINGS = ("stop", "length", "abort", "error")  # a request ends in exactly one of these
@@ -211,9 +212,16 @@ class Harness:
         assert_drained(core)
         preempted = sum(r.preempted for r in core.records)
         return HarnessReport(
-            dict(self._outputs), dict(self._refused), self.tick, core.num_rounds, self.aborts, self.audits,
-            core.num_step_failures, self.executor.resets, preempted,
-        )  # fmt: skip
+            outputs=dict(self._outputs),
+            refused=dict(self._refused),
+            ticks=self.tick,
+            rounds=core.num_rounds,
+            aborts=self.aborts,
+            audits=self.audits,
+            step_failures=core.num_step_failures,
+            resets=self.executor.resets,
+            preemptions=preempted,
+        )
 
 
 def shadow_engine(
@@ -228,12 +236,19 @@ def shadow_engine(
     faults: tuple[Fault, ...] = (),
     fail_reset: bool = False,
 ) -> EngineCore:
-    """An engine wired like the model engine (``wire_engine``) over a :class:`ShadowExecutor` that
-    checks every context against the request's real tokens; wrapped in a :class:`FaultyExecutor`."""
+    """An engine assembled like the model engine (``assemble_engine``) over a :class:`ShadowExecutor`
+    that checks every context against the request's real tokens; wrapped in a :class:`FaultyExecutor`."""
     clock = VirtualClock()
-    wiring = Wiring(config, hybrid, (chunk,) if hybrid else (), num_pages, num_slots, max_model_len)
-    shadow = ShadowExecutor(config.scheduler.page_size, hybrid=hybrid, vocab=vocab, clock=clock)
-    core = wire_engine(wiring, lambda shapes: FaultyExecutor(shadow, faults, fail_reset=fail_reset), clock=clock)
+    spec = EngineSpec(
+        config=config,
+        hybrid=hybrid,
+        chunk_sizes=(chunk,) if hybrid else (),
+        num_pages=num_pages,
+        num_slots=num_slots,
+        max_model_len=max_model_len,
+    )
+    shadow = ShadowExecutor(spec.cache_config.page_size, hybrid=hybrid, vocab=vocab, clock=clock)
+    core = assemble_engine(spec, lambda shapes: FaultyExecutor(shadow, faults, fail_reset=fail_reset), clock=clock)
     shadow.truth = lambda rid: core.scheduler.requests[rid].tokens
     return core
 

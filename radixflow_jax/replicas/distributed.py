@@ -61,9 +61,11 @@ def initialize(cfg: DistributedConfig) -> None:
         return
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
     jax.distributed.initialize(
-        coordinator_address=cfg.coordinator, num_processes=cfg.num_processes, process_id=cfg.process_id,
+        coordinator_address=cfg.coordinator,
+        num_processes=cfg.num_processes,
+        process_id=cfg.process_id,
         initialization_timeout=cfg.timeout_s,
-    )  # fmt: skip
+    )
     if jax.process_count() != cfg.num_processes:
         raise RuntimeError(f"jax.distributed started {jax.process_count()} processes, expected {cfg.num_processes}")
 

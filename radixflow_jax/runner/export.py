@@ -27,6 +27,7 @@ import jax
 import jax.numpy as jnp
 from jax import export as jax_export
 
+from radixflow_jax.cache.config import CacheConfig
 from radixflow_jax.kernels import ops
 from radixflow_jax.models.batch import init_cache
 from radixflow_jax.models.config import ModelConfig
@@ -81,16 +82,21 @@ class ExportShapes:
 
     def step_shapes(self, cfg: ModelConfig) -> ShapeConfig:
         chunks = [c.chunk_size for c in (cfg.gdn, cfg.mamba) if c is not None]
-        grid = math.lcm(self.page_size, *chunks) if chunks else self.page_size
-        pages = math.ceil(self.max_model_len / self.page_size)
-        return ShapeConfig(self.max_tokens, self.max_rows, pages, grid, mode=self.bucket_mode)
+        geometry = CacheConfig.for_model(self.page_size, chunks, hybrid=cfg.is_hybrid)
+        return ShapeConfig(
+            max_num_batched_tokens=self.max_tokens,
+            max_num_seqs=self.max_rows,
+            max_pages_per_row=math.ceil(self.max_model_len / self.page_size),
+            grid=geometry.grid,
+            mode=self.bucket_mode,
+        )
 
 
 def standard_variants(shapes: ShapeConfig, prefill_tokens: int) -> dict[str, Variant]:
     """The three round kinds at full rows: ``decode`` (every row one token), ``prefill`` (about
     ``prefill_tokens`` tokens over every row) and ``mixed`` (half the rows decoding, the rest
     sharing the prefill tokens), as the runner selects them."""
-    rows = shapes.max_rows
+    rows = shapes.max_num_seqs
     half = rows // 2
     return {
         "decode": shapes.select(rows, rows, all_decode=True),

@@ -13,11 +13,11 @@ Buckets per region (``mode``):
     (16, 32, 64, 96, 128, 192, ...: in the large buckets, where padding costs most, at most a third
     of a bucket is padding instead of a half), prefill rows on powers of two; decode-only rounds on
     powers of two with 1.5x steps from 16 (16, 24, 32, 48, 64); rounds with prefill rows take a
-    coarse decode region (16, 64, ... below ``max_rows``, and ``max_rows``) because a padded decode
+    coarse decode region (16, 64, ... below ``max_num_seqs``, and ``max_num_seqs``) because a padded decode
     row costs one token slot.
   * ``"pow2"``: powers of two everywhere (the earlier scheme, plus decode regions in mixed rounds).
-  * ``"fixed"``: exactly one variant (``max_rows`` decode rows + ``max_rows`` prefill rows over
-    ``max_tokens`` prefill tokens), as TPU deployments often run: every round has the same shape
+  * ``"fixed"``: exactly one variant (``max_num_seqs`` decode rows + ``max_num_seqs`` prefill rows over
+    ``max_num_batched_tokens`` prefill tokens), as TPU deployments often run: every round has the same shape
     and a filled bubble is free compute.
 
 Variants compile lazily on first use (persistent XLA cache) or all at warm-up; ``variants()``
@@ -89,12 +89,13 @@ class Variant:
 
 @dataclasses.dataclass(frozen=True)
 class ShapeConfig:
-    """``max_tokens``/``max_rows``: the round budgets; ``min_tokens``: the smallest prefill token
-    bucket; ``max_pages_per_row``: the page-table width (the model context in pages); ``mode``: the
-    bucket scheme (see the module docstring)."""
+    """``max_num_batched_tokens`` / ``max_num_seqs``: the round budgets (the scheduler's options of
+    the same names); ``min_tokens``: the smallest prefill token bucket; ``max_pages_per_row``: the
+    page-table width (the model context in pages); ``grid``: the checkpoint grid (the engine's
+    ``CacheConfig.grid``); ``mode``: the bucket scheme (see the module docstring)."""
 
-    max_tokens: int
-    max_rows: int
+    max_num_batched_tokens: int
+    max_num_seqs: int
     max_pages_per_row: int
     grid: int
     min_tokens: int = 16
@@ -103,53 +104,54 @@ class ShapeConfig:
     def __post_init__(self) -> None:
         if self.mode not in MODES:
             raise ValueError(f"bucket mode {self.mode!r}: expected one of {', '.join(MODES)}")
-        if self.max_tokens < 1 or self.max_rows < 1:
-            raise ValueError(f"max_tokens={self.max_tokens} and max_rows={self.max_rows} must be >= 1")
+        if self.max_num_batched_tokens < 1 or self.max_num_seqs < 1:
+            budgets = f"max_num_batched_tokens={self.max_num_batched_tokens} and max_num_seqs={self.max_num_seqs}"
+            raise ValueError(f"{budgets} must be >= 1")
 
     # ------------------------------------------------------------------------------- buckets
     @property
     def token_buckets(self) -> tuple[int, ...]:
         """Prefill-region token buckets."""
         if self.mode == "fixed":
-            return (self.max_tokens,)
-        lo = min(self.min_tokens, self.max_tokens)
+            return (self.max_num_batched_tokens,)
+        lo = min(self.min_tokens, self.max_num_batched_tokens)
         if self.mode == "pow2":
-            return powers_of_two(lo, self.max_tokens)
-        return fine_ladder(lo, self.max_tokens, 64)
+            return powers_of_two(lo, self.max_num_batched_tokens)
+        return fine_ladder(lo, self.max_num_batched_tokens, 64)
 
     @property
     def row_buckets(self) -> tuple[int, ...]:
         """Prefill-region row buckets."""
         if self.mode == "fixed":
-            return (self.max_rows,)
-        return powers_of_two(1, self.max_rows)
+            return (self.max_num_seqs,)
+        return powers_of_two(1, self.max_num_seqs)
 
     @property
     def decode_buckets(self) -> tuple[int, ...]:
-        """Decode-region sizes of decode-only rounds, from 2 rows (where ``max_rows`` allows): in
+        """Decode-region sizes of decode-only rounds, from 2 rows (where ``max_num_seqs`` allows): in
         a one-row decode variant XLA folds the state reads and writes into single slices and
         then copies every state pool (the compiled program holds one copy per pool, 2026-12-01;
         ``tests/engine/test_compile_guard.py``), while a padding row costs one token."""
         if self.mode == "fixed":
             return ()
-        lo = min(2, self.max_rows)
+        lo = min(2, self.max_num_seqs)
         if self.mode == "pow2":
-            return powers_of_two(lo, self.max_rows)
-        return fine_ladder(lo, self.max_rows, 16)
+            return powers_of_two(lo, self.max_num_seqs)
+        return fine_ladder(lo, self.max_num_seqs, 16)
 
     @property
     def mixed_decode_buckets(self) -> tuple[int, ...]:
         """Decode-region sizes of rounds that carry prefill rows: powers of four from 16 below
-        ``max_rows``, and ``max_rows``. A prefill-only round still has the smallest one, as padding
+        ``max_num_seqs``, and ``max_num_seqs``. A prefill-only round still has the smallest one, as padding
         rows: a padded decode row costs one token slot, and leaving out a ``0`` (and small sizes)
         keeps the mixed variants to one or two sets."""
         if self.mode == "fixed":
-            return (self.max_rows,)
+            return (self.max_num_seqs,)
         out, v = [], 16
-        while v < self.max_rows:
+        while v < self.max_num_seqs:
             out.append(v)
             v *= 4
-        return tuple(out) + (self.max_rows,)
+        return tuple(out) + (self.max_num_seqs,)
 
     # ------------------------------------------------------------------------------ variants
     def _variant(self, decode: int, prefill_tokens: int, prefill_rows: int, num_emits: int | None = None) -> Variant:
@@ -172,22 +174,31 @@ class ShapeConfig:
         return out
 
     def select(
-        self, num_tokens: int, num_rows: int, all_decode: bool = False, *, num_decode: int | None = None,
-        num_emits: int | None = None, decode_span: int = 0, num_riders: int = 0,
-    ) -> Variant:  # fmt: skip
+        self,
+        num_tokens: int,
+        num_rows: int,
+        all_decode: bool = False,
+        *,
+        num_decode: int | None = None,
+        num_emits: int | None = None,
+        decode_span: int = 0,
+        num_riders: int = 0,
+    ) -> Variant:
         """The smallest variant holding a round of ``num_tokens`` tokens in ``num_rows`` rows, of
         which the first ``num_decode`` are one-token rows (``all_decode``: every row is; without
         either, the round is treated as prefill only) and which writes ``num_emits`` checkpoints
         (None: as many as any round of that shape can). ``decode_span``: the decode region must
         hold this many rows (the window of slots the decode rows span, ``runner/window.py``).
         ``num_riders``: rows of no tokens among the others (riders, ``scheduler/riders.py``)."""
-        if num_rows > self.max_rows or num_tokens > self.max_tokens:
+        if num_rows > self.max_num_seqs or num_tokens > self.max_num_batched_tokens:
             raise ValueError(f"round of {num_tokens} tokens / {num_rows} rows exceeds the budgets")
         d = num_rows if all_decode and num_decode is None else (num_decode or 0)
         if not 0 <= d <= num_rows - num_riders or num_tokens - d < num_rows - d - num_riders:
             raise ValueError(f"{d} decode rows do not fit a round of {num_tokens} tokens / {num_rows} rows")
-        if decode_span > self.max_rows or (d and decode_span and decode_span < d):
-            raise ValueError(f"a decode window of {decode_span} slots cannot hold {d} decode rows (max {self.max_rows})")
+        if decode_span > self.max_num_seqs or (d and decode_span and decode_span < d):
+            raise ValueError(
+                f"a decode window of {decode_span} slots cannot hold {d} decode rows (max {self.max_num_seqs})"
+            )
         p, tp, region = num_rows - d, num_tokens - d, max(d, decode_span)
         if p == 0 and self.mode != "fixed":
             return self._variant(_first_at_least(self.decode_buckets, region), 0, 0, num_emits)

@@ -54,7 +54,7 @@ class CompileAfterWarmupError(RuntimeError):
 def out_rows(shapes: ShapeConfig) -> int:
     """Length of every variant's sampled-token output (the most rows a variant has: decode region
     plus prefill rows)."""
-    return 2 * shapes.max_rows
+    return 2 * shapes.max_num_seqs
 
 
 def make_step(graphdef: nnx.GraphDef, num_decode: int, num_out: int) -> Callable:

@@ -56,7 +56,7 @@ def place_decode(plan: RoundPlan, max_rows: int) -> DecodePlacement:
 def variant_for(plan: RoundPlan, shapes: ShapeConfig) -> tuple[Variant, DecodePlacement]:
     """The variant a round runs in and its decode placement (``base`` not fitted to a pool): what
     the model executor selects, so the simulated executor and the round-cost model use it too."""
-    placement = place_decode(plan, shapes.max_rows)
+    placement = place_decode(plan, shapes.max_num_seqs)
     variant = shapes.select(
         plan.num_tokens,
         len(plan.rows),

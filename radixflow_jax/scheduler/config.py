@@ -5,9 +5,11 @@ from __future__ import annotations
 import dataclasses
 
 from radixflow_jax.cache import placement
+from radixflow_jax.cache.config import PAGE_SIZE, CacheConfig
 from radixflow_jax.scheduler.admission import QUEUE_ORDERS, get_policy
 
 MODEL_DERIVED = ("grid", "hybrid")  # fields the engine builder fills in from the model, never a user option
+DEFAULT_POLICY = "pair"  # the one default policy (docs/design.md, "Scheduling")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -15,20 +17,20 @@ class SchedulerConfig:
     """The one home of the scheduling options; an engine's config holds one
     (``EngineConfig.scheduler``), whose fields users set by name (``policy``, ``max_num_seqs``, ...).
 
-    ``grid`` and ``hybrid`` (:data:`MODEL_DERIVED`) describe the model, not a choice: the checkpoint
-    grid ``lcm(page_size, recurrent kernel chunks)`` and whether the model has recurrent layers.
-    ``engine/build.py`` fills them in with :meth:`for_model`; until then ``grid`` is 0 (no model yet),
-    the checks that need the grid wait for it, and a ``Scheduler`` refuses the config (its cache
-    config needs a positive grid). Direct scheduler users give both."""
+    ``grid`` and ``hybrid`` (:data:`MODEL_DERIVED`) describe the model, not a choice: they are copied
+    from the model's :class:`~radixflow_jax.cache.config.CacheConfig` (derived once, by
+    ``EngineSpec.cache_config``) by :meth:`for_model`; until then ``grid`` is 0 (no model yet), the checks
+    that need the grid wait for it, and a ``Scheduler`` refuses the config (:attr:`cache_config` needs a
+    positive grid). Direct scheduler users give both. The prefix cache is off under policy
+    ``no-cache`` (the one switch for it)."""
 
     max_num_seqs: int = 16
     max_num_batched_tokens: int = 512
-    page_size: int = 16
+    page_size: int = PAGE_SIZE
     grid: int = 0  # 0: not derived from a model yet
     hybrid: bool = False
-    policy: str = "radixflow"
+    policy: str = DEFAULT_POLICY
     queue_order: str = "fcfs"
-    enable_prefix_cache: bool = True
     max_consumer_wait: int = 16
     checkpoint_interval: int = 0  # 0: adaptive, see max_checkpoints
     max_checkpoints: int = 8  # adaptive spacing: about this many grid checkpoints over a prompt
@@ -50,6 +52,14 @@ class SchedulerConfig:
             )
         placement.spacing(self.grid, self.grid, interval=self.checkpoint_interval)  # validates the interval
 
-    def for_model(self, grid: int, hybrid: bool) -> SchedulerConfig:
-        """These options for a model with checkpoint grid ``grid`` (recurrent layers: ``hybrid``)."""
-        return dataclasses.replace(self, grid=grid, hybrid=hybrid)
+    @property
+    def cache_config(self) -> CacheConfig:
+        """The cache geometry these options were completed with (``ValueError`` before :meth:`for_model`)."""
+        return CacheConfig(page_size=self.page_size, grid=self.grid, hybrid=self.hybrid)
+
+    def for_model(self, cache: CacheConfig) -> SchedulerConfig:
+        """These options for a model of geometry ``cache`` (its grid and hybridness; its page size
+        is this config's, ``EngineSpec.cache_config`` derives it from ``page_size``)."""
+        if cache.page_size != self.page_size:
+            raise ValueError(f"cache page_size {cache.page_size} differs from the scheduler's {self.page_size}")
+        return dataclasses.replace(self, grid=cache.grid, hybrid=cache.hybrid)

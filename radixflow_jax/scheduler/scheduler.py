@@ -32,7 +32,7 @@ from __future__ import annotations
 import collections
 from collections.abc import Callable, Iterable, Sequence
 
-from radixflow_jax.cache import CacheConfig, PagePool, RadixCache, SlotPool
+from radixflow_jax.cache import PagePool, RadixCache, SlotPool
 from radixflow_jax.scheduler.admission import Decision, get_policy
 from radixflow_jax.scheduler.allocator import Allocator
 from radixflow_jax.scheduler.builder import RoundBuilder, grid_span
@@ -49,10 +49,10 @@ class Scheduler:
     def __init__(self, config: SchedulerConfig, num_pages: int, num_slots: int):
         self.config = config
         self.policy = get_policy(config.policy)
-        cache_cfg = CacheConfig(page_size=config.page_size, grid=config.grid, hybrid=config.hybrid)
+        cache_cfg = config.cache_config  # the model's geometry (derived once, EngineSpec.cache_config)
         pages = PagePool(num_pages)
         slots = SlotPool(num_slots) if config.hybrid else None
-        caching = config.enable_prefix_cache and self.policy.use_cache
+        caching = self.policy.use_cache  # policy no-cache: no radix cache
         cache = RadixCache(cache_cfg, pages, slots) if caching else None
         self.memory = Allocator(cache_cfg, pages, slots, cache)
         self.waiting: collections.deque[Request] = collections.deque()

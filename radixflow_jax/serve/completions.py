@@ -50,7 +50,7 @@ class CompletionRoutes(RouteGroup):
             state.tokenizer,
             max_model_len=state.max_model_len,
             vocab_size=state.vocab_size,
-            max_n=state.config.max_n,
+            max_n=state.engine.core.limits.max_n,
         )
         handles = submit(state, req)
         rid = ("chatcmpl-" if kind == protocol.CHAT else "cmpl-") + uuid.uuid4().hex

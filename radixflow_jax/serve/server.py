@@ -47,7 +47,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--page-size", type=int, default=ENGINE_SCHEDULER.page_size)
     p.add_argument("--num-kv-pages", type=int, default=None)
     p.add_argument("--num-state-slots", type=int, default=None)
-    p.add_argument("--no-prefix-cache", action="store_true")
+    p.add_argument("--no-prefix-cache", action="store_true", help="the same as --policy no-cache")
     p.add_argument("--penalty-window", type=int, default=None,
                    help="longest context (tokens) a request with penalties may have (default min(max-model-len, 4096))")
     p.add_argument("--kernels", default="auto", choices=("auto", "reference", "pallas"))
@@ -106,7 +106,7 @@ def build_state(args: argparse.Namespace) -> Any:
     ec = EngineConfig.from_options(
         max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens, page_size=args.page_size,
         num_kv_pages=args.num_kv_pages, num_state_slots=args.num_state_slots, max_model_len=args.max_model_len,
-        policy=args.policy, queue_order=args.queue_order, enable_prefix_cache=not args.no_prefix_cache,
+        policy="no-cache" if args.no_prefix_cache else args.policy, queue_order=args.queue_order,
         kernels=args.kernels, seed=args.seed, warmup=warmup_mode(args) == "all",
         compilation_cache_dir=args.compilation_cache_dir or None, penalty_window=args.penalty_window, max_n=args.max_n,
     )
@@ -138,7 +138,6 @@ def build_state(args: argparse.Namespace) -> Any:
         api_key=args.api_key or None,
         max_waiting=args.max_waiting,
         max_body_bytes=args.max_body_bytes,
-        max_n=args.max_n,
     )
     return ServerState(
         engine=engine,

@@ -15,7 +15,6 @@ from typing import Any, Callable
 
 from fastapi import FastAPI
 
-from radixflow_jax.engine.params import DEFAULT_MAX_N
 from radixflow_jax.replicas.background import BackgroundEngine
 from radixflow_jax.replicas.replicated import ReplicatedEngine
 from radixflow_jax.serve.metrics import ServerMetrics
@@ -24,15 +23,14 @@ from radixflow_jax.serve.metrics import ServerMetrics
 @dataclasses.dataclass(frozen=True)
 class ServerConfig:
     """``max_waiting``: answer 429 while this many requests wait (None: never);
-    ``max_body_bytes``: larger request bodies get 413; ``retry_after_s``: the 429's ``Retry-After``;
-    ``max_n``: the most samples (``n``, ``best_of``) one request may ask for (``--max-n``)."""
+    ``max_body_bytes``: larger request bodies get 413; ``retry_after_s``: the 429's ``Retry-After``.
+    (The most samples one request may ask for, ``--max-n``, is the engine's ``EngineConfig.max_n``.)"""
 
     model_name: str
     api_key: str | None = None
     max_waiting: int | None = None
     max_body_bytes: int = 4 << 20
     retry_after_s: int = 1
-    max_n: int = DEFAULT_MAX_N
 
 
 @dataclasses.dataclass

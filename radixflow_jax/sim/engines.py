@@ -4,12 +4,14 @@ assembled by ``engine/build.py`` like every engine, so they decide as the model 
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
-from radixflow_jax.engine.build import Wiring, device_pools, wire_engine
+from radixflow_jax.engine.build import assemble_engine, device_pools
 from radixflow_jax.engine.config import EngineConfig
 from radixflow_jax.engine.core import EngineCore
 from radixflow_jax.engine.roundcost import LinearRoundCost
+from radixflow_jax.engine.spec import EngineSpec
 from radixflow_jax.sim.executor import RooflineCost, SimExecutor, VirtualClock
 from radixflow_jax.sim.specs import DeviceSpec, ModelSpec
 
@@ -27,11 +29,18 @@ def build_sim_engine(
         pages = ec.num_kv_pages
     if ec.num_state_slots is not None:
         slots = ec.num_state_slots
-    wiring = Wiring(ec, spec.is_hybrid, spec.chunk_sizes, pages, slots, ec.max_model_len or 32768)
+    engine_spec = EngineSpec(
+        config=ec,
+        hybrid=spec.is_hybrid,
+        chunk_sizes=tuple(spec.chunk_sizes),
+        num_pages=pages,
+        num_slots=slots,
+        max_model_len=ec.max_model_len or 32768,
+    )
     clock = VirtualClock()
     cost = RooflineCost(spec, device, overhead_s=overhead_s)
-    return wire_engine(
-        wiring, lambda shapes: SimExecutor(cost, clock, shapes, noise=noise, seed=ec.seed), clock=clock
+    return assemble_engine(
+        engine_spec, lambda shapes: SimExecutor(cost, clock, shapes, noise=noise, seed=ec.seed), clock=clock
     )
 
 
@@ -41,9 +50,9 @@ def calibrate(engine: EngineCore) -> LinearRoundCost:
 
 
 def mirror_sim_engine(engine: EngineCore, cost: Any) -> EngineCore:
-    """A simulated engine wired like ``engine`` (same configuration, pools, step shapes and overlap
-    mode, so the same decisions), with ``cost`` as its round time."""
-    if not isinstance(engine.wiring, Wiring):
-        raise ValueError("mirror_sim_engine needs an engine built by engine/build.py")
+    """A simulated engine built from ``engine``'s spec (same configuration, pools, step shapes and
+    overlap mode, so the same decisions), with ``cost`` as its round time; without the model's
+    tokenizer and EOS ids (simulated samples are a fixed id)."""
     clock = VirtualClock()
-    return wire_engine(engine.wiring, lambda shapes: SimExecutor(cost, clock, shapes, overlap=engine.overlap), clock=clock)
+    spec = dataclasses.replace(engine.spec, eos_token_ids=(), tokenizer=None, vocab_size=None)
+    return assemble_engine(spec, lambda shapes: SimExecutor(cost, clock, shapes, overlap=engine.overlap), clock=clock)

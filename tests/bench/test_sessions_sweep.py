@@ -48,7 +48,9 @@ def test_simulator_pads_to_the_runners_variants() -> None:
     spec, dev = get_model_spec("qwen3.5-9b"), get_device_spec("h200")
     plan = _plan([(0, 2100)] + [(0, 10)] * 9)
     for mode in ("fine", "pow2", "fixed"):
-        shapes = ShapeConfig(max_tokens=8192, max_rows=64, max_pages_per_row=512, grid=64, mode=mode)
+        shapes = ShapeConfig(
+            max_num_batched_tokens=8192, max_num_seqs=64, max_pages_per_row=512, grid=64, mode=mode
+        )
         result = SimExecutor(RooflineCost(spec, dev), VirtualClock(), shapes).execute(plan, {})
         v = shapes.select(plan.num_tokens, len(plan.rows), num_decode=0)
         assert (result.token_slots, result.row_slots) == (v.num_tokens, v.num_rows)

@@ -27,11 +27,12 @@ def assert_all_free(cache):
 
 def test_config_validation_and_grid_from_chunk():
     with pytest.raises(ValueError):
-        CacheConfig(page_size=4, grid=6)
+        CacheConfig(page_size=4, grid=6, hybrid=True)
     with pytest.raises(ValueError):
-        CacheConfig(page_size=0, grid=4)
-    cfg = CacheConfig.from_chunk(16, 64)
-    assert cfg.grid == 64 and CacheConfig.from_chunk(48, 64).grid == 192
+        CacheConfig(page_size=0, grid=4, hybrid=True)
+    cfg = CacheConfig.for_model(16, (64,), hybrid=True)
+    assert cfg.grid == 64 and CacheConfig.for_model(48, (64,), hybrid=True).grid == 192
+    assert CacheConfig.for_model(16, (), hybrid=False).grid == 16
     assert cfg.align_down(33) == 32 and cfg.pages_for(33) == 3 and cfg.pages_for(0) == 0
 
 

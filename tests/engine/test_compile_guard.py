@@ -120,7 +120,7 @@ def test_cache_on_equals_cache_off_on_the_warm_variants(core: EngineCore) -> Non
     model = core.executor.model
     prompts = shared_prefix_prompts(num_prefixes=2, per_prefix=4, prefix_len=150, suffix_len=10, vocab=500)
     params = SamplingParams(max_tokens=6, ignore_eos=True)
-    cold, warm = (LLM(model, **GUARDED, enable_prefix_cache=cache) for cache in (False, True))
+    cold, warm = (LLM(model, **GUARDED, policy=policy) for policy in ("no-cache", "pair"))
     cold_out, warm_out = cold.generate(prompts, params), warm.generate(prompts, params)
     assert [o.token_ids for o in warm_out] == [o.token_ids for o in cold_out]
     assert sum(o.cached_tokens for o in warm_out) > 0 and sum(o.cached_tokens for o in cold_out) == 0
@@ -135,7 +135,7 @@ def test_final_token_checkpoint_is_the_cold_state(core: EngineCore) -> None:
     the prompt's end checkpoint is at 64, the final-token one at 128. Engines of the guard's shape
     over its model: nothing compiles."""
     model = core.executor.model
-    warm, cold = (LLM(model, **GUARDED, enable_prefix_cache=cache) for cache in (True, False))
+    warm, cold = (LLM(model, **GUARDED, policy=policy) for policy in ("pair", "no-cache"))
     params, filler = SamplingParams(max_tokens=12, ignore_eos=True), SamplingParams(max_tokens=1, ignore_eos=True)
     first, alone = list(range(20, 140)), list(range(220, 340))
     engine = warm.engine
@@ -170,7 +170,7 @@ def test_a_prompt_arriving_while_rows_decode_runs_before_they_finish(core: Engin
     prompt = [3 + (7 * j) % 490 for j in range(200)]
     outs = {}
     for cache in (True, False):
-        engine = LLM(model, **GUARDED, enable_prefix_cache=cache).engine
+        engine = LLM(model, **GUARDED, policy="pair" if cache else "no-cache").engine
         rids = [engine.add_request(p, params) for p in decoders]
         engine.step()
         engine.step()
@@ -193,10 +193,10 @@ def _core_on(core: EngineCore, policy: str, *, num_kv_pages: int | None = None, 
     options = dict(num_kv_pages=num_kv_pages, num_state_slots=12) if num_kv_pages else {}
     ec = CONFIG.with_options(policy=policy, max_model_len=max_model_len, **options)
     pages, slots = pool_sizes(core.executor.model.config, ec, max_model_len)
-    return EngineCore(
-        core.executor, dataclasses.replace(core.scheduler.config, policy=policy), num_pages=pages,
-        num_slots=slots, max_model_len=max_model_len, eos_token_ids=core.eos_token_ids, tokenizer=core.tokenizer,
-    )  # fmt: skip
+    spec = dataclasses.replace(
+        core.spec, config=ec, num_pages=pages, num_slots=slots, max_model_len=max_model_len, vocab_size=None
+    )
+    return EngineCore(core.executor, spec)
 
 
 def test_no_compiles_after_warmup_native(core: EngineCore) -> None:

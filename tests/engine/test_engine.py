@@ -32,7 +32,7 @@ def cold_llm(tiny_model) -> Callable[[str], LLM]:
 
     def get(model: str) -> LLM:
         if model not in engines:
-            engines[model] = LLM(tiny_model(model), enable_prefix_cache=False, **SMALL_FIXED)
+            engines[model] = LLM(tiny_model(model), policy="no-cache", **SMALL_FIXED)
         return engines[model]
 
     return get
@@ -98,14 +98,14 @@ def test_engines_on_one_model_share_its_compiled_variants(prompts, cold_llm) -> 
     reference = _cold(cold_llm, "tiny-qwen3.5", prompts)
     (variant, first), = cold.engine.executor.step._compiled.items()  # fixed buckets: one variant
     params = SamplingParams(max_tokens=6, ignore_eos=True)
-    again = LLM(cold.model, enable_prefix_cache=False, **SMALL_FIXED)
+    again = LLM(cold.model, policy="no-cache", **SMALL_FIXED)
     assert [o.token_ids for o in again.generate(prompts, params)] == reference
     assert again.engine.executor.step.num_compiles == 0
     assert again.engine.executor.step._compiled[variant] is first
-    narrow = LLM(cold.model, enable_prefix_cache=False, **{**SMALL_FIXED, "max_num_seqs": 2})
+    narrow = LLM(cold.model, policy="no-cache", **{**SMALL_FIXED, "max_num_seqs": 2})
     assert [o.token_ids for o in narrow.generate(prompts, params)] == reference
     assert first not in narrow.engine.executor.step._compiled.values()
-    oracle = LLM(cold.model, enable_prefix_cache=False, kernels="reference", **SMALL_FIXED)
+    oracle = LLM(cold.model, policy="no-cache", kernels="reference", **SMALL_FIXED)
     assert [o.token_ids for o in oracle.generate(prompts[:2], params)] == reference[:2]
     assert oracle.engine.executor.step._compiled[variant] is not first
 
@@ -134,7 +134,7 @@ def test_multi_turn_reuses_previous_turn(cold_llm) -> None:
 
 def test_reused_state_slot_starts_from_zero(cold_llm) -> None:
     """A cold prefill must not inherit the state an earlier request left in its slot."""
-    llm = LLM(cold_llm("tiny-qwen3-next").model, enable_prefix_cache=False, **{**SMALL_FIXED, "max_num_seqs": 1})
+    llm = LLM(cold_llm("tiny-qwen3-next").model, policy="no-cache", **{**SMALL_FIXED, "max_num_seqs": 1})
     prompt = list(range(40, 200))
     params = SamplingParams(max_tokens=4, ignore_eos=True)
     first = llm.generate([prompt], params)[0].token_ids

@@ -75,7 +75,7 @@ def test_generate_with_a_schema_beside_greedy_and_under_preemption(tiny_model) -
     constrained = [SamplingParams(max_tokens=24, structured_outputs={"json": SCHEMA}),
                    SamplingParams(max_tokens=24, temperature=1.0, seed=4, structured_outputs={"json": SCHEMA})]
     per = [constrained[0], plain, constrained[1], plain]
-    roomy = LLM(model, enable_prefix_cache=False, **SMALL_FIXED)
+    roomy = LLM(model, policy="no-cache", **SMALL_FIXED)
     alone = roomy.generate([prompts[1], prompts[3]], plain)
     mixed = roomy.generate(prompts, per)
     assert [o.token_ids for o in (mixed[1], mixed[3])] == [o.token_ids for o in alone]
@@ -103,7 +103,10 @@ def test_choice_and_regex_end_with_stop(tiny_model) -> None:
 def test_an_engine_without_a_mask_refuses_naming_the_field() -> None:
     from radixflow_jax.engine.intake import RequestLimits
 
-    limits = RequestLimits(64, 64, 0, False, True, 100)  # structured=False: e.g. the simulated executor
+    # structured=False: e.g. the simulated executor
+    limits = RequestLimits(
+        max_model_len=64, pool_tokens=64, penalty_window=0, logprobs=False, stop_strings=True, vocab_size=100, max_n=16
+    )
     params = SamplingParams(max_tokens=4, structured_outputs=StructuredOutputsParams(regex="a+", field="guided_regex"))
     with pytest.raises(ValueError, match="^guided_regex: structured outputs are not available"):
         limits.check([1, 2], params)

@@ -18,7 +18,7 @@ from radixflow_jax.engine.core import EngineCore
 from radixflow_jax.reliability.faults import Fault, FaultyExecutor
 from radixflow_jax.engine.build import build_engine
 from radixflow_jax.engine.params import SamplingParams
-from radixflow_jax.engine.build import wire_engine
+from radixflow_jax.engine.build import assemble_engine
 from tests.engine.workloads import GUARDED, shared_prefix_prompts
 
 # fine buckets of the compile guard's shape: its warm-up compiled every variant
@@ -44,10 +44,10 @@ def prompts() -> list[list[int]]:
 
 
 def _engine(base: EngineCore, *, overlap: bool, faults=(), on_execute=None) -> EngineCore:
-    wiring = dataclasses.replace(base.wiring, config=dataclasses.replace(CONFIG, overlap=overlap))
+    config = dataclasses.replace(CONFIG, overlap=overlap)
+    spec = dataclasses.replace(base.spec, config=config, tokenizer=AngleTokenizer())
     base.executor.reset()  # zeroed pools, the same compiled variants
-    core = wire_engine(wiring, lambda shapes: FaultyExecutor(base.executor, faults, on_execute=on_execute),
-                       eos_token_ids=base.eos_token_ids, tokenizer=AngleTokenizer(), vocab_size=base.vocab_size)  # fmt: skip
+    core = assemble_engine(spec, lambda shapes: FaultyExecutor(base.executor, faults, on_execute=on_execute))
     assert core.overlap is overlap
     return core
 

@@ -22,7 +22,8 @@ from radixflow_jax.engine.params import SamplingParams
 from radixflow_jax.engine.protocol import ExecutorCapabilities, StepResult
 from radixflow_jax.reliability.shadow import ShadowExecutor
 from radixflow_jax.sim.executor import VirtualClock
-from radixflow_jax.engine.build import Wiring, wire_engine
+from radixflow_jax.engine.build import assemble_engine
+from radixflow_jax.engine.spec import EngineSpec
 from radixflow_jax.runner.inputs import SamplingRow
 from radixflow_jax.scheduler.plan import UNKNOWN_TOKEN, RoundPlan
 from tests.reliability.scenarios import BASE, CACHING_POLICIES, cold_outputs, tokens
@@ -85,13 +86,24 @@ class LaunchOrderShadow:
         self.inner.lose_device_state()
 
 
+def _spec(config, *, hybrid: bool, num_pages: int, num_slots: int) -> EngineSpec:
+    return EngineSpec(
+        config=config,
+        hybrid=hybrid,
+        chunk_sizes=(16,) if hybrid else (),
+        num_pages=num_pages,
+        num_slots=num_slots,
+        max_model_len=BASE.max_model_len,
+    )
+
+
 def _engine(policy: str, *, num_pages: int, faults=()) -> tuple[EngineCore, LaunchOrderShadow]:
     config = BASE.with_options(policy=policy, overlap=True)
     clock = VirtualClock()
     shadow = ShadowExecutor(config.scheduler.page_size, hybrid=True, vocab=1000, clock=clock)
     adapter = LaunchOrderShadow(shadow)
-    wiring = Wiring(config, True, (16,), num_pages, 16, BASE.max_model_len)
-    core = wire_engine(wiring, lambda shapes: FaultyExecutor(adapter, faults), clock=clock)
+    spec = _spec(config, hybrid=True, num_pages=num_pages, num_slots=16)
+    core = assemble_engine(spec, lambda shapes: FaultyExecutor(adapter, faults), clock=clock)
     adapter.core = core
     assert core.overlap
     return core, adapter
@@ -129,7 +141,8 @@ def _attention_only_run(policy: str, overlap: bool, prompts: list[list[int]]) ->
     clock = VirtualClock()
     shadow = ShadowExecutor(config.scheduler.page_size, hybrid=False, vocab=1000, clock=clock)
     adapter = LaunchOrderShadow(shadow)
-    core = wire_engine(Wiring(config, False, (), 120, 1, BASE.max_model_len), lambda shapes: adapter, clock=clock)
+    spec = _spec(config, hybrid=False, num_pages=120, num_slots=1)
+    core = assemble_engine(spec, lambda shapes: adapter, clock=clock)
     adapter.core = core
     h = Harness(core)
     for p in prompts:
@@ -195,7 +208,7 @@ def test_first_use_compile_inside_a_launch_is_off_the_serving_clock() -> None:
     (before, only at r+1's commit)."""
     config = BASE.with_options(policy="radixflow", overlap=True)
     executor = CompilingOnFirstUse(compile_s=0.5)
-    core = wire_engine(Wiring(config, True, (16,), 80, 16, BASE.max_model_len), lambda shapes: executor)
+    core = assemble_engine(_spec(config, hybrid=True, num_pages=80, num_slots=16), lambda shapes: executor)
     executor.core = core
     assert core.overlap and isinstance(core.clock, ServingClock)
     for i in range(2):  # the first finishes in round 1, committed after round 2's launch

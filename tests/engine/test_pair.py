@@ -35,7 +35,7 @@ def _paired_rows(llm: LLM) -> int:
 
 @pytest.mark.parametrize("model", PRESETS)
 def test_pair_equals_cold_and_aborted_producer_rolls_back(model: str, prompts, tiny_model) -> None:
-    cold = [o.token_ids for o in LLM(tiny_model(model), enable_prefix_cache=False, **OPTIONS).generate(prompts, PARAMS)]
+    cold = [o.token_ids for o in LLM(tiny_model(model), policy="no-cache", **OPTIONS).generate(prompts, PARAMS)]
     llm = LLM(tiny_model(model), policy="pair", **OPTIONS)
     outs = llm.generate(prompts, PARAMS)
     assert [o.token_ids for o in outs] == cold

@@ -11,7 +11,7 @@ from radixflow_jax.engine.roundcost import FEATURES, FittedRoundCost, LinearRoun
 from radixflow_jax.runner.shapes import ShapeConfig
 from radixflow_jax.scheduler.plan import RoundPlan, RoundStats, RowPlan, attention_pairs
 
-SHAPES = ShapeConfig(max_tokens=256, max_rows=8, max_pages_per_row=16, grid=16, mode="pow2")
+SHAPES = ShapeConfig(max_num_batched_tokens=256, max_num_seqs=8, max_pages_per_row=16, grid=16, mode="pow2")
 TRUE = (0.010, 1e-4, 5e-4, 1e-7, 0.0)  # seconds per round, token slot, row slot, attention pair, pairing token
 
 

@@ -19,7 +19,7 @@ def llm(tiny_model) -> LLM:
 
 def _prompt(llm: LLM, grids: int, extra: int = 1) -> list[int]:
     """``grids * G + extra`` tokens (``extra`` not a page multiple: the last page is partial)."""
-    grid = llm.engine.wiring.grid
+    grid = llm.engine.spec.grid
     return [int(t) for t in np.random.default_rng(grids).integers(3, 500, grids * grid + extra)]
 
 

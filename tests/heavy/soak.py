@@ -32,7 +32,7 @@ def model_soak(requests: int, policy: str, seed: int, abort_rate: float = 0.15) 
     from radixflow_jax.reliability.harness import Harness
     from radixflow_jax.engine.build import build_engine
     from radixflow_jax.engine.params import SamplingParams
-    from radixflow_jax.engine.build import wire_engine
+    from radixflow_jax.engine.build import assemble_engine
     from radixflow_jax.models import load
 
     rng = random.Random(seed)
@@ -49,17 +49,16 @@ def model_soak(requests: int, policy: str, seed: int, abort_rate: float = 0.15) 
         work.append((prompt, SamplingParams(max_tokens=rng.randint(1, 8), ignore_eos=True), i // 2, abort))
 
     def run(options: dict, faults: tuple) -> tuple:
-        wiring = dataclasses.replace(base.wiring, config=config.with_options(**options))
+        spec = dataclasses.replace(base.spec, config=config.with_options(**options), tokenizer=None)
         base.executor.reset()
-        core = wire_engine(wiring, lambda shapes: FaultyExecutor(base.executor, faults),
-                           eos_token_ids=base.eos_token_ids, vocab_size=base.vocab_size)  # fmt: skip
+        core = assemble_engine(spec, lambda shapes: FaultyExecutor(base.executor, faults))
         h = Harness(core)
         for prompt, params, at, (abort_at, mid) in work:
             h.submit(prompt, params, at_round=at, abort_at=abort_at if faults else None, mid_round=mid)
         return h, h.run()
 
     start = time.perf_counter()
-    _, cold = run({"enable_prefix_cache": False, "num_kv_pages": None}, ())
+    _, cold = run({"policy": "no-cache", "num_kv_pages": None}, ())
     faults = tuple(Fault(r, rng.choice(FAULT_KINDS)) for r in range(5, 40 * requests, 15))
     h, warm = run({}, faults)
     for key, tokens in warm.completed().items():

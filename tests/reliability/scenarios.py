@@ -35,7 +35,7 @@ def tokens(rng: random.Random, n: int) -> list[int]:
 
 def cold_outputs(prompts: list[list[int]], params: list[SamplingParams]) -> list[list[int]]:
     """The same prompts through an engine without a prefix cache and with roomy pools."""
-    core = engine("radixflow", num_pages=400, num_slots=40, enable_prefix_cache=False)
+    core = engine("no-cache", num_pages=400, num_slots=40)
     h = Harness(core)
     for p, sp in zip(prompts, params):
         h.submit(p, sp)

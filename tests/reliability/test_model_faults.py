@@ -16,7 +16,7 @@ from radixflow_jax.reliability.faults import Fault, FaultyExecutor
 from radixflow_jax.reliability.harness import Harness, HarnessReport
 from radixflow_jax.engine.build import build_engine
 from radixflow_jax.engine.params import SamplingParams
-from radixflow_jax.engine.build import wire_engine
+from radixflow_jax.engine.build import assemble_engine
 from tests.engine.workloads import SMALL_FIXED, shared_prefix_prompts
 
 # the fixed-bucket engine shape of tests/engine/test_engine.py: one step variant, shared through the
@@ -42,10 +42,9 @@ def base(model) -> EngineCore:
 
 
 def _run(base: EngineCore, prompts, *, faults=(), aborts=(), **options) -> tuple[Harness, HarnessReport]:
-    wiring = dataclasses.replace(base.wiring, config=CONFIG.with_options(**options))
+    spec = dataclasses.replace(base.spec, config=CONFIG.with_options(**options))
     base.executor.reset()  # zeroed pools, the same compiled variants
-    core = wire_engine(wiring, lambda shapes: FaultyExecutor(base.executor, faults), eos_token_ids=base.eos_token_ids,
-                       tokenizer=base.tokenizer, vocab_size=base.vocab_size)  # fmt: skip
+    core = assemble_engine(spec, lambda shapes: FaultyExecutor(base.executor, faults))
     h = Harness(core)
     for i, p in enumerate(prompts):
         abort_at, mid = aborts[i] if i < len(aborts) else (None, False)
@@ -55,7 +54,7 @@ def _run(base: EngineCore, prompts, *, faults=(), aborts=(), **options) -> tuple
 
 @pytest.fixture(scope="module")
 def cold(base, prompts) -> list[list[int]]:
-    _, report = _run(base, prompts, enable_prefix_cache=False)
+    _, report = _run(base, prompts, policy="no-cache")
     assert report.by_reason()["length"] == len(prompts)
     return [report.outputs[i].token_ids for i in range(len(prompts))]
 

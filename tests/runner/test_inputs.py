@@ -105,7 +105,7 @@ def test_sampling_columns(arrays) -> None:
 
 
 def test_decode_variant_from_shapes() -> None:
-    shapes = ShapeConfig(max_tokens=16, max_rows=4, max_pages_per_row=MAX_PAGES, grid=8)
+    shapes = ShapeConfig(max_num_batched_tokens=16, max_num_seqs=4, max_pages_per_row=MAX_PAGES, grid=8)
     plan = _plan(DECODE_A, DECODE_B)
     variant = shapes.select(plan.num_tokens, len(plan.rows), all_decode=True)
     assert (variant.num_tokens, variant.num_rows, variant.num_decode) == (2, 2, 2)

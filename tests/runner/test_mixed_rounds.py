@@ -29,7 +29,7 @@ def _row(rid, tokens, start, pages, slot, emits=(), sample=True) -> RowPlan:
 
 
 def test_select_puts_decode_rows_in_the_decode_region() -> None:
-    shapes = ShapeConfig(max_tokens=1024, max_rows=64, max_pages_per_row=32, grid=64)
+    shapes = ShapeConfig(max_num_batched_tokens=1024, max_num_seqs=64, max_pages_per_row=32, grid=64)
     v = shapes.select(54 + 300, 58, num_decode=54)  # 54 decode rows + 4 prefill rows of 300 tokens
     assert (v.num_decode, v.prefill_rows, v.prefill_tokens, v.kind) == (64, 4, 384, "mixed")
     assert shapes.select(40, 40, num_decode=40) == shapes.select(40, 40, all_decode=True)
@@ -37,7 +37,7 @@ def test_select_puts_decode_rows_in_the_decode_region() -> None:
     prefill = shapes.select(700, 3, num_decode=0)
     assert (prefill.num_decode, prefill.prefill_tokens, prefill.kind) == (16, 768, "mixed")  # padded decode region
     for mode in MODES:
-        s = ShapeConfig(max_tokens=128, max_rows=8, max_pages_per_row=8, grid=16, mode=mode)
+        s = ShapeConfig(max_num_batched_tokens=128, max_num_seqs=8, max_pages_per_row=8, grid=16, mode=mode)
         every = set(s.variants())
         for tokens, rows, decode in [(1, 1, 1), (8, 8, 8), (128, 8, 0), (100, 8, 7), (9, 3, 1), (17, 2, 0)]:
             for emits in (None, 0, FEW_EMITS, FEW_EMITS + 1):
@@ -45,11 +45,13 @@ def test_select_puts_decode_rows_in_the_decode_region() -> None:
         # riders: rows without tokens (a producer's 1 or 2 tokens and up to 7 riders; decode rows beside them)
         for tokens, rows, decode, riders in [(1, 8, 0, 7), (2, 8, 0, 6), (3, 8, 1, 6), (5, 8, 3, 4), (1, 2, 0, 1)]:
             assert s.select(tokens, rows, num_decode=decode, num_riders=riders) in every, (mode, tokens, rows, riders)
-    wide = ShapeConfig(max_tokens=1024, max_rows=64, max_pages_per_row=32, grid=64)  # the review's case
+    # the review's case
+    wide = ShapeConfig(max_num_batched_tokens=1024, max_num_seqs=64, max_pages_per_row=32, grid=64)
     assert wide.select(8, 17, num_decode=0, num_riders=16) in set(wide.variants())
-    assert len(ShapeConfig(128, 8, 8, 16, mode="fixed").variants()) == 1
+    fixed = ShapeConfig(max_num_batched_tokens=128, max_num_seqs=8, max_pages_per_row=8, grid=16, mode="fixed")
+    assert len(fixed.variants()) == 1
     with pytest.raises(ValueError, match="bucket mode"):
-        ShapeConfig(128, 8, 8, 16, mode="powers")
+        ShapeConfig(max_num_batched_tokens=128, max_num_seqs=8, max_pages_per_row=8, grid=16, mode="powers")
     assert fine_ladder(16, 1024, 64) == (16, 32, 64, 96, 128, 192, 256, 384, 512, 768, 1024)
 
 
@@ -57,7 +59,7 @@ def test_decode_rounds_that_emit_little_take_the_small_emit_bucket() -> None:
     """A decode-only round with at most FEW_EMITS checkpoint writes runs in a variant with that
     many emit entries; more writes, or any prefill row, keep the full count. A decode row emits
     only after its one token (the model reads no decode row's initial state for an emit)."""
-    shapes = ShapeConfig(max_tokens=1024, max_rows=64, max_pages_per_row=32, grid=64)
+    shapes = ShapeConfig(max_num_batched_tokens=1024, max_num_seqs=64, max_pages_per_row=32, grid=64)
     full = shapes.select(64, 64, num_decode=64)
     assert full.max_emits == 65
     for emits in (0, FEW_EMITS):
@@ -119,7 +121,7 @@ def test_mixed_rounds_equal_unmixed_runs(model: str, tiny_model) -> None:
     got = [core.output(r).token_ids for r in rids]
     mixed = [r for r in core.records if r.kind == "mixed"]
     assert mixed and all(r.decode_slots >= r.num_decode > 0 for r in mixed)
-    alone = LLM(llm.model, **{**SMALL_FIXED, "enable_prefix_cache": False})
+    alone = LLM(llm.model, **{**SMALL_FIXED, "policy": "no-cache"})
     want = [alone.generate([p], params)[0].token_ids for p in prompts]
     assert all(r.kind != "mixed" for r in alone.engine.records)
     assert got == want

@@ -12,7 +12,7 @@ from radixflow_jax.runner.shapes import ShapeConfig
 from radixflow_jax.runner.window import place_decode, select_round, windowable
 from radixflow_jax.scheduler.plan import RoundPlan, RoundStats, RowPlan
 
-SHAPES = ShapeConfig(max_tokens=128, max_rows=8, max_pages_per_row=4, grid=16)
+SHAPES = ShapeConfig(max_num_batched_tokens=128, max_num_seqs=8, max_pages_per_row=4, grid=16)
 
 
 def _row(rid: int, n: int, start: int, slot: int, copy_from: int | None = None, pair: int | None = None) -> RowPlan:
@@ -59,7 +59,7 @@ def test_decode_rows_sit_at_their_slot_and_the_rest_in_the_prefill_region() -> N
 
 def test_window_is_sized_by_span_and_rows_beyond_it_run_as_prefill() -> None:
     rows = [_row(i, 1, 9, slot=s) for i, s in enumerate((2, 3, 9, 30))]  # 30 lies beyond 2 + max_rows
-    decode = place_decode(_plan(*rows), SHAPES.max_rows)
+    decode = place_decode(_plan(*rows), SHAPES.max_num_seqs)
     assert (decode.base, decode.rows, decode.span) == (2, (0, 1, 2), 8)
     variant, placed = select_round(_plan(*rows), SHAPES, num_slots=64)
     assert variant.num_decode == 8 and variant.prefill_rows >= 1  # the row of slot 30 is a prefill row

@@ -121,7 +121,9 @@ def test_lpm_admits_longest_cached_prefix_first() -> None:
 
 
 def test_preemption_under_a_tiny_pool_still_finishes_everything() -> None:
-    cfg = SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=64, page_size=4, grid=8, hybrid=True)
+    cfg = SchedulerConfig(
+        max_num_seqs=4, max_num_batched_tokens=64, page_size=4, grid=8, hybrid=True, policy="radixflow"
+    )
     s = Scheduler(cfg, num_pages=24, num_slots=8)
     for i in range(4):
         s.add(Request(i, tuple(range(100 * i, 100 * i + 20)), max_tokens=30))

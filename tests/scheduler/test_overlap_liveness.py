@@ -101,7 +101,9 @@ def test_a_request_waiting_for_pages_is_not_starved_by_arrivals(policy: str) -> 
 def test_launch_refuses_a_plan_whose_request_left_after_planning() -> None:
     """The engine launches a plan as soon as it is made; a caller that aborts a request in between
     gets a ValueError instead of a launched row advancing a finished request."""
-    cfg = SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=16, page_size=4, grid=8, hybrid=True)
+    cfg = SchedulerConfig(
+        max_num_seqs=4, max_num_batched_tokens=16, page_size=4, grid=8, hybrid=True, policy="radixflow"
+    )
     s = Scheduler(cfg, num_pages=22, num_slots=3)
     s.add(Request(0, B, 2))
     plan = s.schedule()

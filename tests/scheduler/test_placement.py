@@ -18,7 +18,7 @@ def _sched(num_slots: int = 32, max_num_seqs: int = 4, **kw) -> Scheduler:
         page_size=4,
         grid=8,
         hybrid=True,
-        **{"checkpoint_interval": 64, **kw},
+        **{"checkpoint_interval": 64, "policy": "radixflow", **kw},
     )
     return Scheduler(cfg, num_pages=64, num_slots=num_slots)
 

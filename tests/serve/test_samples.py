@@ -29,7 +29,7 @@ def served(tiny_model):
     engine = BackgroundEngine(core, observer=metrics.observe, trim_records=True)
     metrics.attach(engine)
     state = ServerState(
-        engine=engine, tokenizer=model.tokenizer, metrics=metrics, config=ServerConfig("tiny", max_n=MAX_N),
+        engine=engine, tokenizer=model.tokenizer, metrics=metrics, config=ServerConfig("tiny"),
         max_model_len=core.max_model_len, vocab_size=model.config.vocab_size,
     )
     try:

@@ -37,7 +37,7 @@ from radixflow_jax.engine.config import EngineConfig
 from radixflow_jax.engine.core import EngineCore
 from radixflow_jax.engine.build import build_engine
 from radixflow_jax.engine.params import SamplingParams
-from radixflow_jax.engine.build import wire_engine
+from radixflow_jax.engine.build import assemble_engine
 from radixflow_jax.models import load
 
 WORKLOAD = PrefixWorkload(requests=32, prefixes=4, prefix_len=128, suffix_len=16, output_len=32)
@@ -54,9 +54,9 @@ def prompts_of(args: PrefixWorkload) -> list[list[int]]:
 
 
 def run_once(base: EngineCore, config: EngineConfig, overlap: bool, prompts, params) -> tuple[dict, list]:
-    wiring = dataclasses.replace(base.wiring, config=dataclasses.replace(config, overlap=overlap))
+    spec = dataclasses.replace(base.spec, config=dataclasses.replace(config, overlap=overlap), tokenizer=None)
     base.executor.reset()
-    core = wire_engine(wiring, lambda shapes: base.executor, eos_token_ids=base.eos_token_ids, vocab_size=base.vocab_size)
+    core = assemble_engine(spec, lambda shapes: base.executor)
     ids = [core.add_request(p, params) for p in prompts]
     compiles = base.executor.step.num_compiles
     start = time.perf_counter()

@@ -14,20 +14,20 @@ issue 10 (powers of two; every round with a prefill row sends all rows through t
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import math
 from collections import defaultdict
 from typing import Mapping
 
 
 from radixflow_jax.bench.args import add_workload_args, workload_from_args
+from radixflow_jax.engine.config import EngineConfig
 from radixflow_jax.engine.core import EngineCore
+from radixflow_jax.engine.spec import EngineSpec
 from radixflow_jax.engine.protocol import ExecutorCapabilities, StepResult
 from radixflow_jax.runner.inputs import SamplingRow
 from radixflow_jax.runner.shapes import ShapeConfig, Variant
 from radixflow_jax.runner.window import variant_for
 from radixflow_jax.scheduler.plan import RoundPlan
-from radixflow_jax.scheduler.config import SchedulerConfig
 
 CHUNK = 64
 
@@ -68,19 +68,36 @@ def main() -> None:
     args = p.parse_args()
     prompts = workload_from_args(args).prompts(4096)
     seqs, page, max_len = min(args.requests, 64), 16, args.prefix_len + args.suffix_len + args.output_len
-    sched = SchedulerConfig(max_num_seqs=seqs, max_num_batched_tokens=args.max_batched_tokens, page_size=page,
-                            grid=CHUNK, hybrid=True, enable_prefix_cache=not args.no_prefix_cache)  # fmt: skip
+    config = EngineConfig.from_options(
+        max_num_seqs=seqs,
+        max_num_batched_tokens=args.max_batched_tokens,
+        page_size=page,
+        policy="no-cache" if args.no_prefix_cache else "radixflow",
+    )
     from radixflow_jax.engine.params import SamplingParams
 
     params = SamplingParams(max_tokens=args.output_len, ignore_eos=True)
     print(f"{'scheme':24s} {'variants':>8s}  per round kind: rounds, token-slot padding, chunk-equivalent padding")
     for name, mode, old in [("pow2-no-decode-region", "pow2", True), ("pow2", "pow2", False), ("fine", "fine", False),
                             ("fixed", "fixed", False)]:  # fmt: skip
-        shapes = ShapeConfig(args.max_batched_tokens, seqs, math.ceil(max_len / page), CHUNK, mode=mode)
+        shapes = ShapeConfig(
+            max_num_batched_tokens=args.max_batched_tokens,
+            max_num_seqs=seqs,
+            max_pages_per_row=math.ceil(max_len / page),
+            grid=CHUNK,
+            mode=mode,
+        )
         sel = Selector(shapes, old)
         pages = 1 + 2 * seqs * math.ceil(max_len / page)
-        core = EngineCore(sel, dataclasses.replace(sched), num_pages=pages, num_slots=1 + seqs + max(64, 8 * seqs),
-                          max_model_len=max_len)  # fmt: skip
+        spec = EngineSpec(
+            config=config,
+            hybrid=True,
+            chunk_sizes=(CHUNK,),
+            num_pages=pages,
+            num_slots=1 + seqs + max(64, 8 * seqs),
+            max_model_len=max_len,
+        )
+        core = EngineCore(sel, spec)
         for ids in prompts:
             core.add_request(ids, params)
         core.run_until_done()

@@ -54,8 +54,9 @@ def main() -> None:
         step_module.Batch = real_batch if mode == "with" else without_pairing  # read when a variant traces
         try:
             llm = LLM(
-                model_dir, dtype="float32", max_num_seqs=args.max_num_seqs, policy="radixflow",
-                max_num_batched_tokens=args.max_batched_tokens, enable_prefix_cache=not args.no_prefix_cache,
+                model_dir, dtype="float32", max_num_seqs=args.max_num_seqs,
+                policy="no-cache" if args.no_prefix_cache else "radixflow",
+                max_num_batched_tokens=args.max_batched_tokens,
                 max_model_len=w.max_len, warmup=False, bucket_mode=args.buckets,
             )  # fmt: skip
             llm.engine.executor.warmup(synthetic.planned_variants(llm, prompts, params))
