@@ -31,7 +31,7 @@ Rules:
     producer's round commits, a producer that leaves sends its riders back to the head of the queue.
     A rider whose row leaves the plan before launch takes its emit and page copy with it
     (``RoundBuilder.build``).
-  * Riders need the prefix cache on (``enable_prefix_cache``; they are a form of prefix reuse) and
+  * Riders need the prefix cache on (not under policy ``no-cache``; they are a form of prefix reuse) and
     ``SchedulerConfig.riders``; they are the same under every policy.
 """
 
