@@ -31,7 +31,7 @@ __all__ = ["attention_naive", "paged_attention", "positions_from_batch", "write_
 
 _HI = jax.lax.Precision.HIGHEST
 _F32 = jnp.float32
-_NEG = -1e30  # finite "minus infinity": keeps fully masked steps free of NaN
+NEG_INF = -1e30  # finite "minus infinity": keeps fully masked steps free of NaN
 
 
 def write_kv(
@@ -51,11 +51,11 @@ def write_kv(
     return new_k.reshape(k_pages.shape), new_v.reshape(v_pages.shape)
 
 
-def _soft_cap(logits: jnp.ndarray, cap: float | None) -> jnp.ndarray:
+def soft_cap(logits: jnp.ndarray, cap: float | None) -> jnp.ndarray:
     return logits if cap is None else cap * jnp.tanh(logits / cap)
 
 
-def _column_range(
+def column_range(
     positions: jnp.ndarray, valid: jnp.ndarray, page_size: int, max_pages: int, window: int | None
 ) -> tuple[jnp.ndarray, jnp.ndarray]:
     """Page-table columns ``[lo, hi)`` that any valid token can attend to (traced scalars)."""
@@ -106,8 +106,8 @@ def paged_attention(
             mask = mask & (kv_pos[None, :] > pos[:, None] - sliding_window)
         k = k_pages[ids].astype(_F32)  # [T, page_size, Hkv, D]
         v = jnp.where(mask[:, :, None, None], v_pages[ids].astype(_F32), 0.0)
-        s = _soft_cap(jnp.einsum("tkrd,tskd->tkrs", qf, k, precision=_HI), logit_soft_cap)
-        s = jnp.where(mask[:, None, None, :], s, _NEG)
+        s = soft_cap(jnp.einsum("tkrd,tskd->tkrs", qf, k, precision=_HI), logit_soft_cap)
+        s = jnp.where(mask[:, None, None, :], s, NEG_INF)
         m_new = jnp.maximum(m, jnp.max(s, axis=-1))
         p = jnp.where(mask[:, None, None, :], jnp.exp(s - m_new[..., None]), 0.0)
         corr = jnp.exp(m - m_new)
@@ -115,8 +115,8 @@ def paged_attention(
         return m_new, corr * l + jnp.sum(p, axis=-1), acc
 
     stats_shape = (num_tokens, kv_heads, rep)
-    init = (jnp.full(stats_shape, _NEG, _F32), jnp.zeros(stats_shape, _F32), jnp.zeros(stats_shape + (dim,), _F32))
-    lo, hi = _column_range(pos, valid, page_size, max_pages, sliding_window)
+    init = (jnp.full(stats_shape, NEG_INF, _F32), jnp.zeros(stats_shape, _F32), jnp.zeros(stats_shape + (dim,), _F32))
+    lo, hi = column_range(pos, valid, page_size, max_pages, sliding_window)
     _, l, acc = jax.lax.fori_loop(lo, hi, body, init)
     out = jnp.where(l[..., None] > 0, acc / jnp.where(l > 0, l, 1.0)[..., None], 0.0)
     return out.reshape(num_tokens, q_heads, dim).astype(q.dtype)

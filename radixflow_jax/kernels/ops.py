@@ -263,9 +263,17 @@ def gated_delta_decode(*args: Any, **kwargs: Any) -> Any:
 
 
 def gated_delta_decode_window(
-    q: jax.Array, k: jax.Array, v: jax.Array, g: jax.Array, beta: jax.Array,
-    pool: jax.Array, base: jax.Array, real: jax.Array, *, scale: float | None = None,
-) -> tuple[jax.Array, jax.Array]:  # fmt: skip
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    g: jax.Array,
+    beta: jax.Array,
+    pool: jax.Array,
+    base: jax.Array,
+    real: jax.Array,
+    *,
+    scale: float | None = None,
+) -> tuple[jax.Array, jax.Array]:
     """The decode rows' update of the pool window ``[base, base + d)``: row ``r`` steps the state
     of slot ``base + r`` with :func:`gated_delta_decode` and writes it back when ``real[r]`` (a
     padding row leaves its slot as it was); ``(out [d, Hv, dv], pool)``, the pool updated in place

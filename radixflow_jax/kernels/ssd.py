@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 
 from radixflow_jax.kernels.batch import row_of_token
-from radixflow_jax.kernels.layout import chunk_layout, effective_initial, gather_chunks, scan_chunks, scatter_chunks
+from radixflow_jax.kernels.layout import chunk_layout, final_states, gather_chunks, scan_chunks, scatter_chunks
 
 _HI = jax.lax.Precision.HIGHEST
 _F32 = jnp.float32
@@ -72,14 +72,6 @@ def ssd_decode(
 
 
 # ----------------------------------------------------------------------------- shared tails
-
-
-def _final_states(end_states: jnp.ndarray, first_chunk: jnp.ndarray, initial_state: jnp.ndarray) -> jnp.ndarray:
-    """State after each row's last chunk, or its initial state when the row has no chunk."""
-    last = first_chunk[1:] - 1
-    has = first_chunk[1:] > first_chunk[:-1]
-    picked = end_states[jnp.maximum(last, 0)]
-    return jnp.where(has[:, None, None, None], picked, jnp.asarray(initial_state, _F32))
 
 
 # ----------------------------------------------------------------------------- naive oracle
@@ -204,4 +196,4 @@ def ssd_chunked(
     y_off = jnp.einsum("cign,cgkpn->cigkp", cc, starts_g, precision=_HI).reshape(nc, q, heads, p)
     y = y_diag + decay_in[..., None] * y_off
     out = scatter_chunks(y, layout, num_tokens).astype(x.dtype)
-    return out, _final_states(ends, layout.first_chunk, effective_initial(initial_state, ends, pair_chunk)), ends
+    return out, final_states(ends, layout, initial_state, pair_chunk), ends
