@@ -1,4 +1,5 @@
-"""Paged attention reference kernels in pure ``jax.numpy`` (plus a dense numpy oracle).
+"""Paged attention reference kernels in pure ``jax.numpy`` (tests check them against the dense
+float64 oracle in ``tests/kernels/oracles.py``).
 
 KV pools ``k_pages``/``v_pages`` are ``[num_pages, page_size, Hkv, D]``; a flat slot is
 ``page_id * page_size + offset``. Page 0 is a reserved padding sink: padding tokens write to
@@ -23,11 +24,10 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from radixflow_jax.kernels.batch import positions_from_batch
 
-__all__ = ["attention_naive", "paged_attention", "positions_from_batch", "write_kv"]
+__all__ = ["paged_attention", "positions_from_batch", "write_kv"]
 
 _HI = jax.lax.Precision.HIGHEST
 _F32 = jnp.float32
@@ -120,45 +120,3 @@ def paged_attention(
     _, l, acc = jax.lax.fori_loop(lo, hi, body, init)
     out = jnp.where(l[..., None] > 0, acc / jnp.where(l > 0, l, 1.0)[..., None], 0.0)
     return out.reshape(num_tokens, q_heads, dim).astype(q.dtype)
-
-
-def attention_naive(
-    q: jnp.ndarray,
-    k_pages: jnp.ndarray,
-    v_pages: jnp.ndarray,
-    page_table: jnp.ndarray,
-    cu_seqlens: jnp.ndarray,
-    kv_lens: jnp.ndarray,
-    *,
-    scale: float,
-    sliding_window: int | None = None,
-    logit_soft_cap: float | None = None,
-) -> np.ndarray:
-    """Dense per-row float64 numpy oracle with :func:`paged_attention`'s contract (not traceable)."""
-    qn = np.asarray(q, np.float64)
-    kp, vp = np.asarray(k_pages, np.float64), np.asarray(v_pages, np.float64)
-    table, cu, lens = np.asarray(page_table), np.asarray(cu_seqlens), np.asarray(kv_lens)
-    page_size, kv_heads = kp.shape[1], kp.shape[2]
-    rep = qn.shape[1] // kv_heads
-    flat_k, flat_v = kp.reshape((-1,) + kp.shape[2:]), vp.reshape((-1,) + vp.shape[2:])
-    out = np.zeros_like(qn)
-    for r in range(table.shape[0]):
-        start, stop, ctx = int(cu[r]), int(cu[r + 1]), int(lens[r])
-        if stop == start:
-            continue
-        kv_pos = np.arange(ctx)
-        slots = table[r, kv_pos // page_size].astype(np.int64) * page_size + kv_pos % page_size
-        keys = np.repeat(flat_k[slots], rep, axis=1)  # [ctx, Hq, D]
-        vals = np.repeat(flat_v[slots], rep, axis=1)
-        q_pos = ctx - (stop - start) + np.arange(stop - start)
-        logits = np.einsum("thd,shd->ths", qn[start:stop], keys) * scale
-        if logit_soft_cap is not None:
-            logits = logit_soft_cap * np.tanh(logits / logit_soft_cap)
-        mask = kv_pos[None, :] <= q_pos[:, None]
-        if sliding_window is not None:
-            mask &= kv_pos[None, :] > q_pos[:, None] - sliding_window
-        logits = np.where(mask[:, None, :], logits, -np.inf)
-        probs = np.exp(logits - logits.max(axis=-1, keepdims=True))
-        probs /= probs.sum(axis=-1, keepdims=True)
-        out[start:stop] = np.einsum("ths,shd->thd", probs, vals)
-    return out.astype(np.asarray(q).dtype)

@@ -143,18 +143,10 @@ def _used_terms(chunks: list[jnp.ndarray], used: jnp.ndarray, num_tokens: int, c
 
 
 def _chunked(
-    q: jnp.ndarray,
-    k: jnp.ndarray,
-    v: jnp.ndarray,
-    g: jnp.ndarray,
-    beta: jnp.ndarray,
-    cu_seqlens: jnp.ndarray,
-    initial_state: jnp.ndarray,
-    chunk_size: int,
-    scale: float | None,
-    pair_chunk: jnp.ndarray | None,
-) -> tuple[jnp.ndarray, jnp.ndarray, jnp.ndarray]:
-    """``kernels/gated_delta.chunked_with_solver`` in the fast form (:func:`_terms`,
+    q: jnp.ndarray, k: jnp.ndarray, v: jnp.ndarray, g: jnp.ndarray, beta: jnp.ndarray, cu_seqlens: jnp.ndarray,
+    initial_state: jnp.ndarray, chunk_size: int, scale: float | None, pair_chunk: jnp.ndarray | None,
+) -> tuple[jnp.ndarray, jnp.ndarray, jnp.ndarray]:  # fmt: skip
+    """``kernels/gated_delta.gated_delta_chunked`` in the fast form (:func:`_terms`,
     :func:`_advance`), with the solve of :func:`unit_lower_solve` and the terms of the used chunks
     only (:func:`_used_terms`); ``layout.scan_chunks`` visits the used chunks only."""
     num_tokens = v.shape[0]

@@ -77,7 +77,7 @@ def prepare(
     return q, k, v.astype(f32), g.astype(f32), beta.astype(f32)
 
 
-def _delta_step(
+def delta_step(
     state: jnp.ndarray,
     q: jnp.ndarray,
     k: jnp.ndarray,
@@ -159,32 +159,12 @@ def gated_delta_chunked(
     ``chunk_states[pair_chunk[r]]`` instead of ``initial_state[r]`` (see
     :func:`radixflow_jax.kernels.layout.scan_chunks`; that chunk must belong to an unpaired row).
     """
-    return chunked_with_solver(
-        q, k, v, g, beta, cu_seqlens, initial_state, chunk_size, scale, _triangular_solve, pair_chunk
-    )
-
-
-def chunked_with_solver(
-    q: jnp.ndarray,
-    k: jnp.ndarray,
-    v: jnp.ndarray,
-    g: jnp.ndarray,
-    beta: jnp.ndarray,
-    cu_seqlens: jnp.ndarray,
-    initial_state: jnp.ndarray,
-    chunk_size: int,
-    scale: float | None,
-    solve: UnitLowerSolve,
-    pair_chunk: jnp.ndarray | None = None,
-) -> tuple[jnp.ndarray, jnp.ndarray, jnp.ndarray]:
-    """:func:`gated_delta_chunked` with the UT transform's triangular system solved by ``solve``
-    (the faster formulations in ``kernels/fast.py`` swap it)."""
     num_tokens = v.shape[0]
     scale = resolve_scale(scale, q.shape[-1])
     layout = chunk_layout(cu_seqlens, num_tokens, chunk_size)
     qf, kf, vf, gf, bf = prepare(q, k, v, g, beta)
     chunks = [heads_chunks(x, layout, chunk_size) for x in (qf, kf, vf, gf, bf)]
-    terms = _chunk_terms(*chunks, scale=scale, solve=solve)
+    terms = _chunk_terms(*chunks, scale=scale, solve=_triangular_solve)
     init = initial_state.astype(jnp.float32)
     step = lambda start, mul, add: mm("hkj,hjv->hkv", mul, start) + add  # noqa: E731
     starts, ends = scan_chunks(step, (terms.state_mul, terms.state_add), layout, init, pair_chunk)
@@ -208,53 +188,5 @@ def gated_delta_decode(
     ``state [B, Hv, dk, dv]`` -> ``(out [B, Hv, dv] in v.dtype, new_state f32)``."""
     scale = resolve_scale(scale, q.shape[-1])
     qf, kf, vf, gf, bf = prepare(q, k, v, g, beta)
-    out, new_state = _delta_step(state.astype(jnp.float32), qf, kf, vf, gf, bf, scale)
+    out, new_state = delta_step(state.astype(jnp.float32), qf, kf, vf, gf, bf, scale)
     return out.astype(v.dtype), new_state
-
-
-def gated_delta_naive(
-    q: jnp.ndarray,
-    k: jnp.ndarray,
-    v: jnp.ndarray,
-    g: jnp.ndarray,
-    beta: jnp.ndarray,
-    cu_seqlens: jnp.ndarray,
-    initial_state: jnp.ndarray,
-    *,
-    chunk_size: int = 64,
-    scale: float | None = None,
-) -> tuple[jnp.ndarray, jnp.ndarray, jnp.ndarray]:
-    """Per-token ``lax.scan`` oracle with the same contract as :func:`gated_delta_chunked`.
-
-    Unused chunk slots of ``chunk_states`` are zero. Slow (``T`` sequential steps)."""
-    num_tokens = v.shape[0]
-    scale = resolve_scale(scale, q.shape[-1])
-    cu = cu_seqlens.astype(jnp.int32)
-    num_rows = cu.shape[0] - 1
-    layout = chunk_layout(cu, num_tokens, chunk_size)
-    init = initial_state.astype(jnp.float32)
-    t = jnp.arange(num_tokens, dtype=jnp.int32)
-    row = jnp.minimum(jnp.searchsorted(cu[1:], t, side="right").astype(jnp.int32), num_rows - 1)
-    valid = t < cu[num_rows]
-    local = t - cu[row]
-    chunk_idx = layout.first_chunk[row] + local // chunk_size
-    chunk_end = valid & ((local % chunk_size == chunk_size - 1) | (t == cu[row + 1] - 1))
-    num_chunks = layout.row.shape[0]
-
-    def body(
-        carry: tuple[jnp.ndarray, jnp.ndarray], xs: tuple[jnp.ndarray, ...]
-    ) -> tuple[tuple[jnp.ndarray, jnp.ndarray], jnp.ndarray]:
-        state, chunk_buf = carry
-        qt, kt, vt, gt, bt, r, ok, is_start, c, is_end = xs
-        state = jnp.where(is_start & ok, init[r], state)
-        out, new_state = _delta_step(state, qt, kt, vt, gt, bt, scale)
-        state = jnp.where(ok, new_state, state)
-        chunk_buf = chunk_buf.at[c].set(jnp.where(is_end, state, chunk_buf[c]))
-        return (state, chunk_buf), jnp.where(ok, out, 0.0)
-
-    qf, kf, vf, gf, bf = prepare(q, k, v, g, beta)
-    buf = jnp.zeros((num_chunks,) + init.shape[1:], jnp.float32)
-    xs = (qf, kf, vf, gf, bf, row, valid, local == 0, jnp.minimum(chunk_idx, num_chunks - 1), chunk_end)
-    (_, chunk_states), out = jax.lax.scan(body, (jnp.zeros_like(init[0]), buf), xs)
-    final = final_states(chunk_states, layout, init)
-    return out.astype(v.dtype), final, chunk_states

@@ -15,36 +15,14 @@ One difference from the converter, on purpose: ``rope.dimension_count`` is the r
 
 from __future__ import annotations
 
-from typing import Any, Mapping
-
-import numpy as np
+from typing import Any
 
 from radixflow_jax.models.config import ConfigError, ModelConfig
-from radixflow_jax.models.gguf.family import (
-    FEED_FORWARD,
-    MAMBA2,
-    PLAIN_ATTENTION,
-    U32,
-    Meta,
-    NameTable,
-    common_config,
-    common_metadata,
-    layer_array,
-    raise_config,
-    rope_theta,
-    ssm_metadata,
-    table_family,
-)
+from radixflow_jax.models.gguf.family import U32, Meta, common_config, common_metadata, feed_forward_table, layer_array
+from radixflow_jax.models.gguf.family import raise_config, rope_theta, ssm_metadata, table_family
 from radixflow_jax.models.gguf.granite import ARCH, layout
 
-TABLE = NameTable(
-    {**MAMBA2, **PLAIN_ATTENTION, **FEED_FORWARD, "pre_ff_layernorm.weight": "ffn_norm.weight"},
-    top={
-        "model.embed_tokens.weight": "token_embd.weight",
-        "lm_head.weight": "output.weight",
-        "model.final_layernorm.weight": "output_norm.weight",
-    },
-)
+TABLE = feed_forward_table("ffn_norm.weight")
 
 
 def is_bamba(f: Any) -> bool:

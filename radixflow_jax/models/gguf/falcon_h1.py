@@ -21,31 +21,11 @@ from typing import Any
 import numpy as np
 
 from radixflow_jax.models.config import ConfigError, ModelConfig
-from radixflow_jax.models.gguf.family import (
-    FEED_FORWARD,
-    MAMBA2,
-    PLAIN_ATTENTION,
-    U32,
-    Meta,
-    NameTable,
-    common_config,
-    common_metadata,
-    mamba_layout,
-    raise_config,
-    rope_theta,
-    ssm_metadata,
-    table_family,
-)
+from radixflow_jax.models.gguf.family import U32, Meta, common_config, common_metadata, feed_forward_table
+from radixflow_jax.models.gguf.family import mamba_layout, raise_config, rope_theta, ssm_metadata, table_family
 
 ARCH = "falcon-h1"
-TABLE = NameTable(
-    {**MAMBA2, **PLAIN_ATTENTION, **FEED_FORWARD, "pre_ff_layernorm.weight": "ffn_norm"},
-    top={
-        "model.embed_tokens.weight": "token_embd.weight",
-        "lm_head.weight": "output.weight",
-        "model.final_layernorm.weight": "output_norm.weight",
-    },
-)
+TABLE = feed_forward_table("ffn_norm")  # the converter drops the ``.weight``
 _ONES = {
     "embedding_multiplier": 1.0,
     "lm_head_multiplier": 1.0,

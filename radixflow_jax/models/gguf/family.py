@@ -83,6 +83,7 @@ MAMBA2 = {
     "mamba.norm.weight": "ssm_norm.weight",
     "mamba.out_proj.weight": "ssm_out.weight",
 }
+
 _GGUF_LAYER = re.compile(r"^blk\.(\d+)\.(.+)$")
 
 
@@ -113,6 +114,14 @@ class NameTable:
                 if value == m[2]:
                     return f"{self.layers}.{m[1]}.{key}"
         raise WeightsError(f"GGUF tensor '{name}' is not supported for this architecture")
+
+
+def feed_forward_table(ffn_norm: str) -> NameTable:
+    """Bamba's and Falcon-H1's names (``GraniteHybridModel``'s layout with a dense ``feed_forward``
+    MLP and ``final_layernorm``); ``ffn_norm``: the GGUF name of ``pre_ff_layernorm.weight``."""
+    layer = {**MAMBA2, **PLAIN_ATTENTION, **FEED_FORWARD, "pre_ff_layernorm.weight": ffn_norm}
+    top = {"model.embed_tokens.weight": "token_embd.weight", "lm_head.weight": "output.weight"}
+    return NameTable(layer, top={**top, "model.final_layernorm.weight": "output_norm.weight"})
 
 
 def only(parts: Mapping[str, np.ndarray]) -> np.ndarray:

@@ -161,12 +161,7 @@ def _gguf_metadata(model: ModelConfig, cfg: dict[str, Any]) -> Meta:
     return meta + ssm_metadata(a, mamba) + [(f"{a}.rope.scaling.finetuned", rope, "bool")]
 
 
+SPLITS = Splits(_SPLIT, _split, _join)
 GRANITE_HYBRID = table_family(
-    ARCH,
-    ("GraniteMoeHybridForCausalLM",),
-    _hf_config,
-    _gguf_metadata,
-    table=TABLE,
-    layout=layout,
-    splits=Splits(_SPLIT, _split, _join),
+    ARCH, ("GraniteMoeHybridForCausalLM",), _hf_config, _gguf_metadata, table=TABLE, layout=layout, splits=SPLITS
 )

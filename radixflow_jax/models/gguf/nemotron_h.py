@@ -15,13 +15,14 @@ are not mapped.
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 
 from radixflow_jax.models.config import ConfigError, ModelConfig
 from radixflow_jax.models.gguf.family import (
     MAMBA2,
+    PLAIN_ATTENTION,
     U32,
     Meta,
     NameTable,
@@ -38,11 +39,8 @@ ARCH = "nemotron_h"
 NO_ROPE_CONTEXT = 2**20
 _LAYER = {
     "norm.weight": "attn_norm.weight",
-    **{k.replace("mamba.", "mixer.", 1): v for k, v in MAMBA2.items()},
-    "mixer.q_proj.weight": "attn_q.weight",
-    "mixer.k_proj.weight": "attn_k.weight",
-    "mixer.v_proj.weight": "attn_v.weight",
-    "mixer.o_proj.weight": "attn_output.weight",
+    # a block's one mixer: the Mamba2 and attention names under ``mixer.``
+    **{"mixer." + k.split(".", 1)[1]: v for k, v in {**MAMBA2, **PLAIN_ATTENTION}.items() if "_layernorm" not in k},
     "mixer.up_proj.weight": "ffn_up.weight",
     "mixer.down_proj.weight": "ffn_down.weight",
 }

@@ -112,13 +112,8 @@ def _gguf_metadata(model: ModelConfig, cfg: dict[str, Any]) -> Meta:
     return meta + gdn_metadata(ARCH, cfg)
 
 
+SPLITS = Splits(_SPLIT, _split, _join)
 QWEN3NEXT = table_family(
-    ARCH,
-    ("Qwen3NextForCausalLM",),
-    _hf_config,
-    _gguf_metadata,
-    table=TABLE,
-    layout=_layout,
-    splits=Splits(_SPLIT, _split, _join),
+    ARCH, ("Qwen3NextForCausalLM",), _hf_config, _gguf_metadata, table=TABLE, layout=_layout, splits=SPLITS
 )
 to_gguf, from_gguf = QWEN3NEXT.to_gguf, QWEN3NEXT.from_gguf
