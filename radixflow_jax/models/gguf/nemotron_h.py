@@ -33,10 +33,9 @@ from radixflow_jax.models.gguf.family import (
     table_family,
     written_head_dim,
 )
-from radixflow_jax.models.gguf.granite import qk_mamba_layout
+from radixflow_jax.models.gguf.granite import NO_ROPE_CONTEXT, qk_mamba_layout
 
 ARCH = "nemotron_h"
-NO_ROPE_CONTEXT = 2**20
 _LAYER = {
     "norm.weight": "attn_norm.weight",
     # a block's one mixer: the Mamba2 and attention names under ``mixer.``
