@@ -78,13 +78,7 @@ def prepare(
 
 
 def delta_step(
-    state: jnp.ndarray,
-    q: jnp.ndarray,
-    k: jnp.ndarray,
-    v: jnp.ndarray,
-    g: jnp.ndarray,
-    beta: jnp.ndarray,
-    scale: float,
+    state: jnp.ndarray, q: jnp.ndarray, k: jnp.ndarray, v: jnp.ndarray, g: jnp.ndarray, beta: jnp.ndarray, scale: float
 ) -> tuple[jnp.ndarray, jnp.ndarray]:
     """One recurrence step for ``[..., Hv]`` heads; returns ``(o [..., Hv, dv], new_state)``."""
     state = state * jnp.exp(g)[..., None, None]
