@@ -42,14 +42,10 @@ from radixflow_jax.models.weights import abstract_model
 
 TENSOR = "tensor"
 DATA = "data"
-_COLUMN = {"q_proj", "k_proj", "v_proj", "gate_proj", "up_proj"} | {
-    "in_proj_qkvz",
-    "in_proj_ba",
-    "in_proj_qkv",
-    "in_proj_z",
-    "in_proj_a",
-    "in_proj_b",
-}
+# column-parallel projections: attention and MLP, then the Gated DeltaNet input projections
+_COLUMN = set("q_proj k_proj v_proj gate_proj up_proj".split()) | set(
+    "in_proj_qkvz in_proj_ba in_proj_qkv in_proj_z in_proj_a in_proj_b".split()
+)
 _ROW = {"o_proj", "down_proj", "out_proj"}
 
 
