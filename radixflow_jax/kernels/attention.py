@@ -1,4 +1,5 @@
-"""Paged attention reference kernels in pure ``jax.numpy`` (plus a dense numpy oracle).
+"""Paged attention reference kernels in pure ``jax.numpy`` (tests check them against the dense
+float64 oracle in ``tests/kernels/oracles.py``).
 
 KV pools ``k_pages``/``v_pages`` are ``[num_pages, page_size, Hkv, D]``; a flat slot is
 ``page_id * page_size + offset``. Page 0 is a reserved padding sink: padding tokens write to
@@ -23,15 +24,14 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from radixflow_jax.kernels.batch import positions_from_batch
 
-__all__ = ["attention_naive", "paged_attention", "positions_from_batch", "write_kv"]
+__all__ = ["paged_attention", "positions_from_batch", "write_kv"]
 
 _HI = jax.lax.Precision.HIGHEST
 _F32 = jnp.float32
-_NEG = -1e30  # finite "minus infinity": keeps fully masked steps free of NaN
+NEG_INF = -1e30  # finite "minus infinity": keeps fully masked steps free of NaN
 
 
 def write_kv(
@@ -51,11 +51,11 @@ def write_kv(
     return new_k.reshape(k_pages.shape), new_v.reshape(v_pages.shape)
 
 
-def _soft_cap(logits: jnp.ndarray, cap: float | None) -> jnp.ndarray:
+def soft_cap(logits: jnp.ndarray, cap: float | None) -> jnp.ndarray:
     return logits if cap is None else cap * jnp.tanh(logits / cap)
 
 
-def _column_range(
+def column_range(
     positions: jnp.ndarray, valid: jnp.ndarray, page_size: int, max_pages: int, window: int | None
 ) -> tuple[jnp.ndarray, jnp.ndarray]:
     """Page-table columns ``[lo, hi)`` that any valid token can attend to (traced scalars)."""
@@ -106,8 +106,8 @@ def paged_attention(
             mask = mask & (kv_pos[None, :] > pos[:, None] - sliding_window)
         k = k_pages[ids].astype(_F32)  # [T, page_size, Hkv, D]
         v = jnp.where(mask[:, :, None, None], v_pages[ids].astype(_F32), 0.0)
-        s = _soft_cap(jnp.einsum("tkrd,tskd->tkrs", qf, k, precision=_HI), logit_soft_cap)
-        s = jnp.where(mask[:, None, None, :], s, _NEG)
+        s = soft_cap(jnp.einsum("tkrd,tskd->tkrs", qf, k, precision=_HI), logit_soft_cap)
+        s = jnp.where(mask[:, None, None, :], s, NEG_INF)
         m_new = jnp.maximum(m, jnp.max(s, axis=-1))
         p = jnp.where(mask[:, None, None, :], jnp.exp(s - m_new[..., None]), 0.0)
         corr = jnp.exp(m - m_new)
@@ -115,50 +115,8 @@ def paged_attention(
         return m_new, corr * l + jnp.sum(p, axis=-1), acc
 
     stats_shape = (num_tokens, kv_heads, rep)
-    init = (jnp.full(stats_shape, _NEG, _F32), jnp.zeros(stats_shape, _F32), jnp.zeros(stats_shape + (dim,), _F32))
-    lo, hi = _column_range(pos, valid, page_size, max_pages, sliding_window)
+    init = (jnp.full(stats_shape, NEG_INF, _F32), jnp.zeros(stats_shape, _F32), jnp.zeros(stats_shape + (dim,), _F32))
+    lo, hi = column_range(pos, valid, page_size, max_pages, sliding_window)
     _, l, acc = jax.lax.fori_loop(lo, hi, body, init)
     out = jnp.where(l[..., None] > 0, acc / jnp.where(l > 0, l, 1.0)[..., None], 0.0)
     return out.reshape(num_tokens, q_heads, dim).astype(q.dtype)
-
-
-def attention_naive(
-    q: jnp.ndarray,
-    k_pages: jnp.ndarray,
-    v_pages: jnp.ndarray,
-    page_table: jnp.ndarray,
-    cu_seqlens: jnp.ndarray,
-    kv_lens: jnp.ndarray,
-    *,
-    scale: float,
-    sliding_window: int | None = None,
-    logit_soft_cap: float | None = None,
-) -> np.ndarray:
-    """Dense per-row float64 numpy oracle with :func:`paged_attention`'s contract (not traceable)."""
-    qn = np.asarray(q, np.float64)
-    kp, vp = np.asarray(k_pages, np.float64), np.asarray(v_pages, np.float64)
-    table, cu, lens = np.asarray(page_table), np.asarray(cu_seqlens), np.asarray(kv_lens)
-    page_size, kv_heads = kp.shape[1], kp.shape[2]
-    rep = qn.shape[1] // kv_heads
-    flat_k, flat_v = kp.reshape((-1,) + kp.shape[2:]), vp.reshape((-1,) + vp.shape[2:])
-    out = np.zeros_like(qn)
-    for r in range(table.shape[0]):
-        start, stop, ctx = int(cu[r]), int(cu[r + 1]), int(lens[r])
-        if stop == start:
-            continue
-        kv_pos = np.arange(ctx)
-        slots = table[r, kv_pos // page_size].astype(np.int64) * page_size + kv_pos % page_size
-        keys = np.repeat(flat_k[slots], rep, axis=1)  # [ctx, Hq, D]
-        vals = np.repeat(flat_v[slots], rep, axis=1)
-        q_pos = ctx - (stop - start) + np.arange(stop - start)
-        logits = np.einsum("thd,shd->ths", qn[start:stop], keys) * scale
-        if logit_soft_cap is not None:
-            logits = logit_soft_cap * np.tanh(logits / logit_soft_cap)
-        mask = kv_pos[None, :] <= q_pos[:, None]
-        if sliding_window is not None:
-            mask &= kv_pos[None, :] > q_pos[:, None] - sliding_window
-        logits = np.where(mask[:, None, :], logits, -np.inf)
-        probs = np.exp(logits - logits.max(axis=-1, keepdims=True))
-        probs /= probs.sum(axis=-1, keepdims=True)
-        out[start:stop] = np.einsum("ths,shd->thd", probs, vals)
-    return out.astype(np.asarray(q).dtype)

@@ -35,10 +35,9 @@ import jax.numpy as jnp
 
 from radixflow_jax.kernels import gated_delta as _gd
 from radixflow_jax.kernels import attention as _attn
-from radixflow_jax.kernels.attention import _NEG, _column_range, _soft_cap, positions_from_batch
-from radixflow_jax.kernels.layout import (
-    chunk_ending_at, chunk_layout, effective_initial, gather_chunks, scan_chunks, scatter_chunks,
-)
+from radixflow_jax.kernels.attention import NEG_INF, column_range, positions_from_batch, soft_cap
+from radixflow_jax.kernels.layout import chunk_ending_at, chunk_layout, final_states, gather_chunks, heads_chunks
+from radixflow_jax.kernels.layout import scan_chunks, scatter_chunks
 
 _HI = jax.lax.Precision.HIGHEST
 _F32 = jnp.float32
@@ -101,11 +100,11 @@ def _terms(q: jnp.ndarray, k: jnp.ndarray, v: jnp.ndarray, g: jnp.ndarray, beta:
     strict = jnp.tril(jnp.ones((chunk, chunk), dtype=bool), k=-1)
     decay = jnp.where(causal, jnp.exp(jnp.where(causal, cum[..., :, None] - cum[..., None, :], 0.0)), 0.0)
     qs = q * scale
-    both = _gd._mm("nhid,nhjd->nhij", jnp.concatenate([k, qs], axis=-2), k)  # [N, H, 2C, C]
+    both = _gd.mm("nhid,nhjd->nhij", jnp.concatenate([k, qs], axis=-2), k)  # [N, H, 2C, C]
     system = jnp.where(strict, beta[..., :, None] * both[..., :chunk, :] * decay, 0.0) + jnp.eye(chunk, dtype=_F32)
     exp_cum = jnp.exp(cum)[..., None]
     solved = unit_lower_solve(system, jnp.concatenate([beta[..., None] * v, beta[..., None] * exp_cum * k], axis=-1))
-    read = _gd._mm("nhij,nhjv->nhiv", both[..., chunk:, :] * decay, solved)
+    read = _gd.mm("nhij,nhjv->nhiv", both[..., chunk:, :] * decay, solved)
     last = cum[..., -1]  # padding slots have g = 0, so this is G at the last real token
     k_dec = k * jnp.exp(last[..., None] - cum)[..., None]
     out_bias, out_read = read[..., :dv], qs * exp_cum - read[..., dv:]
@@ -116,8 +115,8 @@ def _advance(
     start: jnp.ndarray, w_k: jnp.ndarray, w_v: jnp.ndarray, k_dec: jnp.ndarray, gamma: jnp.ndarray
 ) -> jnp.ndarray:
     """One chunk's end state from its start state ``[H, dk, dv]`` (the scan step)."""
-    fresh = w_v - _gd._mm("hck,hkv->hcv", w_k, start)
-    return gamma[:, None, None] * start + _gd._mm("hck,hcv->hkv", k_dec, fresh)
+    fresh = w_v - _gd.mm("hck,hkv->hcv", w_k, start)
+    return gamma[:, None, None] * start + _gd.mm("hck,hcv->hkv", k_dec, fresh)
 
 
 def _used_terms(chunks: list[jnp.ndarray], used: jnp.ndarray, num_tokens: int, chunk_size: int, scale: float) -> _Terms:
@@ -147,20 +146,20 @@ def _chunked(
     q: jnp.ndarray, k: jnp.ndarray, v: jnp.ndarray, g: jnp.ndarray, beta: jnp.ndarray, cu_seqlens: jnp.ndarray,
     initial_state: jnp.ndarray, chunk_size: int, scale: float | None, pair_chunk: jnp.ndarray | None,
 ) -> tuple[jnp.ndarray, jnp.ndarray, jnp.ndarray]:  # fmt: skip
-    """``kernels/gated_delta.chunked_with_solver`` in the fast form (:func:`_terms`,
+    """``kernels/gated_delta.gated_delta_chunked`` in the fast form (:func:`_terms`,
     :func:`_advance`), with the solve of :func:`unit_lower_solve` and the terms of the used chunks
     only (:func:`_used_terms`); ``layout.scan_chunks`` visits the used chunks only."""
     num_tokens = v.shape[0]
-    scale = _gd._resolve_scale(scale, q.shape[-1])
+    scale = _gd.resolve_scale(scale, q.shape[-1])
     layout = chunk_layout(cu_seqlens, num_tokens, chunk_size)
-    chunks = [_gd._to_chunks(x, layout, chunk_size) for x in _gd._prepare(q, k, v, g, beta)]
+    chunks = [heads_chunks(x, layout, chunk_size) for x in _gd.prepare(q, k, v, g, beta)]
     terms = _used_terms(chunks, layout.first_chunk[-1], num_tokens, chunk_size, scale)
     init = initial_state.astype(_F32)
     per_chunk = (terms.w_k, terms.w_v, terms.k_dec, terms.gamma)
     starts, ends = scan_chunks(_advance, per_chunk, layout, init, pair_chunk)
-    out = terms.out_bias + _gd._mm("nhck,nhkv->nhcv", terms.out_read, starts)
+    out = terms.out_bias + _gd.mm("nhck,nhkv->nhcv", terms.out_read, starts)
     out = scatter_chunks(jnp.moveaxis(out, 2, 1), layout, num_tokens).astype(v.dtype)
-    final = _gd._final_states(ends, layout, effective_initial(init, ends, pair_chunk), cu_seqlens)
+    final = final_states(ends, layout, init, pair_chunk)
     return out, final, ends
 
 
@@ -207,17 +206,23 @@ def gated_delta_chunked(
 
 
 def gated_delta_decode(
-    q: jnp.ndarray, k: jnp.ndarray, v: jnp.ndarray, g: jnp.ndarray, beta: jnp.ndarray, state: jnp.ndarray,
-    *, scale: float | None = None,
-) -> tuple[jnp.ndarray, jnp.ndarray]:  # fmt: skip
+    q: jnp.ndarray,
+    k: jnp.ndarray,
+    v: jnp.ndarray,
+    g: jnp.ndarray,
+    beta: jnp.ndarray,
+    state: jnp.ndarray,
+    *,
+    scale: float | None = None,
+) -> tuple[jnp.ndarray, jnp.ndarray]:
     """:func:`radixflow_jax.kernels.gated_delta.gated_delta_decode` reading the state once for both
     products: with the decayed state ``A = exp(g) S``, ``u = beta (v - A^T k)``, the new state is
     ``A + k u^T`` and the output ``(A + k u^T)^T q = A^T q + u (k . q)``, so the new state is only
     written (the reference reads it again for ``S'^T q``). One 64-row layer of the vs_transformers
     model, its window read and written in place: 0.67 against 1.15 ms (median of 15, 2026-12-01,
     docs/perf-log.md)."""
-    scale = _gd._resolve_scale(scale, q.shape[-1])
-    qf, kf, vf, gf, bf = _gd._prepare(q, k, v, g, beta)
+    scale = _gd.resolve_scale(scale, q.shape[-1])
+    qf, kf, vf, gf, bf = _gd.prepare(q, k, v, g, beta)
     qs = qf * scale
     decayed = state.astype(_F32) * jnp.exp(gf)[..., None, None]
     u = bf[..., None] * (vf - jnp.einsum("...hkv,...hk->...hv", decayed, kf, precision=_HI))
@@ -247,10 +252,8 @@ def paged_attention(
     ``python benchmarks/kernels.py --small``, 2026-11-30), while it is 3x faster on prefill."""
     num_tokens = q.shape[0]
     if block_q is None and num_tokens == jnp.shape(page_table)[0]:
-        return _attn.paged_attention(
-            q, k_pages, v_pages, page_table, cu_seqlens, kv_lens,
-            scale=scale, sliding_window=sliding_window, logit_soft_cap=logit_soft_cap,
-        )  # fmt: skip
+        args = (q, k_pages, v_pages, page_table, cu_seqlens, kv_lens)
+        return _attn.paged_attention(*args, scale=scale, sliding_window=sliding_window, logit_soft_cap=logit_soft_cap)
     k_pages, v_pages, page_table = jnp.asarray(k_pages), jnp.asarray(v_pages), jnp.asarray(page_table, jnp.int32)
     num_tokens, q_heads, dim = q.shape
     page_size, kv_heads = k_pages.shape[1], k_pages.shape[2]
@@ -278,12 +281,18 @@ def paged_attention(
         qb = gather_chunks(qf, layout, block_q)  # [N, Bq, Hq, D]
         unblock = lambda o: scatter_chunks(o, layout, num_tokens)  # noqa: E731
     qb = qb.reshape(qb.shape[0], block_q, kv_heads, rep, dim)
-    lo, hi = _column_range(pos.reshape(-1), valid.reshape(-1), page_size, max_pages, sliding_window)
+    lo, hi = column_range(pos.reshape(-1), valid.reshape(-1), page_size, max_pages, sliding_window)
     attend = functools.partial(
-        _attend_blocks, k_pages=k_pages, v_pages=v_pages, page_size=page_size, max_pages=max_pages,
-        columns=(lo, hi), pages_per_step=pages_per_step, sliding_window=sliding_window,
+        _attend_blocks,
+        k_pages=k_pages,
+        v_pages=v_pages,
+        page_size=page_size,
+        max_pages=max_pages,
+        columns=(lo, hi),
+        pages_per_step=pages_per_step,
+        sliding_window=sliding_window,
         logit_soft_cap=logit_soft_cap,
-    )  # fmt: skip
+    )
     parts = (qb, page_table[row], valid, pos)
     dense = -(-num_tokens // block_q)  # blocks always used; a layout has up to R more (rows ending off the grid)
     if block_q == 1 or 2 * (qb.shape[0] - dense) < dense:
@@ -299,10 +308,20 @@ def paged_attention(
 
 
 def _attend_blocks(
-    qb: jnp.ndarray, blk_pages: jnp.ndarray, valid: jnp.ndarray, pos: jnp.ndarray, *, k_pages: jnp.ndarray,
-    v_pages: jnp.ndarray, page_size: int, max_pages: int, columns: tuple[jnp.ndarray, jnp.ndarray],
-    pages_per_step: int, sliding_window: int | None, logit_soft_cap: float | None,
-) -> jnp.ndarray:  # fmt: skip
+    qb: jnp.ndarray,
+    blk_pages: jnp.ndarray,
+    valid: jnp.ndarray,
+    pos: jnp.ndarray,
+    *,
+    k_pages: jnp.ndarray,
+    v_pages: jnp.ndarray,
+    page_size: int,
+    max_pages: int,
+    columns: tuple[jnp.ndarray, jnp.ndarray],
+    pages_per_step: int,
+    sliding_window: int | None,
+    logit_soft_cap: float | None,
+) -> jnp.ndarray:
     """Online-softmax attention of query blocks ``qb [N, Bq, Hkv, rep, D]`` (scaled, f32) over
     page-table columns ``columns = [lo, hi)`` of their rows' pages ``blk_pages [N, max_pages]``,
     ``pages_per_step`` pages a step; ``valid``/``pos [N, Bq]`` mark real query slots and their
@@ -326,9 +345,9 @@ def _attend_blocks(
         v = v_pages[ids].astype(_F32).reshape(n, -1, kv_heads, dim)
         any_key = jnp.any(mask, axis=1)  # [N, S]: a poisoned (never attended) slot must not reach acc
         v = jnp.where(any_key[:, :, None, None], v, 0.0)
-        s = _soft_cap(jnp.einsum("nbkrd,nskd->nbkrs", qb, k, precision=_HI), logit_soft_cap)
+        s = soft_cap(jnp.einsum("nbkrd,nskd->nbkrs", qb, k, precision=_HI), logit_soft_cap)
         mk = mask[:, :, None, None, :]
-        s = jnp.where(mk, s, _NEG)
+        s = jnp.where(mk, s, NEG_INF)
         m_new = jnp.maximum(m, jnp.max(s, axis=-1))
         p = jnp.where(mk, jnp.exp(s - m_new[..., None]), 0.0)
         corr = jnp.exp(m - m_new)
@@ -336,7 +355,7 @@ def _attend_blocks(
         return m_new, corr * l + jnp.sum(p, axis=-1), acc
 
     stats = qb.shape[:4]
-    init = (jnp.full(stats, _NEG, _F32), jnp.zeros(stats, _F32), jnp.zeros(stats + (dim,), _F32))
+    init = (jnp.full(stats, NEG_INF, _F32), jnp.zeros(stats, _F32), jnp.zeros(stats + (dim,), _F32))
     steps = (hi - lo + pages_per_step - 1) // pages_per_step
     _, l, acc = jax.lax.fori_loop(0, steps, body, init)
     return jnp.where(l[..., None] > 0, acc / jnp.where(l > 0, l, 1.0)[..., None], 0.0)

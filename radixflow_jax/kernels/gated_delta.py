@@ -35,14 +35,7 @@ import jax
 import jax.numpy as jnp
 from jax.scipy.linalg import solve_triangular
 
-from radixflow_jax.kernels.layout import (
-    ChunkLayout,
-    chunk_layout,
-    effective_initial,
-    gather_chunks,
-    scan_chunks,
-    scatter_chunks,
-)
+from radixflow_jax.kernels.layout import chunk_layout, final_states, heads_chunks, scan_chunks, scatter_chunks
 
 _HIGHEST = jax.lax.Precision.HIGHEST
 
@@ -56,12 +49,12 @@ class _ChunkTerms(NamedTuple):
     state_add: jnp.ndarray  # B: [N, Hv, dk, dv]
 
 
-def _mm(spec: str, a: jnp.ndarray, b: jnp.ndarray) -> jnp.ndarray:
+def mm(spec: str, a: jnp.ndarray, b: jnp.ndarray) -> jnp.ndarray:
     """Full-precision float32 einsum (no TF32 / bf16 passes on accelerators)."""
     return jnp.einsum(spec, a, b, precision=_HIGHEST)
 
 
-def _resolve_scale(scale: float | None, head_dim: int) -> float:
+def resolve_scale(scale: float | None, head_dim: int) -> float:
     return head_dim**-0.5 if scale is None else float(scale)
 
 
@@ -73,7 +66,7 @@ def _expand_heads(x: jnp.ndarray, num_v_heads: int, axis: int) -> jnp.ndarray:
     return jnp.repeat(x, num_v_heads // num_k_heads, axis=axis)
 
 
-def _prepare(
+def prepare(
     q: jnp.ndarray, k: jnp.ndarray, v: jnp.ndarray, g: jnp.ndarray, beta: jnp.ndarray
 ) -> tuple[jnp.ndarray, ...]:
     """Casts to float32 and expands q/k to the value heads."""
@@ -84,21 +77,15 @@ def _prepare(
     return q, k, v.astype(f32), g.astype(f32), beta.astype(f32)
 
 
-def _delta_step(
-    state: jnp.ndarray,
-    q: jnp.ndarray,
-    k: jnp.ndarray,
-    v: jnp.ndarray,
-    g: jnp.ndarray,
-    beta: jnp.ndarray,
-    scale: float,
+def delta_step(
+    state: jnp.ndarray, q: jnp.ndarray, k: jnp.ndarray, v: jnp.ndarray, g: jnp.ndarray, beta: jnp.ndarray, scale: float
 ) -> tuple[jnp.ndarray, jnp.ndarray]:
     """One recurrence step for ``[..., Hv]`` heads; returns ``(o [..., Hv, dv], new_state)``."""
     state = state * jnp.exp(g)[..., None, None]
-    pred = _mm("...hkv,...hk->...hv", state, k)
+    pred = mm("...hkv,...hk->...hv", state, k)
     u = beta[..., None] * (v - pred)
     state = state + k[..., :, None] * u[..., None, :]
-    out = _mm("...hkv,...hk->...hv", state, q * scale)
+    out = mm("...hkv,...hk->...hv", state, q * scale)
     return out, state
 
 
@@ -127,38 +114,22 @@ def _chunk_terms(
     strict = jnp.tril(jnp.ones((chunk, chunk), dtype=bool), k=-1)
     diff = cum[..., :, None] - cum[..., None, :]
     decay = jnp.where(causal, jnp.exp(jnp.where(causal, diff, 0.0)), 0.0)  # exp(G_i - G_j), j <= i
-    kk = _mm("nhid,nhjd->nhij", k, k)
+    kk = mm("nhid,nhjd->nhij", k, k)
     system = jnp.where(strict, beta[..., :, None] * kk * decay, 0.0) + jnp.eye(chunk, dtype=jnp.float32)
     exp_cum = jnp.exp(cum)[..., None]
     rhs = jnp.concatenate([beta[..., None] * v, beta[..., None] * exp_cum * k], axis=-1)
     solved = solve(system, rhs)
     w_v, w_k = solved[..., : v.shape[-1]], solved[..., v.shape[-1] :]
     qs = q * scale
-    attn = _mm("nhid,nhjd->nhij", qs, k) * decay
-    out_bias = _mm("nhij,nhjv->nhiv", attn, w_v)
-    out_read = qs * exp_cum - _mm("nhij,nhjk->nhik", attn, w_k)
+    attn = mm("nhid,nhjd->nhij", qs, k) * decay
+    out_bias = mm("nhij,nhjv->nhiv", attn, w_v)
+    out_read = qs * exp_cum - mm("nhij,nhjk->nhik", attn, w_k)
     last = cum[..., -1]  # padding slots have g = 0, so this is G at the last real token
     k_dec = k * jnp.exp(last[..., None] - cum)[..., None]
     eye_k = jnp.eye(k.shape[-1], dtype=jnp.float32)
-    state_mul = jnp.exp(last)[..., None, None] * eye_k - _mm("nhck,nhcj->nhkj", k_dec, w_k)
-    state_add = _mm("nhck,nhcv->nhkv", k_dec, w_v)
+    state_mul = jnp.exp(last)[..., None, None] * eye_k - mm("nhck,nhcj->nhkj", k_dec, w_k)
+    state_add = mm("nhck,nhcv->nhkv", k_dec, w_v)
     return _ChunkTerms(out_bias, out_read, state_mul, state_add)
-
-
-def _final_states(
-    chunk_states: jnp.ndarray, layout: ChunkLayout, initial_state: jnp.ndarray, cu_seqlens: jnp.ndarray
-) -> jnp.ndarray:
-    """Row ``r``'s final state: its last chunk's state, or its initial state when empty."""
-    cu = cu_seqlens.astype(jnp.int32)
-    lens = cu[1:] - cu[:-1]
-    last = jnp.maximum(layout.first_chunk[1:] - 1, 0)
-    nonempty = (lens > 0)[:, None, None, None]
-    return jnp.where(nonempty, chunk_states[last], initial_state.astype(jnp.float32))
-
-
-def _to_chunks(x: jnp.ndarray, layout: ChunkLayout, chunk_size: int) -> jnp.ndarray:
-    """``[T, H, ...] -> [N, H, C, ...]`` (padding slots are zero)."""
-    return jnp.moveaxis(gather_chunks(x, layout, chunk_size), 1, 2)
 
 
 def gated_delta_chunked(
@@ -182,38 +153,18 @@ def gated_delta_chunked(
     ``chunk_states[pair_chunk[r]]`` instead of ``initial_state[r]`` (see
     :func:`radixflow_jax.kernels.layout.scan_chunks`; that chunk must belong to an unpaired row).
     """
-    return chunked_with_solver(
-        q, k, v, g, beta, cu_seqlens, initial_state, chunk_size, scale, _triangular_solve, pair_chunk
-    )
-
-
-def chunked_with_solver(
-    q: jnp.ndarray,
-    k: jnp.ndarray,
-    v: jnp.ndarray,
-    g: jnp.ndarray,
-    beta: jnp.ndarray,
-    cu_seqlens: jnp.ndarray,
-    initial_state: jnp.ndarray,
-    chunk_size: int,
-    scale: float | None,
-    solve: UnitLowerSolve,
-    pair_chunk: jnp.ndarray | None = None,
-) -> tuple[jnp.ndarray, jnp.ndarray, jnp.ndarray]:
-    """:func:`gated_delta_chunked` with the UT transform's triangular system solved by ``solve``
-    (the faster formulations in ``kernels/fast.py`` swap it)."""
     num_tokens = v.shape[0]
-    scale = _resolve_scale(scale, q.shape[-1])
+    scale = resolve_scale(scale, q.shape[-1])
     layout = chunk_layout(cu_seqlens, num_tokens, chunk_size)
-    qf, kf, vf, gf, bf = _prepare(q, k, v, g, beta)
-    chunks = [_to_chunks(x, layout, chunk_size) for x in (qf, kf, vf, gf, bf)]
-    terms = _chunk_terms(*chunks, scale=scale, solve=solve)
+    qf, kf, vf, gf, bf = prepare(q, k, v, g, beta)
+    chunks = [heads_chunks(x, layout, chunk_size) for x in (qf, kf, vf, gf, bf)]
+    terms = _chunk_terms(*chunks, scale=scale, solve=_triangular_solve)
     init = initial_state.astype(jnp.float32)
-    step = lambda start, mul, add: _mm("hkj,hjv->hkv", mul, start) + add  # noqa: E731
+    step = lambda start, mul, add: mm("hkj,hjv->hkv", mul, start) + add  # noqa: E731
     starts, ends = scan_chunks(step, (terms.state_mul, terms.state_add), layout, init, pair_chunk)
-    out = terms.out_bias + _mm("nhck,nhkv->nhcv", terms.out_read, starts)
+    out = terms.out_bias + mm("nhck,nhkv->nhcv", terms.out_read, starts)
     out = scatter_chunks(jnp.moveaxis(out, 2, 1), layout, num_tokens).astype(v.dtype)
-    final = _final_states(ends, layout, effective_initial(init, ends, pair_chunk), cu_seqlens)
+    final = final_states(ends, layout, init, pair_chunk)
     return out, final, ends
 
 
@@ -229,55 +180,7 @@ def gated_delta_decode(
 ) -> tuple[jnp.ndarray, jnp.ndarray]:
     """One token per row: ``q, k [B, Hk, dk]``, ``v [B, Hv, dv]``, ``g, beta [B, Hv]``,
     ``state [B, Hv, dk, dv]`` -> ``(out [B, Hv, dv] in v.dtype, new_state f32)``."""
-    scale = _resolve_scale(scale, q.shape[-1])
-    qf, kf, vf, gf, bf = _prepare(q, k, v, g, beta)
-    out, new_state = _delta_step(state.astype(jnp.float32), qf, kf, vf, gf, bf, scale)
+    scale = resolve_scale(scale, q.shape[-1])
+    qf, kf, vf, gf, bf = prepare(q, k, v, g, beta)
+    out, new_state = delta_step(state.astype(jnp.float32), qf, kf, vf, gf, bf, scale)
     return out.astype(v.dtype), new_state
-
-
-def gated_delta_naive(
-    q: jnp.ndarray,
-    k: jnp.ndarray,
-    v: jnp.ndarray,
-    g: jnp.ndarray,
-    beta: jnp.ndarray,
-    cu_seqlens: jnp.ndarray,
-    initial_state: jnp.ndarray,
-    *,
-    chunk_size: int = 64,
-    scale: float | None = None,
-) -> tuple[jnp.ndarray, jnp.ndarray, jnp.ndarray]:
-    """Per-token ``lax.scan`` oracle with the same contract as :func:`gated_delta_chunked`.
-
-    Unused chunk slots of ``chunk_states`` are zero. Slow (``T`` sequential steps)."""
-    num_tokens = v.shape[0]
-    scale = _resolve_scale(scale, q.shape[-1])
-    cu = cu_seqlens.astype(jnp.int32)
-    num_rows = cu.shape[0] - 1
-    layout = chunk_layout(cu, num_tokens, chunk_size)
-    init = initial_state.astype(jnp.float32)
-    t = jnp.arange(num_tokens, dtype=jnp.int32)
-    row = jnp.minimum(jnp.searchsorted(cu[1:], t, side="right").astype(jnp.int32), num_rows - 1)
-    valid = t < cu[num_rows]
-    local = t - cu[row]
-    chunk_idx = layout.first_chunk[row] + local // chunk_size
-    chunk_end = valid & ((local % chunk_size == chunk_size - 1) | (t == cu[row + 1] - 1))
-    num_chunks = layout.row.shape[0]
-
-    def body(
-        carry: tuple[jnp.ndarray, jnp.ndarray], xs: tuple[jnp.ndarray, ...]
-    ) -> tuple[tuple[jnp.ndarray, jnp.ndarray], jnp.ndarray]:
-        state, chunk_buf = carry
-        qt, kt, vt, gt, bt, r, ok, is_start, c, is_end = xs
-        state = jnp.where(is_start & ok, init[r], state)
-        out, new_state = _delta_step(state, qt, kt, vt, gt, bt, scale)
-        state = jnp.where(ok, new_state, state)
-        chunk_buf = chunk_buf.at[c].set(jnp.where(is_end, state, chunk_buf[c]))
-        return (state, chunk_buf), jnp.where(ok, out, 0.0)
-
-    qf, kf, vf, gf, bf = _prepare(q, k, v, g, beta)
-    buf = jnp.zeros((num_chunks,) + init.shape[1:], jnp.float32)
-    xs = (qf, kf, vf, gf, bf, row, valid, local == 0, jnp.minimum(chunk_idx, num_chunks - 1), chunk_end)
-    (_, chunk_states), out = jax.lax.scan(body, (jnp.zeros_like(init[0]), buf), xs)
-    final = _final_states(chunk_states, layout, init, cu)
-    return out.astype(v.dtype), final, chunk_states

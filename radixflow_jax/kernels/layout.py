@@ -1,4 +1,8 @@
-"""Chunk layout of a packed variable-length token batch.
+"""Chunk layout of a packed variable-length token batch, and the chunk helpers every chunked
+kernel shares (XLA and Pallas forms of the gated delta rule and of SSD): gathering a packed batch
+into chunks (:func:`gather_chunks`, :func:`heads_chunks`), scattering chunk outputs back
+(:func:`scatter_chunks`), the scan over chunks (:func:`scan_chunks`, with paired rows) and each
+row's final state (:func:`effective_initial`, :func:`final_states`).
 
 A round packs the token spans of ``R`` rows back to back into ``T`` token slots:
 row ``r`` owns packed tokens ``cu_seqlens[r] : cu_seqlens[r + 1]``; tokens at or after
@@ -175,3 +179,19 @@ def effective_initial(initial_state: jnp.ndarray, ends: jnp.ndarray, pair_chunk:
     src = pair_chunk.astype(jnp.int32)
     picked = ends[jnp.clip(src, 0, ends.shape[0] - 1)]
     return jnp.where((src >= 0).reshape((-1,) + (1,) * (init.ndim - 1)), picked, init)
+
+
+def final_states(
+    chunk_states: jnp.ndarray, layout: ChunkLayout, initial_state: jnp.ndarray, pair_chunk: jnp.ndarray | None = None
+) -> jnp.ndarray:
+    """Each row's state (f32) after its last chunk, or, when the row has no chunk (no tokens), its
+    initial state as :func:`effective_initial` gives it (a paired row's: its producer's chunk state)."""
+    first = layout.first_chunk
+    has = (first[1:] > first[:-1])[:, None, None, None]
+    init = effective_initial(initial_state, chunk_states, pair_chunk)
+    return jnp.where(has, chunk_states[jnp.maximum(first[1:] - 1, 0)], init)
+
+
+def heads_chunks(x: jnp.ndarray, layout: ChunkLayout, chunk_size: int) -> jnp.ndarray:
+    """:func:`gather_chunks` head-major: ``[T, H, ...] -> [N, H, C, ...]`` (padding slots are zero)."""
+    return jnp.moveaxis(gather_chunks(x, layout, chunk_size), 1, 2)

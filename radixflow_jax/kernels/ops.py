@@ -56,15 +56,20 @@ def selected_backend() -> str:
 
 
 @contextlib.contextmanager
-def use_backend(name: str) -> Iterator[None]:
-    """Forces a backend for calls traced inside the block."""
-    if name not in BACKENDS:
-        raise ValueError(f"kernel backend {name!r}: expected one of {', '.join(BACKENDS)}")
-    token = _forced.set(name)
+def _setting(var: contextvars.ContextVar[Any], value: Any) -> Iterator[None]:
+    """``var`` set to ``value`` inside the block."""
+    token = var.set(value)
     try:
         yield
     finally:
-        _forced.reset(token)
+        var.reset(token)
+
+
+def use_backend(name: str) -> contextlib.AbstractContextManager[None]:
+    """Forces a backend for calls traced inside the block."""
+    if name not in BACKENDS:
+        raise ValueError(f"kernel backend {name!r}: expected one of {', '.join(BACKENDS)}")
+    return _setting(_forced, name)
 
 
 def platform() -> str:
@@ -73,34 +78,24 @@ def platform() -> str:
     return _target.get() or jax.default_backend()
 
 
-@contextlib.contextmanager
-def target_platform(name: str) -> Iterator[None]:
+def target_platform(name: str) -> contextlib.AbstractContextManager[None]:
     """Ops traced inside the block pick the kernels of platform ``name`` (``cuda``, ``rocm``,
     ``tpu`` or ``cpu``), not this host's: what ``jax.export`` for another platform needs (a CPU host
     exporting the step for a GPU selects the Triton variants and no native CPU kernel). The
     exported program runs only on ``name``; nothing traced here may be executed on this host."""
     if name not in PLATFORMS:
         raise ValueError(f"target platform {name!r}: expected one of {', '.join(PLATFORMS)}")
-    token = _target.set(name)
-    try:
-        yield
-    finally:
-        _target.reset(token)
+    return _setting(_target, name)
 
 
-@contextlib.contextmanager
-def per_shard(mesh: Any, axis: str) -> Iterator[None]:
+def per_shard(mesh: Any, axis: str) -> contextlib.AbstractContextManager[None]:
     """Pallas kernels traced inside the block run per shard of ``mesh``'s ``axis`` inside
     ``jax.shard_map`` (the partitioner cannot split a ``pallas_call``): every head-indexed operand is
     split on its head axis, everything else replicated. The caller guarantees the heads are laid out
     so a rank's contiguous heads are self-contained: query heads with their KV heads (KV heads
     divide the axis), value heads with their key heads, SSD heads with their groups (groups divide
     the axis); ``models/sharding.py`` does."""
-    token = _shards.set((mesh, axis))
-    try:
-        yield
-    finally:
-        _shards.reset(token)
+    return _setting(_shards, (mesh, axis))
 
 
 def _head_specs(op: str, axis: str) -> tuple[tuple[Any, ...], Any]:

@@ -22,14 +22,13 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from radixflow_jax.kernels.batch import row_of_token
-from radixflow_jax.kernels.layout import chunk_layout, effective_initial, gather_chunks, scan_chunks, scatter_chunks
+from radixflow_jax.kernels.layout import chunk_layout, final_states, gather_chunks, scan_chunks, scatter_chunks
 
 _HI = jax.lax.Precision.HIGHEST
 _F32 = jnp.float32
 
 
-def _check_shapes(x: jnp.ndarray, dt: jnp.ndarray, A: jnp.ndarray, B: jnp.ndarray, C: jnp.ndarray) -> None:
+def check_shapes(x: jnp.ndarray, dt: jnp.ndarray, A: jnp.ndarray, B: jnp.ndarray, C: jnp.ndarray) -> None:
     """Static shape checks shared by all entry points (x [.., H, P], B/C [.., G, N])."""
     heads, groups = x.shape[-2], B.shape[-2]
     if dt.shape != x.shape[:-1] or A.shape != (heads,) or B.shape != C.shape:
@@ -45,7 +44,7 @@ def _heads_per_group(x: jnp.ndarray, B: jnp.ndarray) -> int:
 # ----------------------------------------------------------------------------- per-token step
 
 
-def _step(
+def ssd_step(
     state: jnp.ndarray, x: jnp.ndarray, dt: jnp.ndarray, A: jnp.ndarray, B: jnp.ndarray, C: jnp.ndarray
 ) -> tuple[jnp.ndarray, jnp.ndarray]:
     """One recurrence step of one row: state [H, P, N], x [H, P], dt [H], B/C [G, N] -> (state', y [H, P])."""
@@ -66,63 +65,9 @@ def ssd_decode(
 
     Returns ``(y [Bt, H, P] in x's dtype, new_state f32 [Bt, H, P, N])``.
     """
-    _check_shapes(x, dt, A, B, C)
-    new, y = jax.vmap(_step, in_axes=(0, 0, 0, None, 0, 0))(jnp.asarray(state, _F32), x, dt, A, B, C)
+    check_shapes(x, dt, A, B, C)
+    new, y = jax.vmap(ssd_step, in_axes=(0, 0, 0, None, 0, 0))(jnp.asarray(state, _F32), x, dt, A, B, C)
     return y.astype(x.dtype), new
-
-
-# ----------------------------------------------------------------------------- shared tails
-
-
-def _final_states(end_states: jnp.ndarray, first_chunk: jnp.ndarray, initial_state: jnp.ndarray) -> jnp.ndarray:
-    """State after each row's last chunk, or its initial state when the row has no chunk."""
-    last = first_chunk[1:] - 1
-    has = first_chunk[1:] > first_chunk[:-1]
-    picked = end_states[jnp.maximum(last, 0)]
-    return jnp.where(has[:, None, None, None], picked, jnp.asarray(initial_state, _F32))
-
-
-# ----------------------------------------------------------------------------- naive oracle
-
-
-def ssd_naive(
-    x: jnp.ndarray,
-    dt: jnp.ndarray,
-    A: jnp.ndarray,
-    B: jnp.ndarray,
-    C: jnp.ndarray,
-    cu_seqlens: jnp.ndarray,
-    initial_state: jnp.ndarray,
-    *,
-    chunk_size: int = 64,
-) -> tuple[jnp.ndarray, jnp.ndarray, jnp.ndarray]:
-    """Same contract as :func:`ssd_chunked`, computed by a per-token ``lax.scan`` (test oracle)."""
-    _check_shapes(x, dt, A, B, C)
-    num_tokens, num_rows = x.shape[0], initial_state.shape[0]
-    cu = jnp.asarray(cu_seqlens, jnp.int32)
-    A = jnp.asarray(A, _F32)
-    row = row_of_token(cu, num_tokens)
-    valid = row < num_rows
-    safe = jnp.minimum(row, num_rows - 1)
-    is_first = valid & (jnp.arange(num_tokens, dtype=jnp.int32) == cu[safe])
-    init = jnp.asarray(initial_state, _F32)
-
-    def body(carry: jnp.ndarray, inp: tuple) -> tuple[jnp.ndarray, tuple[jnp.ndarray, jnp.ndarray]]:
-        xt, dtt, bt, ct, r, first, ok = inp
-        start = jnp.where(first, init[r], carry)
-        new, y = _step(start, xt, dtt, A, bt, ct)
-        new = jnp.where(ok, new, start)
-        return new, (jnp.where(ok, y, 0.0), new)
-
-    _, (y, states) = jax.lax.scan(body, jnp.zeros_like(init[0]), (x, dt, B, C, safe, is_first, valid))
-    layout = chunk_layout(cu, num_tokens, chunk_size)
-    used = layout.length > 0
-    end_tok = jnp.clip(layout.start + layout.length - 1, 0, num_tokens - 1)
-    chunk_states = jnp.where(used[:, None, None, None], states[end_tok], 0.0)
-    last_tok = jnp.clip(cu[1:] - 1, 0, num_tokens - 1)
-    has = cu[1:] > cu[:-1]
-    final = jnp.where(has[:, None, None, None], states[last_tok], init)
-    return y.astype(x.dtype), final, chunk_states
 
 
 # ----------------------------------------------------------------------------- chunked SSD
@@ -189,7 +134,7 @@ def ssd_chunked(
     ``pair``): row ``r`` with ``pair_chunk[r] >= 0`` starts from ``chunk_states[pair_chunk[r]]``
     (see :func:`radixflow_jax.kernels.layout.scan_chunks`).
     """
-    _check_shapes(x, dt, A, B, C)
+    check_shapes(x, dt, A, B, C)
     num_tokens = x.shape[0]
     layout = chunk_layout(jnp.asarray(cu_seqlens), num_tokens, chunk_size)
     gather = lambda v: gather_chunks(jnp.asarray(v, _F32), layout, chunk_size)  # noqa: E731
@@ -204,4 +149,4 @@ def ssd_chunked(
     y_off = jnp.einsum("cign,cgkpn->cigkp", cc, starts_g, precision=_HI).reshape(nc, q, heads, p)
     y = y_diag + decay_in[..., None] * y_off
     out = scatter_chunks(y, layout, num_tokens).astype(x.dtype)
-    return out, _final_states(ends, layout.first_chunk, effective_initial(initial_state, ends, pair_chunk)), ends
+    return out, final_states(ends, layout, initial_state, pair_chunk), ends

@@ -132,23 +132,37 @@ class MambaConfig:
         return self.inner_dim + 2 * self.n_groups * self.state_size
 
 
-@dataclasses.dataclass(frozen=True)
-class Naming:
-    """HF attribute names of one architecture, so NNX paths equal checkpoint keys. ``block``: one
-    ``norm`` and one ``mixer`` (attention, Mamba2 or MLP) per layer (Nemotron-H); otherwise two
-    pre-norms per layer, a token mixer (a ``parallel`` layer holds both ``attention`` and
-    ``mamba``) and an MLP. ``routed``: Granite's routed experts, beside the shared GLU at ``mlp``."""
+ParamPath = tuple[str | int, ...]
 
-    embed: str = "embed_tokens"
-    final_norm: str = "norm"
-    attention: str = "self_attn"
-    gdn: str = "linear_attn"
-    mamba: str = "mamba"
-    mlp: str = "mlp"
-    routed: str = "block_sparse_moe"
-    pre_mixer_norm: str = "input_layernorm"
-    pre_mlp_norm: str = "post_attention_layernorm"
-    block: bool = False
+
+@dataclasses.dataclass(frozen=True)
+class CheckpointNames:
+    """One family's renaming table between the model's fixed attribute names and its checkpoint's.
+
+    The model (``models/hybrid.py``) always names its submodules the same way: ``model.embed_tokens``,
+    ``model.norm``, ``model.layers.{i}.{input_layernorm, self_attn, linear_attn, mamba,
+    post_attention_layernorm, mlp, block_sparse_moe}`` (a block-layout layer: ``norm``, ``mixer``)
+    and ``lm_head``. ``top`` renames a ``model.<name>`` attribute, ``layer`` a ``model.layers.{i}.<name>``
+    one (pairs ``(model name, checkpoint name)``; unnamed ones are kept); ``prefix`` replaces the
+    leading ``model.`` of a checkpoint key (``backbone.``, ``model.language_model.``). Invariant:
+    each table is one-to-one, so :meth:`stored` has an inverse on the model's paths."""
+
+    top: tuple[tuple[str, str], ...] = ()
+    layer: tuple[tuple[str, str], ...] = ()
+    prefix: str = "model."
+
+    def stored(self, path: ParamPath) -> ParamPath:
+        """The checkpoint's path of model parameter ``path`` (root ``model`` kept: the orbax form)."""
+        if len(path) < 2 or path[0] != "model":
+            return path
+        if path[1] == "layers" and len(path) >= 4:
+            return (*path[:3], dict(self.layer).get(str(path[3]), path[3]), *path[4:])
+        return (path[0], dict(self.top).get(str(path[1]), path[1]), *path[2:])
+
+    def key(self, path: ParamPath) -> str:
+        """The checkpoint key (safetensors, GGUF via its family table) of model parameter ``path``."""
+        name = ".".join(str(p) for p in self.stored(path))
+        return self.prefix + name[len("model.") :] if name.startswith("model.") else name
 
 
 @dataclasses.dataclass(frozen=True)
@@ -211,11 +225,13 @@ class ModelConfig:
     gdn: GdnConfig | None
     moe: MoeConfig | None
     mamba: MambaConfig | None = None
-    naming: Naming = Naming()
+    checkpoint_names: CheckpointNames = CheckpointNames()
+    # one ``norm`` and one ``mixer`` (attention, Mamba2 or an MLP) per layer (Nemotron-H), instead of
+    # two pre-norms, a token mixer and an MLP
+    block_layout: bool = False
     multipliers: Multipliers = Multipliers()
     eos_token_ids: tuple[int, ...] = ()
     bos_token_id: int | None = None
-    weight_prefix: str = "model."
 
     def __post_init__(self) -> None:
         if not (len(self.mixers) == len(self.mlps) == self.num_layers):

@@ -45,7 +45,10 @@ class StackedLinear(nnx.Module):
         return jax.lax.ragged_dot_general(xs, self.weight[...], sizes, _CONTRACT_LAST)
 
 
-class Router(nnx.Module):
+class ExpertRouter(nnx.Module):
+    """Granite's bias-free expert router, ``layer [E, H]`` (checkpoint ``router.layer``); the
+    top-k and softmax are :class:`FusedMoe`'s."""
+
     def __init__(self, num: int, hidden: int, *, dtype: jnp.dtype, rngs: nnx.Rngs):
         self.layer = Linear(hidden, num, bias=False, dtype=dtype, rngs=rngs)
 
@@ -55,7 +58,7 @@ class FusedMoe(nnx.Module):
 
     def __init__(self, cfg: MoeConfig, hidden: int, *, dtype: jnp.dtype, rngs: nnx.Rngs):
         self.top_k = cfg.top_k
-        self.router = Router(cfg.num_experts, hidden, dtype=dtype, rngs=rngs)
+        self.router = ExpertRouter(cfg.num_experts, hidden, dtype=dtype, rngs=rngs)
         self.input_linear = StackedLinear(cfg.num_experts, hidden, 2 * cfg.intermediate_size, dtype=dtype, rngs=rngs)
         self.output_linear = StackedLinear(cfg.num_experts, cfg.intermediate_size, hidden, dtype=dtype, rngs=rngs)
 

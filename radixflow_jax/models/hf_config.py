@@ -144,7 +144,8 @@ def _composite(cfg: dict[str, Any]) -> ModelConfig:
     parsed = parse_hf_config(text)
     import dataclasses
 
-    return dataclasses.replace(parsed, weight_prefix="model.language_model.")
+    names = dataclasses.replace(parsed.checkpoint_names, prefix="model.language_model.")
+    return dataclasses.replace(parsed, checkpoint_names=names)
 
 
 _PARSERS: dict[str, Callable[[dict[str, Any]], ModelConfig]] = {

@@ -13,12 +13,12 @@ from typing import Any
 
 from radixflow_jax.models.config import (
     AttentionConfig,
+    CheckpointNames,
     ConfigError,
     MambaConfig,
     ModelConfig,
     MoeConfig,
     Multipliers,
-    Naming,
     RopeConfig,
 )
 from radixflow_jax.models.hf_fields import (
@@ -32,6 +32,12 @@ from radixflow_jax.models.hf_fields import (
     read_rope,
 )
 
+# the checkpoint names of the model's fixed attributes (``config.CheckpointNames``)
+GRANITE_NAMES = CheckpointNames(layer=(("mlp", "shared_mlp"),))
+FALCON_H1_NAMES = CheckpointNames(
+    top=(("norm", "final_layernorm"),),
+    layer=(("mlp", "feed_forward"), ("post_attention_layernorm", "pre_ff_layernorm")),
+)
 _MAMBA_KEYS = dict(
     heads="mamba_n_heads", head_dim="mamba_d_head", state="mamba_d_state", groups="mamba_n_groups",
     conv="mamba_d_conv", conv_bias="mamba_conv_bias", proj_bias="mamba_proj_bias", chunk="mamba_chunk_size",
@@ -164,7 +170,7 @@ def parse_granite(cfg: dict[str, Any]) -> ModelConfig:
         attention=attention,
         moe=moe,
         mamba=mamba,
-        naming=Naming(mlp="shared_mlp", routed="block_sparse_moe"),
+        checkpoint_names=GRANITE_NAMES,
         multipliers=mult,
     )
 
@@ -210,6 +216,6 @@ def parse_falcon_h1(cfg: dict[str, Any]) -> ModelConfig:
         attention=_attention(cfg, 8, rope=True, scale=None),
         moe=None,
         mamba=mamba,
-        naming=Naming(mlp="feed_forward", pre_mlp_norm="pre_ff_layernorm", final_norm="final_layernorm"),
+        checkpoint_names=FALCON_H1_NAMES,
         multipliers=mult,
     )

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from radixflow_jax.models.config import AttentionConfig, ConfigError, ModelConfig, Naming
+from radixflow_jax.models.config import AttentionConfig, CheckpointNames, ConfigError, ModelConfig
 from radixflow_jax.models.hf_fields import (
     check_act,
     dt_limit,
@@ -62,12 +62,18 @@ def parse_bamba(cfg: dict[str, Any]) -> ModelConfig:
         gdn=None,
         moe=None,
         mamba=mamba if "mamba" in mixers else None,
-        naming=Naming(mlp="feed_forward", pre_mlp_norm="pre_ff_layernorm", final_norm="final_layernorm"),
+        checkpoint_names=BAMBA_NAMES,
         eos_token_ids=eos_ids(cfg),
         bos_token_id=cfg.get("bos_token_id"),
     )
 
 
+# the checkpoint names of the model's fixed attributes (``config.CheckpointNames``)
+BAMBA_NAMES = CheckpointNames(
+    top=(("norm", "final_layernorm"),),
+    layer=(("mlp", "feed_forward"), ("post_attention_layernorm", "pre_ff_layernorm")),
+)
+NEMOTRON_H_NAMES = CheckpointNames(top=(("embed_tokens", "embeddings"), ("norm", "norm_f")), prefix="backbone.")
 _PATTERN = {"M": "linear_attention", "*": "full_attention", "-": "mlp", "E": "moe"}
 
 
@@ -136,8 +142,8 @@ def parse_nemotron_h(cfg: dict[str, Any]) -> ModelConfig:
         gdn=None,
         moe=None,
         mamba=mamba if "mamba" in mixers else None,
-        naming=Naming(embed="embeddings", final_norm="norm_f", block=True),
+        checkpoint_names=NEMOTRON_H_NAMES,
+        block_layout=True,
         eos_token_ids=eos_ids(cfg),
         bos_token_id=cfg.get("bos_token_id"),
-        weight_prefix="backbone.",
     )

@@ -28,7 +28,7 @@ RecState = tuple[jax.Array, jax.Array]
 
 
 def _mlp(cfg: ModelConfig, kind: str, *, dtype: jnp.dtype, rngs: nnx.Rngs) -> nnx.Module | None:
-    """The MLP at ``naming.mlp`` (for ``glu_moe`` the shared GLU; the routed part is built apart)."""
+    """The MLP at ``mlp`` (for ``glu_moe`` the shared GLU; the routed part is built apart)."""
     if kind == "moe":
         assert cfg.moe is not None
         return SparseMoe(cfg.moe, cfg.hidden_size, dtype=dtype, rngs=rngs)
@@ -80,17 +80,21 @@ class DecoderLayer(nnx.Module):
     """One layer. Two-norm layout: ``x + r * mixer(norm(x))`` then ``x + r * mlp(norm(x))`` with
     ``r`` the residual multiplier; a ``parallel`` layer's mixer output is
     ``ssm_out * mamba(h) + attention_out * attention(attention_in * h)``. Block layout
-    (``naming.block``): ``x + mixer(norm(x))`` where the mixer may also be an MLP. Attribute names
-    come from ``cfg.naming`` so parameter paths equal checkpoint keys.
+    (``cfg.block_layout``): ``x + mixer(norm(x))`` where the mixer may also be an MLP.
+
+    Attribute names are fixed (absent parts are None); a family's checkpoint names for them are
+    mapped at load time (``config.CheckpointNames``). Two-norm layout: ``input_layernorm``, then
+    ``self_attn`` (attention, ``parallel``) and/or ``linear_attn`` (GDN) or ``mamba`` (Mamba2,
+    ``parallel``), then ``post_attention_layernorm`` and ``mlp`` (for ``glu_moe`` the shared GLU, with
+    the routed experts at ``block_sparse_moe``). Block layout: ``norm`` and ``mixer``.
 
     ``has_kv`` / ``has_state``: whether the layer consumes one KV entry / one conv+SSM state entry
     of the model cache (both for ``parallel``)."""
 
     def __init__(self, cfg: ModelConfig, index: int, *, dtype: jnp.dtype, rngs: nnx.Rngs):
-        names = cfg.naming
         self.mixer_kind = cfg.mixers[index]
         self.mlp_kind = cfg.mlps[index]
-        self.block = names.block
+        self.block = cfg.block_layout
         self.mult = cfg.multipliers
         self.has_kv = self.mixer_kind in ("attention", "parallel")
         self.has_state = self.mixer_kind in ("gdn", "mamba", "parallel")
@@ -98,56 +102,20 @@ class DecoderLayer(nnx.Module):
         def norm() -> RMSNorm:
             return RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, style=cfg.norm_style, dtype=dtype)
 
-        if self.block:
-            self.norm = norm()
-            if self.mixer_kind == "none":
-                self.mixer = _mlp(cfg, self.mlp_kind, dtype=dtype, rngs=rngs)
-            else:
-                self.mixer = _mixer(cfg, self.mixer_kind, dtype=dtype, rngs=rngs)
-            self.mixer_name, self.mlp_name = "mixer", None
-            return
-        self.attention_name = names.attention if self.has_kv else None
-        self.recurrent_name = {"gdn": names.gdn, "mamba": names.mamba, "parallel": names.mamba}.get(self.mixer_kind)
-        setattr(self, names.pre_mixer_norm, norm())
-        if self.attention_name is not None:
-            setattr(self, self.attention_name, _mixer(cfg, "attention", dtype=dtype, rngs=rngs))
-        if self.recurrent_name is not None:
-            kind = "mamba" if self.mixer_kind == "parallel" else self.mixer_kind
-            setattr(self, self.recurrent_name, _mixer(cfg, kind, dtype=dtype, rngs=rngs))
-        self.mlp_name = names.mlp if self.mlp_kind != "none" else None
-        self.routed_name = names.routed if self.mlp_kind == "glu_moe" else None
-        if self.mlp_name is not None:
-            setattr(self, names.pre_mlp_norm, norm())
-            setattr(self, names.mlp, _mlp(cfg, self.mlp_kind, dtype=dtype, rngs=rngs))
-        if self.routed_name is not None:
-            assert cfg.moe is not None
-            setattr(self, self.routed_name, FusedMoe(cfg.moe, cfg.hidden_size, dtype=dtype, rngs=rngs))
-        self.pre_mixer_norm, self.pre_mlp_norm = names.pre_mixer_norm, names.pre_mlp_norm
-
-    def _block_call(
-        self,
-        x: jax.Array,
-        positions: jax.Array,
-        batch: Batch,
-        kv: KvPages | None,
-        rec: RecState | None,
-        num_decode: int,
-        emits: Emits | None = None,
-        row_last: jax.Array | None = None,
-    ) -> tuple[jax.Array, KvPages | None, RecState | None]:
-        if row_last is not None and not (self.has_kv or self.has_state):  # an MLP block: token by token
-            x, row_last = _rows(x, row_last), None
-        h = self.norm(x)
-        if self.has_kv:
-            h, kv = self.mixer(h, positions, batch, kv, num_decode, row_last)
-            return _rows(x, row_last) + h, kv, rec
-        if self.has_state:
-            assert rec is not None
-            h, conv, ssm = self.mixer(h, batch, rec[0], rec[1], num_decode, emits)
-            rec = (conv, ssm)
-        else:
-            h = self.mixer(h)
-        return _rows(x + h, row_last), kv, rec
+        # each attribute is assigned once: a Module is NNX data, None a static absent part
+        kind, mlp_kind, two_norm = self.mixer_kind, self.mlp_kind, not self.block
+        self.norm = norm() if self.block else None
+        block_mixer = _mixer(cfg, kind, dtype=dtype, rngs=rngs) if kind != "none" else None
+        self.mixer = (block_mixer or _mlp(cfg, mlp_kind, dtype=dtype, rngs=rngs)) if self.block else None
+        self.input_layernorm = norm() if two_norm else None
+        self.self_attn = _mixer(cfg, "attention", dtype=dtype, rngs=rngs) if two_norm and self.has_kv else None
+        self.linear_attn = _mixer(cfg, "gdn", dtype=dtype, rngs=rngs) if two_norm and kind == "gdn" else None
+        mamba = two_norm and kind in ("mamba", "parallel")
+        self.mamba = _mixer(cfg, "mamba", dtype=dtype, rngs=rngs) if mamba else None
+        self.post_attention_layernorm = norm() if two_norm and mlp_kind != "none" else None
+        self.mlp = _mlp(cfg, mlp_kind, dtype=dtype, rngs=rngs) if two_norm else None
+        routed = cfg.moe if two_norm and mlp_kind == "glu_moe" else None
+        self.block_sparse_moe = FusedMoe(routed, cfg.hidden_size, dtype=dtype, rngs=rngs) if routed else None
 
     def __call__(
         self,
@@ -167,45 +135,54 @@ class DecoderLayer(nnx.Module):
         rows with tokens: the pools still get every token's KV and state, attention queries and
         everything after the mixers (projections out, the MLP) run on the ``R`` tokens only."""
         if self.block:
-            return self._block_call(x, positions, batch, kv, rec, num_decode, emits, row_last)
+            assert self.norm is not None and self.mixer is not None
+            if row_last is not None and not (self.has_kv or self.has_state):  # an MLP block: token by token
+                x, row_last = _rows(x, row_last), None
+            h = self.norm(x)
+            if self.has_kv:
+                h, kv = self.mixer(h, positions, batch, kv, num_decode, row_last)
+                return _rows(x, row_last) + h, kv, rec
+            if self.has_state:
+                assert rec is not None
+                h, conv, ssm = self.mixer(h, batch, rec[0], rec[1], num_decode, emits)
+                rec = (conv, ssm)
+            else:
+                h = self.mixer(h)
+            return _rows(x + h, row_last), kv, rec
         mult = self.mult
-        h = getattr(self, self.pre_mixer_norm)(x)
+        assert self.input_layernorm is not None
+        h = self.input_layernorm(x)
         mixed = None
-        if self.recurrent_name is not None:
+        recurrent = self.linear_attn if self.linear_attn is not None else self.mamba
+        if recurrent is not None:
             assert rec is not None
-            out, conv, ssm = getattr(self, self.recurrent_name)(h, batch, rec[0], rec[1], num_decode, emits)
+            out, conv, ssm = recurrent(h, batch, rec[0], rec[1], num_decode, emits)
             rec = (conv, ssm)
             mixed = _scaled(_rows(out, row_last), mult.ssm_out)
-        if self.attention_name is not None:
-            attention = getattr(self, self.attention_name)
-            out, kv = attention(_scaled(h, mult.attention_in), positions, batch, kv, num_decode, row_last)
+        if self.self_attn is not None:
+            out, kv = self.self_attn(_scaled(h, mult.attention_in), positions, batch, kv, num_decode, row_last)
             out = _scaled(out, mult.attention_out)
             mixed = out if mixed is None else mixed + out
         assert mixed is not None
         x = _rows(x, row_last) + _scaled(mixed, mult.residual)
-        if self.mlp_name is not None:
-            h = getattr(self, self.pre_mlp_norm)(x)
-            out = getattr(self, self.mlp_name)(h)
-            if self.routed_name is not None:
-                out = getattr(self, self.routed_name)(h) + out
+        if self.mlp is not None:
+            assert self.post_attention_layernorm is not None
+            h = self.post_attention_layernorm(x)
+            out = self.mlp(h)
+            if self.block_sparse_moe is not None:
+                out = self.block_sparse_moe(h) + out
             x = x + _scaled(out, mult.residual)
         return x, kv, rec
 
 
 class Backbone(nnx.Module):
+    """``embed_tokens``, ``layers``, ``norm`` (the final norm): HF's ``model.`` (fixed names; a
+    family's checkpoint names for them are mapped at load time)."""
+
     def __init__(self, cfg: ModelConfig, *, dtype: jnp.dtype, rngs: nnx.Rngs):
-        self.embed_name, self.final_norm_name = cfg.naming.embed, cfg.naming.final_norm
-        setattr(self, self.embed_name, Embedding(cfg.vocab_size, cfg.hidden_size, dtype=dtype, rngs=rngs))
+        self.embed_tokens = Embedding(cfg.vocab_size, cfg.hidden_size, dtype=dtype, rngs=rngs)
         self.layers = nnx.List([DecoderLayer(cfg, i, dtype=dtype, rngs=rngs) for i in range(cfg.num_layers)])
-        setattr(self, self.final_norm_name, RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, style=cfg.norm_style, dtype=dtype))
-
-    @property
-    def embedding(self) -> Embedding:
-        return getattr(self, self.embed_name)
-
-    @property
-    def final_norm(self) -> RMSNorm:
-        return getattr(self, self.final_norm_name)
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, style=cfg.norm_style, dtype=dtype)
 
 
 class HybridLM(nnx.Module):
@@ -237,7 +214,7 @@ class HybridLM(nnx.Module):
         samples one token per row, and in ``benchmarks/vs_transformers.py``'s model the last
         layer's MLP alone is about 9 % of a token's matmul FLOPs."""
         _, positions, _ = positions_from_batch(batch.cu_seqlens, batch.kv_lens, tokens.shape[0])
-        x = _scaled(self.model.embedding(tokens), self.config.multipliers.embedding)
+        x = _scaled(self.model.embed_tokens(tokens), self.config.multipliers.embedding)
         kv, conv, ssm = list(cache.kv), list(cache.conv), list(cache.ssm)
         att_i = rec_i = 0
         last = len(self.model.layers) - 1
@@ -254,13 +231,13 @@ class HybridLM(nnx.Module):
                 assert layer_rec is not None
                 conv[rec_i], ssm[rec_i] = layer_rec
                 rec_i += 1
-        return self.model.final_norm(x), ModelCache(kv=tuple(kv), conv=tuple(conv), ssm=tuple(ssm))
+        return self.model.norm(x), ModelCache(kv=tuple(kv), conv=tuple(conv), ssm=tuple(ssm))
 
     def logits(self, hidden: jax.Array) -> jax.Array:
         """Float32 logits of ``hidden [..., hidden_size]``, times ``lm_head`` and divided by
         ``logits_scaling`` (in the model dtype, where the references apply them)."""
         if self.lm_head is None:
-            logits = hidden @ self.model.embedding.weight[...].T
+            logits = hidden @ self.model.embed_tokens.weight[...].T
         else:
             logits = self.lm_head(hidden)
         mult = self.config.multipliers

@@ -42,8 +42,10 @@ from radixflow_jax.models.weights import abstract_model
 
 TENSOR = "tensor"
 DATA = "data"
-_COLUMN = {"q_proj", "k_proj", "v_proj", "gate_proj", "up_proj", "in_proj_qkvz", "in_proj_ba",
-           "in_proj_qkv", "in_proj_z", "in_proj_a", "in_proj_b"}  # fmt: skip
+# column-parallel projections: attention and MLP, then the Gated DeltaNet input projections
+_COLUMN = set("q_proj k_proj v_proj gate_proj up_proj".split()) | set(
+    "in_proj_qkvz in_proj_ba in_proj_qkv in_proj_z in_proj_a in_proj_b".split()
+)
 _ROW = {"o_proj", "down_proj", "out_proj"}
 
 
@@ -61,8 +63,8 @@ def make_mesh(tensor_parallel_size: int, data_parallel_size: int = 1, first_devi
             f"a mesh of {n} devices from local device {first_device} needs {first_device + n} devices; "
             f"{len(devices)} are available"
         )
-    return Mesh(np.asarray(devices[first_device : first_device + n]).reshape(data_parallel_size, tensor_parallel_size),
-                (DATA, TENSOR))  # fmt: skip
+    grid = np.asarray(devices[first_device : first_device + n]).reshape(data_parallel_size, tensor_parallel_size)
+    return Mesh(grid, (DATA, TENSOR))
 
 
 def kv_heads_sharded(cfg: ModelConfig, tp: int) -> bool:
@@ -260,8 +262,8 @@ class ShardedModel(LoadedModel):
         super().__init__(base.model_dir, cfg, graphdef, params, base.dtype, base.tokenizer)
 
     def cache_shardings(self) -> ModelCache:
-        return jax.tree.map(lambda s: NamedSharding(self.mesh, s), cache_specs(self.config, self.tensor_parallel_size),
-                            is_leaf=lambda x: isinstance(x, P))  # fmt: skip
+        specs = cache_specs(self.config, self.tensor_parallel_size)
+        return jax.tree.map(lambda s: NamedSharding(self.mesh, s), specs, is_leaf=lambda x: isinstance(x, P))
 
     def place_cache(self, cache: ModelCache) -> ModelCache:
         return jax.device_put(cache, self.cache_shardings())

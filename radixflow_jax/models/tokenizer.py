@@ -71,8 +71,12 @@ class Tokenizer:
     def save(self, directory: str) -> None:
         """Writes ``tokenizer.json`` and ``tokenizer_config.json`` (with the chat template)."""
         self._tok.save(os.path.join(directory, TOKENIZER_FILE))
-        cfg = {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": self.bos_token,
-               "eos_token": self.eos_token, "chat_template": self.chat_template}  # fmt: skip
+        cfg = {
+            "tokenizer_class": "PreTrainedTokenizerFast",
+            "bos_token": self.bos_token,
+            "eos_token": self.eos_token,
+            "chat_template": self.chat_template,
+        }
         with open(os.path.join(directory, TOKENIZER_CONFIG), "w") as f:
             json.dump({k: v for k, v in cfg.items() if v is not None}, f, indent=2)
 

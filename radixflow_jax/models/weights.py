@@ -2,8 +2,11 @@
 
 The model is first built abstractly (``nnx.eval_shape``: shapes only, no memory), then every
 parameter is read once from its checkpoint tensor, checked, cast and placed. A parameter's NNX path
-joined by dots is its checkpoint key (``model.`` replaced by the config's weight prefix), except the
-stacked MoE experts, assembled from per-expert keys or fused ``gate_up_proj`` tensors.
+(fixed attribute names) renamed by the family's table (``ModelConfig.checkpoint_names``) and joined
+by dots is its checkpoint key, except the stacked MoE experts, assembled from per-expert keys or
+fused ``gate_up_proj`` tensors. An orbax directory (``radixflow convert``) stores the parameters
+under the same renamed paths (root ``model``), so directories written before the model's attribute
+names were fixed load unchanged.
 
 Errors (:class:`WeightsError`) name the tensor: missing, unexpected, or of the wrong shape.
 """
@@ -38,10 +41,34 @@ def abstract_model(cfg: ModelConfig, dtype: jnp.dtype) -> tuple[nnx.GraphDef, nn
 
 
 def _key_of(path: tuple[Any, ...], cfg: ModelConfig) -> str:
-    name = ".".join(str(p) for p in path)
-    if name.startswith("model."):
-        name = cfg.weight_prefix + name[len("model.") :]
-    return name
+    return cfg.checkpoint_names.key(path)
+
+
+def _flat(tree: Mapping[Any, Any], prefix: tuple[Any, ...] = ()) -> dict[tuple[Any, ...], Any]:
+    """A nested pure dict as ``{path: leaf}``."""
+    out: dict[tuple[Any, ...], Any] = {}
+    for k, v in tree.items():
+        if isinstance(v, Mapping):
+            out.update(_flat(v, (*prefix, k)))
+        else:
+            out[(*prefix, k)] = v
+    return out
+
+
+def _nested(flat: Mapping[tuple[Any, ...], Any]) -> dict[Any, Any]:
+    """The inverse of :func:`_flat`."""
+    out: dict[Any, Any] = {}
+    for path, leaf in flat.items():
+        node = out
+        for k in path[:-1]:
+            node = node.setdefault(k, {})
+        node[path[-1]] = leaf
+    return out
+
+
+def _stored_tree(pure: Mapping[Any, Any], cfg: ModelConfig) -> dict[Any, Any]:
+    """The model's pure dict under the checkpoint's names (the orbax form)."""
+    return _nested({cfg.checkpoint_names.stored(p): leaf for p, leaf in _flat(pure).items()})
 
 
 def _expert_source(
@@ -117,24 +144,29 @@ def save_orbax(model: HybridLM, out_dir: str) -> None:
     if os.path.exists(path):
         shutil.rmtree(path)
     with ocp.StandardCheckpointer() as ckpt:
-        ckpt.save(path, nnx.to_pure_dict(state))
+        ckpt.save(path, _stored_tree(nnx.to_pure_dict(state), model.config))
 
 
 def load_orbax_state(
-    model_dir: str, cfg: ModelConfig, dtype: jnp.dtype,
+    model_dir: str,
+    cfg: ModelConfig,
+    dtype: jnp.dtype,
     sharding: Callable[[tuple[Any, ...], Any], jax.sharding.Sharding] | None = None,
-) -> tuple[nnx.GraphDef, nnx.State]:  # fmt: skip
+) -> tuple[nnx.GraphDef, nnx.State]:
     """Restores parameters from ``model_dir/orbax`` straight into the abstract model's shapes, and
-    with ``sharding(path, abstract leaf)`` straight into that layout (each process reads only the
-    shards its devices hold; ``models/sharding.py``)."""
+    with ``sharding(path, abstract leaf)`` (``path``: the model's, not the stored one) straight into
+    that layout (each process reads only the shards its devices hold; ``models/sharding.py``)."""
     import orbax.checkpoint as ocp
 
     graphdef, state = abstract_model(cfg, dtype)
-    target = nnx.to_pure_dict(state)
+    model_leaves = _flat(nnx.to_pure_dict(state))
     if sharding is not None:
-        target = jax.tree_util.tree_map_with_path(
-            lambda p, leaf: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=sharding(p, leaf)), target
-        )
+        model_leaves = {
+            p: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=sharding(p, leaf))
+            for p, leaf in model_leaves.items()
+        }
+    stored_of = {p: cfg.checkpoint_names.stored(p) for p in model_leaves}
+    target = _nested({stored_of[p]: leaf for p, leaf in model_leaves.items()})
     path = os.path.abspath(os.path.join(model_dir, ORBAX_SUBDIR))
     with ocp.StandardCheckpointer() as ckpt:
         meta = ckpt.metadata(path)
@@ -149,8 +181,8 @@ def load_orbax_state(
                     f"orbax checkpoint {path}: parameter {name} has shape {stored_shapes[name]}, "
                     f"the config implies {tuple(leaf.shape)}"
                 )
-        restored = ckpt.restore(path, target)
-    nnx.replace_by_pure_dict(state, restored)
+        restored = _flat(ckpt.restore(path, target))
+    nnx.replace_by_pure_dict(state, _nested({p: restored[stored_of[p]] for p in model_leaves}))
     return graphdef, state
 
 
@@ -172,10 +204,13 @@ StateLoader = Callable[[str, ModelConfig, jnp.dtype], tuple[nnx.GraphDef, nnx.St
 
 def param_keys(state: nnx.State, cfg: ModelConfig) -> list[tuple[str, tuple[int, ...]]]:
     """The checkpoint keys and on-disk shapes that a model with this state is loaded from
-    (stacked experts listed per expert, HF ``[out, in]`` layout)."""
+    (stacked experts listed per expert, HF ``[out, in]`` layout), in the order of the checkpoint's
+    names (presets draw their random weights in this order)."""
     out: list[tuple[str, tuple[int, ...]]] = []
-    for path, leaf in jax.tree_util.tree_leaves_with_path(nnx.to_pure_dict(state)):
-        key = _key_of(tuple(getattr(p, "key", getattr(p, "idx", p)) for p in path), cfg)
+    leaves = _flat(nnx.to_pure_dict(state))
+    for path in sorted(leaves, key=cfg.checkpoint_names.stored):
+        leaf = leaves[path]
+        key = _key_of(path, cfg)
         match = _EXPERT.match(key)
         if match:
             num, d_in, d_out = leaf.shape

@@ -13,7 +13,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from radixflow_jax.kernels.attention import attention_naive, paged_attention, positions_from_batch, write_kv
+from radixflow_jax.kernels.attention import paged_attention, positions_from_batch, write_kv
+from tests.kernels.oracles import attention_naive
 
 PAGE_SIZE, NUM_PAGES, MAX_PAGES = 4, 40, 6
 HQ, HKV, DIM = 6, 2, 8

@@ -11,7 +11,8 @@ import pytest
 from jax.scipy.linalg import solve_triangular
 
 from radixflow_jax.kernels import fast, ops
-from radixflow_jax.kernels.attention import attention_naive, paged_attention
+from radixflow_jax.kernels.attention import paged_attention
+from tests.kernels.oracles import attention_naive
 from radixflow_jax.kernels.gated_delta import gated_delta_chunked
 from tests.kernels.test_attention import LONG, MIXED, make_batch, max_diff
 from tests.kernels.test_gated_delta import LENS, PAD, _check_against_oracle, _cu, _make_inputs, _used_chunks

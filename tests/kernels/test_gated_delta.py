@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 
 from radixflow_jax.kernels import fast
-from radixflow_jax.kernels.gated_delta import gated_delta_chunked, gated_delta_decode, gated_delta_naive
+from radixflow_jax.kernels.gated_delta import gated_delta_chunked, gated_delta_decode
+from tests.kernels.oracles import gated_delta_naive
 from radixflow_jax.kernels.layout import num_chunks_for
 
 ATOL = 1e-4

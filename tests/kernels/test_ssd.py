@@ -17,7 +17,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from radixflow_jax.kernels.layout import chunk_layout
-from radixflow_jax.kernels.ssd import ssd_chunked, ssd_decode, ssd_naive
+from radixflow_jax.kernels.ssd import ssd_chunked, ssd_decode
+from tests.kernels.oracles import ssd_naive
 
 TOL = 1e-4
 LENS = (5, 0, 1, 17, 9, 1, 12)  # off the chunk grid, a zero-length row, one-token rows

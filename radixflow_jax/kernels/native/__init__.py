@@ -312,7 +312,7 @@ def ssd_scan(
 ) -> tuple[jax.Array, jax.Array, jax.Array]:  # fmt: skip
     """``ops.ssd_chunked`` on the native kernel (the contract of ``kernels/ssd.ssd_chunked``): the
     recurrence token by token, checkpoints at the chunk grid; unused chunks are 0."""
-    from radixflow_jax.kernels.ssd import _check_shapes
+    from radixflow_jax.kernels.ssd import check_shapes
 
-    _check_shapes(x, dt, A, B, C)  # the reference's checks, at trace time
+    check_shapes(x, dt, A, B, C)  # the reference's checks, at trace time
     return _scan(SSD, x, (x, dt, A, B, C), cu_seqlens, initial_state, chunk_size, pair_chunk)

@@ -261,14 +261,3 @@ def chunk_scan(
         return call(fc, ends, *arrays, effective_initial(init, first, pair_chunk))
 
     return jax.lax.cond(jnp.any(src >= 0), paired, lambda: call(fc, ends, *arrays, init))
-
-
-def final_states(
-    chunk_states: jnp.ndarray, layout: ChunkLayout, initial_state: jnp.ndarray, pair_chunk: jnp.ndarray | None = None
-) -> jnp.ndarray:
-    """Each row's state after its last chunk, or its initial state (a paired row's: its producer's
-    chunk state) when it has no chunk."""
-    first = layout.first_chunk
-    has = (first[1:] > first[:-1])[:, None, None, None]
-    init = effective_initial(initial_state, chunk_states, pair_chunk)
-    return jnp.where(has, chunk_states[jnp.maximum(first[1:] - 1, 0)], init)

@@ -32,8 +32,8 @@ import functools
 
 import jax.numpy as jnp
 
-from radixflow_jax.kernels.layout import ChunkLayout, scatter_chunks
-from radixflow_jax.kernels.pallas.chunk_scan import ChunkInput, chunk_scan, final_states
+from radixflow_jax.kernels.layout import ChunkLayout, final_states, scatter_chunks
+from radixflow_jax.kernels.pallas.chunk_scan import ChunkInput, chunk_scan
 from radixflow_jax.kernels.pallas.common import Backend, decay_matrix, last_of_column, mm, mm_nt, mm_tn
 
 _F32 = jnp.float32

@@ -32,16 +32,9 @@ import jax.numpy as jnp
 from radixflow_jax.kernels.layout import chunk_layout, gather_chunks
 from radixflow_jax.kernels.pallas.common import Backend, check_pow2, pick_block, resolve_backend
 from radixflow_jax.kernels.pallas.decayed_scan import decayed_scan
+from radixflow_jax.kernels.ssd import check_shapes
 
 _F32 = jnp.float32
-
-
-def _check_shapes(x: jnp.ndarray, dt: jnp.ndarray, A: jnp.ndarray, B: jnp.ndarray, C: jnp.ndarray) -> None:
-    heads, groups = x.shape[-2], B.shape[-2]
-    if dt.shape != x.shape[:-1] or A.shape != (heads,) or B.shape != C.shape:
-        raise ValueError(f"bad SSD shapes x={x.shape} dt={dt.shape} A={A.shape} B={B.shape} C={C.shape}")
-    if heads % groups:
-        raise ValueError(f"heads {heads} not divisible by groups {groups}")
 
 
 def ssd_chunked(
@@ -66,7 +59,7 @@ def ssd_chunked(
     chunk_states f32 [num_chunks, H, P, N])``. ``block_p`` splits ``P`` across grid programs.
     ``pair_chunk``: the reference's contract (``kernels/ssd.py``), served as ``chunk_scan`` says.
     """
-    _check_shapes(x, dt, A, B, C)
+    check_shapes(x, dt, A, B, C)
     backend = resolve_backend(backend, interpret)
     num_tokens, heads, p = x.shape
     group = heads // B.shape[-2]

@@ -15,31 +15,14 @@ One difference from the converter, on purpose: ``rope.dimension_count`` is the r
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any
 
-import numpy as np
+from radixflow_jax.models.config import ConfigError, ModelConfig
+from radixflow_jax.models.gguf.family import U32, Meta, common_config, common_metadata, feed_forward_table, layer_array
+from radixflow_jax.models.gguf.family import raise_config, rope_theta, ssm_metadata, table_family
+from radixflow_jax.models.gguf.granite import ARCH, layout
 
-from radixflow_jax.models.config import ConfigError
-from radixflow_jax.models.gguf.family import ARR, F32, U32, Family, Meta, NameTable, common_config, only, raise_config
-from radixflow_jax.models.gguf.family import rope_theta
-from radixflow_jax.models.gguf.granite import _LAYER as GRANITE_LAYER
-from radixflow_jax.models.gguf.granite import ARCH, _layout
-
-_LAYER = {
-    **{k: v for k, v in GRANITE_LAYER.items() if k.startswith(("mamba.", "self_attn.", "input_"))},
-    "pre_ff_layernorm.weight": "ffn_norm.weight",
-    "feed_forward.gate_proj.weight": "ffn_gate.weight",
-    "feed_forward.up_proj.weight": "ffn_up.weight",
-    "feed_forward.down_proj.weight": "ffn_down.weight",
-}
-TABLE = NameTable(
-    _LAYER,
-    top={
-        "model.embed_tokens.weight": "token_embd.weight",
-        "lm_head.weight": "output.weight",
-        "model.final_layernorm.weight": "output_norm.weight",
-    },
-)
+TABLE = feed_forward_table("ffn_norm.weight")
 
 
 def is_bamba(f: Any) -> bool:
@@ -47,11 +30,7 @@ def is_bamba(f: Any) -> bool:
     return f"{ARCH}.embedding_scale" not in f.metadata and f"{ARCH}.residual_scale" not in f.metadata
 
 
-def _head_dim(cfg: dict[str, Any]) -> int:
-    return int(cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"])
-
-
-def _config(f: Any) -> dict[str, Any]:
+def _hf_config(f: Any) -> dict[str, Any]:
     kv = f.get(f"{ARCH}.attention.head_count_kv")
     if not isinstance(kv, list) or len(kv) != f.arch_int("block_count"):
         raise_config(f, f"{ARCH}.attention.head_count_kv", "must be a per-layer array (0 on Mamba2 layers)")
@@ -79,51 +58,18 @@ def _config(f: Any) -> dict[str, Any]:
     return cfg
 
 
-def _metadata(cfg: dict[str, Any]) -> Meta:
+def _gguf_metadata(model: ModelConfig, cfg: dict[str, Any]) -> Meta:
     if cfg.get("mamba_proj_bias") or (cfg.get("num_experts") or 1) != 1:
         raise ConfigError("config.json: mamba_proj_bias or num_experts != 1 has no bamba GGUF layout")
-    n, heads = int(cfg["num_hidden_layers"]), int(cfg["num_attention_heads"])
-    attn = set(cfg.get("attn_layer_indices") or [])
-    kv = int(cfg.get("num_key_value_heads", heads))
-    rope = cfg.get("rope_parameters") or {}
-    rotary = int(cfg.get("attn_rotary_emb") or _head_dim(cfg) * rope.get("partial_rotary_factor", 1.0))
-    a = ARCH
-    return [
-        (f"{a}.block_count", n, U32),
-        (f"{a}.context_length", int(cfg["max_position_embeddings"]), U32),
-        (f"{a}.embedding_length", int(cfg["hidden_size"]), U32),
-        (f"{a}.feed_forward_length", int(cfg["intermediate_size"]), U32),
-        (f"{a}.attention.head_count", heads, U32),
-        (f"{a}.attention.head_count_kv", [kv if i in attn else 0 for i in range(n)], ARR),
-        (f"{a}.rope.freq_base", float(rope_theta(cfg)), F32),
-        (f"{a}.attention.layer_norm_rms_epsilon", float(cfg.get("rms_norm_eps", 1e-5)), F32),
-        (f"{a}.vocab_size", int(cfg["vocab_size"]), U32),
-        (f"{a}.rope.dimension_count", rotary, U32),
-        (f"{a}.ssm.conv_kernel", int(cfg["mamba_d_conv"]), U32),
-        (f"{a}.ssm.state_size", int(cfg["mamba_d_state"]), U32),
-        (f"{a}.ssm.group_count", int(cfg.get("mamba_n_groups", 1)), U32),
-        (f"{a}.ssm.inner_size", int(cfg.get("mamba_expand", 2) * cfg["hidden_size"]), U32),
-        (f"{a}.ssm.time_step_rank", int(cfg["mamba_n_heads"]), U32),
-        (f"{a}.rope.scaling.finetuned", True, "bool"),
-    ]
+    att, mamba = model.attention, model.mamba
+    assert att is not None and mamba is not None
+    rotary = int(cfg.get("attn_rotary_emb") or (att.rope.rotary_dim if att.rope is not None else att.head_dim))
+    kv = layer_array(model, att.num_kv_heads)
+    meta = common_metadata(ARCH, model, rope_theta=rope_theta(cfg), key_length=None, head_count_kv=kv)
+    meta += [(f"{ARCH}.vocab_size", model.vocab_size, U32), (f"{ARCH}.rope.dimension_count", rotary, U32)]
+    return meta + ssm_metadata(ARCH, mamba) + [(f"{ARCH}.rope.scaling.finetuned", True, "bool")]
 
 
-def to_gguf(key: str, array: np.ndarray, cfg: dict[str, Any]) -> list[tuple[str, np.ndarray]]:
-    return [(TABLE.gguf(key), _layout(key, array, cfg, to_gguf=True).astype(np.float32, copy=False))]
-
-
-def from_gguf(key: str, parts: Mapping[str, np.ndarray], cfg: dict[str, Any]) -> np.ndarray:
-    return _layout(key, only(parts), cfg, to_gguf=False).astype(np.float32, copy=False)
-
-
-BAMBA = Family(
-    ARCH,
-    ("BambaForCausalLM",),
-    _config,
-    _metadata,
-    to_gguf,
-    TABLE.hf,
-    from_gguf,
-    lambda key, cfg: (TABLE.gguf(key),),
-    accepts=is_bamba,
+BAMBA = table_family(
+    ARCH, ("BambaForCausalLM",), _hf_config, _gguf_metadata, table=TABLE, layout=layout, accepts=is_bamba
 )

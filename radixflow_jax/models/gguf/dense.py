@@ -11,26 +11,14 @@ Invariant: the HF config dict names only HF fields; an unsupported RoPE scaling 
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 
-from radixflow_jax.models.config import ConfigError
-from radixflow_jax.models.gguf.family import (
-    ATTENTION,
-    DENSE_MLP,
-    F32,
-    STR,
-    Family,
-    Meta,
-    NameTable,
-    common_config,
-    common_metadata,
-    head_dim_of,
-    only,
-    raise_config,
-    rope_theta,
-)
+from radixflow_jax.models.config import ConfigError, ModelConfig
+from radixflow_jax.models.gguf.family import ATTENTION, DENSE_MLP, F32, STR, Meta, NameTable, common_config
+from radixflow_jax.models.gguf.family import common_metadata, raise_config, rope_theta, table_family
+from radixflow_jax.models.gguf.family import written_head_dim, written_rope_theta
 from radixflow_jax.models.safetensors_io import WeightsError
 
 _TABLE = NameTable({**ATTENTION, **DENSE_MLP})
@@ -64,7 +52,7 @@ def _qk_heads(key: str, cfg: dict[str, Any]) -> int | None:
     return None
 
 
-def _llama_config(f: Any) -> dict[str, Any]:
+def _llama_hf_config(f: Any) -> dict[str, Any]:
     cfg = common_config(f, "llama", ["LlamaForCausalLM"])
     del cfg["architectures"]
     rotary = f.arch_int("rope.dimension_count", cfg["head_dim"])
@@ -79,10 +67,17 @@ def _llama_config(f: Any) -> dict[str, Any]:
     return cfg
 
 
-def _llama_metadata(cfg: dict[str, Any]) -> Meta:
-    head_dim = head_dim_of(cfg)
-    meta = common_metadata("llama", cfg, head_dim)
-    meta += [("llama.rope.dimension_count", head_dim, "u32"), ("llama.vocab_size", int(cfg["vocab_size"]), "u32")]
+def _common(arch: str, model: ModelConfig, cfg: dict[str, Any]) -> Meta:
+    return common_metadata(arch, model, rope_theta=written_rope_theta(cfg), key_length=written_head_dim(model, cfg))
+
+
+def _llama_gguf_metadata(model: ModelConfig, cfg: dict[str, Any]) -> Meta:
+    assert model.attention is not None
+    meta = _common("llama", model, cfg)
+    meta += [
+        ("llama.rope.dimension_count", model.attention.head_dim, "u32"),
+        ("llama.vocab_size", model.vocab_size, "u32"),
+    ]
     scaling = cfg.get("rope_scaling") or {}
     if scaling.get("rope_type", scaling.get("type")) == "linear":
         meta += [
@@ -94,17 +89,14 @@ def _llama_metadata(cfg: dict[str, Any]) -> Meta:
     return meta
 
 
-def _llama_to_gguf(key: str, array: np.ndarray, cfg: dict[str, Any]) -> list[tuple[str, np.ndarray]]:
+def _llama_layout(key: str, t: np.ndarray, cfg: dict[str, Any], to_gguf: bool) -> np.ndarray:
     heads = _qk_heads(key, cfg)
-    return [(_TABLE.gguf(key), permute_qk(array, heads) if heads else array)]
+    if not heads:
+        return t
+    return permute_qk(t, heads) if to_gguf else unpermute_qk(t, heads)
 
 
-def _llama_from_gguf(key: str, parts: Mapping[str, np.ndarray], cfg: dict[str, Any]) -> np.ndarray:
-    heads = _qk_heads(key, cfg)
-    return unpermute_qk(only(parts), heads) if heads else only(parts)
-
-
-def _qwen3_config(f: Any) -> dict[str, Any]:
+def _qwen3_hf_config(f: Any) -> dict[str, Any]:
     cfg = common_config(f, "qwen3", ["Qwen3ForCausalLM"])
     cfg["rope_parameters"] = {"rope_type": "default", "rope_theta": f.arch_float("rope.freq_base", 10000.0)}
     if f.arch_int("rope.dimension_count", cfg["head_dim"]) != cfg["head_dim"]:
@@ -113,7 +105,7 @@ def _qwen3_config(f: Any) -> dict[str, Any]:
     return cfg
 
 
-def _qwen3_metadata(cfg: dict[str, Any]) -> Meta:
+def _qwen3_gguf_metadata(model: ModelConfig, cfg: dict[str, Any]) -> Meta:
     rope = cfg.get("rope_parameters") or {}
     if rope.get("rope_type", "default") != "default" or cfg.get("rope_scaling"):
         raise ConfigError(
@@ -122,30 +114,12 @@ def _qwen3_metadata(cfg: dict[str, Any]) -> Meta:
     if cfg.get("attention_bias"):
         raise ConfigError("config.json: attention_bias=true is not supported for qwen3")
     rope_theta(cfg)
-    return common_metadata("qwen3", cfg, head_dim_of(cfg))
+    return _common("qwen3", model, cfg)
 
 
-def gguf_names(key: str, cfg: dict[str, Any]) -> tuple[str, ...]:
-    return (_TABLE.gguf(key),)
-
-
-LLAMA = Family(
-    "llama",
-    ("LlamaForCausalLM",),
-    _llama_config,
-    _llama_metadata,
-    _llama_to_gguf,
-    _TABLE.hf,
-    _llama_from_gguf,
-    gguf_names,
+LLAMA = table_family(
+    "llama", ("LlamaForCausalLM",), _llama_hf_config, _llama_gguf_metadata, table=_TABLE, layout=_llama_layout
 )
-QWEN3 = Family(
-    "qwen3",
-    ("Qwen3ForCausalLM",),
-    _qwen3_config,
-    _qwen3_metadata,
-    lambda key, array, cfg: [(_TABLE.gguf(key), array)],
-    _TABLE.hf,
-    lambda key, parts, cfg: only(parts),
-    gguf_names,
+QWEN3 = table_family(
+    "qwen3", ("Qwen3ForCausalLM",), _qwen3_hf_config, _qwen3_gguf_metadata, table=_TABLE, layout=lambda k, t, c, g: t
 )

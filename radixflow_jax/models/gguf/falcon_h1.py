@@ -16,33 +16,16 @@ raises ``ConfigError``.
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 
-from radixflow_jax.models.config import ConfigError
-from radixflow_jax.models.gguf.family import ATTENTION, F32, U32, Family, Meta, NameTable, common_config, only
-from radixflow_jax.models.gguf.family import raise_config, rope_theta
-from radixflow_jax.models.gguf.granite import _LAYER as GRANITE_LAYER
-from radixflow_jax.models.gguf.granite import mamba_layout
+from radixflow_jax.models.config import ConfigError, ModelConfig
+from radixflow_jax.models.gguf.family import U32, Meta, common_config, common_metadata, feed_forward_table
+from radixflow_jax.models.gguf.family import mamba_layout, raise_config, rope_theta, ssm_metadata, table_family
 
 ARCH = "falcon-h1"
-_LAYER = {
-    **{k: v for k, v in GRANITE_LAYER.items() if k.startswith("mamba.")},
-    **{k: v for k, v in ATTENTION.items() if "_norm." not in k or k.startswith("input_")},
-    "pre_ff_layernorm.weight": "ffn_norm",
-    "feed_forward.gate_proj.weight": "ffn_gate.weight",
-    "feed_forward.up_proj.weight": "ffn_up.weight",
-    "feed_forward.down_proj.weight": "ffn_down.weight",
-}
-TABLE = NameTable(
-    _LAYER,
-    top={
-        "model.embed_tokens.weight": "token_embd.weight",
-        "lm_head.weight": "output.weight",
-        "model.final_layernorm.weight": "output_norm.weight",
-    },
-)
+TABLE = feed_forward_table("ffn_norm")  # the converter drops the ``.weight``
 _ONES = {
     "embedding_multiplier": 1.0,
     "lm_head_multiplier": 1.0,
@@ -84,22 +67,17 @@ def _in_proj(t: np.ndarray, cfg: dict[str, Any]) -> np.ndarray:
     return t
 
 
-def to_gguf(key: str, array: np.ndarray, cfg: dict[str, Any]) -> list[tuple[str, np.ndarray]]:
+def _layout(key: str, array: np.ndarray, cfg: dict[str, Any], to_gguf: bool) -> np.ndarray:
+    """The multipliers folded in (writing only: they are not recovered) and the Mamba2 stored forms."""
     suffix = key.split(".", 3)[-1] if key.startswith("model.layers.") else key
-    if suffix == "mamba.in_proj.weight":
+    if to_gguf and suffix == "mamba.in_proj.weight":
         array = _in_proj(array, cfg)
-    elif (m := _multiplier(key, cfg)) is not None:
+    elif to_gguf and (m := _multiplier(key, cfg)) is not None:
         array = array * np.float32(m)
-    array = mamba_layout(suffix, array, int(cfg.get("mamba_n_groups", 1)), to_gguf=True)
-    return [(TABLE.gguf(key), array.astype(np.float32, copy=False))]
+    return mamba_layout(suffix, array, int(cfg.get("mamba_n_groups", 1)), to_gguf=to_gguf)
 
 
-def from_gguf(key: str, parts: Mapping[str, np.ndarray], cfg: dict[str, Any]) -> np.ndarray:
-    suffix = key.split(".", 3)[-1] if key.startswith("model.layers.") else key
-    return mamba_layout(suffix, only(parts), int(cfg.get("mamba_n_groups", 1)), to_gguf=False).astype(np.float32)
-
-
-def _config(f: Any) -> dict[str, Any]:
+def _hf_config(f: Any) -> dict[str, Any]:
     if any(name.endswith(".ssm_norm.weight") for name in f.tensors):
         raise ConfigError(
             f"{f.path}: GGUF tensor 'ssm_norm.weight' (a Mamba2 gated norm) is not supported for "
@@ -126,39 +104,14 @@ def _config(f: Any) -> dict[str, Any]:
     return cfg
 
 
-def _metadata(cfg: dict[str, Any]) -> Meta:
+def _gguf_metadata(model: ModelConfig, cfg: dict[str, Any]) -> Meta:
     for field in ("mamba_rms_norm", "mamba_proj_bias", "projectors_bias", "tie_word_embeddings"):
         if cfg.get(field):  # a tied head cannot carry both multipliers folded in
             raise ConfigError(f"config.json: {field}=true is not written to falcon-h1 GGUF")
-    inner, heads = int(cfg["mamba_d_ssm"]), int(cfg["mamba_n_heads"])
-    a = ARCH
-    return [
-        (f"{a}.context_length", int(cfg.get("max_position_embeddings", 0)), U32),
-        (f"{a}.embedding_length", int(cfg["hidden_size"]), U32),
-        (f"{a}.feed_forward_length", int(cfg["intermediate_size"]), U32),
-        (f"{a}.attention.head_count", int(cfg["num_attention_heads"]), U32),
-        (f"{a}.block_count", int(cfg["num_hidden_layers"]), U32),
-        (f"{a}.ssm.conv_kernel", int(cfg.get("mamba_d_conv", 4)), U32),
-        (f"{a}.ssm.inner_size", inner, U32),
-        (f"{a}.ssm.state_size", int(cfg["mamba_d_state"]), U32),
-        (f"{a}.ssm.time_step_rank", inner // int(cfg.get("mamba_d_head") or inner // heads), U32),
-        (f"{a}.ssm.group_count", int(cfg.get("mamba_n_groups", 1)), U32),
-        (f"{a}.attention.layer_norm_rms_epsilon", float(cfg.get("rms_norm_eps", 1e-5)), F32),
-        (f"{a}.vocab_size", int(cfg["vocab_size"]), U32),
-        (f"{a}.attention.head_count_kv", int(cfg["num_key_value_heads"]), U32),
-        (f"{a}.attention.key_length", int(cfg["head_dim"]), U32),
-        (f"{a}.attention.value_length", int(cfg["head_dim"]), U32),
-        (f"{a}.rope.freq_base", float(rope_theta(cfg)), F32),
-    ]
+    att, mamba = model.attention, model.mamba
+    assert att is not None and mamba is not None
+    meta = common_metadata(ARCH, model, rope_theta=rope_theta(cfg), key_length=att.head_dim)
+    return meta + [(f"{ARCH}.vocab_size", model.vocab_size, U32)] + ssm_metadata(ARCH, mamba)
 
 
-FALCON_H1 = Family(
-    ARCH,
-    ("FalconH1ForCausalLM",),
-    _config,
-    _metadata,
-    to_gguf,
-    TABLE.hf,
-    from_gguf,
-    lambda key, cfg: (TABLE.gguf(key),),
-)
+FALCON_H1 = table_family(ARCH, ("FalconH1ForCausalLM",), _hf_config, _gguf_metadata, table=TABLE, layout=_layout)

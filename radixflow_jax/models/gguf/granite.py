@@ -21,120 +21,75 @@ Not stored, so not read back: ``mamba_chunk_size`` (a compute choice: our defaul
 
 from __future__ import annotations
 
-import re
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 
-from radixflow_jax.models.config import ConfigError
+from radixflow_jax.models.config import ConfigError, ModelConfig
 from radixflow_jax.models.gguf.dense import permute_qk, unpermute_qk
 from radixflow_jax.models.gguf.family import (
-    ARR,
-    ATTENTION,
     F32,
+    MAMBA2,
+    PLAIN_ATTENTION,
     U32,
-    Family,
     Meta,
     NameTable,
+    Splits,
     common_config,
-    only,
+    common_metadata,
+    layer_array,
+    mamba_layout,
     raise_config,
+    ssm_metadata,
+    table_family,
 )
-from radixflow_jax.models.safetensors_io import WeightsError
 
 ARCH = "granitehybrid"
 NO_ROPE_CONTEXT = 2**20
 _LAYER = {
-    **{k: v for k, v in ATTENTION.items() if "_norm." not in k or k.startswith("input_")},
+    **PLAIN_ATTENTION,
     "post_attention_layernorm.weight": "ffn_norm.weight",
-    "mamba.in_proj.weight": "ssm_in.weight",
-    "mamba.conv1d.weight": "ssm_conv1d.weight",
-    "mamba.conv1d.bias": "ssm_conv1d.bias",
-    "mamba.dt_bias": "ssm_dt.bias",
-    "mamba.A_log": "ssm_a",
-    "mamba.D": "ssm_d",
-    "mamba.norm.weight": "ssm_norm.weight",
-    "mamba.out_proj.weight": "ssm_out.weight",
+    **MAMBA2,
     "block_sparse_moe.router.layer.weight": "ffn_gate_inp.weight",
     "block_sparse_moe.output_linear.weight": "ffn_down_exps.weight",
     "shared_mlp.output_linear.weight": "ffn_down_shexp.weight",
 }
 TABLE = NameTable(_LAYER)
-# fused HF tensor -> (its two GGUF halves, the axis they split on)
+# fused HF tensor -> its two GGUF halves, and the axis they split on (by the HF module's name)
 _SPLIT = {
-    "block_sparse_moe.input_linear.weight": (("ffn_gate_exps.weight", "ffn_up_exps.weight"), 1),
-    "shared_mlp.input_linear.weight": (("ffn_gate_shexp.weight", "ffn_up_shexp.weight"), 0),
+    "block_sparse_moe.input_linear.weight": ("ffn_gate_exps.weight", "ffn_up_exps.weight"),
+    "shared_mlp.input_linear.weight": ("ffn_gate_shexp.weight", "ffn_up_shexp.weight"),
 }
-_HF_LAYER = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
-_BLOCK = re.compile(r"^blk\.(\d+)\.(.+)$")
+_SPLIT_AXIS = {"block_sparse_moe": 1, "shared_mlp": 0}
 
 
-def _kv_heads(cfg: dict[str, Any]) -> int:
-    return int(cfg.get("num_key_value_heads", cfg["num_attention_heads"]))
-
-
-def _layout(key: str, t: np.ndarray, cfg: dict[str, Any], *, to_gguf: bool) -> np.ndarray:
-    suffix = key.split(".", 3)[-1] if key.startswith("model.layers.") else key
+def qk_mamba_layout(suffix: str, t: np.ndarray, cfg: dict[str, Any], groups: int, *, to_gguf: bool) -> np.ndarray:
+    """The stored form of a Mamba2-hybrid layer tensor (``suffix`` below the layer, HF
+    ``self_attn.*`` / ``mamba.*`` names) or its inverse: ``attn_q``/``attn_k`` rows permuted per head
+    as for ``llama``, the Mamba2 tensors as :func:`family.mamba_layout`."""
     if suffix in ("self_attn.q_proj.weight", "self_attn.k_proj.weight"):
-        heads = int(cfg["num_attention_heads"]) if ".q_proj" in suffix else _kv_heads(cfg)
+        heads = int(cfg["num_attention_heads"])
+        if ".k_proj" in suffix:
+            heads = int(cfg.get("num_key_value_heads", heads))
         return permute_qk(t, heads) if to_gguf else unpermute_qk(t, heads)
-    return mamba_layout(suffix, t, int(cfg.get("mamba_n_groups", 1)), to_gguf=to_gguf)
+    return mamba_layout(suffix, t, groups, to_gguf=to_gguf)
 
 
-def mamba_layout(suffix: str, t: np.ndarray, groups: int, *, to_gguf: bool) -> np.ndarray:
-    """``Mamba2Model``'s stored forms of a ``mamba.*`` tensor (``suffix`` below the layer), or their
-    inverse: squeezed conv, ``-exp(A_log)`` and ``D`` as ``[heads, 1]``, the norm as ``[groups, -1]``."""
-    if suffix == "mamba.conv1d.weight":
-        return t.reshape(t.shape[0], t.shape[-1]) if to_gguf else t[:, None, :]
-    if suffix == "mamba.A_log":
-        return -np.exp(t).reshape(-1, 1) if to_gguf else np.log(-t).reshape(-1)
-    if suffix == "mamba.D":
-        return t.reshape(-1, 1) if to_gguf else t.reshape(-1)
-    if suffix == "mamba.norm.weight":
-        return t.reshape(groups, -1) if to_gguf else t.reshape(-1)
-    return t
+def layout(key: str, t: np.ndarray, cfg: dict[str, Any], to_gguf: bool) -> np.ndarray:
+    """:func:`qk_mamba_layout` of HF tensor ``key`` (``model.layers.*``), groups ``mamba_n_groups``."""
+    suffix = key.split(".", 3)[-1] if key.startswith("model.layers.") else key
+    return qk_mamba_layout(suffix, t, cfg, int(cfg.get("mamba_n_groups", 1)), to_gguf=to_gguf)
 
 
-def _split_of(key: str) -> tuple[str, tuple[tuple[str, str], int]] | None:
-    m = _HF_LAYER.match(key)
-    return (m[1], _SPLIT[m[2]]) if m and m[2] in _SPLIT else None
+def _split(key: str, t: np.ndarray, cfg: dict[str, Any]) -> list[np.ndarray]:
+    return np.split(t, 2, axis=_SPLIT_AXIS[key.split(".")[-3]])
 
 
-def to_gguf(key: str, array: np.ndarray, cfg: dict[str, Any]) -> list[tuple[str, np.ndarray]]:
-    split = _split_of(key)
-    if split:
-        (first, second), axis = split[1]
-        a, b = np.split(array, 2, axis=axis)
-        return [(f"blk.{split[0]}.{first}", a), (f"blk.{split[0]}.{second}", b)]
-    return [(TABLE.gguf(key), _layout(key, array, cfg, to_gguf=True).astype(np.float32, copy=False))]
+def _join(key: str, parts: list[np.ndarray], cfg: dict[str, Any]) -> np.ndarray:
+    return np.concatenate(parts, axis=_SPLIT_AXIS[key.split(".")[-3]])
 
 
-def hf_key(name: str) -> str:
-    m = _BLOCK.match(name)
-    if m:
-        for key, (names, _) in _SPLIT.items():
-            if m[2] in names:
-                return f"model.layers.{m[1]}.{key}"
-    return TABLE.hf(name)
-
-
-def gguf_names(key: str, cfg: dict[str, Any]) -> tuple[str, ...]:
-    split = _split_of(key)
-    return tuple(f"blk.{split[0]}.{n}" for n in split[1][0]) if split else (TABLE.gguf(key),)
-
-
-def from_gguf(key: str, parts: Mapping[str, np.ndarray], cfg: dict[str, Any]) -> np.ndarray:
-    split = _split_of(key)
-    if split:
-        names = gguf_names(key, cfg)
-        missing = [n for n in names if n not in parts]
-        if missing:
-            raise WeightsError(f"GGUF tensor '{missing[0]}' is missing (needed for '{key}')")
-        return np.concatenate([parts[n] for n in names], axis=split[1][1])
-    return _layout(key, only(parts), cfg, to_gguf=False).astype(np.float32, copy=False)
-
-
-def _config(f: Any) -> dict[str, Any]:
+def _hf_config(f: Any) -> dict[str, Any]:
     kv = f.get(f"{ARCH}.attention.head_count_kv")
     if not isinstance(kv, list) or len(kv) != f.arch_int("block_count"):
         raise_config(f, f"{ARCH}.attention.head_count_kv", "must be a per-layer array (0 on Mamba2 layers)")
@@ -172,32 +127,28 @@ def _config(f: Any) -> dict[str, Any]:
     return cfg
 
 
-def _metadata(cfg: dict[str, Any]) -> Meta:
+def _gguf_metadata(model: ModelConfig, cfg: dict[str, Any]) -> Meta:
     if cfg.get("mamba_proj_bias"):
         raise ConfigError("config.json: mamba_proj_bias=true has no granitehybrid GGUF tensor")
-    types = cfg.get("layer_types") or []
-    n, hidden, heads = int(cfg["num_hidden_layers"]), int(cfg["hidden_size"]), int(cfg["num_attention_heads"])
-    if len(types) != n:
-        raise ConfigError("config.json: layer_types and num_hidden_layers disagree (granitehybrid)")
+    att, mamba = model.attention, model.mamba
+    assert att is not None and mamba is not None
     rope = cfg.get("position_embedding_type") == "rope"
     a = ARCH
-    meta: Meta = [
-        (f"{a}.block_count", n, U32),
-        (f"{a}.context_length", int(cfg["max_position_embeddings"]) if rope else NO_ROPE_CONTEXT, U32),
-        (f"{a}.embedding_length", hidden, U32),
-        (f"{a}.feed_forward_length", int(cfg["intermediate_size"]), U32),
-        (f"{a}.attention.head_count", heads, U32),
-        (f"{a}.attention.head_count_kv", [_kv_heads(cfg) if t == "attention" else 0 for t in types], ARR),
+    meta = common_metadata(
+        a,
+        model,
+        rope_theta=float(cfg.get("rope_theta", 10000.0)) if rope else None,
+        key_length=None,
+        head_count_kv=layer_array(model, att.num_kv_heads),
+        feed_forward_length=int(cfg["intermediate_size"]),  # the HF field, not the shared GLU's width
+        context_length=None if rope else NO_ROPE_CONTEXT,
+    )
+    if model.moe is not None:
+        meta += [(f"{a}.expert_count", model.moe.num_experts, U32), (f"{a}.expert_used_count", model.moe.top_k, U32)]
+    meta += [
+        (f"{a}.vocab_size", model.vocab_size, U32),
+        (f"{a}.rope.dimension_count", model.hidden_size // att.num_heads, U32),
     ]
-    if rope:
-        meta.append((f"{a}.rope.freq_base", float(cfg.get("rope_theta", 10000.0)), F32))
-    meta.append((f"{a}.attention.layer_norm_rms_epsilon", float(cfg["rms_norm_eps"]), F32))
-    if cfg.get("num_local_experts"):
-        meta += [
-            (f"{a}.expert_count", int(cfg["num_local_experts"]), U32),
-            (f"{a}.expert_used_count", int(cfg["num_experts_per_tok"]), U32),
-        ]
-    meta += [(f"{a}.vocab_size", int(cfg["vocab_size"]), U32), (f"{a}.rope.dimension_count", hidden // heads, U32)]
     for key, field in (
         ("attention.scale", "attention_multiplier"),
         ("embedding_scale", "embedding_multiplier"),
@@ -206,19 +157,11 @@ def _metadata(cfg: dict[str, Any]) -> Meta:
     ):
         if cfg.get(field):
             meta.append((f"{a}.{key}", float(cfg[field]), F32))
-    inner = int(cfg.get("mamba_expand", 2) * hidden)
-    meta += [
-        (f"{a}.expert_shared_feed_forward_length", int(cfg["shared_intermediate_size"]), U32),
-        (f"{a}.ssm.conv_kernel", int(cfg["mamba_d_conv"]), U32),
-        (f"{a}.ssm.state_size", int(cfg["mamba_d_state"]), U32),
-        (f"{a}.ssm.group_count", int(cfg.get("mamba_n_groups", 1)), U32),
-        (f"{a}.ssm.inner_size", inner, U32),
-        (f"{a}.ssm.time_step_rank", int(cfg["mamba_n_heads"]), U32),
-        (f"{a}.rope.scaling.finetuned", rope, "bool"),
-    ]
-    return meta
+    meta.append((f"{a}.expert_shared_feed_forward_length", model.intermediate_size, U32))
+    return meta + ssm_metadata(a, mamba) + [(f"{a}.rope.scaling.finetuned", rope, "bool")]
 
 
-GRANITE_HYBRID = Family(
-    ARCH, ("GraniteMoeHybridForCausalLM",), _config, _metadata, to_gguf, hf_key, from_gguf, gguf_names
+SPLITS = Splits(_SPLIT, _split, _join)
+GRANITE_HYBRID = table_family(
+    ARCH, ("GraniteMoeHybridForCausalLM",), _hf_config, _gguf_metadata, table=TABLE, layout=layout, splits=SPLITS
 )

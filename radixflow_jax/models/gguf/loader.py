@@ -40,7 +40,7 @@ def family_of(f: GgufFile) -> Family:
 
 def hf_config_dict(f: GgufFile) -> dict[str, Any]:
     """The ``config.json`` dict of the model in ``f`` (HF field names; parsed by ``parse_hf_config``)."""
-    return family_of(f).config(f)
+    return family_of(f).hf_config(f)
 
 
 class GgufTensors(Mapping[str, np.ndarray]):
@@ -49,7 +49,7 @@ class GgufTensors(Mapping[str, np.ndarray]):
     def __init__(self, f: GgufFile, cfg: dict[str, Any] | None = None):
         self._file = f
         self._family = family_of(f)
-        self._cfg = cfg if cfg is not None else self._family.config(f)
+        self._cfg = cfg if cfg is not None else self._family.hf_config(f)
         self._parts: dict[str, list[str]] = {}
         for name in f.tensors:
             try:

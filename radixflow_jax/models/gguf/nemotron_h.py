@@ -15,25 +15,31 @@ are not mapped.
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 
-from radixflow_jax.models.config import ConfigError
-from radixflow_jax.models.gguf.dense import permute_qk, unpermute_qk
-from radixflow_jax.models.gguf.family import ARR, F32, U32, Family, Meta, NameTable, only, raise_config
-from radixflow_jax.models.gguf.granite import _LAYER as GRANITE_LAYER
-from radixflow_jax.models.gguf.granite import mamba_layout
+from radixflow_jax.models.config import ConfigError, ModelConfig
+from radixflow_jax.models.gguf.family import (
+    MAMBA2,
+    PLAIN_ATTENTION,
+    U32,
+    Meta,
+    NameTable,
+    common_metadata,
+    layer_array,
+    raise_config,
+    ssm_metadata,
+    table_family,
+    written_head_dim,
+)
+from radixflow_jax.models.gguf.granite import NO_ROPE_CONTEXT, qk_mamba_layout
 
 ARCH = "nemotron_h"
-NO_ROPE_CONTEXT = 2**20
 _LAYER = {
     "norm.weight": "attn_norm.weight",
-    **{k.replace("mamba.", "mixer.", 1): v for k, v in GRANITE_LAYER.items() if k.startswith("mamba.")},
-    "mixer.q_proj.weight": "attn_q.weight",
-    "mixer.k_proj.weight": "attn_k.weight",
-    "mixer.v_proj.weight": "attn_v.weight",
-    "mixer.o_proj.weight": "attn_output.weight",
+    # a block's one mixer: the Mamba2 and attention names under ``mixer.``
+    **{"mixer." + k.split(".", 1)[1]: v for k, v in {**MAMBA2, **PLAIN_ATTENTION}.items() if "_layernorm" not in k},
     "mixer.up_proj.weight": "ffn_up.weight",
     "mixer.down_proj.weight": "ffn_down.weight",
 }
@@ -48,24 +54,25 @@ TABLE = NameTable(
 )
 
 
-def _layout(key: str, t: np.ndarray, cfg: dict[str, Any], *, to_gguf: bool) -> np.ndarray:
+def _layout(key: str, t: np.ndarray, cfg: dict[str, Any], to_gguf: bool) -> np.ndarray:
+    """``granite.qk_mamba_layout`` under this family's one ``mixer.*`` name per block."""
     suffix = key.split(".", 3)[-1] if key.startswith("backbone.layers.") else key
-    if suffix in ("mixer.q_proj.weight", "mixer.k_proj.weight"):
-        heads = int(cfg["num_attention_heads"])
-        if ".k_proj" in suffix:
-            heads = int(cfg.get("num_key_value_heads", heads))
-        return permute_qk(t, heads) if to_gguf else unpermute_qk(t, heads)
-    return mamba_layout(suffix.replace("mixer.", "mamba.", 1), t, int(cfg.get("n_groups", 1)), to_gguf=to_gguf)
+    if suffix.startswith("mixer."):
+        mixer = "self_attn." if suffix in ("mixer.q_proj.weight", "mixer.k_proj.weight") else "mamba."
+        suffix = suffix.replace("mixer.", mixer, 1)
+    return qk_mamba_layout(suffix, t, cfg, int(cfg.get("n_groups", 1)), to_gguf=to_gguf)
 
 
-def _pattern(cfg: dict[str, Any]) -> str:
-    pattern = cfg.get("hybrid_override_pattern")
-    if not isinstance(pattern, str) or set(pattern) - set("M*-"):
-        raise ConfigError(f"config.json: hybrid_override_pattern={pattern!r}: only M, * and - blocks are written")
+def _pattern(model: ModelConfig) -> str:
+    """The block pattern (``M`` Mamba2, ``*`` attention, ``-`` MLP) of the parsed config."""
+    symbols = {("mamba", "none"): "M", ("attention", "none"): "*", ("none", "relu2"): "-"}
+    pattern = "".join(symbols.get(kinds, "?") for kinds in zip(model.mixers, model.mlps))
+    if "?" in pattern:
+        raise ConfigError(f"config.json: Nemotron-H blocks {pattern!r}: only M, * and - blocks are written")
     return pattern
 
 
-def _config(f: Any) -> dict[str, Any]:
+def _hf_config(f: Any) -> dict[str, Any]:
     n = f.arch_int("block_count")
     kv, ff = f.get(f"{ARCH}.attention.head_count_kv"), f.get(f"{ARCH}.feed_forward_length")
     for key, value in ((f"{ARCH}.attention.head_count_kv", kv), (f"{ARCH}.feed_forward_length", ff)):
@@ -111,51 +118,27 @@ def _common(f: Any, kv: list[int], ff: list[int]) -> dict[str, Any]:
     }
 
 
-def _metadata(cfg: dict[str, Any]) -> Meta:
+def _gguf_metadata(model: ModelConfig, cfg: dict[str, Any]) -> Meta:
     if cfg.get("use_bias") or cfg.get("mlp_bias") or cfg.get("attention_bias"):
         raise ConfigError("config.json: use_bias/mlp_bias/attention_bias=true has no nemotron_h GGUF tensor")
-    pattern = _pattern(cfg)
-    hidden, heads = int(cfg["hidden_size"]), int(cfg["num_attention_heads"])
-    kv, inner = int(cfg.get("num_key_value_heads", heads)), int(cfg["mamba_num_heads"]) * int(cfg["mamba_head_dim"])
-    a = ARCH
-    meta: Meta = [
-        (f"{a}.block_count", len(pattern), U32),
-        (f"{a}.context_length", NO_ROPE_CONTEXT, U32),
-        (f"{a}.embedding_length", hidden, U32),
-        (f"{a}.feed_forward_length", [int(cfg["intermediate_size"]) if c == "-" else 0 for c in pattern], ARR),
-        (f"{a}.attention.head_count", heads, U32),
-        (f"{a}.attention.head_count_kv", [kv if c == "*" else 0 for c in pattern], ARR),
-        (f"{a}.attention.layer_norm_epsilon", float(cfg.get("layer_norm_epsilon", 1e-5)), F32),
-        (f"{a}.vocab_size", int(cfg["vocab_size"]), U32),
-        (f"{a}.rope.dimension_count", hidden // heads, U32),
-        (f"{a}.ssm.conv_kernel", int(cfg.get("conv_kernel", 4)), U32),
-        (f"{a}.ssm.state_size", int(cfg["ssm_state_size"]), U32),
-        (f"{a}.ssm.group_count", int(cfg.get("n_groups", 1)), U32),
-        (f"{a}.ssm.inner_size", inner, U32),
-        (f"{a}.ssm.time_step_rank", int(cfg["mamba_num_heads"]), U32),
-        (f"{a}.rope.scaling.finetuned", False, "bool"),
+    pattern = _pattern(model)
+    att, mamba = model.attention, model.mamba
+    assert att is not None and mamba is not None
+    meta = common_metadata(
+        ARCH,
+        model,
+        rope_theta=None,
+        key_length=written_head_dim(model, cfg),
+        head_count_kv=layer_array(model, att.num_kv_heads),
+        feed_forward_length=[model.intermediate_size if c == "-" else 0 for c in pattern],
+        context_length=NO_ROPE_CONTEXT,
+        eps_key="layer_norm_epsilon",
+    )
+    meta += [
+        (f"{ARCH}.vocab_size", model.vocab_size, U32),
+        (f"{ARCH}.rope.dimension_count", model.hidden_size // att.num_heads, U32),
     ]
-    if cfg.get("head_dim") is not None:
-        meta += [(f"{a}.attention.key_length", int(cfg["head_dim"]), U32)]
-        meta += [(f"{a}.attention.value_length", int(cfg["head_dim"]), U32)]
-    return meta
+    return meta + ssm_metadata(ARCH, mamba) + [(f"{ARCH}.rope.scaling.finetuned", False, "bool")]
 
 
-def to_gguf(key: str, array: np.ndarray, cfg: dict[str, Any]) -> list[tuple[str, np.ndarray]]:
-    return [(TABLE.gguf(key), _layout(key, array, cfg, to_gguf=True).astype(np.float32, copy=False))]
-
-
-def from_gguf(key: str, parts: Mapping[str, np.ndarray], cfg: dict[str, Any]) -> np.ndarray:
-    return _layout(key, only(parts), cfg, to_gguf=False).astype(np.float32, copy=False)
-
-
-NEMOTRON_H = Family(
-    ARCH,
-    ("NemotronHForCausalLM",),
-    _config,
-    _metadata,
-    to_gguf,
-    TABLE.hf,
-    from_gguf,
-    lambda key, cfg: (TABLE.gguf(key),),
-)
+NEMOTRON_H = table_family(ARCH, ("NemotronHForCausalLM",), _hf_config, _gguf_metadata, table=TABLE, layout=_layout)

@@ -19,28 +19,18 @@ each undone exactly on reading:
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 
-from radixflow_jax.models.config import ConfigError
-from radixflow_jax.models.gguf.family import (
-    ARR,
-    ATTENTION,
-    U32,
-    Family,
-    Meta,
-    NameTable,
-    common_config,
-    common_metadata,
-    head_dim_of,
-    only,
-    raise_config,
-)
+from radixflow_jax.models.config import ConfigError, ModelConfig
+from radixflow_jax.models.gguf.family import ARR, ATTENTION, U32, Meta, NameTable, common_config, common_metadata
+from radixflow_jax.models.gguf.family import head_dim_of, raise_config, table_family
+from radixflow_jax.models.gguf.family import written_head_dim, written_rope_theta
 
 ARCH = "qwen35"
 MROPE_DEFAULT = [11, 11, 10, 0]
-_LAYER = {
+LAYER = {  # shared with qwen3next
     **ATTENTION,
     "post_attention_layernorm.weight": "post_attention_norm.weight",
     "mlp.gate_proj.weight": "ffn_gate.weight",
@@ -56,10 +46,10 @@ _LAYER = {
     "linear_attn.norm.weight": "ssm_norm.weight",
     "linear_attn.out_proj.weight": "ssm_out.weight",
 }
-TABLE = NameTable(_LAYER)
+TABLE = NameTable(LAYER)
 
 
-def _dims(cfg: dict[str, Any]) -> tuple[int, int, int, int]:
+def gdn_dims(cfg: dict[str, Any]) -> tuple[int, int, int, int]:
     """``(key heads, value heads, key head dim, value head dim)`` of the GDN layers."""
     return (
         int(cfg["linear_num_key_heads"]),
@@ -88,7 +78,7 @@ def _zero_centred(suffix: str) -> bool:
 def gdn_layout(key: str, t: np.ndarray, cfg: dict[str, Any], *, to_gguf: bool, regroup: bool = True) -> np.ndarray:
     """The converter's change to tensor ``key`` (``to_gguf``) or its inverse; ``regroup=False``
     (qwen3next) leaves the value-head order alone."""
-    nk, nv, dk, dv = _dims(cfg) if "linear_num_key_heads" in cfg else (1, 1, 0, 0)
+    nk, nv, dk, dv = gdn_dims(cfg) if "linear_num_key_heads" in cfg else (1, 1, 0, 0)
     if not regroup:
         nk = nv
     suffix = key.split(".", 3)[-1] if key.startswith("model.layers.") else key
@@ -153,7 +143,7 @@ def gdn_metadata(arch: str, cfg: dict[str, Any]) -> Meta:
     rope = cfg.get("rope_parameters") or {}
     if rope.get("rope_type", "default") != "default":
         raise ConfigError(f"config.json: rope_type={rope.get('rope_type')!r}: only default RoPE is written to GGUF")
-    nk, nv, dk, dv = _dims(cfg)
+    nk, nv, dk, dv = gdn_dims(cfg)
     meta: Meta = [
         (f"{arch}.ssm.conv_kernel", int(cfg["linear_conv_kernel_dim"]), U32),
         (f"{arch}.ssm.state_size", dk, U32),
@@ -171,28 +161,23 @@ def gdn_metadata(arch: str, cfg: dict[str, Any]) -> Meta:
     return meta
 
 
-def _config(f: Any) -> dict[str, Any]:
+def _hf_config(f: Any) -> dict[str, Any]:
     cfg = common_config(f, "qwen3_5_text", ["Qwen3_5ForCausalLM"])
     gdn_config(f, cfg)
     return cfg
 
 
-def _metadata(cfg: dict[str, Any]) -> Meta:
-    meta = common_metadata(ARCH, cfg, head_dim_of(cfg)) + gdn_metadata(ARCH, cfg)
+def _layout(key: str, t: np.ndarray, cfg: dict[str, Any], to_gguf: bool) -> np.ndarray:
+    return gdn_layout(key, t, cfg, to_gguf=to_gguf)
+
+
+def _gguf_metadata(model: ModelConfig, cfg: dict[str, Any]) -> Meta:
+    meta = common_metadata(ARCH, model, rope_theta=written_rope_theta(cfg), key_length=written_head_dim(model, cfg))
     sections = list((cfg.get("rope_parameters") or {}).get("mrope_section") or MROPE_DEFAULT)
-    return meta + [(f"{ARCH}.rope.dimension_sections", (sections + [0] * 4)[:4], ARR)]
-
-
-def to_gguf(key: str, array: np.ndarray, cfg: dict[str, Any]) -> list[tuple[str, np.ndarray]]:
-    return [(TABLE.gguf(key), gdn_layout(key, array, cfg, to_gguf=True))]
-
-
-def from_gguf(key: str, parts: Mapping[str, np.ndarray], cfg: dict[str, Any]) -> np.ndarray:
-    return gdn_layout(key, only(parts), cfg, to_gguf=False)
+    return meta + gdn_metadata(ARCH, cfg) + [(f"{ARCH}.rope.dimension_sections", (sections + [0] * 4)[:4], ARR)]
 
 
 # text-only checkpoints: a ``Qwen3_5ForConditionalGeneration`` directory (nested ``text_config``,
 # vision tower) is not written
-QWEN35 = Family(
-    ARCH, ("Qwen3_5ForCausalLM",), _config, _metadata, to_gguf, TABLE.hf, from_gguf, lambda key, cfg: (TABLE.gguf(key),)
-)
+QWEN35 = table_family(ARCH, ("Qwen3_5ForCausalLM",), _hf_config, _gguf_metadata, table=TABLE, layout=_layout)
+to_gguf, from_gguf = QWEN35.to_gguf, QWEN35.from_gguf

@@ -18,16 +18,15 @@ A block without ``ffn_gate_inp`` is a dense-MLP block (``mlp_only_layers``).
 
 from __future__ import annotations
 
-import re
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 
-from radixflow_jax.models.gguf.family import ATTENTION, U32, Family, Meta, NameTable, common_config, common_metadata
-from radixflow_jax.models.gguf.family import head_dim_of, only
-from radixflow_jax.models.gguf.qwen35 import _LAYER as QWEN35_LAYER
-from radixflow_jax.models.gguf.qwen35 import _dims, gdn_config, gdn_layout, gdn_metadata
-from radixflow_jax.models.safetensors_io import WeightsError
+from radixflow_jax.models.config import ConfigError, ModelConfig
+from radixflow_jax.models.gguf.family import ATTENTION, U32, Meta, NameTable, Splits, common_config, common_metadata
+from radixflow_jax.models.gguf.family import table_family, written_head_dim, written_rope_theta
+from radixflow_jax.models.gguf.qwen35 import LAYER as QWEN35_LAYER
+from radixflow_jax.models.gguf.qwen35 import gdn_config, gdn_dims, gdn_layout, gdn_metadata
 
 ARCH = "qwen3next"
 _LAYER = {
@@ -45,12 +44,11 @@ TABLE = NameTable(_LAYER)
 _QKVZ = "linear_attn.in_proj_qkvz.weight"
 _GATE_UP = "mlp.experts.gate_up_proj"
 _SPLIT = {_QKVZ: ("attn_qkv.weight", "attn_gate.weight"), _GATE_UP: ("ffn_gate_exps.weight", "ffn_up_exps.weight")}
-_BLOCK = re.compile(r"^blk\.(\d+)\.(.+)$")
 _SHARED_GATE = "mlp.shared_expert_gate.weight"
 
 
 def _qkvz_parts(cfg: dict[str, Any]) -> tuple[int, int, int, int]:
-    nk, nv, dk, dv = _dims(cfg)
+    nk, nv, dk, dv = gdn_dims(cfg)
     return nk, dk, dk, nv // nk * dv  # per key head: q, k, and v (= z) widths
 
 
@@ -65,7 +63,8 @@ def _split(key: str, t: np.ndarray, cfg: dict[str, Any]) -> list[np.ndarray]:
     return [qkv, zs.reshape(-1, t.shape[-1])]
 
 
-def _join(key: str, first: np.ndarray, second: np.ndarray, cfg: dict[str, Any]) -> np.ndarray:
+def _join(key: str, parts: list[np.ndarray], cfg: dict[str, Any]) -> np.ndarray:
+    first, second = parts
     if key.endswith(_GATE_UP):
         return np.concatenate([first, second], axis=1)
     nk, q, k, v = _qkvz_parts(cfg)
@@ -75,49 +74,15 @@ def _join(key: str, first: np.ndarray, second: np.ndarray, cfg: dict[str, Any]) 
     return np.concatenate(heads, axis=1).reshape(-1, cols)
 
 
-def _layer_key(key: str) -> tuple[str, str] | None:
-    m = re.match(r"^model\.layers\.(\d+)\.(.+)$", key)
-    return (m[1], m[2]) if m else None
+def _layout(key: str, t: np.ndarray, cfg: dict[str, Any], to_gguf: bool) -> np.ndarray:
+    """``qwen35.gdn_layout`` without the value-head regrouping; the shared expert gate read back as
+    ``[1, H]`` from either stored form."""
+    if not to_gguf and key.endswith(_SHARED_GATE) and t.ndim == 1:
+        return t.reshape(1, -1)
+    return gdn_layout(key, t, cfg, to_gguf=to_gguf, regroup=False)
 
 
-def to_gguf(key: str, array: np.ndarray, cfg: dict[str, Any]) -> list[tuple[str, np.ndarray]]:
-    parts = _layer_key(key)
-    if parts and parts[1] in _SPLIT:
-        names = _SPLIT[parts[1]]
-        return [(f"blk.{parts[0]}.{n}", a) for n, a in zip(names, _split(key, array, cfg))]
-    return [(TABLE.gguf(key), gdn_layout(key, array, cfg, to_gguf=True, regroup=False))]
-
-
-def hf_key(name: str) -> str:
-    m = _BLOCK.match(name)
-    if m:
-        for key, names in _SPLIT.items():
-            if m[2] in names:
-                return f"model.layers.{m[1]}.{key}"
-    return TABLE.hf(name)
-
-
-def gguf_names(key: str, cfg: dict[str, Any]) -> tuple[str, ...]:
-    parts = _layer_key(key)
-    if parts and parts[1] in _SPLIT:
-        return tuple(f"blk.{parts[0]}.{n}" for n in _SPLIT[parts[1]])
-    return (TABLE.gguf(key),)
-
-
-def from_gguf(key: str, parts: Mapping[str, np.ndarray], cfg: dict[str, Any]) -> np.ndarray:
-    names = gguf_names(key, cfg)
-    if len(names) == 2:
-        missing = [n for n in names if n not in parts]
-        if missing:
-            raise WeightsError(f"GGUF tensor '{missing[0]}' is missing (needed for '{key}')")
-        return _join(key, parts[names[0]], parts[names[1]], cfg)
-    array = only(parts)
-    if key.endswith(_SHARED_GATE) and array.ndim == 1:
-        return array.reshape(1, -1)
-    return gdn_layout(key, array, cfg, to_gguf=False, regroup=False)
-
-
-def _config(f: Any) -> dict[str, Any]:
+def _hf_config(f: Any) -> dict[str, Any]:
     cfg = common_config(f, "qwen3_next", ["Qwen3NextForCausalLM"])
     gdn_config(f, cfg)
     routed = [b for b in range(cfg["num_hidden_layers"]) if f"blk.{b}.ffn_gate_inp.weight" in f.tensors]
@@ -133,22 +98,22 @@ def _config(f: Any) -> dict[str, Any]:
     return cfg
 
 
-def _metadata(cfg: dict[str, Any]) -> Meta:
-    meta = common_metadata(ARCH, cfg, head_dim_of(cfg))
-    if cfg.get("num_experts"):
-        meta += [
-            (f"{ARCH}.expert_count", int(cfg["num_experts"]), U32),
-            (f"{ARCH}.expert_used_count", int(cfg["num_experts_per_tok"]), U32),
-        ]
+def _gguf_metadata(model: ModelConfig, cfg: dict[str, Any]) -> Meta:
+    meta = common_metadata(ARCH, model, rope_theta=written_rope_theta(cfg), key_length=written_head_dim(model, cfg))
+    moe = model.moe
+    if moe is not None:
+        meta += [(f"{ARCH}.expert_count", moe.num_experts, U32), (f"{ARCH}.expert_used_count", moe.top_k, U32)]
     if cfg.get("moe_intermediate_size") is not None:
         meta.append((f"{ARCH}.expert_feed_forward_length", int(cfg["moe_intermediate_size"]), U32))
     if cfg.get("shared_expert_intermediate_size") is not None:
         meta.append((f"{ARCH}.expert_shared_feed_forward_length", int(cfg["shared_expert_intermediate_size"]), U32))
-    if cfg.get("norm_topk_prob") is False:
-        from radixflow_jax.models.config import ConfigError
-
+    if moe is not None and not moe.norm_topk:
         raise ConfigError("config.json: norm_topk_prob=false has no qwen3next GGUF key (llama.cpp normalises top-k)")
     return meta + gdn_metadata(ARCH, cfg)
 
 
-QWEN3NEXT = Family(ARCH, ("Qwen3NextForCausalLM",), _config, _metadata, to_gguf, hf_key, from_gguf, gguf_names)
+SPLITS = Splits(_SPLIT, _split, _join)
+QWEN3NEXT = table_family(
+    ARCH, ("Qwen3NextForCausalLM",), _hf_config, _gguf_metadata, table=TABLE, layout=_layout, splits=SPLITS
+)
+to_gguf, from_gguf = QWEN3NEXT.to_gguf, QWEN3NEXT.from_gguf

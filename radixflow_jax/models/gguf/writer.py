@@ -1,6 +1,9 @@
 """HF directory -> GGUF file, laid out as llama.cpp's ``convert_hf_to_gguf.py`` lays it out.
 
-Per family (``Family.metadata``, ``Family.to_gguf``): the same metadata keys and tensor names,
+The config is parsed first by the loader's parser (``parse_hf_config``), so a directory is written
+iff it loads, and the metadata is read from the parsed :class:`ModelConfig` (``Family.gguf_metadata``;
+``config.json`` only for what it does not hold). Per family (``Family.gguf_metadata``,
+``Family.to_gguf``): the same metadata keys and tensor names,
 shapes and layout changes; here: the converter's per-tensor type rule. 1-D tensors, ``*_norm.weight``,
 ``ssm_conv1d``, MoE routers and tensors not named ``*.weight`` stay F32; every other tensor takes the
 output type, and a tensor ``gguf.quants`` cannot quantise to it (a row not a multiple of the block)
@@ -23,6 +26,7 @@ from radixflow_jax.models.config import ConfigError
 from radixflow_jax.models.gguf.family import ARR, F32, STR, U32, Family
 from radixflow_jax.models.gguf.loader import FAMILIES
 from radixflow_jax.models.gguf.vocab import write_vocab
+from radixflow_jax.models.hf_config import parse_hf_config
 
 OUTTYPES = ("f32", "f16", "bf16", "q8_0")
 _FILE_TYPES = {"f32": 0, "f16": 1, "q8_0": 7, "bf16": 32}  # llama_ftype: ALL_F32, MOSTLY_F16, MOSTLY_Q8_0, MOSTLY_BF16
@@ -122,11 +126,12 @@ def write_gguf(model_dir: str, out_path: str, outtype: str = "f32") -> str:
     with open(os.path.join(model_dir, "config.json")) as fh:
         cfg = json.load(fh)
     fam = family_for(cfg)
+    model = parse_hf_config(cfg)
     tmp = out_path + ".tmp"
     writer = gguf.GGUFWriter(tmp, fam.arch)
     try:
         try:
-            _add_metadata(writer, fam.metadata(cfg))
+            _add_metadata(writer, fam.gguf_metadata(model, cfg))
         except KeyError as exc:
             raise ConfigError(f"{model_dir}/config.json: field {exc} is missing (needed for {fam.arch} GGUF metadata)")
         writer.add_file_type(_FILE_TYPES[outtype])

@@ -91,9 +91,15 @@ class Attention(nnx.Module):
         else:  # one query per row: the row's last token, at position kv_lens[r] - 1 (a row without
             # tokens gets context 1, so every kernel sees its contract; its output is never read)
             out = ops.paged_attention(
-                q, k_pages, v_pages, batch.page_table, jnp.arange(num_q + 1, dtype=jnp.int32),
-                jnp.maximum(batch.kv_lens, 1), scale=cfg.softmax_scale, sliding_window=cfg.sliding_window,
-            )  # fmt: skip
+                q,
+                k_pages,
+                v_pages,
+                batch.page_table,
+                jnp.arange(num_q + 1, dtype=jnp.int32),
+                jnp.maximum(batch.kv_lens, 1),
+                scale=cfg.softmax_scale,
+                sliding_window=cfg.sliding_window,
+            )
         out = out.reshape(num_q, -1)
         if gate is not None:
             out = out * jax.nn.sigmoid(gate)
@@ -101,9 +107,15 @@ class Attention(nnx.Module):
 
 
 def attend(
-    q: jax.Array, k_pages: jax.Array, v_pages: jax.Array, batch: Batch, num_decode: int, *, scale: float,
+    q: jax.Array,
+    k_pages: jax.Array,
+    v_pages: jax.Array,
+    batch: Batch,
+    num_decode: int,
+    *,
+    scale: float,
     window: int | None,
-) -> jax.Array:  # fmt: skip
+) -> jax.Array:
     """Paged attention of ``q [T, H, D]``: the decode region (rows and tokens ``[:num_decode]``) and
     the prefill region in separate calls, each over its own rows' page tables and context lengths."""
     d, num_rows = num_decode, batch.page_table.shape[0]

@@ -21,7 +21,7 @@ from radixflow_jax.kernels import ops
 from radixflow_jax.models.batch import Batch
 from radixflow_jax.models.config import GdnConfig
 from radixflow_jax.models.layers import GatedRMSNorm, Linear
-from radixflow_jax.models.mixers.recurrent import DepthwiseConv1d, Emits, recurrent_mix
+from radixflow_jax.models.mixers.recurrent import DepthwiseConv1d, Emits, RecurrentKernels, recurrent_mix
 
 
 def l2norm(x: jax.Array, eps: float = 1e-6) -> jax.Array:
@@ -96,11 +96,18 @@ class GatedDeltaNet(nnx.Module):
             v = striped[..., 2 * kd :].reshape(num_tokens, cfg.num_v_heads, cfg.head_v_dim)
             return q, k, v, g, beta
 
-        core, _, conv_pool, ssm_pool = recurrent_mix(
-            self.conv1d, qkv_in, batch, conv_pool, ssm_pool, num_decode, emits, cfg.chunk_size, prepare,
+        def chunked(
+            xs: tuple[jax.Array, ...], cu: jax.Array, s: jax.Array, pc: jax.Array | None
+        ) -> tuple[jax.Array, jax.Array, jax.Array]:
+            return ops.gated_delta_chunked(*xs, cu, s, chunk_size=cfg.chunk_size, pair_chunk=pc)
+
+        kernels = RecurrentKernels(
             decode=lambda xs, s: ops.gated_delta_decode(*xs, s),
-            chunked=lambda xs, cu, s, pc: ops.gated_delta_chunked(*xs, cu, s, chunk_size=cfg.chunk_size, pair_chunk=pc),
+            chunked=chunked,
             decode_in_place=lambda xs, pool, base, real: ops.gated_delta_decode_window(*xs, pool, base, real),
-        )  # fmt: skip
+        )
+        core, _, conv_pool, ssm_pool = recurrent_mix(
+            self.conv1d, qkv_in, batch, conv_pool, ssm_pool, num_decode, emits, cfg.chunk_size, prepare, kernels
+        )
         out = self.norm(core, z).reshape(num_tokens, cfg.value_dim)
         return self.out_proj(out), conv_pool, ssm_pool

@@ -23,7 +23,7 @@ from radixflow_jax.kernels import ops
 from radixflow_jax.models.batch import Batch
 from radixflow_jax.models.config import MambaConfig
 from radixflow_jax.models.layers import Linear
-from radixflow_jax.models.mixers.recurrent import DepthwiseConv1d, Emits, recurrent_mix
+from radixflow_jax.models.mixers.recurrent import DepthwiseConv1d, Emits, RecurrentKernels, recurrent_mix
 
 
 class GroupGatedRMSNorm(nnx.Module):
@@ -138,13 +138,16 @@ class Mamba2(nnx.Module):
             xs, b, c = self._xbc(xbc)
             return xs, dt, b, c
 
+        def chunked(
+            xs: tuple[jax.Array, ...], cu: jax.Array, s: jax.Array, pc: jax.Array | None
+        ) -> tuple[jax.Array, jax.Array, jax.Array]:
+            return ops.ssd_chunked(xs[0], xs[1], a, xs[2], xs[3], cu, s, chunk_size=cfg.chunk_size, pair_chunk=pc)
+
+        decode = lambda xs, s: ops.ssd_decode(xs[0], xs[1], a, xs[2], xs[3], s)  # noqa: E731
+        kernels = RecurrentKernels(decode=decode, chunked=chunked)
         core, xbc, conv_pool, ssm_pool = recurrent_mix(
-            self.conv1d, xbc_in, batch, conv_pool, ssm_pool, num_decode, emits, cfg.chunk_size, prepare,
-            decode=lambda xs, s: ops.ssd_decode(xs[0], xs[1], a, xs[2], xs[3], s),
-            chunked=lambda xs, cu, s, pc: ops.ssd_chunked(
-                xs[0], xs[1], a, xs[2], xs[3], cu, s, chunk_size=cfg.chunk_size, pair_chunk=pc
-            ),
-        )  # fmt: skip
+            self.conv1d, xbc_in, batch, conv_pool, ssm_pool, num_decode, emits, cfg.chunk_size, prepare, kernels
+        )
         xs = self._xbc(xbc)[0]
         y = core.astype(jnp.float32) + self.D[...].astype(jnp.float32)[:, None] * xs.astype(jnp.float32)
         out = self._gate(y.reshape(num_tokens, inner), z).astype(x.dtype)

@@ -192,6 +192,16 @@ DecodeInPlaceFn = Callable[[Inputs, jax.Array, jax.Array, jax.Array], tuple[jax.
 ChunkedFn = Callable[[Inputs, jax.Array, jax.Array, "jax.Array | None"], tuple[jax.Array, jax.Array, jax.Array]]
 
 
+class RecurrentKernels(NamedTuple):
+    """A mixer's kernel calls for :func:`recurrent_mix`: ``decode`` (the decode rows' one-step
+    update), ``chunked`` (the prefill rows' chunked scan) and, optionally, ``decode_in_place`` (the
+    one-step update writing the state pool's window itself)."""
+
+    decode: DecodeFn
+    chunked: ChunkedFn
+    decode_in_place: DecodeInPlaceFn | None = None
+
+
 def _pick(mask: jax.Array, new: jax.Array, old: jax.Array) -> jax.Array:
     return jnp.where(mask.reshape((-1,) + (1,) * (old.ndim - 1)), new.astype(old.dtype), old)
 
@@ -249,14 +259,12 @@ def recurrent_mix(
     emits: Emits | None,
     chunk_size: int,
     prepare: Callable[[jax.Array], Inputs],
-    decode: DecodeFn,
-    chunked: ChunkedFn,
-    decode_in_place: DecodeInPlaceFn | None = None,
+    kernels: RecurrentKernels,
 ) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
     """One recurrent layer's state traffic around its kernels.
 
     ``conv_in [T, C]``: the conv inputs; ``prepare(conv_out [T, C])`` -> per-token kernel inputs
-    (every array ``[T, ...]``); ``decode(inputs[:d], ssm[:d]) -> (out, new_ssm)`` is the one-step
+    (every array ``[T, ...]``); ``kernels``: ``decode(inputs[:d], ssm[:d]) -> (out, new_ssm)`` is the one-step
     update of the decode rows; ``chunked(inputs[d:], cu_seqlens, ssm[d:], pair_chunk) -> (out,
     final_ssm, chunk_states)`` the chunked scan of the prefill rows (``pair_chunk``: None, or per
     prefill row the chunk whose end state it starts from, see ``kernels/layout.scan_chunks``);
@@ -285,11 +293,11 @@ def recurrent_mix(
     inputs = prepare(conv_out)
     outs = []
     decode_new = None
-    if window is not None and num_rows == d and decode_in_place is not None:
-        o, ssm_pool = decode_in_place(tuple(x[:d] for x in inputs), ssm_pool, window.base, window.real)
+    if window is not None and num_rows == d and kernels.decode_in_place is not None:
+        o, ssm_pool = kernels.decode_in_place(tuple(x[:d] for x in inputs), ssm_pool, window.base, window.real)
         outs.append(o)
     elif window is not None:
-        o, decode_new = decode(tuple(x[:d] for x in inputs), window.ssm)
+        o, decode_new = kernels.decode(tuple(x[:d] for x in inputs), window.ssm)
         outs.append(o)
     prefill_src = None
     if num_rows > d:
@@ -297,7 +305,7 @@ def recurrent_mix(
         pair_chunk = None
         if pairing is not None:
             ssm_p, pair_chunk = pairing.ssm_initial(ssm_p, decode_new, d, chunk_size, cu)
-        o, final, chunk_states = chunked(tuple(x[d:] for x in inputs), cu, ssm_p, pair_chunk)
+        o, final, chunk_states = kernels.chunked(tuple(x[d:] for x in inputs), cu, ssm_p, pair_chunk)
         outs.append(o)
         # emits at offset 0 of a paired row read the state it started from
         prefill_src = (conv_in[d:], cu, conv0[d:], effective_initial(ssm_p, chunk_states, pair_chunk), chunk_states)

@@ -17,7 +17,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from radixflow_jax.kernels.attention import attention_naive, paged_attention, write_kv
+from radixflow_jax.kernels.attention import paged_attention, write_kv
+from tests.kernels.oracles import attention_naive
 from radixflow_jax.kernels.pallas import paged_attention as pallas_attn
 
 PAGE_SIZE, NUM_PAGES, MAX_PAGES = 4, 40, 6
