@@ -318,3 +318,14 @@ def f(self, req: Request, rid):
         "partner.status",
         "victim.slot",
     ]
+
+
+def test_every_class_name_is_defined_once():
+    """One meaning per name (docs/design.md, "Glossary"): no two classes of the package share a name,
+    so a name in a traceback, a doc or a grep points at one thing."""
+    homes: dict[str, list[str]] = {}
+    for path in _sources():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef):
+                homes.setdefault(node.name, []).append(_module(path))
+    assert {name: where for name, where in homes.items() if len(where) > 1} == {}
