@@ -128,7 +128,8 @@ class Tokenizer:
         as the template's ``tools`` variable, None when absent (as HF's ``apply_chat_template``)."""
         if not self.chat_template:
             raise TokenizerError(
-                f"this model has no chat template (neither {CHAT_TEMPLATE_FILE} nor a chat_template in {TOKENIZER_CONFIG})"
+                f"this model has no chat template (neither {CHAT_TEMPLATE_FILE} nor a chat_template in "
+                f"{TOKENIZER_CONFIG})"
             )
         import jinja2
         from jinja2.sandbox import SecurityError
