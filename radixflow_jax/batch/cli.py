@@ -34,7 +34,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--warmup", action="store_true",
                    help="compile every step variant at start-up (default: each on first use, so records start at once)")
     p.add_argument("--no-warmup", action="store_true", help="the default (variants compile on first use)")
-    p.add_argument("--compile-cache", default=None, help="persistent XLA cache directory (default under RADIXFLOW_CACHE)")
+    p.add_argument(
+        "--compile-cache", default=None, help="persistent XLA cache directory (default under RADIXFLOW_CACHE)"
+    )
     p.add_argument("--no-compile-cache", action="store_true")
     p.add_argument("--num-processes", type=int, default=1,
                    help="processes of the job (one engine each); each answers a contiguous share of the requests")

@@ -10,8 +10,12 @@ Two line formats (chosen per line):
 
 Invariants: whitespace-only lines are not requests (they never get an output line); every other
 line becomes exactly one :class:`BatchItem`, with either a request or an ``error`` naming the line.
-Parsing never raises for bad input. A request without a ``seed`` gets one derived from its line
-number, so a sampled request draws the same tokens in a resumed run as in an uninterrupted one.
+Parsing never raises (``Exception``) for any input: JSON the decoder refuses (a 4,300-digit integer,
+nesting past the recursion limit), a template or tokenizer that fails, any other exception becomes
+that line's error, so one bad line cannot stop the job on every resume. A line's key (what its
+output record answers) is :func:`line_key` of its bytes, the same whether the line is valid or not.
+A request without a ``seed`` gets one derived from its line number, so a sampled request draws the
+same tokens in a resumed run as in an uninterrupted one.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ PLAIN = "plain"
 OPENAI = "openai"
 URLS = {"/v1/completions": "completions", "/v1/chat/completions": "chat"}
 _PLAIN_PROMPTS = ("prompt", "prompt_token_ids", "messages")
+_MAX_MESSAGE = 500  # characters of an unexpected exception's text kept in a line's error record
 
 
 @dataclasses.dataclass(frozen=True)
@@ -99,6 +104,13 @@ class LineIndex:
             f.seek(self._starts[i])
             return i, self._lines[i], f.read(self._ends[i] - self._starts[i])
 
+    def keys(self, start: int, end: int) -> Iterator[Any]:
+        """:func:`line_key` of requests ``start .. end - 1`` in order (one open file, one pass)."""
+        with open(self.path, "rb") as f:
+            for i in range(start, min(end, len(self))):
+                f.seek(self._starts[i])
+                yield line_key(f.read(self._ends[i] - self._starts[i]))
+
 
 def read_items(
     index: LineIndex, start: int, tokenizer: TextTokenizer | None, limits: LineLimits, threads: int = 2,
@@ -116,20 +128,51 @@ def read_items(
     return iter(dataset.to_iter_dataset(options))
 
 
+def _is_openai(obj: dict[str, Any]) -> bool:
+    return "custom_id" in obj or "body" in obj or "url" in obj
+
+
+def _key_of(obj: Any) -> Any:
+    """The id a decoded line's output record answers: ``custom_id`` (OpenAI format), ``id`` (plain), or None."""
+    if not isinstance(obj, dict):
+        return None
+    return obj.get("custom_id") if _is_openai(obj) else obj.get("id")
+
+
+def line_key(raw: bytes) -> Any:
+    """The key :func:`parse_line` gives the item of ``raw`` (None when the line is not a JSON
+    object); only decodes JSON, so a resume checks its output records against the input cheaply."""
+    try:
+        return _key_of(json.loads(raw))
+    except Exception:  # anything the decoder refuses is not valid JSON: such a line's key is None
+        return None
+
+
+def _short(exc: BaseException) -> str:
+    text = f"{type(exc).__name__}: {exc}"
+    return text if len(text) <= _MAX_MESSAGE else text[:_MAX_MESSAGE] + "..."
+
+
 def parse_line(index: int, line: int, raw: bytes, tokenizer: TextTokenizer | None, limits: LineLimits) -> BatchItem:
-    """Never raises on bad input: the returned item carries a :class:`LineError` instead."""
+    """Never raises (``Exception``): whatever goes wrong, the returned item carries a :class:`LineError`."""
     try:
         obj = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        msg = exc.msg if isinstance(exc, json.JSONDecodeError) else str(exc)
-        error = LineError(line, f"line {line}: not valid JSON ({msg})", "invalid_json")
+    except json.JSONDecodeError as exc:
+        error = LineError(line, f"line {line}: not valid JSON ({exc.msg})", "invalid_json")
+        return BatchItem(index=index, line=line, fmt=PLAIN, key=None, error=error)
+    except Exception as exc:  # UnicodeDecodeError, a ValueError for huge integers, a RecursionError for deep nesting
+        error = LineError(line, f"line {line}: not valid JSON ({_short(exc)})", "invalid_json")
         return BatchItem(index=index, line=line, fmt=PLAIN, key=None, error=error)
     if not isinstance(obj, dict):
         error = LineError(line, f"line {line}: expected a JSON object")
         return BatchItem(index=index, line=line, fmt=PLAIN, key=None, error=error)
-    if "custom_id" in obj or "body" in obj or "url" in obj:
-        return _parse_openai(index, line, obj, tokenizer, limits)
-    return _parse_plain(index, line, obj, tokenizer, limits)
+    fmt = OPENAI if _is_openai(obj) else PLAIN
+    try:
+        if fmt == OPENAI:
+            return _parse_openai(index, line, obj, tokenizer, limits)
+        return _parse_plain(index, line, obj, tokenizer, limits)
+    except Exception as exc:  # a failure nothing below foresaw is still this line's alone
+        return _failing(index, line, fmt, _key_of(obj))(f"cannot be read ({_short(exc)})")
 
 
 def _not_in_batch(params: SamplingParams) -> str | None:
@@ -163,7 +206,7 @@ def _parse_openai(
 ) -> BatchItem:
     from radixflow_jax.serve import protocol
 
-    key = obj.get("custom_id")
+    key = _key_of(obj)
     fail = _failing(index, line, OPENAI, key)
 
     if not isinstance(key, str) or not key:
@@ -195,7 +238,7 @@ def _parse_openai(
 def _parse_plain(
     index: int, line: int, obj: dict[str, Any], tok: TextTokenizer | None, limits: LineLimits
 ) -> BatchItem:
-    key = obj.get("id")
+    key = _key_of(obj)
     fail = _failing(index, line, PLAIN, key)
 
     if isinstance(key, bool) or not isinstance(key, (str, int)) or key == "":
@@ -222,7 +265,8 @@ def _parse_plain(
         return fail(f"token id {bad} is outside the vocabulary [0, {limits.vocab_size})")
     if len(ids) + params.max_tokens > limits.max_model_len:
         return fail(
-            f"prompt ({len(ids)} tokens) + max_tokens ({params.max_tokens}) exceeds max_model_len={limits.max_model_len}",
+            f"prompt ({len(ids)} tokens) + max_tokens ({params.max_tokens}) exceeds "
+            f"max_model_len={limits.max_model_len}",
             "context_length_exceeded",
         )
     return BatchItem(

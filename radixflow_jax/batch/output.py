@@ -1,13 +1,22 @@
 """Batch output: records in input order, an append-only JSONL file, and an atomically written state file.
 
-Invariants (what makes ``--resume`` exact after a kill at any moment):
+Invariants (what makes ``--resume`` exact after a kill or a power loss at any moment):
   * Output line ``k`` answers request ``k`` (the ``k``-th non-blank input line); lines are appended
     with raw ``os.write`` calls (no user-space buffer), so after a kill the file is a byte prefix of
     the uninterrupted output: complete lines, then at most one torn line without its newline.
-  * :func:`recover_output` drops that torn tail; the number of complete lines is the resume position.
+  * The output is fsynced before every state write (``StateKeeper.flush`` syncs its writer first),
+    so a state file never counts a record the disk may lose. A power loss can still drop, tear or
+    zero-fill the unsynced tail written after the last state write, and a file system may lose
+    more than it promised.
+  * :func:`recover_output` keeps the longest prefix of complete records (lines that decode to a
+    JSON object) and truncates the rest; with the expected keys, every kept record must answer its
+    input line (a record answering another id refuses the resume: another job's output). Its count
+    is the resume position, also when it is below the state's count (the lost records are computed
+    again and the state is rewound to it).
   * The state file (input sha256, model fingerprint, requests written) is replaced atomically
-    (temporary file, fsync, ``os.replace``): a reader sees the old or the new version, never a mix.
-    It is written before the first output line and after every append (at most once a second).
+    (temporary file, fsync, ``os.replace``, directory fsync): a reader sees the old or the new
+    version, never a mix. It is written before the first record and after appends (at most once a
+    second).
 """
 
 from __future__ import annotations
@@ -16,13 +25,14 @@ import dataclasses
 import json
 import os
 import time
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 from radixflow_jax.batch.inputs import OPENAI, BatchItem, LineError
 from radixflow_jax.engine.params import RequestOutput
 
 STATE_SUFFIX = ".state.json"
 STATE_VERSION = 1
+_NO_KEY = object()  # recover_output: the input has no request left for a record
 CrashHook = Callable[[str, int], None]  # (point, last output line (0-based) of the append, or requests done)
 
 
@@ -75,24 +85,44 @@ def read_state(path: str) -> JobState:
     return state
 
 
-def recover_output(path: str) -> tuple[int, dict[str, Any] | None]:
-    """Truncates a torn last line; returns ``(complete lines, last complete record or None)``."""
-    if not os.path.exists(path):
-        return 0, None
-    with open(path, "rb") as f:
-        data = f.read()
-    end = data.rfind(b"\n") + 1  # 0 when there is no complete line
-    if end < len(data):
-        os.truncate(path, end)
-    if end == 0:
-        return 0, None
-    lines = data[:end].count(b"\n")
-    last_start = data.rfind(b"\n", 0, end - 1) + 1
+def _complete_record(raw: bytes) -> dict[str, Any] | None:
+    """The record of one output line, or None when it is torn (no newline) or not a JSON object."""
+    if not raw.endswith(b"\n"):
+        return None
     try:
-        last = json.loads(data[last_start:end])
-    except json.JSONDecodeError as exc:
-        raise ResumeError(f"cannot resume: line {lines} of {path} is not a complete record ({exc.msg})") from None
-    return lines, last
+        record = json.loads(raw)
+    except Exception:  # torn, zero-filled or otherwise garbled bytes of a lost tail
+        return None
+    return record if isinstance(record, dict) else None
+
+
+def recover_output(path: str, expected_keys: Iterator[Any] | None = None) -> int:
+    """Truncates the output to its longest prefix of complete records and returns their number.
+
+    ``expected_keys`` (the keys of the input lines the records answer, in order): a complete record
+    whose key differs, or one more record than keys, raises :class:`ResumeError`."""
+    if not os.path.exists(path):
+        return 0
+    kept, count = 0, 0
+    with open(path, "rb") as f:
+        for raw in f:
+            record = _complete_record(raw)
+            if record is None:
+                break
+            if expected_keys is not None:
+                want = next(expected_keys, _NO_KEY)
+                if want is _NO_KEY:
+                    raise ResumeError(f"cannot resume: {path} has more records than the job has requests")
+                if record_key(record) != want:
+                    raise ResumeError(
+                        f"resume refused: output record {count + 1} of {path} answers id {record_key(record)!r}, "
+                        f"its input request has id {want!r}"
+                    )
+            kept += len(raw)
+            count += 1
+    if kept < os.path.getsize(path):
+        os.truncate(path, kept)
+    return count
 
 
 def record_key(record: dict[str, Any]) -> Any:
@@ -105,12 +135,12 @@ class OutputWriter:
 
     def __init__(self, path: str, crash_hook: CrashHook | None = None):
         self.path = path
-        self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        self._fd: int | None = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         self._hook = crash_hook
         self.lines = 0
 
     def append(self, records: Sequence[dict[str, Any]], first_line: int) -> None:
-        data = b"".join(json.dumps(r, ensure_ascii=False).encode() + b"\n" for r in records)
+        data = b"".join(_encode(r) for r in records)
         if self._hook is not None:
             last = first_line + len(records) - 1
             self._hook("before_write", last)
@@ -124,20 +154,49 @@ class OutputWriter:
         self.lines += len(records)
 
     def _write(self, data: bytes) -> None:
+        assert self._fd is not None, "append after close"
         view = memoryview(data)
         while view:
             view = view[os.write(self._fd, view) :]
 
+    def sync(self) -> None:
+        """Makes every appended record durable (before a state write counts it); no-op once closed."""
+        if self._fd is not None:
+            os.fsync(self._fd)
+
     def close(self) -> None:
-        os.close(self._fd)
+        if self._fd is not None:
+            fd, self._fd = self._fd, None
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+
+
+def _encode(record: dict[str, Any]) -> bytes:
+    """One output line; a record holding text UTF-8 cannot carry (a lone surrogate from an input
+    id) keeps ASCII escapes instead, so writing a record never fails."""
+    try:
+        return json.dumps(record, ensure_ascii=False).encode() + b"\n"
+    except UnicodeEncodeError:
+        return json.dumps(record).encode() + b"\n"
 
 
 class StateKeeper:
-    """Rewrites the state file after appends, at most every ``interval_s`` (and always on ``flush``)."""
+    """Rewrites the state file after appends, at most every ``interval_s`` (and always on ``flush``),
+    each time after syncing ``output`` (the writer whose records the state counts)."""
 
-    def __init__(self, path: str, state: JobState, interval_s: float = 1.0, crash_hook: CrashHook | None = None):
+    def __init__(
+        self,
+        path: str,
+        state: JobState,
+        output: OutputWriter,
+        interval_s: float = 1.0,
+        crash_hook: CrashHook | None = None,
+    ):
         self.path = path
         self.state = state
+        self._output = output
         self._interval = interval_s
         self._last = 0.0
         self._hook = crash_hook
@@ -150,6 +209,7 @@ class StateKeeper:
 
     def flush(self, complete: bool = False) -> None:
         self.state = dataclasses.replace(self.state, complete=complete)
+        self._output.sync()
         write_state(self.path, self.state)
         self._last = time.monotonic()
         if self._hook is not None:

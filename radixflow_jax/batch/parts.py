@@ -102,7 +102,7 @@ def merge_parts(cfg: JobConfig, index: LineIndex, num_processes: int, fingerprin
     for p in range(num_processes):
         path = part_path(cfg.output, p, num_processes)
         state = read_state(state_path(path))
-        done, _ = recover_output(path)
+        done = recover_output(path)
         if (state.first, done) != (len(records), state.done):
             raise ResumeError(
                 f"merge refused: part {path} holds {done} records from request {state.first}, "

@@ -7,9 +7,12 @@ share a prefix run back to back and hit the radix cache, while at most two block
 the output is still written strictly in input order (a reorder buffer of at most two blocks).
 
 Invariants: output line ``k`` answers request ``k``; the output is always a completed prefix of the
-work; each id is written once (a duplicate id within the job is an error record). ``--resume``
-continues from the number of complete output lines after dropping a torn last line, and only when
-the state file's input sha256 and model fingerprint equal the current ones.
+work; each id is written once (a duplicate id within the job is an error record). Every exception
+of one line (parsing, the engine's check, queueing) becomes that line's error record. ``--resume``
+continues from the number of complete output records that answer their input lines, after
+dropping a torn or lost tail (``recover_output``), and only when the state file's input sha256 and
+model fingerprint equal the current ones; an output shorter than its state says (a power loss took
+its unsynced tail) rewinds the state and computes the lost records again.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ import sys
 import time
 from typing import Any, Iterator
 
-from radixflow_jax.batch.inputs import BatchItem, LineError, LineIndex, LineLimits, parse_line, read_items
+from radixflow_jax.batch.inputs import BatchItem, LineError, LineIndex, LineLimits, read_items
 from radixflow_jax.batch.output import (
     CrashHook,
     JobState,
@@ -57,6 +60,7 @@ class JobConfig:
     progress: bool = True
     first: int = 0  # this job answers requests [first, end) of the input (a process's share)
     end: int | None = None  # None: to the end of the input
+    state_interval_s: float = 1.0  # the state file is rewritten at most this often during a run
 
     def __post_init__(self) -> None:
         if self.first < 0 or (self.end is not None and self.end < self.first):
@@ -116,7 +120,7 @@ def check_start(cfg: JobConfig, *, announce: bool = True) -> JobState | None:
     return read_state(spath)
 
 
-def _prepare(cfg: JobConfig, index: LineIndex, fingerprint: str, limits: LineLimits, tokenizer: Any) -> int:
+def _prepare(cfg: JobConfig, index: LineIndex, fingerprint: str) -> int:
     """Checks a fresh start or a resume; returns the first request index to run (output line ``k``
     answers request ``cfg.first + k``)."""
     state = check_start(cfg)
@@ -135,20 +139,13 @@ def _prepare(cfg: JobConfig, index: LineIndex, fingerprint: str, limits: LineLim
             f"resume refused: {cfg.output} answers requests [{state.first}, {state.first + state.total}), "
             f"this run was given [{first}, {end})"
         )
-    done, last = recover_output(cfg.output)
-    if done < state.done or done > end - first:
-        raise ResumeError(
-            f"resume refused: {cfg.output} has {done} complete records, the state file recorded {state.done} "
-            f"of {end - first}"
+    done = recover_output(cfg.output, index.keys(first, end))
+    if done < state.done:
+        print(
+            f"radixflow batch: --resume: {cfg.output} holds {done} complete records, its state file counted "
+            f"{state.done} (a lost or damaged tail); computing the rest again",
+            file=sys.stderr,
         )
-    if last is not None:
-        k = first + done - 1
-        expected = parse_line(k, *index[k][1:], tokenizer, limits).key
-        if record_key(last) != expected:
-            raise ResumeError(
-                f"resume refused: output record {done} answers id {record_key(last)!r}, input request {k + 1} has id "
-                f"{expected!r}"
-            )
     return first + done
 
 
@@ -170,7 +167,7 @@ class BatchJob:
         t0 = self._t0 = time.perf_counter()
         index = LineIndex(self.cfg.input)
         fingerprint = model_fingerprint(self.model)
-        start = _prepare(self.cfg, index, fingerprint, self.limits, self.model.tokenizer)
+        start = _prepare(self.cfg, index, fingerprint)
         first, end = self.cfg.first, len(index) if self.cfg.end is None else min(self.cfg.end, len(index))
         self.stats.started = start
         source = os.path.abspath(self.cfg.input)
@@ -182,8 +179,10 @@ class BatchJob:
             done=start - first,
             first=first,
         )
-        keeper = StateKeeper(state_path(self.cfg.output), state, crash_hook=self.hook)
         writer = OutputWriter(self.cfg.output, crash_hook=self.hook)
+        keeper = StateKeeper(
+            state_path(self.cfg.output), state, writer, interval_s=self.cfg.state_interval_s, crash_hook=self.hook
+        )
         seen = self._seen_keys(start - first)
         bar = self._bar(end - first, start - first)
         try:
@@ -254,7 +253,7 @@ class BatchJob:
             if error is None:
                 try:
                     checked[item.index] = self.engine.check(item.prompt_ids, item.params)  # type: ignore[arg-type]
-                except ValueError as exc:
+                except Exception as exc:  # ValueError / TypeError, or anything else: this line's error
                     error = LineError(item.line, f"line {item.line}: {exc}")
             if error is not None and self.cfg.on_error == "fail":
                 self._stop_error, stop = error, item.index
@@ -267,7 +266,12 @@ class BatchJob:
         else:
             stop = None
         for item in sorted(ok, key=lambda it: it.prompt_ids) if self.cfg.group else ok:
-            rid = self.engine.add(checked[item.index])
+            try:
+                rid = self.engine.add(checked[item.index])
+            except Exception as exc:  # queueing failed (a grammar that does not compile, say): this line's error
+                seen.discard(item.key)
+                self._error(item, LineError(item.line, f"line {item.line}: {type(exc).__name__}: {exc}"), records)
+                continue
             running[rid] = item
         return stop
 

@@ -4,6 +4,14 @@ Sources: a HF directory (``tokenizer.json``; the template from ``chat_template.j
 transformers 5 writes, else from ``tokenizer_config.json``'s ``chat_template``; special tokens from
 ``tokenizer_config.json``) or a GGUF file's metadata (``models/gguf/``). No ``transformers`` import
 at serving time.
+
+Invariants: a chat template is untrusted input (it comes from model files). It renders in jinja2's
+``ImmutableSandboxedEnvironment`` (as transformers does): no attribute starting with ``_``, no
+method that mutates a list or dict, no ``range`` over 100,000 items, so a template reaches no module
+and runs nothing but its own expressions. It is compiled once per text (the first render) and the
+compiled form is reused for every request. Every failure of a template, a refused unsafe operation
+included, comes out as :class:`ChatTemplateError` (a ``TokenizerError``, so a ``ValueError``): the
+server answers it as a 400 on ``messages`` and a batch line as its error record.
 """
 
 from __future__ import annotations
@@ -19,6 +27,20 @@ CHAT_TEMPLATE_FILE = "chat_template.jinja"
 
 class TokenizerError(ValueError):
     """Text was given where no tokenizer exists, or a chat template is missing or failed."""
+
+
+class ChatTemplateError(TokenizerError):
+    """The chat template does not compile, raised (``raise_exception``), failed while rendering, or
+    tried an operation the sandbox refuses (``unsafe`` is then True; nothing of it ran)."""
+
+    def __init__(self, message: str, *, unsafe: bool = False):
+        super().__init__(message)
+        self.unsafe = unsafe
+
+
+def _raise_exception(message: str) -> None:
+    """The ``raise_exception`` global that HF chat templates call to refuse their input."""
+    raise ChatTemplateError(f"chat template: {message}")
 
 
 class Tokenizer:
@@ -38,6 +60,8 @@ class Tokenizer:
         self.eos_token = eos_token
         eos_id = self._tok.token_to_id(self.eos_token) if self.eos_token else None
         self.eos_token_ids: tuple[int, ...] = (eos_id,) if eos_id is not None else ()
+        # (template text, its compiled form or why it does not compile): compiled once per text
+        self._compiled: tuple[str, Any] | None = None
 
     @classmethod
     def from_directory(cls, directory: str) -> Tokenizer:
@@ -104,26 +128,51 @@ class Tokenizer:
         as the template's ``tools`` variable, None when absent (as HF's ``apply_chat_template``)."""
         if not self.chat_template:
             raise TokenizerError(
-                f"this model has no chat template (neither {CHAT_TEMPLATE_FILE} nor a chat_template in {TOKENIZER_CONFIG})"
+                f"this model has no chat template (neither {CHAT_TEMPLATE_FILE} nor a chat_template in "
+                f"{TOKENIZER_CONFIG})"
             )
         import jinja2
+        from jinja2.sandbox import SecurityError
 
-        env = jinja2.Environment(trim_blocks=True, lstrip_blocks=True, undefined=jinja2.StrictUndefined)
-
-        def raise_exception(message: str) -> None:
-            raise TokenizerError(f"chat template: {message}")
-
+        template = self._compiled_template(self.chat_template)
         try:
-            return env.from_string(self.chat_template).render(
+            return template.render(
                 messages=messages,
                 add_generation_prompt=add_generation_prompt,
                 tools=tools,
                 bos_token=self.bos_token or "",
                 eos_token=self.eos_token or "",
-                raise_exception=raise_exception,
             )
+        except ChatTemplateError:
+            raise
+        except SecurityError as exc:
+            raise ChatTemplateError(f"chat template refused by the sandbox: {exc}", unsafe=True) from None
         except jinja2.TemplateError as exc:
-            raise TokenizerError(f"chat template failed: {exc}") from exc
+            raise ChatTemplateError(f"chat template failed: {exc}") from None
+        except Exception as exc:  # a template is untrusted: whatever it raises is the template's failure
+            raise ChatTemplateError(f"chat template failed: {type(exc).__name__}: {exc}") from None
+
+    def _compiled_template(self, text: str) -> Any:
+        """``text`` compiled in the immutable sandbox, once (a compile error is kept and raised again)."""
+        if self._compiled is None or self._compiled[0] != text:
+            self._compiled = (text, _compile(text))
+        compiled = self._compiled[1]
+        if isinstance(compiled, str):
+            raise ChatTemplateError(compiled)
+        return compiled
+
+
+def _compile(text: str) -> Any:
+    """The template, or the message of the :class:`ChatTemplateError` saying why it does not compile."""
+    import jinja2
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, undefined=jinja2.StrictUndefined)
+    env.globals["raise_exception"] = _raise_exception
+    try:
+        return env.from_string(text)
+    except Exception as exc:  # TemplateSyntaxError, or a RecursionError on absurd nesting
+        return f"chat template does not compile: {type(exc).__name__}: {exc}"
 
 
 def _template_from_config(value: Any) -> str | None:

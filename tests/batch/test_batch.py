@@ -19,61 +19,21 @@ import time
 
 import pytest
 
-from radixflow_jax.batch import BatchJob, JobConfig, JobStopped
+from radixflow_jax.batch import BatchJob, JobStopped
 from radixflow_jax.batch.output import ResumeError, state_path
 from radixflow_jax.llm import LLM
 from radixflow_jax.engine.params import SamplingParams
-
-SMALL = dict(max_num_seqs=4, max_num_batched_tokens=64, max_model_len=512, warmup=False)
-# Two shared prefixes longer than the hybrid checkpoint grid (64 tokens), so they can be reused.
-PREFIXES = [list(range(100, 170)), list(range(300, 366))]
-
-
-def _cfg(src: str, out: str, **options) -> JobConfig:
-    return JobConfig(src, out, model_name="tiny-qwen3.5", progress=False, **options)
-
-
-class SimulatedKill(BaseException):
-    """Stands for SIGKILL: nothing after the raise point runs (BaseException escapes every handler)."""
-
-
-def _lines() -> list[dict]:
-    """Twelve requests, two shared prefixes interleaved, both line formats, one sampled request."""
-    out: list[dict] = []
-    for i in range(12):
-        prompt = PREFIXES[i % 2] + [60 + i, 61 + i]
-        if i % 4 == 3:
-            out.append({"custom_id": f"r{i}", "method": "POST", "url": "/v1/completions",
-                        "body": {"prompt": prompt, "max_tokens": 3, "temperature": 0}})  # fmt: skip
-        elif i == 6:
-            out.append({"id": f"r{i}", "prompt_token_ids": prompt, "max_tokens": 4, "temperature": 0.8, "top_k": 20})
-        else:
-            out.append({"id": f"r{i}", "prompt_token_ids": prompt, "max_tokens": 4})
-    return out
-
-
-def _write(path: str, lines: list) -> str:
-    with open(path, "w") as f:
-        for line in lines:
-            f.write((line if isinstance(line, str) else json.dumps(line)) + "\n")
-    return path
-
-
-def _read(path: str) -> list[dict]:
-    with open(path) as f:
-        return [json.loads(line) for line in f]
-
-
-def _comparable(rec: dict) -> dict:
-    """A record without what legitimately differs between runs: cache hits (a resumed run starts
-    with a cold cache) and the response's creation time."""
-    rec = json.loads(json.dumps(rec))
-    rec.pop("cached_tokens", None)
-    body = (rec.get("response") or {}).get("body")
-    if body:
-        body.pop("created")
-        body["usage"].pop("prompt_tokens_details")
-    return rec
+from tests.batch.jobs import (
+    PREFIXES,
+    SMALL,
+    SimulatedKill,
+    comparable,
+    job_cfg,
+    read_records,
+    request_lines,
+    reset_engine,
+    write_lines,
+)
 
 
 @pytest.fixture(scope="module")
@@ -89,19 +49,10 @@ def workdir():
 
 @pytest.fixture(scope="module")
 def reference(llm, workdir) -> tuple[str, list[dict]]:
-    src = _write(os.path.join(workdir, "in.jsonl"), _lines())
+    src = write_lines(os.path.join(workdir, "in.jsonl"), request_lines())
     out = os.path.join(workdir, "ref.jsonl")
-    BatchJob(llm.engine, llm.model, _cfg(src, out, window=4)).run()
-    return src, _read(out)
-
-
-def _reset(llm: LLM) -> None:
-    """After a simulated kill: drop the dead run's requests (its cache entries stay, as harmless as
-    a warm cache; greedy output is the same with and without hits)."""
-    core = llm.engine
-    for rid in list(core.scheduler.requests):
-        core.abort(rid)
-        core.forget(rid)
+    BatchJob(llm.engine, llm.model, job_cfg(src, out, window=4)).run()
+    return src, read_records(out)
 
 
 def test_uninterrupted_run_answers_in_input_order(llm, reference) -> None:
@@ -131,15 +82,15 @@ def test_kill_then_resume_equals_uninterrupted(llm, reference, tmp_path, point: 
             raise SimulatedKill(f"{where}@{at}")
 
     with pytest.raises(SimulatedKill):
-        BatchJob(llm.engine, llm.model, _cfg(src, out, window=4), crash_hook=hook).run()
-    _reset(llm)
+        BatchJob(llm.engine, llm.model, job_cfg(src, out, window=4), crash_hook=hook).run()
+    reset_engine(llm)
     data = open(out, "rb").read() if os.path.exists(out) else b""  # the state file comes first
     if point == "mid_write":
         assert not data.endswith(b"\n")  # a torn line is on disk
-    stats = BatchJob(llm.engine, llm.model, _cfg(src, out, resume=True, window=4)).run()
-    got = _read(out)
+    stats = BatchJob(llm.engine, llm.model, job_cfg(src, out, resume=True, window=4)).run()
+    got = read_records(out)
     assert [r.get("custom_id", r["id"]) for r in got] == [f"r{i}" for i in range(12)]  # each id exactly once
-    assert [_comparable(r) for r in got] == [_comparable(r) for r in ref]
+    assert [comparable(r) for r in got] == [comparable(r) for r in ref]
     assert stats.started == data.count(b"\n")
     with open(state_path(out)) as f:
         state = json.load(f)
@@ -166,9 +117,9 @@ def test_sigkill_of_the_cli_then_resume(llm, reference, tmp_path) -> None:
     assert killed, proc.stderr.read().decode()[-2000:]
     before = open(out, "rb").read().count(b"\n")
     assert 2 <= before < 12
-    BatchJob(llm.engine, llm.model, _cfg(src, out, resume=True, window=4)).run()
-    got = _read(out)
-    assert [_comparable(r) for r in got] == [_comparable(r) for r in ref]
+    BatchJob(llm.engine, llm.model, job_cfg(src, out, resume=True, window=4)).run()
+    got = read_records(out)
+    assert [comparable(r) for r in got] == [comparable(r) for r in ref]
 
 
 BAD = [
@@ -186,10 +137,10 @@ BAD = [
 
 
 def test_bad_lines_become_error_records_with_line_numbers(llm, tmp_path) -> None:
-    src = _write(str(tmp_path / "bad.jsonl"), BAD)
+    src = write_lines(str(tmp_path / "bad.jsonl"), BAD)
     out = str(tmp_path / "out.jsonl")
-    stats = BatchJob(llm.engine, llm.model, _cfg(src, out, window=4)).run()
-    recs = _read(out)
+    stats = BatchJob(llm.engine, llm.model, job_cfg(src, out, window=4)).run()
+    recs = read_records(out)
     assert len(recs) == 9  # the blank line is not a request
     errors = {r["error"]["line"]: (r["error"]["code"], r["error"]["message"]) for r in recs if r["error"]}
     assert errors[2][0] == "invalid_json" and errors[2][1].startswith("line 2: not valid JSON")
@@ -212,10 +163,10 @@ def test_several_samples_echo_and_prompt_logprobs_are_refused_per_line(llm, tmp_
         '{"custom_id": "t", "method": "POST", "url": "/v1/chat/completions", "body": {"messages": [{"role": "user", '
         '"content": "hi"}], "max_tokens": 2, "tools": [{"type": "function", "function": {"name": "f"}}]}}',
     ]  # fmt: skip
-    src = _write(str(tmp_path / "many.jsonl"), lines)
+    src = write_lines(str(tmp_path / "many.jsonl"), lines)
     out = str(tmp_path / "out.jsonl")
-    stats = BatchJob(llm.engine, llm.model, _cfg(src, out, window=4)).run()
-    messages = [r["error"]["message"] for r in _read(out)]
+    stats = BatchJob(llm.engine, llm.model, job_cfg(src, out, window=4)).run()
+    messages = [r["error"]["message"] for r in read_records(out)]
     assert stats.errors == 5 and stats.requests == 0
     assert "n: several samples" in messages[0] and "echo: not available" in messages[1]
     assert "prompt_logprobs: not available" in messages[2] and "n: several samples" in messages[3]
@@ -223,11 +174,11 @@ def test_several_samples_echo_and_prompt_logprobs_are_refused_per_line(llm, tmp_
 
 
 def test_on_error_fail_stops_after_a_completed_prefix(llm, tmp_path) -> None:
-    src = _write(str(tmp_path / "bad.jsonl"), BAD)
+    src = write_lines(str(tmp_path / "bad.jsonl"), BAD)
     out = str(tmp_path / "out.jsonl")
     with pytest.raises(JobStopped, match="line 2: not valid JSON"):
-        BatchJob(llm.engine, llm.model, _cfg(src, out, on_error="fail", window=4)).run()
-    recs = _read(out)
+        BatchJob(llm.engine, llm.model, job_cfg(src, out, on_error="fail", window=4)).run()
+    recs = read_records(out)
     assert [r["id"] for r in recs] == ["ok1"] and recs[0]["error"] is None
 
 
@@ -235,43 +186,43 @@ def test_resume_of_a_job_that_wrote_nothing_starts_over(llm, reference, tmp_path
     src, ref = reference
     out = str(tmp_path / "out.jsonl")
     open(out, "w").close()  # killed before its first record: an empty output, no state file
-    _reset(llm)
-    BatchJob(llm.engine, llm.model, _cfg(src, out, window=4, resume=True)).run()
+    reset_engine(llm)
+    BatchJob(llm.engine, llm.model, job_cfg(src, out, window=4, resume=True)).run()
     assert "starting from the beginning" in capsys.readouterr().err
-    assert [_comparable(r) for r in _read(out)] == [_comparable(r) for r in ref]
+    assert [comparable(r) for r in read_records(out)] == [comparable(r) for r in ref]
 
 
 def test_resume_refuses_a_different_input_or_model(llm, reference, tmp_path) -> None:
     src, _ = reference
     out = str(tmp_path / "out.jsonl")
-    BatchJob(llm.engine, llm.model, _cfg(src, out, window=4)).run()
-    other = _write(str(tmp_path / "other.jsonl"), _lines()[:5])
+    BatchJob(llm.engine, llm.model, job_cfg(src, out, window=4)).run()
+    other = write_lines(str(tmp_path / "other.jsonl"), request_lines()[:5])
     with pytest.raises(ResumeError, match="is not the input this job started with"):
-        BatchJob(llm.engine, llm.model, _cfg(other, out, resume=True)).run()
+        BatchJob(llm.engine, llm.model, job_cfg(other, out, resume=True)).run()
     with pytest.raises(ResumeError, match="exists: pass --resume"):
-        BatchJob(llm.engine, llm.model, _cfg(src, out)).run()
+        BatchJob(llm.engine, llm.model, job_cfg(src, out)).run()
     with open(state_path(out)) as f:
         state = json.load(f)
     state["model"] = "0" * 64
     with open(state_path(out), "w") as f:
         json.dump(state, f)
     with pytest.raises(ResumeError, match="the model .* differs"):
-        BatchJob(llm.engine, llm.model, _cfg(src, out, resume=True)).run()
+        BatchJob(llm.engine, llm.model, job_cfg(src, out, resume=True)).run()
     os.remove(state_path(out))
     with pytest.raises(ResumeError, match="no state file"):
-        BatchJob(llm.engine, llm.model, _cfg(src, out, resume=True)).run()
+        BatchJob(llm.engine, llm.model, job_cfg(src, out, resume=True)).run()
 
 
 def test_cli_refuses_a_bad_start_before_loading_the_model(tmp_path, capsys) -> None:
     from radixflow_jax import cli
 
-    src = _write(str(tmp_path / "in.jsonl"), _lines()[:2])
+    src = write_lines(str(tmp_path / "in.jsonl"), request_lines()[:2])
     out = str(tmp_path / "out.jsonl")
     base = ["batch", "--model", "no-such-model", "--input", src, "--output", out]
     assert cli.main(base + ["--resume"]) == 2  # nothing written yet: it starts over, then finds no model
     err = capsys.readouterr().err
     assert "no records and no state file yet; starting from the beginning" in err and "no-such-model" in err
-    _write(out, [{"id": "r0"}])
+    write_lines(out, [{"id": "r0"}])
     assert cli.main(base) == 2
     assert "exists: pass --resume" in capsys.readouterr().err
     assert cli.main(base[:-4] + ["--input", str(tmp_path / "missing.jsonl"), "--output", out]) == 2
@@ -289,10 +240,10 @@ def test_structured_output_lines(llm, tmp_path) -> None:
         {"custom_id": "r", "url": "/v1/completions", "body": {"prompt": "x", "max_tokens": 4, "guided_regex": "a[b"}},
         {"id": "c", "prompt": "pick", "max_tokens": 8, "structured_outputs": {"choice": ["up", "down"]}},
     )]  # fmt: skip
-    src = _write(str(tmp_path / "structured.jsonl"), lines)
+    src = write_lines(str(tmp_path / "structured.jsonl"), lines)
     out = str(tmp_path / "out.jsonl")
-    stats = BatchJob(llm.engine, llm.model, _cfg(src, out, window=4)).run()
-    recs = _read(out)
+    stats = BatchJob(llm.engine, llm.model, job_cfg(src, out, window=4)).run()
+    recs = read_records(out)
     assert stats.errors == 1 and "guided_regex" in recs[1]["error"]["message"]
     msg = recs[0]["response"]["body"]["choices"][0]
     assert msg["finish_reason"] == "stop" and json.loads(msg["message"]["content"]) in ({"ok": True}, {"ok": False})

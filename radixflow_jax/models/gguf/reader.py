@@ -3,7 +3,10 @@
 Invariants: nothing here knows a model family; a tensor comes back in the HF ``[out, in]`` order
 (ggml lists dimensions innermost first, so the stored shape is reversed); every quantisation type
 the ``gguf`` package can dequantise is read through ``gguf.quants`` (F32, F16, BF16, Q8_0, Q4_0,
-Q4_1, Q4_K, Q5_K, Q6_K, ...), never by code of our own.
+Q4_1, Q4_K, Q5_K, Q6_K, ...), never by code of our own. A file is untrusted input: one whose
+tensor data ends past the file's length (truncated, or a missing data section) is refused when it
+is opened, with a ``WeightsError`` naming the file (and the tensor where the reader got that far),
+never read as zeros.
 """
 
 from __future__ import annotations
@@ -31,13 +34,22 @@ class GgufFile:
 
         if not os.path.isfile(path):
             raise FileNotFoundError(f"{path}: no such GGUF file")
+        size = os.path.getsize(path)
         try:
             reader = gguf.GGUFReader(path, "r")
         except (ValueError, OSError, IndexError, KeyError) as exc:  # a truncated file fails in numpy views
-            raise WeightsError(f"{path}: not a readable GGUF file ({type(exc).__name__}: {exc})") from exc
+            raise WeightsError(
+                f"{path}: not a readable GGUF file, truncated or malformed ({size} bytes; {type(exc).__name__}: {exc})"
+            ) from exc
         self.path = path
         self.metadata: dict[str, Any] = {name: field.contents() for name, field in reader.fields.items()}
         self.tensors = {t.name: t for t in reader.tensors}
+        for t in reader.tensors:
+            if t.data_offset + t.n_bytes > size or t.data.nbytes != t.n_bytes:
+                raise WeightsError(
+                    f"{path}: GGUF tensor '{t.name}' needs bytes [{t.data_offset}, {t.data_offset + t.n_bytes}), "
+                    f"the file holds {size} (truncated file)"
+                )
 
     @property
     def arch(self) -> str:
