@@ -42,7 +42,7 @@ LINES += [{"id": "r0", "prompt_token_ids": [5, 6, 7], "max_tokens": 2},
 
 
 class SimulatedKill(BaseException):
-    """Stands for SIGKILL (see tests/batch/test_batch.py)."""
+    """Stands for SIGKILL (see tests/batch/jobs.py)."""
 
 
 def _read(path: str) -> list[dict]:
