@@ -10,6 +10,21 @@ Invariant: no producer maps to an empty set (an emptied entry is removed). Plain
 
 from __future__ import annotations
 
+from typing import Hashable, TypeVar
+
+_K = TypeVar("_K", bound=Hashable)
+_V = TypeVar("_V", bound=Hashable)
+
+
+def discard_member(index: dict[_K, set[_V]], key: _K, member: _V) -> None:
+    """Removes ``member`` from ``index[key]`` (if there) and the key once its set is empty: keeps the
+    invariant that no key of a set-valued index maps to an empty set."""
+    members = index.get(key)
+    if members is not None:
+        members.discard(member)
+        if not members:
+            del index[key]
+
 
 class Partners:
     """``producer id -> {partner ids}``."""
@@ -26,11 +41,7 @@ class Partners:
 
     def discard(self, producer: int, partner: int) -> None:
         """``partner`` no longer depends on ``producer`` (their round committed)."""
-        partners = self._of.get(producer)
-        if partners is not None:
-            partners.discard(partner)
-            if not partners:
-                del self._of[producer]
+        discard_member(self._of, producer, partner)
 
     def drop_partner(self, partner: int) -> None:
         """``partner`` is gone (finished, aborted, preempted, rolled back): from every producer."""

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from radixflow_jax.cache.config import CacheConfig
 from radixflow_jax.cache.eviction import EvictionPolicy, LRUPolicy
 from radixflow_jax.cache.invariants import check_tree
-from radixflow_jax.cache.partners import Partners
+from radixflow_jax.cache.partners import Partners, discard_member
 from radixflow_jax.cache.pools import InvariantError, PagePool, SlotPool
 from radixflow_jax.cache.results import CacheStats
 from radixflow_jax.cache.tree import Node, attach, common_prefix_len, detach_leaf, iter_nodes, split
@@ -210,11 +210,7 @@ class TreeStore:
             self._unindex(pid, node)
 
     def _unindex(self, producer_id: int, node: Node) -> None:
-        nodes = self._pending.get(producer_id)
-        if nodes is not None:
-            nodes.discard(node)
-            if not nodes:
-                del self._pending[producer_id]
+        discard_member(self._pending, producer_id, node)
 
     @property
     def evicted_unused(self) -> int:

@@ -98,7 +98,26 @@ def _check_entry(path: str, key: str, meta: object, data_bytes: int) -> None:
         )
 
 
-class SafetensorsDir(Mapping[str, np.ndarray]):
+class TensorMapping(Mapping[str, np.ndarray]):
+    """A read-only ``tensor name -> array`` mapping over an index the subclass builds when opened
+    (:meth:`_names`). Invariant: iterating, counting and membership read that index only, never a
+    tensor's bytes (``Mapping``'s default ``__contains__`` would read the tensor through ``__getitem__``)."""
+
+    def _names(self) -> Mapping[str, object]:
+        """The index whose keys are the tensor names."""
+        raise NotImplementedError
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._names())
+
+    def __len__(self) -> int:
+        return len(self._names())
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._names()
+
+
+class SafetensorsDir(TensorMapping):
     """Read-only mapping ``tensor name -> numpy view`` over every safetensors file of a directory."""
 
     def __init__(self, directory: str):
@@ -135,14 +154,8 @@ class SafetensorsDir(Mapping[str, np.ndarray]):
     def shape(self, key: str) -> tuple[int, ...]:
         return tuple(self._entries[key][1]["shape"])
 
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._entries)
-
-    def __len__(self) -> int:
-        return len(self._entries)
-
-    def __contains__(self, key: object) -> bool:
-        return key in self._entries
+    def _names(self) -> Mapping[str, object]:
+        return self._entries
 
 
 def save_file(tensors: Mapping[str, np.ndarray], path: str, metadata: dict[str, str] | None = None) -> None:

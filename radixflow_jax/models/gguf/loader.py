@@ -9,7 +9,7 @@ raises ``WeightsError`` naming the GGUF tensor.
 from __future__ import annotations
 
 import re
-from typing import Any, Iterator, Mapping
+from typing import Any, Mapping
 
 import numpy as np
 
@@ -23,7 +23,7 @@ from radixflow_jax.models.gguf.nemotron_h import NEMOTRON_H
 from radixflow_jax.models.gguf.qwen35 import QWEN35
 from radixflow_jax.models.gguf.qwen3next import QWEN3NEXT
 from radixflow_jax.models.gguf.reader import GgufFile
-from radixflow_jax.models.safetensors_io import WeightsError
+from radixflow_jax.models.safetensors_io import TensorMapping, WeightsError
 
 FAMILIES: tuple[Family, ...] = (LLAMA, QWEN3, QWEN35, QWEN3NEXT, BAMBA, GRANITE_HYBRID, FALCON_H1, NEMOTRON_H)
 _QUOTED = re.compile(r"tensor '([^']+)'")
@@ -43,7 +43,7 @@ def hf_config_dict(f: GgufFile) -> dict[str, Any]:
     return family_of(f).hf_config(f)
 
 
-class GgufTensors(Mapping[str, np.ndarray]):
+class GgufTensors(TensorMapping):
     """The file's tensors under their HF names, each rebuilt from its GGUF tensor(s) on access."""
 
     def __init__(self, f: GgufFile, cfg: dict[str, Any] | None = None):
@@ -76,14 +76,8 @@ class GgufTensors(Mapping[str, np.ndarray]):
                 f"{self._file.path}: GGUF tensor(s) {', '.join(parts)} cannot form '{key}' ({exc})"
             ) from exc
 
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._parts)
-
-    def __len__(self) -> int:
-        return len(self._parts)
-
-    def __contains__(self, key: object) -> bool:
-        return key in self._parts
+    def _names(self) -> Mapping[str, object]:
+        return self._parts
 
 
 def load_state(f: GgufFile, cfg: Any, dtype: Any) -> tuple[Any, Any]:
