@@ -17,8 +17,10 @@ Invariants:
     (``__post_init__`` validates it, without a tokenizer); an invalid one raises
     :class:`GrammarError` naming ``field`` (the request field it came from).
   * Grammar state is per request (:class:`GrammarState`, kept on the engine's request record); it
-    is never shared between requests (``n`` siblings each compile their own) nor stored in the
-    prefix cache, so a preempted request resumes with its matcher where it was.
+    is never shared between requests nor stored in the prefix cache, so a preempted request
+    resumes with its matcher where it was. What is shared is the compiled grammar: the compiler
+    keeps the last ``GRAMMAR_CACHE_SIZE`` grammars by their text, unused matchers each request
+    copies (``n`` siblings and repeated schemas compile once).
   * ``GrammarState.consumed`` tokens of the request's output were fed to the matcher, in order;
     :meth:`GrammarState.mask_into` describes the tokens allowed after exactly those.
 
@@ -34,8 +36,11 @@ No JAX here; ``llguidance`` and numpy are imported on first use (``serve/protoco
 
 from __future__ import annotations
 
+import collections
 import dataclasses
+import functools
 import json as _json
+import threading
 from typing import TYPE_CHECKING, Any, Sequence
 
 if TYPE_CHECKING:
@@ -43,6 +48,7 @@ if TYPE_CHECKING:
 
 _JSON_DEFAULTS = {"whitespace_flexible": False}  # compact JSON; a schema's x-guidance may override it
 _REGEX_META = set("\\.+*?()|[]{}^$#&-~")
+GRAMMAR_CACHE_SIZE = 64  # compiled grammars kept per engine, by grammar text (least recently used out)
 
 
 class GrammarError(ValueError):
@@ -81,8 +87,8 @@ class StructuredOutputsParams:
         given = [k for k in ("json", "regex", "choice", "grammar") if getattr(self, k) is not None]
         given += ["json_object"] if self.json_object else []
         if len(given) != 1:
-            raise GrammarError(f"exactly one of json, regex, choice, grammar, json_object is required, got {given}",
-                               self.field)  # fmt: skip
+            kinds = "json, regex, choice, grammar, json_object"
+            raise GrammarError(f"exactly one of {kinds} is required, got {given}", self.field)
         if self.json is not None:
             object.__setattr__(self, "json", _schema_text(self.json, self.field))
         if self.choice is not None:
@@ -92,7 +98,7 @@ class StructuredOutputsParams:
         for name in ("regex", "grammar"):
             if getattr(self, name) is not None and not isinstance(getattr(self, name), str):
                 raise GrammarError(f"{name} must be a string", self.field)
-        error = _llg().LLMatcher.validate_grammar(self.grammar_text())
+        error = _validated(self.grammar_text())
         if error:
             raise GrammarError(f"invalid {given[0].replace('_', ' ')}: {error.strip()}", self.field)
 
@@ -104,7 +110,10 @@ class StructuredOutputsParams:
         return next(k for k in ("json", "regex", "choice", "grammar") if getattr(self, k) is not None)
 
     def grammar_text(self) -> str:
-        """The llguidance grammar of this constraint."""
+        """The llguidance grammar of this constraint (converted once per distinct constraint)."""
+        return _grammar_text(self)
+
+    def _convert(self) -> str:
         m = _llg().LLMatcher
         if self.json is not None:
             return m.grammar_from_json_schema(self.json, defaults=_JSON_DEFAULTS)
@@ -118,6 +127,17 @@ class StructuredOutputsParams:
         if "start:" not in text and "::=" in text:  # GBNF (llama.cpp): llguidance converts it
             text = _llg().gbnf_to_lark(text)
         return m.grammar_from_lark(text)
+
+
+@functools.lru_cache(maxsize=GRAMMAR_CACHE_SIZE)
+def _grammar_text(spec: StructuredOutputsParams) -> str:
+    return spec._convert()
+
+
+@functools.lru_cache(maxsize=GRAMMAR_CACHE_SIZE)
+def _validated(text: str) -> str:
+    """llguidance's validation error of a grammar text ("" when it is valid), once per text."""
+    return _llg().LLMatcher.validate_grammar(text)
 
 
 def _schema_text(schema: Any, field: str) -> str:
@@ -155,17 +175,37 @@ class GrammarCompiler:
         self.words = (vocab_size + 31) // 32
         self._eos = list(eos_ids) or None
         self._tok: Any = None
+        self._lock = threading.Lock()
+        self._compiled: collections.OrderedDict[str, Any] = collections.OrderedDict()  # text -> unused matcher
 
     def open(self, spec: StructuredOutputsParams) -> GrammarState:
-        """A fresh matcher for one request; ``GrammarError`` when the grammar does not compile."""
+        """A fresh matcher for one request, copied from the cached compile of its grammar text;
+        ``GrammarError`` when the grammar does not compile (an error is not cached)."""
+        text = spec.grammar_text()
+        with self._lock:
+            base = self._compiled.get(text)
+            if base is None:
+                base = self._compile(text, spec)
+                self._compiled[text] = base
+                while len(self._compiled) > GRAMMAR_CACHE_SIZE:
+                    self._compiled.popitem(last=False)
+            self._compiled.move_to_end(text)
+            return GrammarState(base.deep_copy(), self.words)
+
+    @property
+    def cached(self) -> int:
+        """How many compiled grammars the cache holds."""
+        return len(self._compiled)
+
+    def _compile(self, text: str, spec: StructuredOutputsParams) -> Any:
         llg = _llg()
         if self._tok is None:
-            text = self._source.backend_json()  # type: ignore[attr-defined]
-            self._tok = llg.LLTokenizer(text, n_vocab=self.vocab_size, eos_token=self._eos)
-        matcher = llg.LLMatcher(self._tok, spec.grammar_text(), log_level=0)
+            source = self._source.backend_json()  # type: ignore[attr-defined]
+            self._tok = llg.LLTokenizer(source, n_vocab=self.vocab_size, eos_token=self._eos)
+        matcher = llg.LLMatcher(self._tok, text, log_level=0)
         if matcher.is_error():
             raise GrammarError(f"invalid {spec.kind.replace('_', ' ')}: {matcher.get_error().strip()}", spec.field)
-        return GrammarState(matcher, self.words)
+        return matcher
 
 
 class GrammarState:

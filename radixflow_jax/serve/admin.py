@@ -5,12 +5,15 @@ Invariants:
     chat template applied); of ``prompt``, the plain encoding.
   * ``/detokenize`` refuses ids outside the vocabulary instead of decoding garbage.
   * ``/reset_prefix_cache`` flushes every replica's cache on its engine thread; the pool counts in
-    the answer are sums over the replicas.
+    the answer are sums over the replicas. It is an operator's tool (a flush slows every tenant):
+    403 ``forbidden`` unless the server allows it (``--enable-reset-prefix-cache``).
+  * Tokenising and template rendering run on the preparation pool (``serve/prepare.py``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 from typing import Any, Callable
 
 from fastapi import Request
@@ -48,9 +51,14 @@ class AdminRoutes(RouteGroup):
     async def tokenize(self, request: Request) -> dict[str, Any]:
         state = self.state
         raw = await read_object(request, state.config)
+        return await state.preparer.run(functools.partial(self._tokenize, raw))
+
+    def _tokenize(self, raw: dict[str, Any]) -> dict[str, Any]:
+        state = self.state
         if "messages" in raw:
             body = protocol.parse_body(protocol.CHAT, {"messages": raw["messages"]})
-            ids = protocol.to_engine_request(body, need_tokenizer(state, "messages")).prompt_ids
+            tok = need_tokenizer(state, "messages")
+            ids = protocol.to_engine_request(body, tok, caps=state.config.caps).prompt_ids
         elif isinstance(raw.get("prompt"), str):
             ids = need_tokenizer(state, "prompt").encode(raw["prompt"])
         else:
@@ -69,6 +77,11 @@ class AdminRoutes(RouteGroup):
         return {"prompt": need_tokenizer(self.state, "tokens").decode(tokens)}
 
     async def reset_prefix_cache(self) -> dict[str, Any]:
+        if not self.state.config.allow_cache_reset:
+            raise ApiError(
+                403, "resetting the prefix cache is disabled on this server (--enable-reset-prefix-cache)",
+                code="forbidden",
+            )
         check_alive(self.state)
         try:  # every replica's cache; the pool counts are summed over them
             each = [await asyncio.wrap_future(r.call(flush_cache)) for r in self.state.replicas]
