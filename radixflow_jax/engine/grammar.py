@@ -41,6 +41,7 @@ import dataclasses
 import functools
 import json as _json
 import threading
+import time
 from typing import TYPE_CHECKING, Any, Sequence
 
 if TYPE_CHECKING:
@@ -192,6 +193,30 @@ class GrammarCompiler:
             self._compiled.move_to_end(text)
             return GrammarState(base.deep_copy(), self.words)
 
+    def trial(self, spec: StructuredOutputsParams, max_seconds: float | None) -> None:
+        """Compiles ``spec`` (into the cache) and walks its first two token masks on the calling
+        thread (a server's preparation worker, not the engine thread): the first mask, then the
+        mask after its lowest allowed token other than EOS. :class:`GrammarError` when it does not
+        compile, its lexer gives up (llguidance's fuel and state limits: a regex whose automaton
+        explodes), or the walk takes longer than ``max_seconds`` (a grammar that would stall rounds)."""
+        import numpy as np
+
+        state = self.open(spec)
+        started = time.perf_counter()
+        row = np.zeros(self.words, np.int32)
+        state.mask_into(row)
+        allowed = np.flatnonzero(np.unpackbits(row.view(np.uint8), bitorder="little")[: self.vocab_size])
+        first = next((int(t) for t in allowed if int(t) not in (self._eos or ())), None)
+        if first is not None and not state.error:
+            state.advance([first])
+            state.mask_into(row)
+        took = time.perf_counter() - started
+        if state.error:
+            raise GrammarError(f"the grammar engine gave up on it: {state.error.strip().splitlines()[0][:200]}", spec.field)
+        if max_seconds is not None and took > max_seconds:
+            raise GrammarError(f"too complex: its first token masks took {took:.2f} s (bound {max_seconds:g} s)",
+                               spec.field)
+
     @property
     def cached(self) -> int:
         """How many compiled grammars the cache holds."""
@@ -224,6 +249,11 @@ class GrammarState:
         self.consumed = len(output)
         if new and not self.failed and not self._matcher.consume_tokens(new):
             self.failed = True
+
+    @property
+    def error(self) -> str:
+        """The matcher's error ("" while it has none)."""
+        return self._matcher.get_error() if self._matcher.is_error() else ""
 
     @property
     def stopped(self) -> bool:

@@ -22,6 +22,7 @@ from typing import Any, Callable
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
+from radixflow_jax.engine.grammar import GrammarError
 from radixflow_jax.serve import protocol
 from radixflow_jax.serve import responses as R
 from radixflow_jax.serve.checks import admit, check_alive, check_model, read_body, submit
@@ -50,7 +51,7 @@ class CompletionRoutes(RouteGroup):
         state = self.state
         body = protocol.parse_body(kind, decode_json(raw, state.config.caps))
         check_model(state.config, body.model)
-        return protocol.to_engine_request(
+        req = protocol.to_engine_request(
             body,
             state.tokenizer,
             max_model_len=state.max_model_len,
@@ -58,6 +59,13 @@ class CompletionRoutes(RouteGroup):
             max_n=state.config.max_n,
             caps=state.config.caps,
         )
+        spec = req.params.structured_outputs
+        if spec is not None and state.grammars is not None:
+            try:  # off the engine thread: compile and compute the first mask, refuse what is too costly
+                state.grammars.trial(spec, state.config.grammar_trial_s)
+            except GrammarError as exc:
+                raise protocol.ProtocolError(str(exc), param=exc.field, code="grammar_too_complex") from None
+        return req
 
     async def generate(self, request: Request, kind: str) -> Response:
         state = self.state

@@ -15,11 +15,13 @@ from typing import Any, Callable
 
 from fastapi import FastAPI
 
+from radixflow_jax.engine.grammar import GrammarCompiler, has_grammar
 from radixflow_jax.engine.params import DEFAULT_MAX_N
 from radixflow_jax.replicas.background import BackgroundEngine
 from radixflow_jax.replicas.replicated import ReplicatedEngine
 from radixflow_jax.serve.caps import (
     DEFAULT_CAPS,
+    DEFAULT_GRAMMAR_TRIAL_S,
     DEFAULT_MAX_WAITING,
     DEFAULT_PREPARE_TIMEOUT_S,
     DEFAULT_PREPARE_WORKERS,
@@ -42,7 +44,8 @@ class ServerConfig:
     ``caps``: the size caps of a body (``serve/caps.py``); ``allow_cache_reset``: serve
     ``/reset_prefix_cache`` (otherwise 403); ``private_cache_stats``: hide ``cached_tokens`` from
     answers and require the API key for ``/metrics``; ``step_stall_s``: ``/health`` answers 503
-    while a step has run longer than this (None: never)."""
+    while a step has run longer than this (None: never); ``grammar_trial_s``: a structured-output
+    grammar whose first token mask takes longer than this in preparation is refused (400)."""
 
     model_name: str
     api_key: str | None = None
@@ -57,6 +60,7 @@ class ServerConfig:
     allow_cache_reset: bool = False
     private_cache_stats: bool = False
     step_stall_s: float | None = DEFAULT_STEP_STALL_S
+    grammar_trial_s: float | None = DEFAULT_GRAMMAR_TRIAL_S
 
 
 @dataclasses.dataclass
@@ -71,9 +75,13 @@ class ServerState:
     draining: bool = False
     warmups: tuple[Any, ...] = ()  # each replica's BackgroundWarmup (``--warmup background``), else empty
     preparer: Preparer = dataclasses.field(init=False)
+    grammars: GrammarCompiler | None = dataclasses.field(init=False)  # the preparation workers' trial compiles
 
     def __post_init__(self) -> None:
         self.preparer = Preparer(self.config.prepare_workers, self.config.prepare_timeout_s)
+        usable = has_grammar(self.tokenizer, self.vocab_size)
+        eos = self.replicas[0].core.eos_token_ids
+        self.grammars = GrammarCompiler(self.tokenizer, self.vocab_size or 0, eos) if usable else None
 
     def warmup_status(self) -> dict[str, Any]:
         """``/health``'s warm-up fields: ``phase`` (``warming``, ``ready``, ``failed``, or ``lazy``
