@@ -212,7 +212,8 @@ class GrammarCompiler:
             state.mask_into(row)
         took = time.perf_counter() - started
         if state.error:
-            raise GrammarError(f"the grammar engine gave up on it: {state.error.strip().splitlines()[0][:200]}", spec.field)
+            reason = state.error.strip().splitlines()[0][:200]
+            raise GrammarError(f"the grammar engine gave up on it: {reason}", spec.field)
         if max_seconds is not None and took > max_seconds:
             raise GrammarError(f"too complex: its first token masks took {took:.2f} s (bound {max_seconds:g} s)",
                                spec.field)

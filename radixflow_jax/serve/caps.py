@@ -89,7 +89,9 @@ def _check_stop(body: Any, caps: RequestCaps) -> None:
 
 def _check_choices(choices: Any, caps: RequestCaps, field: str) -> None:
     _check_count(choices, caps.max_choices, field, "choices")
-    if isinstance(choices, (list, tuple)) and any(isinstance(c, str) and len(c) > caps.max_choice_chars for c in choices):
+    if not isinstance(choices, (list, tuple)):
+        return
+    if any(isinstance(c, str) and len(c) > caps.max_choice_chars for c in choices):
         raise CapError(f"a choice may have at most {caps.max_choice_chars} characters", field)
 
 

@@ -4,9 +4,10 @@ Invariants:
   * The model list holds one card, the served model's, its ``created`` the server's start time.
   * ``/health`` is 200 ``{"status": "ok", "phase": ...}`` only while the engine runs, the server
     is not draining and no replica's step has run longer than ``step_stall_s`` (the engine
-    thread's heartbeat, ``BackgroundEngine.step_running_for``; 503 ``engine_stalled``), 503 otherwise. ``phase`` is ``warming`` while step variants compile in
-    the background (requests are served meanwhile), then ``ready``; ``lazy`` when nothing warms in
-    the background; ``/health`` and ``/metrics`` need no API key.
+    thread's heartbeat, ``BackgroundEngine.step_running_for``; 503 ``engine_stalled``), 503
+    otherwise. ``phase`` is ``warming`` while step variants compile in the background (requests
+    are served meanwhile), then ``ready``; ``lazy`` when nothing warms in the background;
+    ``/health`` and ``/metrics`` need no API key (``/metrics`` does under ``private_cache_stats``).
 """
 
 from __future__ import annotations

@@ -110,7 +110,9 @@ class Chunks:
             choice = {"index": self.index, "text": delta or "", "logprobs": lp, "finish_reason": reason}
         return self._envelope([choice], **self.usage_field)
 
-    def usage_chunk(self, outs: Sequence[RequestOutput], score_only: bool = False, hide: bool = False) -> dict[str, Any]:
+    def usage_chunk(
+        self, outs: Sequence[RequestOutput], score_only: bool = False, hide: bool = False
+    ) -> dict[str, Any]:
         return self._envelope([], usage=usage(outs, score_only, hide_cached=hide).model_dump())
 
     def _envelope(self, choices: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:

@@ -128,7 +128,9 @@ def test_flood_of_poison_beside_normal_requests(served) -> None:
 
 
 @pytest.mark.xfail(strict=False, reason="range checks of fixed-width step inputs land with the engine change")
-@pytest.mark.parametrize("extra,param", [({"top_k": 10**10}, "top_k"), ({"stop_token_ids": [10**10]}, "stop_token_ids")])
+@pytest.mark.parametrize(
+    "extra,param", [({"top_k": 10**10}, "top_k"), ({"stop_token_ids": [10**10]}, "stop_token_ids")]
+)
 def test_out_of_range_step_inputs_answer_400(served, extra, param) -> None:
     async def run() -> httpx.Response:
         async with _client(_state(served)) as c:
@@ -239,7 +241,8 @@ def test_admin_and_privacy_switches(served, monkeypatch) -> None:
     assert out["usage"].json()["usage"]["prompt_tokens_details"]["cached_tokens"] >= 0
     crash = out["crash"].json()["error"]
     assert out["crash"].status_code == 500 and "secret" not in crash["message"] and "error id err-" in crash["message"]
-    assert out["private_usage"].status_code == 200 and out["private_usage"].json()["usage"]["prompt_tokens_details"] is None
+    private_usage = out["private_usage"].json()["usage"]
+    assert out["private_usage"].status_code == 200 and private_usage["prompt_tokens_details"] is None
     assert out["metrics_with_key"].status_code == 200 and out["metrics_without_key"].status_code == 401
     assert out["health_without_key"].status_code == 200
 

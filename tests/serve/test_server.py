@@ -24,7 +24,8 @@ ARTICLE = [(37 * j + 11) % 400 + 30 for j in range(200)]  # a shared "article" p
 
 @pytest.fixture(scope="module")
 def server():
-    args = [*SMALL_ENGINE, "--max-waiting", str(MAX_WAITING), "--max-body-bytes", str(MAX_BODY), "--enable-reset-prefix-cache"]
+    args = [*SMALL_ENGINE, "--max-waiting", str(MAX_WAITING), "--max-body-bytes", str(MAX_BODY)]
+    args.append("--enable-reset-prefix-cache")
     proc = start_test_server(args, api_key=KEY)
     yield proc
     proc.stop()
