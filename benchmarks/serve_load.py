@@ -74,10 +74,12 @@ class PeakRss:
 async def open_slow_readers(url: str, count: int, n: int, max_tokens: int) -> list[asyncio.StreamWriter]:
     """``count`` connections that each send a streamed completion (``n`` samples) and never read."""
     host, port = url.removeprefix("http://").split(":")
-    body = json.dumps({"prompt": "a slow reader " * 8, "max_tokens": max_tokens, "n": n, "stream": True,
-                       "ignore_eos": True}).encode()  # fmt: skip
-    head = (f"POST /v1/completions HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
-            f"Content-Length: {len(body)}\r\n\r\n").encode()  # fmt: skip
+    request = {"prompt": "a slow reader " * 8, "max_tokens": max_tokens, "n": n, "stream": True, "ignore_eos": True}
+    body = json.dumps(request).encode()
+    head = (
+        f"POST /v1/completions HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    ).encode()
     writers = []
     for _ in range(count):
         _, writer = await asyncio.open_connection(host, int(port))
@@ -140,20 +142,32 @@ def parse_args() -> argparse.Namespace:
 def start_server(args: argparse.Namespace) -> ServerProcess:
     waiting = 10 * args.clients + args.slow_readers * args.slow_n
     extra = ["--no-warmup"] if args.no_warmup else []
+    server_args = [
+        "--model", args.model,
+        "--max-num-seqs", str(args.max_num_seqs),
+        "--max-num-batched-tokens", str(args.max_num_batched_tokens),
+        "--max-waiting", str(waiting),
+        "--max-n", str(max(16, args.slow_n)),
+        "--stream-timeout", str(args.stream_timeout),
+        "--enable-reset-prefix-cache",
+        *extra,
+    ]  # fmt: skip
     return ServerProcess(
-        ["--model", args.model, "--max-num-seqs", str(args.max_num_seqs), "--max-num-batched-tokens",
-         str(args.max_num_batched_tokens), "--max-waiting", str(waiting), "--max-n", str(max(16, args.slow_n)),
-         "--stream-timeout", str(args.stream_timeout), "--enable-reset-prefix-cache", *extra],
-        startup_timeout=args.startup_timeout, compilation_cache_dir=args.compilation_cache_dir,
-    )  # fmt: skip
+        server_args, startup_timeout=args.startup_timeout, compilation_cache_dir=args.compilation_cache_dir
+    )
 
 
 def main() -> int:
     args = parse_args()
-    requests = generate(WorkloadSpec(
-        args.workload, num_requests=args.clients, arrival="all", max_tokens=args.max_tokens,
-        article_len=args.article_len, question_len=args.question_len,
-    ))  # fmt: skip
+    spec = WorkloadSpec(
+        args.workload,
+        num_requests=args.clients,
+        arrival="all",
+        max_tokens=args.max_tokens,
+        article_len=args.article_len,
+        question_len=args.question_len,
+    )
+    requests = generate(spec)
     server = start_server(args)
     try:
         started = time.perf_counter()
@@ -170,10 +184,17 @@ def main() -> int:
         for name, ok in checks.items():
             print(f"{'PASS' if ok else 'FAIL'} {name}")
         if args.json_out:
+            report = {
+                "date": datetime.date.today().isoformat(),
+                "clients": args.clients,
+                "checks": checks,
+                "slow_readers": args.slow_readers,
+                "aborted": aborted,
+                "total_s": time.perf_counter() - started,
+                "runs": runs,
+            }
             with open(args.json_out, "w") as f:
-                json.dump({"date": datetime.date.today().isoformat(), "clients": args.clients, "checks": checks,
-                           "slow_readers": args.slow_readers, "aborted": aborted,
-                           "total_s": time.perf_counter() - started, "runs": runs}, f, indent=2)  # fmt: skip
+                json.dump(report, f, indent=2)
         return 0 if all(checks.values()) else 1
     finally:
         server.stop()

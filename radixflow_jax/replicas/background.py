@@ -174,9 +174,13 @@ class EngineObserver(Protocol):
 
 class BackgroundEngine:
     def __init__(
-        self, core: EngineCore, *, observer: EngineObserver | None = None, trim_records: bool = False,
+        self,
+        core: EngineCore,
+        *,
+        observer: EngineObserver | None = None,
+        trim_records: bool = False,
         idle: Callable[[EngineCore], bool] | None = None,
-    ):  # fmt: skip
+    ):
         """``idle``: work for the engine thread while no request is queued, running or in flight
         (e.g. :class:`~radixflow_jax.replicas.warmup.BackgroundWarmup`), one unit per call, which
         returns False when there is none left; requests that arrive wait for the unit in progress."""

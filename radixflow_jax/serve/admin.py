@@ -20,7 +20,7 @@ from fastapi import Request
 
 from radixflow_jax.replicas.background import EngineDeadError
 from radixflow_jax.serve import protocol
-from radixflow_jax.serve.checks import check_alive, need_tokenizer, read_object
+from radixflow_jax.serve.checks import check_alive, decode_object, need_tokenizer, read_body
 from radixflow_jax.serve.errors import ApiError, engine_error
 from radixflow_jax.serve.state import RouteGroup
 
@@ -49,25 +49,28 @@ class AdminRoutes(RouteGroup):
         ]
 
     async def tokenize(self, request: Request) -> dict[str, Any]:
-        state = self.state
-        raw = await read_object(request, state.config)
-        return await state.preparer.run(functools.partial(self._tokenize, raw))
+        body = await read_body(request, self.state.config)
+        return await self.state.preparer.run(functools.partial(self._tokenize, body))
 
-    def _tokenize(self, raw: dict[str, Any]) -> dict[str, Any]:
+    async def detokenize(self, request: Request) -> dict[str, Any]:
+        body = await read_body(request, self.state.config)
+        return await self.state.preparer.run(functools.partial(self._detokenize, body))
+
+    def _tokenize(self, body: bytes) -> dict[str, Any]:
         state = self.state
+        raw = decode_object(body, state.config)
         if "messages" in raw:
-            body = protocol.parse_body(protocol.CHAT, {"messages": raw["messages"]})
+            chat = protocol.parse_body(protocol.CHAT, {"messages": raw["messages"]})
             tok = need_tokenizer(state, "messages")
-            ids = protocol.to_engine_request(body, tok, caps=state.config.caps).prompt_ids
+            ids = protocol.to_engine_request(chat, tok, caps=state.config.caps).prompt_ids
         elif isinstance(raw.get("prompt"), str):
             ids = need_tokenizer(state, "prompt").encode(raw["prompt"])
         else:
             raise ApiError(400, "prompt: expected a string (or send messages)", param="prompt")
         return {"tokens": ids, "count": len(ids), "max_model_len": state.max_model_len}
 
-    async def detokenize(self, request: Request) -> dict[str, Any]:
-        raw = await read_object(request, self.state.config)
-        tokens = raw.get("tokens")
+    def _detokenize(self, body: bytes) -> dict[str, Any]:
+        tokens = decode_object(body, self.state.config).get("tokens")
         if not isinstance(tokens, list) or any(isinstance(t, bool) or not isinstance(t, int) for t in tokens):
             raise ApiError(400, "tokens: expected a list of integers", param="tokens")
         vocab = self.state.vocab_size

@@ -36,15 +36,11 @@ async def read_body(request: Request, cfg: ServerConfig) -> bytes:
     return bytes(body)
 
 
-async def read_json(request: Request, cfg: ServerConfig) -> Any:
-    """The request body parsed as JSON (400 empty, invalid or too deep, 413 over the limit)."""
-    return decode_json(await read_body(request, cfg), cfg.caps)
-
-
-async def read_object(request: Request, cfg: ServerConfig) -> dict[str, Any]:
-    """:func:`read_json` that must be a JSON object naming the served model, if any (the tokenizer
-    routes, which take no OpenAI body)."""
-    raw = await read_json(request, cfg)
+def decode_object(body: bytes, cfg: ServerConfig) -> dict[str, Any]:
+    """A body decoded as a JSON object naming the served model, if any (the tokenizer routes,
+    which take no OpenAI body; run on the preparation pool): 400 empty, invalid, too deep or not
+    an object, 404 another model."""
+    raw = decode_json(body, cfg.caps)
     if not isinstance(raw, dict):
         raise ApiError(400, "the request body must be a JSON object", code="invalid_body")
     check_model(cfg, raw.get("model"))

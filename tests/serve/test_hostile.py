@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 import time
 from typing import Any
 
@@ -249,3 +250,38 @@ def test_admin_and_privacy_switches(served, monkeypatch) -> None:
 
 def _raise_secret(*args: Any, **kwargs: Any) -> Any:
     raise RuntimeError("secret internal detail")
+
+
+class _GatedTokenizer:
+    """The model's tokenizer whose ``encode`` waits for a gate (a slow tokenisation, held open)."""
+
+    def __init__(self, inner: Any):
+        self.inner, self.entered, self.gate = inner, threading.Event(), threading.Event()
+
+    def encode(self, text: str) -> list[int]:
+        self.entered.set()
+        assert self.gate.wait(60)
+        return self.inner.encode(text)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+def test_preparation_runs_off_the_event_loop(served) -> None:
+    """While one request's tokenisation is held, /health and other routes answer."""
+    engine, model, metrics = served
+    tok = _GatedTokenizer(model.tokenizer)
+    state = ServerState(engine=engine, tokenizer=tok, metrics=metrics, config=ServerConfig("tiny", max_n=MAX_N),
+                        max_model_len=engine.core.max_model_len, vocab_size=model.config.vocab_size)  # fmt: skip
+
+    async def run() -> tuple[int, int]:
+        async with _client(state) as c:
+            slow = asyncio.ensure_future(c.post("/v1/completions", json={"prompt": "held " * 100, "max_tokens": 1}))
+            while not tok.entered.is_set():
+                await asyncio.sleep(0.01)
+            health = await asyncio.wait_for(c.get("/health"), 30)
+            assert not slow.done()  # still tokenising
+            tok.gate.set()
+            return health.status_code, (await slow).status_code
+
+    assert asyncio.run(run()) == (200, 200)
