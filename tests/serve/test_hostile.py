@@ -285,3 +285,17 @@ def test_preparation_runs_off_the_event_loop(served) -> None:
             return health.status_code, (await slow).status_code
 
     assert asyncio.run(run()) == (200, 200)
+
+
+def test_compiled_grammars_are_shared_by_text(tiny_model) -> None:
+    from radixflow_jax.engine.grammar import GrammarCompiler, StructuredOutputsParams
+
+    model = tiny_model("tiny-qwen3.5")
+    compiler = GrammarCompiler(model.tokenizer, model.config.vocab_size, [0])
+    spec = StructuredOutputsParams(choice=("yes", "no"))
+    first, second = compiler.open(spec), compiler.open(StructuredOutputsParams(choice=("yes", "no"), field="other"))
+    assert compiler.cached == 1 and first is not second
+    first.advance([model.tokenizer.encode("yes")[0]])
+    assert second.consumed == 0 and not second.failed  # each request its own matcher
+    compiler.open(StructuredOutputsParams(regex="[0-9]+"))
+    assert compiler.cached == 2
