@@ -17,8 +17,10 @@ Invariants:
     (``__post_init__`` validates it, without a tokenizer); an invalid one raises
     :class:`GrammarError` naming ``field`` (the request field it came from).
   * Grammar state is per request (:class:`GrammarState`, kept on the engine's request record); it
-    is never shared between requests (``n`` siblings each compile their own) nor stored in the
-    prefix cache, so a preempted request resumes with its matcher where it was.
+    is never shared between requests nor stored in the prefix cache, so a preempted request
+    resumes with its matcher where it was. What is shared is the compiled grammar: the compiler
+    keeps the last ``GRAMMAR_CACHE_SIZE`` grammars by their text, unused matchers each request
+    copies (``n`` siblings and repeated schemas compile once).
   * ``GrammarState.consumed`` tokens of the request's output were fed to the matcher, in order;
     :meth:`GrammarState.mask_into` describes the tokens allowed after exactly those.
 
@@ -34,8 +36,12 @@ No JAX here; ``llguidance`` and numpy are imported on first use (``serve/protoco
 
 from __future__ import annotations
 
+import collections
 import dataclasses
+import functools
 import json as _json
+import threading
+import time
 from typing import TYPE_CHECKING, Any, Sequence
 
 if TYPE_CHECKING:
@@ -43,6 +49,7 @@ if TYPE_CHECKING:
 
 _JSON_DEFAULTS = {"whitespace_flexible": False}  # compact JSON; a schema's x-guidance may override it
 _REGEX_META = set("\\.+*?()|[]{}^$#&-~")
+GRAMMAR_CACHE_SIZE = 64  # compiled grammars kept per engine, by grammar text (least recently used out)
 
 
 class GrammarError(ValueError):
@@ -92,7 +99,7 @@ class StructuredOutputsParams:
         for name in ("regex", "grammar"):
             if getattr(self, name) is not None and not isinstance(getattr(self, name), str):
                 raise GrammarError(f"{name} must be a string", self.field)
-        error = _llg().LLMatcher.validate_grammar(self.grammar_text())
+        error = _validated(self.grammar_text())
         if error:
             raise GrammarError(f"invalid {given[0].replace('_', ' ')}: {error.strip()}", self.field)
 
@@ -104,7 +111,10 @@ class StructuredOutputsParams:
         return next(k for k in ("json", "regex", "choice", "grammar") if getattr(self, k) is not None)
 
     def grammar_text(self) -> str:
-        """The llguidance grammar of this constraint."""
+        """The llguidance grammar of this constraint (converted once per distinct constraint)."""
+        return _grammar_text(self)
+
+    def _convert(self) -> str:
         m = _llg().LLMatcher
         if self.json is not None:
             return m.grammar_from_json_schema(self.json, defaults=_JSON_DEFAULTS)
@@ -118,6 +128,17 @@ class StructuredOutputsParams:
         if "start:" not in text and "::=" in text:  # GBNF (llama.cpp): llguidance converts it
             text = _llg().gbnf_to_lark(text)
         return m.grammar_from_lark(text)
+
+
+@functools.lru_cache(maxsize=GRAMMAR_CACHE_SIZE)
+def _grammar_text(spec: StructuredOutputsParams) -> str:
+    return spec._convert()
+
+
+@functools.lru_cache(maxsize=GRAMMAR_CACHE_SIZE)
+def _validated(text: str) -> str:
+    """llguidance's validation error of a grammar text ("" when it is valid), once per text."""
+    return _llg().LLMatcher.validate_grammar(text)
 
 
 def _schema_text(schema: Any, field: str) -> str:
@@ -155,17 +176,62 @@ class GrammarCompiler:
         self.words = (vocab_size + 31) // 32
         self._eos = list(eos_ids) or None
         self._tok: Any = None
+        self._lock = threading.Lock()
+        self._compiled: collections.OrderedDict[str, Any] = collections.OrderedDict()  # text -> unused matcher
 
     def open(self, spec: StructuredOutputsParams) -> GrammarState:
-        """A fresh matcher for one request; ``GrammarError`` when the grammar does not compile."""
+        """A fresh matcher for one request, copied from the cached compile of its grammar text;
+        ``GrammarError`` when the grammar does not compile (an error is not cached)."""
+        text = spec.grammar_text()
+        with self._lock:
+            base = self._compiled.get(text)
+            if base is None:
+                base = self._compile(text, spec)
+                self._compiled[text] = base
+                while len(self._compiled) > GRAMMAR_CACHE_SIZE:
+                    self._compiled.popitem(last=False)
+            self._compiled.move_to_end(text)
+            return GrammarState(base.deep_copy(), self.words)
+
+    def trial(self, spec: StructuredOutputsParams, max_seconds: float | None) -> None:
+        """Compiles ``spec`` (into the cache) and walks its first two token masks on the calling
+        thread (a server's preparation worker, not the engine thread): the first mask, then the
+        mask after its lowest allowed token other than EOS. :class:`GrammarError` when it does not
+        compile, its lexer gives up (llguidance's fuel and state limits: a regex whose automaton
+        explodes), or the walk takes longer than ``max_seconds`` (a grammar that would stall rounds)."""
+        import numpy as np
+
+        state = self.open(spec)
+        started = time.perf_counter()
+        row = np.zeros(self.words, np.int32)
+        state.mask_into(row)
+        allowed = np.flatnonzero(np.unpackbits(row.view(np.uint8), bitorder="little")[: self.vocab_size])
+        first = next((int(t) for t in allowed if int(t) not in (self._eos or ())), None)
+        if first is not None and not state.error:
+            state.advance([first])
+            state.mask_into(row)
+        took = time.perf_counter() - started
+        if state.error:
+            reason = state.error.strip().splitlines()[0][:200]
+            raise GrammarError(f"the grammar engine gave up on it: {reason}", spec.field)
+        if max_seconds is not None and took > max_seconds:
+            raise GrammarError(f"too complex: its first token masks took {took:.2f} s (bound {max_seconds:g} s)",
+                               spec.field)
+
+    @property
+    def cached(self) -> int:
+        """How many compiled grammars the cache holds."""
+        return len(self._compiled)
+
+    def _compile(self, text: str, spec: StructuredOutputsParams) -> Any:
         llg = _llg()
         if self._tok is None:
-            text = self._source.backend_json()  # type: ignore[attr-defined]
-            self._tok = llg.LLTokenizer(text, n_vocab=self.vocab_size, eos_token=self._eos)
-        matcher = llg.LLMatcher(self._tok, spec.grammar_text(), log_level=0)
+            source = self._source.backend_json()  # type: ignore[attr-defined]
+            self._tok = llg.LLTokenizer(source, n_vocab=self.vocab_size, eos_token=self._eos)
+        matcher = llg.LLMatcher(self._tok, text, log_level=0)
         if matcher.is_error():
             raise GrammarError(f"invalid {spec.kind.replace('_', ' ')}: {matcher.get_error().strip()}", spec.field)
-        return GrammarState(matcher, self.words)
+        return matcher
 
 
 class GrammarState:
@@ -184,6 +250,11 @@ class GrammarState:
         self.consumed = len(output)
         if new and not self.failed and not self._matcher.consume_tokens(new):
             self.failed = True
+
+    @property
+    def error(self) -> str:
+        """The matcher's error ("" while it has none)."""
+        return self._matcher.get_error() if self._matcher.is_error() else ""
 
     @property
     def stopped(self) -> bool:

@@ -12,6 +12,9 @@ Invariants:
   * ``observer`` (optional) sees every delivered event and every round record on the engine thread;
     with ``trim_records`` the core's record list is emptied after each round (long-running servers).
   * ``call(fn)`` runs ``fn(core)`` on the engine thread between rounds (e.g. a prefix-cache reset).
+  * A handle holds the latest snapshot of its request and a wake-up, not a queue of copies
+    (:class:`RequestHandle`): a reader that falls behind skips to the newest state.
+  * ``step_running_for`` is the heartbeat: how long the step running now has run (``/health``).
   * A request for several samples (``n`` / ``best_of``) is one inbox item with one handle per
     sibling (``submit_group``), added to the core in one ``EngineCore.add_group``.
 """
@@ -24,6 +27,7 @@ import dataclasses
 import logging
 import queue
 import threading
+import time
 from typing import Any, AsyncIterator, Callable, Iterator, Protocol, Sequence
 
 from radixflow_jax.engine.config import RoundRecord
@@ -47,15 +51,26 @@ class _Pending:
 
 
 class RequestHandle:
-    """A submitted request: ``stream()`` yields snapshots as tokens arrive; ``result()`` waits."""
+    """A submitted request: ``stream()`` yields snapshots as tokens arrive; ``result()`` waits.
+
+    Backpressure: the handle keeps only the latest snapshot (or the error that ended the request)
+    and a wake-up, never a queue of copies, so a reader that falls behind costs one snapshot of
+    memory and, when it reads again, gets the newest state (a reader computes its deltas from what
+    it last saw). The final snapshot always reaches the reader: nothing replaces a final event."""
 
     def __init__(self, engine: BackgroundEngine):
         self._engine = engine
-        self._events: queue.Queue[RequestOutput | BaseException] = queue.Queue()
         self.request_id: int | None = None
-        self._waiter_lock = threading.Lock()
+        self._lock = threading.Lock()
+        self._ready = threading.Condition(self._lock)
+        self._latest: RequestOutput | BaseException | None = None  # newest event not read yet
         self._waiter: tuple[asyncio.AbstractEventLoop, asyncio.Future[None]] | None = None
         self._final: RequestOutput | BaseException | None = None  # the final event, once consumed
+
+    @property
+    def has_unread(self) -> bool:
+        """An event was delivered that no reader took yet."""
+        return self._latest is not None
 
     def _take(self, item: RequestOutput | BaseException) -> RequestOutput:
         """Returns a consumed event (raises an error event); remembers the final one."""
@@ -66,9 +81,12 @@ class RequestHandle:
         return item
 
     def _push(self, item: RequestOutput | BaseException) -> None:
-        with self._waiter_lock:
-            self._events.put(item)
+        with self._lock:
+            last = self._latest
+            if not (isinstance(last, BaseException) or (last is not None and last.finished)):
+                self._latest = item  # a newer state replaces an unread one; a final event stays
             waiter, self._waiter = self._waiter, None
+            self._ready.notify_all()
         if waiter is not None:
             loop, fut = waiter
             try:
@@ -76,16 +94,27 @@ class RequestHandle:
             except RuntimeError:  # the waiting loop is closed: nobody listens any more
                 pass
 
+    def _pop(self) -> RequestOutput | BaseException | None:
+        """Takes the unread event (under the lock)."""
+        item, self._latest = self._latest, None
+        return item
+
     def stream(self, timeout: float | None = None) -> Iterator[RequestOutput]:
-        """Yields each new snapshot, the final one last (``queue.Empty`` after ``timeout`` seconds
-        without an event). Once the final event was consumed, a new stream yields just that."""
+        """Yields the newest snapshot each time one arrived since the last, the final one last
+        (``queue.Empty`` after ``timeout`` seconds without an event). Once the final event was
+        consumed, a new stream yields just that."""
         if self._final is not None:
             yield self._take(self._final)
             return
         while True:
-            item = self._take(self._events.get(timeout=timeout))
-            yield item
-            if item.finished:
+            with self._ready:
+                if not self._ready.wait_for(lambda: self._latest is not None, timeout):
+                    raise queue.Empty
+                item = self._pop()
+            assert item is not None
+            out = self._take(item)
+            yield out
+            if out.finished:
                 return
 
     def result(self, timeout: float | None = None) -> RequestOutput:
@@ -97,30 +126,28 @@ class RequestHandle:
 
     async def astream(self) -> AsyncIterator[RequestOutput]:
         """Like :meth:`stream` on an asyncio loop. Waiting parks a future that the engine thread
-        resolves (no executor thread blocks on the queue), so a cancelled wait loses no event."""
+        resolves (no executor thread blocks), so a cancelled wait loses no event."""
         loop = asyncio.get_running_loop()
         if self._final is not None:
             yield self._take(self._final)
             return
         while True:
-            with self._waiter_lock:
-                try:
-                    item = self._events.get_nowait()
-                except queue.Empty:
+            with self._lock:
+                item = self._pop()
+                if item is None:
                     fut: asyncio.Future[None] = loop.create_future()
                     self._waiter = (loop, fut)
-                    item = None
             if item is None:
                 try:
                     await fut
                 finally:
-                    with self._waiter_lock:
+                    with self._lock:
                         if self._waiter is not None and self._waiter[1] is fut:
                             self._waiter = None
                 continue
-            item = self._take(item)
-            yield item
-            if item.finished:
+            out = self._take(item)
+            yield out
+            if out.finished:
                 return
 
     def abort(self) -> None:
@@ -169,6 +196,7 @@ class BackgroundEngine:
         self._handles: dict[int, RequestHandle] = {}
         self._stopped = False
         self._error: BaseException | None = None
+        self._step_started: float | None = None  # heartbeat: monotonic start of the step running now
         self._thread = threading.Thread(target=self._run, name="radixflow-engine", daemon=True)
         self._thread.start()
 
@@ -219,8 +247,16 @@ class BackgroundEngine:
 
     @property
     def num_waiting(self) -> int:
-        """Requests accepted but not yet admitted to a round (inbox + the scheduler's waiting queue)."""
-        return len(self._inbox) + len(self.core.scheduler.waiting)
+        """Requests accepted but not yet admitted to a round (inbox + the scheduler's waiting queue);
+        a group of ``n`` siblings counts as ``n`` requests."""
+        return sum(len(item.handles) for item in list(self._inbox)) + len(self.core.scheduler.waiting)
+
+    @property
+    def step_running_for(self) -> float:
+        """Seconds the engine thread has been inside the step running now (0.0 between steps and
+        during idle work such as the background warm-up): the heartbeat ``/health`` reads."""
+        started = self._step_started
+        return 0.0 if started is None else time.monotonic() - started
 
     @property
     def num_running(self) -> int:
@@ -301,7 +337,12 @@ class BackgroundEngine:
                     continue
                 delivered = []
                 seen = len(self.core.records)
-                for out in self.core.step():
+                self._step_started = time.monotonic()
+                try:
+                    outs = self.core.step()
+                finally:
+                    self._step_started = None
+                for out in outs:
                     handle = self._handles.get(out.request_id)
                     if handle is None:
                         continue

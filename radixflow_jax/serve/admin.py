@@ -5,19 +5,22 @@ Invariants:
     chat template applied); of ``prompt``, the plain encoding.
   * ``/detokenize`` refuses ids outside the vocabulary instead of decoding garbage.
   * ``/reset_prefix_cache`` flushes every replica's cache on its engine thread; the pool counts in
-    the answer are sums over the replicas.
+    the answer are sums over the replicas. It is an operator's tool (a flush slows every tenant):
+    403 ``forbidden`` unless the server allows it (``--enable-reset-prefix-cache``).
+  * Tokenising and template rendering run on the preparation pool (``serve/prepare.py``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 from typing import Any, Callable
 
 from fastapi import Request
 
 from radixflow_jax.replicas.background import EngineDeadError
 from radixflow_jax.serve import protocol
-from radixflow_jax.serve.checks import check_alive, need_tokenizer, read_object
+from radixflow_jax.serve.checks import check_alive, decode_object, need_tokenizer, read_body
 from radixflow_jax.serve.errors import ApiError, engine_error
 from radixflow_jax.serve.state import RouteGroup
 
@@ -46,20 +49,28 @@ class AdminRoutes(RouteGroup):
         ]
 
     async def tokenize(self, request: Request) -> dict[str, Any]:
+        body = await read_body(request, self.state.config)
+        return await self.state.preparer.run(functools.partial(self._tokenize, body))
+
+    async def detokenize(self, request: Request) -> dict[str, Any]:
+        body = await read_body(request, self.state.config)
+        return await self.state.preparer.run(functools.partial(self._detokenize, body))
+
+    def _tokenize(self, body: bytes) -> dict[str, Any]:
         state = self.state
-        raw = await read_object(request, state.config)
+        raw = decode_object(body, state.config)
         if "messages" in raw:
-            body = protocol.parse_body(protocol.CHAT, {"messages": raw["messages"]})
-            ids = protocol.to_engine_request(body, need_tokenizer(state, "messages")).prompt_ids
+            chat = protocol.parse_body(protocol.CHAT, {"messages": raw["messages"]})
+            tok = need_tokenizer(state, "messages")
+            ids = protocol.to_engine_request(chat, tok, caps=state.config.caps).prompt_ids
         elif isinstance(raw.get("prompt"), str):
             ids = need_tokenizer(state, "prompt").encode(raw["prompt"])
         else:
             raise ApiError(400, "prompt: expected a string (or send messages)", param="prompt")
         return {"tokens": ids, "count": len(ids), "max_model_len": state.max_model_len}
 
-    async def detokenize(self, request: Request) -> dict[str, Any]:
-        raw = await read_object(request, self.state.config)
-        tokens = raw.get("tokens")
+    def _detokenize(self, body: bytes) -> dict[str, Any]:
+        tokens = decode_object(body, self.state.config).get("tokens")
         if not isinstance(tokens, list) or any(isinstance(t, bool) or not isinstance(t, int) for t in tokens):
             raise ApiError(400, "tokens: expected a list of integers", param="tokens")
         vocab = self.state.vocab_size
@@ -69,6 +80,11 @@ class AdminRoutes(RouteGroup):
         return {"prompt": need_tokenizer(self.state, "tokens").decode(tokens)}
 
     async def reset_prefix_cache(self) -> dict[str, Any]:
+        if not self.state.config.allow_cache_reset:
+            raise ApiError(
+                403, "resetting the prefix cache is disabled on this server (--enable-reset-prefix-cache)",
+                code="forbidden",
+            )
         check_alive(self.state)
         try:  # every replica's cache; the pool counts are summed over them
             each = [await asyncio.wrap_future(r.call(flush_cache)) for r in self.state.replicas]

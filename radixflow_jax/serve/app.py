@@ -8,10 +8,12 @@ is :class:`ServerState` (``serve/state.py``).
 Invariants:
   * Every error leaves as the OpenAI envelope ``{"error": {"message", "type", "param", "code"}}``:
     400 for malformed JSON and invalid fields (never FastAPI's 422), 401 for a missing or wrong key
-    (compared in constant time; ``/health`` and ``/metrics`` stay open), 404 for an unknown model or
+    (compared in constant time; ``/health`` and ``/metrics`` stay open, ``/metrics`` not with
+    ``private_cache_stats``), 403 for ``/reset_prefix_cache`` unless allowed, 404 for an unknown model or
     route, 413 for a body over the limit, 429 + ``Retry-After`` while the waiting queue is at
-    ``max_waiting``, 503 while draining or after the engine died, 500 (``step_failed``) for a request
-    whose rounds' step kept failing while the engine recovered and went on serving.
+    ``max_waiting``, 503 while draining, after the engine died or while a step hangs (``/health``),
+    500 (``step_failed``, a generic message and an error id) for a request whose rounds' step kept
+    failing while the engine recovered and went on serving.
   * A request whose client disconnects is aborted, which frees its pages and slots.
   * A stream is ``data: {json}\\n\\n`` chunks, then ``data: [DONE]\\n\\n``; text deltas never split a
     UTF-8 character and never leak the start of a stop string that later completes.
@@ -36,13 +38,14 @@ OPEN_PATHS = frozenset({"/health", "/metrics"})
 
 class ApiKeyMiddleware:
     """Pure ASGI (streams and disconnects pass through untouched): every path except
-    ``OPEN_PATHS`` needs ``Authorization: Bearer KEY``, compared in constant time."""
+    ``open_paths`` (``OPEN_PATHS``; without ``/metrics`` under ``private_cache_stats``) needs
+    ``Authorization: Bearer KEY``, compared in constant time."""
 
-    def __init__(self, app: Any, key: str, reject: Callable[[], Any]):
-        self.app, self.key, self.reject = app, key.encode(), reject
+    def __init__(self, app: Any, key: str, reject: Callable[[], Any], open_paths: frozenset[str] = OPEN_PATHS):
+        self.app, self.key, self.reject, self.open_paths = app, key.encode(), reject, open_paths
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        if scope["type"] == "http" and scope["path"] not in OPEN_PATHS:
+        if scope["type"] == "http" and scope["path"] not in self.open_paths:
             header = next((v for k, v in scope["headers"] if k == b"authorization"), b"")
             token = header[7:] if header[:7].lower() == b"bearer " else b""
             if not hmac.compare_digest(token, self.key):
@@ -58,7 +61,8 @@ def require_key(app: FastAPI, cfg: ServerConfig, answers: ErrorAnswers) -> None:
     reject = functools.partial(
         answers.respond, 401, "missing or invalid API key (send 'Authorization: Bearer KEY')", code="invalid_api_key"
     )
-    app.add_middleware(ApiKeyMiddleware, key=cfg.api_key, reject=reject)
+    open_paths = OPEN_PATHS - {"/metrics"} if cfg.private_cache_stats else OPEN_PATHS
+    app.add_middleware(ApiKeyMiddleware, key=cfg.api_key, reject=reject, open_paths=open_paths)
 
 
 def create_app(state: ServerState) -> FastAPI:

@@ -5,11 +5,12 @@ Invariants:
   * A body over ``max_body_bytes`` is refused (413) from its declared length when it has one and
     while it is read otherwise, so no more than the limit plus one chunk is ever held.
   * Nothing here changes the engine but :func:`submit`, and that only after the queue check.
+  * :func:`admit` runs twice: before a request is prepared (it counts one) and when it is
+    submitted (it counts its ``n`` / ``best_of`` samples).
 """
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from fastapi import Request
@@ -17,12 +18,13 @@ from fastapi import Request
 from radixflow_jax.replicas.background import EngineDeadError, RequestHandle
 from radixflow_jax.serve import protocol
 from radixflow_jax.serve.errors import ApiError, engine_error
+from radixflow_jax.serve.prepare import decode_json
 from radixflow_jax.serve.protocol import EngineRequest
 from radixflow_jax.serve.state import ServerConfig, ServerState
 
 
-async def read_json(request: Request, cfg: ServerConfig) -> Any:
-    """The request body parsed as JSON (400 empty or invalid, 413 over the limit)."""
+async def read_body(request: Request, cfg: ServerConfig) -> bytes:
+    """The request body's bytes (413 over the limit); decoding is preparation (``serve/prepare.py``)."""
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > cfg.max_body_bytes:
         raise ApiError(413, f"request body of {declared} bytes exceeds the limit of {cfg.max_body_bytes}")
@@ -31,18 +33,14 @@ async def read_json(request: Request, cfg: ServerConfig) -> Any:
         body += chunk
         if len(body) > cfg.max_body_bytes:
             raise ApiError(413, f"request body exceeds the limit of {cfg.max_body_bytes} bytes")
-    if not body:
-        raise ApiError(400, "the request body is empty; expected a JSON object", code="invalid_body")
-    try:
-        return json.loads(body)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise ApiError(400, f"the request body is not valid JSON: {exc}", code="invalid_json") from None
+    return bytes(body)
 
 
-async def read_object(request: Request, cfg: ServerConfig) -> dict[str, Any]:
-    """:func:`read_json` that must be a JSON object naming the served model, if any (the tokenizer
-    routes, which take no OpenAI body)."""
-    raw = await read_json(request, cfg)
+def decode_object(body: bytes, cfg: ServerConfig) -> dict[str, Any]:
+    """A body decoded as a JSON object naming the served model, if any (the tokenizer routes,
+    which take no OpenAI body; run on the preparation pool): 400 empty, invalid, too deep or not
+    an object, 404 another model."""
+    raw = decode_json(body, cfg.caps)
     if not isinstance(raw, dict):
         raise ApiError(400, "the request body must be a JSON object", code="invalid_body")
     check_model(cfg, raw.get("model"))
@@ -76,18 +74,29 @@ def need_tokenizer(state: ServerState, param: str) -> Any:
     return state.tokenizer
 
 
-def submit(state: ServerState, req: EngineRequest) -> list[RequestHandle]:
-    """Hands ``req`` to the engine, one handle per sample (``n`` / ``best_of`` siblings, queued
-    together on one replica): 429 + ``Retry-After`` while ``max_waiting`` requests wait, the
-    engine's refusal as :func:`engine_error` on the prompt's field."""
-    cfg, engine = state.config, state.engine
-    if cfg.max_waiting is not None and engine.num_waiting >= cfg.max_waiting:
+def admit(state: ServerState, samples: int = 1) -> None:
+    """429 + ``Retry-After`` when ``samples`` more requests would make more than ``max_waiting``
+    wait: the engines' waiting requests (each sibling counts) and the requests in preparation."""
+    cfg = state.config
+    if cfg.max_waiting is None:
+        return
+    waiting = state.engine.num_waiting + state.preparer.in_flight
+    if waiting + samples > cfg.max_waiting:
         raise ApiError(
             429,
-            f"too many waiting requests ({cfg.max_waiting}); retry later",
+            f"too many waiting requests: {waiting} wait or are being prepared and this request adds {samples} "
+            f"(the server's bound, --max-waiting, is {cfg.max_waiting}); retry later",
             code="queue_full",
             headers={"Retry-After": str(cfg.retry_after_s)},
         )
+
+
+def submit(state: ServerState, req: EngineRequest) -> list[RequestHandle]:
+    """Hands ``req`` to the engine, one handle per sample (``n`` / ``best_of`` siblings, queued
+    together on one replica): 429 + ``Retry-After`` when its samples do not fit under
+    ``max_waiting`` (:func:`admit`), the engine's refusal as :func:`engine_error` on the prompt's field."""
+    admit(state, req.params.num_samples)
+    engine = state.engine
     try:
         return engine.submit_group(req.prompt_ids, req.params)
     except (EngineDeadError, ValueError) as exc:

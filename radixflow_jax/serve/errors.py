@@ -3,12 +3,17 @@
 
 Invariants:
   * Malformed JSON and invalid fields are 400 (never FastAPI's 422); an unknown route is 404
-    ``no such route``; an exception no route expected is 500 ``internal error: Type: message``.
+    ``no such route``; a 500 never carries exception text: an exception no route expected, or a
+    request whose step kept failing, answers a generic message with an error id (``err-<16 hex>``)
+    and the exception is logged with that id.
   * One mapping for an engine failure about one request (:func:`engine_error`), whether it shows
     at submission, while waiting or while streaming.
 """
 
 from __future__ import annotations
+
+import logging
+import uuid
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -42,7 +47,8 @@ def engine_error(exc: EngineDeadError | RequestFailedError | ValueError, param: 
     if isinstance(exc, EngineDeadError):
         return ApiError(503, str(exc), code="engine_dead")
     if isinstance(exc, RequestFailedError):
-        return ApiError(500, str(exc), code="step_failed")
+        ref = _log_failure("request failed in the engine", exc)
+        return ApiError(500, f"the request failed in the engine (error id {ref})", code="step_failed")
     return ApiError(400, str(exc), param=param)
 
 
@@ -84,4 +90,12 @@ class ErrorAnswers:
         return self.respond(exc.status_code, message)
 
     async def internal(self, _: Request, exc: Exception) -> JSONResponse:
-        return self.respond(500, f"internal error: {type(exc).__name__}: {exc}")
+        ref = _log_failure("unexpected error", exc)
+        return self.respond(500, f"internal server error (error id {ref})", code="internal_error")
+
+
+def _log_failure(what: str, exc: BaseException) -> str:
+    """Logs ``exc`` under a new error id and returns the id (answers carry the id, not the text)."""
+    ref = "err-" + uuid.uuid4().hex[:16]
+    logging.getLogger(__name__).error("%s [%s]: %r", what, ref, exc, exc_info=exc)
+    return ref

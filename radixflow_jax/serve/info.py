@@ -2,10 +2,12 @@
 
 Invariants:
   * The model list holds one card, the served model's, its ``created`` the server's start time.
-  * ``/health`` is 200 ``{"status": "ok", "phase": ...}`` only while the engine runs and the
-    server is not draining (503 otherwise). ``phase`` is ``warming`` while step variants compile in
-    the background (requests are served meanwhile), then ``ready``; ``lazy`` when nothing warms in
-    the background; ``/health`` and ``/metrics`` need no API key.
+  * ``/health`` is 200 ``{"status": "ok", "phase": ...}`` only while the engine runs, the server
+    is not draining and no replica's step has run longer than ``step_stall_s`` (the engine
+    thread's heartbeat, ``BackgroundEngine.step_running_for``; 503 ``engine_stalled``), 503
+    otherwise. ``phase`` is ``warming`` while step variants compile in the background (requests
+    are served meanwhile), then ``ready``; ``lazy`` when nothing warms in the background;
+    ``/health`` and ``/metrics`` need no API key (``/metrics`` does under ``private_cache_stats``).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from radixflow_jax.serve import responses as R
 from radixflow_jax.serve.checks import check_alive, check_model
+from radixflow_jax.serve.errors import ApiError
 from radixflow_jax.serve.state import RouteGroup
 
 
@@ -46,6 +49,10 @@ class InfoRoutes(RouteGroup):
 
     async def health(self) -> Response:
         check_alive(self.state)  # 503 (engine_dead / draining) through the ApiError handler
+        bound = self.state.config.step_stall_s
+        longest = max(r.step_running_for for r in self.state.replicas)
+        if bound is not None and longest > bound:
+            raise ApiError(503, f"a step has run for {longest:.0f} s (bound {bound:g} s)", code="engine_stalled")
         return JSONResponse({"status": "ok", **self.state.warmup_status()})
 
     async def metrics_route(self) -> Response:

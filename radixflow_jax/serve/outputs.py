@@ -40,13 +40,14 @@ def chat_logprobs(tokenizer: Any, out: RequestOutput, start: int) -> R.ChatLogpr
     return R.chat_logprobs(out.token_ids, out.logprobs, start, functools.partial(token_text, tokenizer))
 
 
-def usage(out: RequestOutput | Sequence[RequestOutput], score_only: bool = False) -> R.Usage:
+def usage(out: RequestOutput | Sequence[RequestOutput], score_only: bool = False, hide_cached: bool = False) -> R.Usage:
     """Usage of one output or of one prompt's samples: the prompt counted once (its cached tokens
-    are the fewest any sample took from the cache: the prompt's own computation), the completion
-    tokens of every returned sample (none when the prompt was only scored)."""
+    are the fewest any sample took from the cache: the prompt's own computation; hidden with
+    ``hide_cached``), the completion tokens of every returned sample (none when only scored)."""
     outs = [out] if isinstance(out, RequestOutput) else list(out)
     completion = 0 if score_only else sum(len(o.token_ids) for o in outs)
-    return R.Usage.of(outs[0].prompt_tokens, completion, min(o.cached_tokens for o in outs))
+    cached = None if hide_cached else min(o.cached_tokens for o in outs)
+    return R.Usage.of(outs[0].prompt_tokens, completion, cached)
 
 
 def prompt_text(tokenizer: Any, req: EngineRequest) -> str:

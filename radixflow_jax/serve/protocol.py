@@ -38,6 +38,7 @@ import pydantic
 from radixflow_jax.engine.params import DEFAULT_MAX_N, SamplingParams, UnsupportedParameterError
 from radixflow_jax.engine.grammar import GrammarError, StructuredOutputsParams
 from radixflow_jax.serve.bodies import ChatCompletionRequest, CompletionRequest
+from radixflow_jax.serve.caps import DEFAULT_CAPS, CapError, RequestCaps, check_caps
 from radixflow_jax.serve.structured import structured_params
 from radixflow_jax.serve.tools import ToolError, ToolPlan, history_calls, render_chat, tool_plan
 
@@ -216,11 +217,17 @@ def to_engine_request(
     max_model_len: int | None = None,
     vocab_size: int | None = None,
     max_n: int = DEFAULT_MAX_N,
+    caps: RequestCaps = DEFAULT_CAPS,
 ) -> EngineRequest:
     """Turns a validated body into engine input. Chat messages are rendered with the model's chat
     template; text is tokenized without special tokens (the template carries them). ``max_n``:
-    the most samples (``n``, ``best_of``) one request may ask for."""
+    the most samples (``n``, ``best_of``) one request may ask for; ``caps``: the size caps
+    (``serve/caps.py``), checked before anything is tokenised or compiled."""
     _check_samples(body, max_n)
+    try:
+        check_caps(body, caps)
+    except CapError as exc:
+        raise ProtocolError(str(exc), param=exc.field, code="too_large") from None
     bias = _logit_bias(body.logit_bias, vocab_size)
     if body.stream_options is not None and not body.stream:
         raise ProtocolError("stream_options: only allowed when stream is true", param="stream_options")

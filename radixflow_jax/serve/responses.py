@@ -1,6 +1,7 @@
 """OpenAI response bodies (pydantic models) and the error envelope.
 
-``usage.prompt_tokens_details.cached_tokens`` is always present: prompt tokens this request took
+``usage.prompt_tokens_details.cached_tokens`` is present unless the server hides it
+(``--private-cache-stats``: ``prompt_tokens_details`` is null): prompt tokens this request took
 from the prefix cache (KV pages and a recurrent checkpoint) instead of computing them.
 """
 
@@ -47,15 +48,17 @@ class Usage(BaseModel):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
-    prompt_tokens_details: PromptTokensDetails
+    prompt_tokens_details: PromptTokensDetails | None
 
     @classmethod
-    def of(cls, prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> Usage:
+    def of(cls, prompt_tokens: int, completion_tokens: int, cached_tokens: int | None) -> Usage:
+        """``cached_tokens`` None: the details are hidden (null)."""
+        details = None if cached_tokens is None else PromptTokensDetails(cached_tokens=cached_tokens)
         return cls(
             prompt_tokens=prompt_tokens,
             completion_tokens=completion_tokens,
             total_tokens=prompt_tokens + completion_tokens,
-            prompt_tokens_details=PromptTokensDetails(cached_tokens=cached_tokens),
+            prompt_tokens_details=details,
         )
 
 

@@ -22,8 +22,16 @@ from radixflow_jax.engine.build import memory_pools
 from radixflow_jax.engine.config import ENGINE_SCHEDULER, EngineConfig
 from radixflow_jax.engine.params import DEFAULT_MAX_N
 from radixflow_jax.paths import xla_cache_dir
+from radixflow_jax.serve.caps import (
+    DEFAULT_MAX_WAITING,
+    DEFAULT_PREPARE_TIMEOUT_S,
+    DEFAULT_PREPARE_WORKERS,
+    DEFAULT_STEP_STALL_S,
+    DEFAULT_STREAM_TIMEOUT_S,
+)
 
 DEFAULT_CACHE = xla_cache_dir()
+DEFAULT_MAX_CONNECTIONS = 1024
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -32,13 +40,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--served-model-name", default=None, help="the model id clients use (default: --model)")
     p.add_argument("--api-key", default=os.environ.get("RADIXFLOW_API_KEY"), help="require 'Authorization: Bearer KEY'")
-    p.add_argument("--max-waiting", type=int, default=None, help="answer 429 while this many requests wait")
+    p.add_argument("--max-waiting", type=int, default=DEFAULT_MAX_WAITING,
+                   help="answer 429 when a request would make more than this many requests wait (n siblings count n; "
+                        f"requests in preparation count; default {DEFAULT_MAX_WAITING})")
     p.add_argument("--max-model-len", type=int, default=None)
     p.add_argument("--memory-fraction", type=float, default=None, help="size KV and state pools from device memory")
     p.add_argument("--max-body-bytes", type=int, default=4 << 20)
     p.add_argument("--max-n", type=int, default=DEFAULT_MAX_N,
                    help="the most samples (n, best_of) one request may ask for (larger: 400)")
     p.add_argument("--drain-timeout", type=float, default=30.0, help="seconds running requests get after SIGTERM")
+    add_safety_arguments(p)
     p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
     p.add_argument("--policy", default=ENGINE_SCHEDULER.policy)
     p.add_argument("--queue-order", default=ENGINE_SCHEDULER.queue_order)
@@ -62,6 +73,63 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-warmup", action="store_true", help="the same as --warmup lazy")
     p.add_argument("--compilation-cache-dir", default=DEFAULT_CACHE)
     p.add_argument("--log-level", default="warning")
+
+
+def add_safety_arguments(p: argparse.ArgumentParser) -> None:
+    """The options that bound what clients can make the server do (docs/serving.md, "Security")."""
+    p.add_argument("--max-connections", type=int, default=DEFAULT_MAX_CONNECTIONS,
+                   help="open connections beyond this get 503 (uvicorn's limit_concurrency; default "
+                        f"{DEFAULT_MAX_CONNECTIONS})")
+    p.add_argument("--stream-timeout", type=float, default=DEFAULT_STREAM_TIMEOUT_S,
+                   help="abort a stream whose client takes no data for this many seconds (0: never; default "
+                        f"{DEFAULT_STREAM_TIMEOUT_S:g})")
+    p.add_argument("--prepare-workers", type=int, default=DEFAULT_PREPARE_WORKERS,
+                   help=f"threads that tokenise and convert requests (default {DEFAULT_PREPARE_WORKERS})")
+    p.add_argument("--prepare-timeout", type=float, default=DEFAULT_PREPARE_TIMEOUT_S,
+                   help="400 for a request whose preparation takes longer (seconds; default "
+                        f"{DEFAULT_PREPARE_TIMEOUT_S:g})")
+    p.add_argument("--step-stall-timeout", type=float, default=DEFAULT_STEP_STALL_S,
+                   help="/health answers 503 while a step has run this long (seconds, 0: never; default "
+                        f"{DEFAULT_STEP_STALL_S:g})")
+    p.add_argument("--enable-reset-prefix-cache", action="store_true",
+                   help="serve POST /reset_prefix_cache (off: 403); for test and benchmark servers")
+    p.add_argument("--private-cache-stats", action="store_true",
+                   help="hide usage.prompt_tokens_details.cached_tokens and require the API key for /metrics "
+                        "(they reveal whether other tenants sent a prefix); needs --api-key")
+
+
+def server_config(args: argparse.Namespace, name: str) -> Any:
+    """The :class:`ServerConfig` of the options (their checks raise ``ValueError``)."""
+    from radixflow_jax.serve.state import ServerConfig
+
+    if args.max_waiting < 1:
+        raise ValueError(f"--max-waiting must be >= 1, got {args.max_waiting}")
+    if args.private_cache_stats and not args.api_key:
+        raise ValueError("--private-cache-stats needs --api-key (it puts /metrics behind the key)")
+    return ServerConfig(
+        name,
+        api_key=args.api_key or None,
+        max_waiting=args.max_waiting,
+        max_body_bytes=args.max_body_bytes,
+        stream_timeout_s=args.stream_timeout or None,
+        prepare_workers=args.prepare_workers,
+        prepare_timeout_s=args.prepare_timeout or None,
+        step_stall_s=args.step_stall_timeout or None,
+        allow_cache_reset=args.enable_reset_prefix_cache,
+        private_cache_stats=args.private_cache_stats,
+    )
+
+
+def warn_if_exposed(host: str, api_key: str | None) -> None:
+    """A warning on stderr when the server listens beyond loopback without an API key."""
+    if api_key or host in ("localhost", "::1") or host.startswith("127."):
+        return
+    print(
+        f"radixflow serve: WARNING: listening on {host} without --api-key: anyone who can reach this address "
+        "can use the model and see its metrics",
+        file=sys.stderr,
+        flush=True,
+    )
 
 
 def device_memory_bytes() -> int:
@@ -95,11 +163,9 @@ def build_state(args: argparse.Namespace) -> Any:
     from radixflow_jax.replicas.placement import replica_models
     from radixflow_jax.replicas.replicated import ReplicatedEngine
     from radixflow_jax.replicas.router import RouterConfig
-    from radixflow_jax.serve.app import ServerConfig, ServerState
+    from radixflow_jax.serve.app import ServerState
     from radixflow_jax.serve.metrics import ServerMetrics
 
-    if args.max_waiting is not None and args.max_waiting < 1:
-        raise ValueError(f"--max-waiting must be >= 1, got {args.max_waiting}")
     router = RouterConfig(policy=args.router, block=args.page_size)  # refuses an unknown router before loading
     models = replica_models(args.model, args.dtype, args.tp, args.dp)
     model = models[0]
@@ -119,6 +185,7 @@ def build_state(args: argparse.Namespace) -> Any:
         )
         ec = dataclasses.replace(ec, num_kv_pages=pages, num_state_slots=slots)
     name = args.served_model_name or args.model
+    config = server_config(args, name)
     metrics = ServerMetrics(name, hybrid=model.config.is_hybrid)
     cores = [build_engine(m, ec) for m in models]
     warmups = tuple(BackgroundWarmup(c.executor) for c in cores) if warmup_mode(args) == "background" else ()
@@ -133,12 +200,6 @@ def build_state(args: argparse.Namespace) -> Any:
     ]
     engine = replicas[0] if len(replicas) == 1 else ReplicatedEngine(replicas, router)
     metrics.attach(engine)
-    config = ServerConfig(
-        name,
-        api_key=args.api_key or None,
-        max_waiting=args.max_waiting,
-        max_body_bytes=args.max_body_bytes,
-    )
     return ServerState(
         engine=engine,
         tokenizer=model.tokenizer,
@@ -155,6 +216,7 @@ def serve(args: argparse.Namespace) -> int:
 
     from radixflow_jax.serve.app import create_app
 
+    warn_if_exposed(args.host, args.api_key)
     state = build_state(args)
     pools = state.engine.core.scheduler.memory
     replicas = f", {len(state.replicas)} replicas (router {args.router})" if len(state.replicas) > 1 else ""
@@ -178,10 +240,12 @@ def serve(args: argparse.Namespace) -> int:
         port=args.port,
         log_level=args.log_level,
         timeout_graceful_shutdown=max(1, math.ceil(args.drain_timeout)),
+        limit_concurrency=args.max_connections,
         access_log=False,
     )
     try:
         DrainingServer(config).run()
     finally:
+        state.preparer.shutdown()
         state.engine.shutdown()
     return 0

@@ -15,22 +15,50 @@ from typing import Any, Callable
 
 from fastapi import FastAPI
 
+from radixflow_jax.engine.grammar import GrammarCompiler, has_grammar
 from radixflow_jax.replicas.background import BackgroundEngine
 from radixflow_jax.replicas.replicated import ReplicatedEngine
+from radixflow_jax.serve.caps import (
+    DEFAULT_CAPS,
+    DEFAULT_GRAMMAR_TRIAL_S,
+    DEFAULT_MAX_WAITING,
+    DEFAULT_PREPARE_TIMEOUT_S,
+    DEFAULT_PREPARE_WORKERS,
+    DEFAULT_STEP_STALL_S,
+    DEFAULT_STREAM_TIMEOUT_S,
+    RequestCaps,
+)
 from radixflow_jax.serve.metrics import ServerMetrics
+from radixflow_jax.serve.prepare import Preparer
 
 
 @dataclasses.dataclass(frozen=True)
 class ServerConfig:
-    """``max_waiting``: answer 429 while this many requests wait (None: never);
-    ``max_body_bytes``: larger request bodies get 413; ``retry_after_s``: the 429's ``Retry-After``.
+    """``max_waiting``: answer 429 when a request would make more than this many requests wait
+    (``n`` siblings count ``n``; requests in preparation count; None: never);
+    ``max_body_bytes``: larger request bodies get 413; ``retry_after_s``: the 429's ``Retry-After``;
+    ``stream_timeout_s``: a stream whose client takes no data for this long is aborted (None: never);
+    ``prepare_workers`` / ``prepare_timeout_s``: the preparation pool (``serve/prepare.py``);
+    ``caps``: the size caps of a body (``serve/caps.py``); ``allow_cache_reset``: serve
+    ``/reset_prefix_cache`` (otherwise 403); ``private_cache_stats``: hide ``cached_tokens`` from
+    answers and require the API key for ``/metrics``; ``step_stall_s``: ``/health`` answers 503
+    while a step has run longer than this (None: never); ``grammar_trial_s``: a structured-output
+    grammar whose first token mask takes longer than this in preparation is refused (400).
     (The most samples one request may ask for, ``--max-n``, is the engine's ``EngineConfig.max_n``.)"""
 
     model_name: str
     api_key: str | None = None
-    max_waiting: int | None = None
+    max_waiting: int | None = DEFAULT_MAX_WAITING
     max_body_bytes: int = 4 << 20
     retry_after_s: int = 1
+    stream_timeout_s: float | None = DEFAULT_STREAM_TIMEOUT_S
+    prepare_workers: int = DEFAULT_PREPARE_WORKERS
+    prepare_timeout_s: float | None = DEFAULT_PREPARE_TIMEOUT_S
+    caps: RequestCaps = DEFAULT_CAPS
+    allow_cache_reset: bool = False
+    private_cache_stats: bool = False
+    step_stall_s: float | None = DEFAULT_STEP_STALL_S
+    grammar_trial_s: float | None = DEFAULT_GRAMMAR_TRIAL_S
 
 
 @dataclasses.dataclass
@@ -44,6 +72,14 @@ class ServerState:
     created: int = dataclasses.field(default_factory=lambda: int(time.time()))
     draining: bool = False
     warmups: tuple[Any, ...] = ()  # each replica's BackgroundWarmup (``--warmup background``), else empty
+    preparer: Preparer = dataclasses.field(init=False)
+    grammars: GrammarCompiler | None = dataclasses.field(init=False)  # the preparation workers' trial compiles
+
+    def __post_init__(self) -> None:
+        self.preparer = Preparer(self.config.prepare_workers, self.config.prepare_timeout_s)
+        usable = has_grammar(self.tokenizer, self.vocab_size)
+        eos = self.replicas[0].core.eos_token_ids
+        self.grammars = GrammarCompiler(self.tokenizer, self.vocab_size or 0, eos) if usable else None
 
     def warmup_status(self) -> dict[str, Any]:
         """``/health``'s warm-up fields: ``phase`` (``warming``, ``ready``, ``failed``, or ``lazy``

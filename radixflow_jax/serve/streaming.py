@@ -6,7 +6,11 @@ Invariants:
   * Text deltas never split a UTF-8 character and never leak the start of a stop string that
     later completes (:class:`TextStream`).
   * Each sampled token's logprobs are sent exactly once, with the chunk that first carries them.
-  * A stream that ends before the final event (client gone, cancelled) aborts its request.
+  * A stream that ends before the final event (client gone, cancelled, or stalled: a send not
+    taken within the stream timeout, :class:`TimedStreamingResponse`) aborts its request.
+  * Backpressure: nothing queues between the engine and the socket; each chunk carries the delta
+    between the newest snapshot and what was sent before (text, tokens' logprobs), so a reader
+    that falls behind gets fewer, larger chunks with the same concatenation.
   * With tools, text before a ``<tool_call>`` streams as content; each call comes whole, as one
     ``delta.tool_calls`` chunk, when its block closes (``serve/tools.ToolStream``).
   * ``n`` samples share one stream: each chunk carries one sample's ``choices[].index``; the usage
@@ -18,8 +22,11 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import logging
 import time
 from typing import Any, AsyncIterator, Sequence
+
+from fastapi.responses import StreamingResponse
 
 from radixflow_jax.engine.params import RequestOutput
 from radixflow_jax.replicas.background import RequestHandle
@@ -103,8 +110,10 @@ class Chunks:
             choice = {"index": self.index, "text": delta or "", "logprobs": lp, "finish_reason": reason}
         return self._envelope([choice], **self.usage_field)
 
-    def usage_chunk(self, outs: Sequence[RequestOutput], score_only: bool = False) -> dict[str, Any]:
-        return self._envelope([], usage=usage(outs, score_only).model_dump())
+    def usage_chunk(
+        self, outs: Sequence[RequestOutput], score_only: bool = False, hide: bool = False
+    ) -> dict[str, Any]:
+        return self._envelope([], usage=usage(outs, score_only, hide_cached=hide).model_dump())
 
     def _envelope(self, choices: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
         """A chunk of this stream: its id, object, creation time and model around ``choices``."""
@@ -113,36 +122,63 @@ class Chunks:
 
 
 async def merged(handles: Sequence[RequestHandle]) -> AsyncIterator[tuple[int, RequestOutput]]:
-    """The events of several handles as they come, as ``(index, output)``; an error event of any
-    raises here. The readers stop when the caller stops iterating."""
-    events: asyncio.Queue[tuple[int, RequestOutput | BaseException | None]] = asyncio.Queue()
-
-    async def read(i: int, handle: RequestHandle) -> None:
-        try:
-            async for out in handle.astream():
-                events.put_nowait((i, out))
-        except Exception as exc:  # handed to the stream, which answers it
-            events.put_nowait((i, exc))
-        events.put_nowait((i, None))
-
-    tasks = [asyncio.ensure_future(read(i, h)) for i, h in enumerate(handles)]
+    """The newest snapshot of each handle as it comes, as ``(index, output)``; an error event of
+    any raises here. Each handle has at most one read pending and nothing is queued between the
+    handles and the caller: while the caller does not pull (a slow client), every handle keeps just
+    its latest state (``RequestHandle``). The reads stop when the caller stops iterating."""
+    streams = [h.astream() for h in handles]
+    pending = {asyncio.ensure_future(s.__anext__()): i for i, s in enumerate(streams)}
     try:
-        open_ = len(tasks)
-        while open_:
-            i, item = await events.get()
-            if item is None:
-                open_ -= 1
-            elif isinstance(item, BaseException):
-                raise item
-            else:
-                yield i, item
+        while pending:
+            done, _ = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            for task in sorted(done, key=pending.__getitem__):
+                i = pending.pop(task)
+                try:
+                    out = task.result()
+                except StopAsyncIteration:
+                    continue
+                yield i, out
+                if not out.finished:
+                    pending[asyncio.ensure_future(streams[i].__anext__())] = i
     finally:
-        for t in tasks:
-            t.cancel()
+        for task in pending:
+            task.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+        for s in streams:
+            await s.aclose()
+
+
+class StalledStream(Exception):
+    """The client did not take a chunk within the stream timeout."""
+
+
+class TimedStreamingResponse(StreamingResponse):
+    """A streaming response whose every send must complete within ``send_timeout`` seconds: a
+    client that stops reading fills the socket buffers, the send blocks, and after the timeout the
+    stream ends (its body iterator is closed, which aborts the request) and the connection drops."""
+
+    def __init__(self, content: AsyncIterator[bytes], *, send_timeout: float | None, **kwargs: Any):
+        super().__init__(content, **kwargs)
+        self.send_timeout = send_timeout
+
+    async def stream_response(self, send: Any) -> None:
+        async def timed_send(message: Any) -> None:
+            try:
+                await asyncio.wait_for(send(message), self.send_timeout)
+            except asyncio.TimeoutError:
+                raise StalledStream(f"the client took no data for {self.send_timeout} s") from None
+
+        try:
+            await super().stream_response(timed_send if self.send_timeout else send)
+        except StalledStream as exc:
+            logging.getLogger(__name__).warning("stream aborted: %s", exc)
+        finally:
+            await self.body_iterator.aclose()  # type: ignore[attr-defined]
 
 
 async def stream(
-    handles: Sequence[RequestHandle], req: EngineRequest, rid: str, model: str, tokenizer: Any
+    handles: Sequence[RequestHandle], req: EngineRequest, rid: str, model: str, tokenizer: Any,
+    hide_cached: bool = False,
 ) -> AsyncIterator[bytes]:
     """The SSE body of a streamed request, its samples' chunks interleaved as they come (each with
     its ``choices[].index``; chat: a first chunk with the assistant role per sample; completions
@@ -180,7 +216,7 @@ async def stream(
                 yield sse(chunks[i].chunk(delta, None, out=out))
         done = [o for o in finals if o is not None]
         if req.include_usage and done:
-            yield sse(chunks[0].usage_chunk(done, req.score_only))
+            yield sse(chunks[0].usage_chunk(done, req.score_only, hide_cached))
     except ENGINE_ERRORS as exc:  # ValueError: refused when the engine thread queued it
         err = engine_error(exc)
         yield sse(R.error_body(err.status, err.message, err.param, err.code))

@@ -67,7 +67,10 @@ def serve(*, faults=(), fail_reset=False, max_waiting=None, step_retries=1) -> I
 
     bg = BackgroundEngine(core, observer=observer, trim_records=True)
     metrics.attach(bg)
-    state = ServerState(bg, None, metrics, ServerConfig("shadow", max_waiting=max_waiting), 256, 1000)
+    state = ServerState(
+        engine=bg, tokenizer=None, metrics=metrics, config=ServerConfig("shadow", max_waiting=max_waiting),
+        max_model_len=256, vocab_size=1000,
+    )
     port = free_port()
     server = uvicorn.Server(uvicorn.Config(create_app(state), host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)

@@ -115,10 +115,12 @@ def check_stream(events: list[RequestOutput]) -> RequestOutput:
 
 
 def collect(handle: RequestHandle, n: int | None = None) -> list[RequestOutput]:
+    """The events a reader sees, until the final one or until one carries ``n`` tokens (a handle
+    keeps the latest snapshot only, so a reader may skip intermediate ones)."""
     events = []
     for out in handle.stream(timeout=WAIT):
         events.append(out)
-        if n is not None and len(events) == n:
+        if n is not None and len(out.token_ids) >= n:
             break
     return events
 
@@ -156,14 +158,14 @@ def test_concurrent_submitters_stream_and_match_generate(engine: BackgroundEngin
         assert final.finish_reason == "length"
         assert final.token_ids == reference[i]
         assert list(final.prompt_token_ids) == PROMPTS[i]
-        assert [len(e.token_ids) for e in events] == list(range(1, MAX_TOKENS[i] + 1))  # one event per token
+        assert len(events) <= MAX_TOKENS[i]  # at most one event per token (a slow reader gets the latest)
 
 
 def test_result_equals_generate(engine: BackgroundEngine, reference) -> None:
     handles = [engine.submit(PROMPTS[i], greedy(MAX_TOKENS[i])) for i in (3, 1)]
     assert [h.result(timeout=WAIT).token_ids for h in handles] == [reference[3], reference[1]]
     for h in handles:
-        assert h._events.empty()  # nothing after the final event
+        assert not h.has_unread  # nothing after the final event
     # the final event stays available: asking again does not wait for events that never come
     again = handles[0].result(timeout=WAIT)
     assert again.finished and again.token_ids == reference[3]
@@ -194,7 +196,7 @@ def test_abort_mid_stream(engine: BackgroundEngine, reference) -> None:
     assert engine.submit(PROMPTS[2], greedy(MAX_TOKENS[2])).result(timeout=WAIT).token_ids == reference[2]
     victim.abort()  # aborting a finished request does nothing
     assert engine.submit(PROMPTS[5], greedy(MAX_TOKENS[5])).result(timeout=WAIT).token_ids == reference[5]
-    assert victim._events.empty()
+    assert not victim.has_unread
 
 
 def test_abort_before_the_first_round(engine: BackgroundEngine, reference) -> None:
@@ -244,7 +246,7 @@ def test_astream_inside_asyncio_run(engine: BackgroundEngine, reference) -> None
     for i, events in zip((0, 4, 6), streams):
         final = check_stream(events)
         assert final.token_ids == reference[i]
-        assert len(events) == MAX_TOKENS[i]
+        assert len(events) <= MAX_TOKENS[i]  # a reader that falls behind skips to the latest snapshot
 
 
 def test_cancelled_astream_wait_loses_no_event(engine: BackgroundEngine, reference) -> None:
@@ -261,7 +263,7 @@ def test_cancelled_astream_wait_loses_no_event(engine: BackgroundEngine, referen
 
     events = asyncio.run(asyncio.wait_for(main(), WAIT))
     final = check_stream(events)
-    assert [len(e.token_ids) for e in events] == list(range(1, MAX_TOKENS[3] + 1))
+    assert len(events) <= MAX_TOKENS[3]  # the latest snapshot each time; the final one always
     assert final.token_ids == reference[3]
 
 
@@ -275,7 +277,7 @@ def test_engine_error_fails_open_requests(engine: BackgroundEngine, reference) -
     gate.fail = RuntimeError("injected step failure")
     gate.allow()
     for h, first in zip(handles, firsts):
-        assert [len(e.token_ids) for e in first] == [1, 2]
+        assert len(first[-1].token_ids) == 2
         with pytest.raises(EngineDeadError, match="injected step failure"):
             collect(h)
     engine._thread.join(WAIT)

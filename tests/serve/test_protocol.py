@@ -110,3 +110,66 @@ def test_samples_bias_min_tokens_and_echo_reach_the_params():
     assert convert({"prompt": "a", "n": 2, "stream": True}).params.n == 2  # n streams; best_of does not
     wide = p.to_engine_request(p.parse_body(p.COMPLETIONS, {"prompt": "a", "n": 20}), FakeTokenizer(), max_n=32)
     assert wide.params.n == 20
+
+
+@pytest.mark.parametrize(
+    "raw,param",
+    [
+        ({"prompt": "a", "stop": ["x"] * 17}, "stop"),
+        ({"prompt": "a", "stop": "y" * 257}, "stop"),
+        ({"prompt": "a", "stop_token_ids": [1] * 129}, "stop_token_ids"),
+        ({"prompt": "a", "guided_choice": ["c"] * 257}, "guided_choice"),
+        ({"prompt": "a", "guided_choice": ["c" * 1025]}, "guided_choice"),
+        ({"prompt": "a", "structured_outputs": {"choice": ["c"] * 257}}, "structured_outputs"),
+        ({"prompt": "a", "guided_regex": "a" * 65537}, "guided_regex"),
+        ({"prompt": "a", "guided_grammar": "a" * 65537}, "guided_grammar"),
+        ({"prompt": "a", "guided_json": {"enum": ["v" * 70000]}}, "guided_json"),
+        ({"messages": [{"role": "user", "content": "x"}],
+          "tools": [{"type": "function", "function": {"name": f"f{i}"}} for i in range(129)]}, "tools"),
+    ],
+)
+def test_caps_answer_400_naming_the_field(raw, param):
+    with pytest.raises(p.ProtocolError) as err:
+        convert(raw)
+    assert err.value.param == param and err.value.code == "too_large" and err.value.status == 400
+
+
+def test_caps_allow_what_they_state():
+    req = convert({"prompt": "a", "stop": ["x" * 256] * 16, "stop_token_ids": [1] * 128})
+    assert len(req.params.stop) == 16
+
+
+def test_json_depth_and_decode_caps():
+    from radixflow_jax.serve.caps import DEFAULT_CAPS, json_depth
+    from radixflow_jax.serve.errors import ApiError
+    from radixflow_jax.serve.prepare import decode_json
+
+    assert json_depth(1) == 0 and json_depth([]) == 1 and json_depth({"a": [[1]]}) == 3
+    assert json_depth([[[]]] * 3) == 3
+    assert decode_json(b'{"a": ' + b"[" * 60 + b"]" * 60 + b"}", DEFAULT_CAPS)["a"]
+    for raw in (b'{"a": ' + b"[" * 64 + b"]" * 64 + b"}", b"[" * 100_000):
+        with pytest.raises(ApiError) as err:
+            decode_json(raw, DEFAULT_CAPS)
+        assert err.value.status == 400 and err.value.code == "too_deep"
+
+
+def test_exposure_warning_and_server_options(capsys):
+    import argparse
+
+    from radixflow_jax.serve.server import add_arguments, server_config, warn_if_exposed
+
+    warn_if_exposed("127.0.0.1", None)
+    warn_if_exposed("0.0.0.0", "key")
+    assert capsys.readouterr().err == ""
+    warn_if_exposed("0.0.0.0", None)
+    assert "without --api-key" in capsys.readouterr().err
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    cfg = server_config(parser.parse_args(["--api-key", ""]), "m")
+    assert cfg.max_waiting == 1024 and cfg.stream_timeout_s == 60 and not cfg.allow_cache_reset
+    assert not cfg.private_cache_stats and cfg.api_key is None
+    with pytest.raises(ValueError, match="needs --api-key"):
+        server_config(parser.parse_args(["--api-key", "", "--private-cache-stats"]), "m")
+    args = parser.parse_args(["--api-key", "k", "--stream-timeout", "0", "--enable-reset-prefix-cache"])
+    off = server_config(args, "m")
+    assert off.stream_timeout_s is None and off.allow_cache_reset

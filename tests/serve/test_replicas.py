@@ -37,7 +37,7 @@ def make_state(replicas: int, router: str = "prefix") -> ServerState:
     engine = engines[0] if replicas == 1 else ReplicatedEngine(engines, router_config)
     metrics.attach(engine)
     return ServerState(
-        engine=engine, tokenizer=None, metrics=metrics, config=ServerConfig("sim"),
+        engine=engine, tokenizer=None, metrics=metrics, config=ServerConfig("sim", allow_cache_reset=True),
         max_model_len=512, vocab_size=None,
     )
 

@@ -24,7 +24,9 @@ ARTICLE = [(37 * j + 11) % 400 + 30 for j in range(200)]  # a shared "article" p
 
 @pytest.fixture(scope="module")
 def server():
-    proc = start_test_server([*SMALL_ENGINE, "--max-waiting", str(MAX_WAITING), "--max-body-bytes", str(MAX_BODY)], api_key=KEY)
+    args = [*SMALL_ENGINE, "--max-waiting", str(MAX_WAITING), "--max-body-bytes", str(MAX_BODY)]
+    args.append("--enable-reset-prefix-cache")
+    proc = start_test_server(args, api_key=KEY)
     yield proc
     proc.stop()
 
