@@ -75,22 +75,24 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--log-level", default="warning")
 
 
+# the numeric bounds on what clients can make the server do: flag, type, default, what it bounds
+_BOUNDS: tuple[tuple[str, type, float, str], ...] = (
+    ("--max-connections", int, DEFAULT_MAX_CONNECTIONS,
+     "open connections beyond this get 503 (uvicorn's limit_concurrency)"),
+    ("--stream-timeout", float, DEFAULT_STREAM_TIMEOUT_S,
+     "abort a stream whose client takes no data for this many seconds (0: never)"),
+    ("--prepare-workers", int, DEFAULT_PREPARE_WORKERS, "threads that tokenise and convert requests"),
+    ("--prepare-timeout", float, DEFAULT_PREPARE_TIMEOUT_S,
+     "400 for a request whose preparation takes longer (seconds)"),
+    ("--step-stall-timeout", float, DEFAULT_STEP_STALL_S,
+     "/health answers 503 while a step has run this long (seconds, 0: never)"),
+)
+
+
 def add_safety_arguments(p: argparse.ArgumentParser) -> None:
     """The options that bound what clients can make the server do (docs/serving.md, "Security")."""
-    p.add_argument("--max-connections", type=int, default=DEFAULT_MAX_CONNECTIONS,
-                   help="open connections beyond this get 503 (uvicorn's limit_concurrency; default "
-                        f"{DEFAULT_MAX_CONNECTIONS})")
-    p.add_argument("--stream-timeout", type=float, default=DEFAULT_STREAM_TIMEOUT_S,
-                   help="abort a stream whose client takes no data for this many seconds (0: never; default "
-                        f"{DEFAULT_STREAM_TIMEOUT_S:g})")
-    p.add_argument("--prepare-workers", type=int, default=DEFAULT_PREPARE_WORKERS,
-                   help=f"threads that tokenise and convert requests (default {DEFAULT_PREPARE_WORKERS})")
-    p.add_argument("--prepare-timeout", type=float, default=DEFAULT_PREPARE_TIMEOUT_S,
-                   help="400 for a request whose preparation takes longer (seconds; default "
-                        f"{DEFAULT_PREPARE_TIMEOUT_S:g})")
-    p.add_argument("--step-stall-timeout", type=float, default=DEFAULT_STEP_STALL_S,
-                   help="/health answers 503 while a step has run this long (seconds, 0: never; default "
-                        f"{DEFAULT_STEP_STALL_S:g})")
+    for flag, kind, default, what in _BOUNDS:
+        p.add_argument(flag, type=kind, default=default, help=f"{what} (default {default:g})")
     p.add_argument("--enable-reset-prefix-cache", action="store_true",
                    help="serve POST /reset_prefix_cache (off: 403); for test and benchmark servers")
     p.add_argument("--private-cache-stats", action="store_true",
