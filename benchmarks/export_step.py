@@ -30,7 +30,7 @@ def main() -> int:
     p.add_argument("--max-model-len", type=int, default=8192)
     p.add_argument("--dtype", default="bfloat16")
     args = p.parse_args()
-    sizes = ExportShapes(max_tokens=args.prefill_tokens + args.rows, max_rows=args.rows,
+    sizes = ExportShapes(max_num_batched_tokens=args.prefill_tokens + args.rows, max_num_seqs=args.rows,
                          max_model_len=args.max_model_len, num_pages=4096, num_slots=2 * args.rows + 64)  # fmt: skip
     print(f"{'model':>14s} {'platform':>8s} {'kind':>7s} {'tokens':>6s} {'rows':>4s} {'decode':>6s} "
           f"{'kernel calls':>12s} {'lower s':>7s} {'module MB':>9s}", flush=True)  # fmt: skip

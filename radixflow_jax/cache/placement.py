@@ -13,7 +13,7 @@ helpers :func:`grid_positions`, :func:`branch_point` and :func:`end_position` ar
 request's span, and spans start on the grid so that every grid position inside a span is a chunk
 boundary of the scan (where a round can emit a state without splitting the span).
 
-Priority (what survives when the state pool is short, see ``scheduler/memory.py``): look-ahead
+Priority (what survives when the state pool is short, see ``scheduler/allocator.py``): look-ahead
 branch points first (waiting siblings need them), then every other position deepest first (a
 deeper checkpoint saves more recomputation for every request that reaches it).
 """

@@ -68,11 +68,12 @@ class StepExport:
 
 @dataclasses.dataclass(frozen=True)
 class ExportShapes:
-    """The engine-side sizes a step is exported at: the round budgets (``max_tokens`` /
-    ``max_rows``), the model context (``max_model_len``), the pools and the penalty window."""
+    """The engine-side sizes a step is exported at: the round budgets (``max_num_batched_tokens`` /
+    ``max_num_seqs``, as ``EngineConfig`` names them), the model context (``max_model_len``), the
+    pools and the penalty window."""
 
-    max_tokens: int = 2048 + 64
-    max_rows: int = 64
+    max_num_batched_tokens: int = 2048 + 64
+    max_num_seqs: int = 64
     max_model_len: int = 4096
     page_size: int = 16
     num_pages: int = 1024
@@ -84,8 +85,8 @@ class ExportShapes:
         chunks = [c.chunk_size for c in (cfg.gdn, cfg.mamba) if c is not None]
         geometry = CacheConfig.for_model(self.page_size, chunks, hybrid=cfg.is_hybrid)
         return ShapeConfig(
-            max_num_batched_tokens=self.max_tokens,
-            max_num_seqs=self.max_rows,
+            max_num_batched_tokens=self.max_num_batched_tokens,
+            max_num_seqs=self.max_num_seqs,
             max_pages_per_row=math.ceil(self.max_model_len / self.page_size),
             grid=geometry.grid,
             mode=self.bucket_mode,

@@ -12,7 +12,7 @@ from radixflow_jax.kernels import ops
 from radixflow_jax.models.api import read_config, resolve_model_path
 from radixflow_jax.runner.export import ExportError, ExportShapes, export_step, standard_variants
 
-SIZES = ExportShapes(max_tokens=256 + 8, max_rows=8, max_model_len=512, num_pages=64, num_slots=16)
+SIZES = ExportShapes(max_num_batched_tokens=256 + 8, max_num_seqs=8, max_model_len=512, num_pages=64, num_slots=16)
 KERNEL_CALL = {"cuda": "__gpu$xla.gpu.triton", "tpu": "tpu_custom_call"}
 
 
