@@ -12,6 +12,7 @@ from radixflow_jax import LLM
 from radixflow_jax.engine import record
 from radixflow_jax.engine.intake import CheckedRequest, RequestLimits
 from radixflow_jax.engine.params import INT32_MAX, InvalidParameterError, SamplingParams
+from radixflow_jax.replicas.background import BackgroundEngine, RequestFailedError
 from radixflow_jax.runner.inputs import SamplingRow, check_row
 from tests.engine.workloads import SMALL_FIXED
 
@@ -178,3 +179,18 @@ def test_forced_row_failure_fails_only_that_request(llm: LLM, alone: list[int], 
     assert bad.finish_reason == "error" and "row build failed" in (bad.error or "") and bad.token_ids == []
     assert good.token_ids == alone and good.finish_reason == "length"
     assert llm.engine.num_step_failures == failures == 0
+
+
+def test_background_engine_delivers_the_refusal(llm: LLM, alone: list[int]) -> None:
+    """On the engine thread, the refused request's handle gets its error from the next step and
+    the request queued beside it completes as it does alone."""
+    engine = BackgroundEngine(llm.engine)
+    try:
+        bad = engine.enqueue(CheckedRequest(tuple(OTHER), _unchecked(_greedy(), top_k=BIG)))
+        good = engine.submit(PROMPT, _greedy())
+        with pytest.raises(RequestFailedError, match="sampling settings cannot be run"):
+            bad.result(timeout=300)
+        assert good.result(timeout=300).token_ids == alone
+    finally:
+        engine.shutdown()
+    assert llm.engine.num_step_failures == 0 and not llm.engine.has_unfinished()
