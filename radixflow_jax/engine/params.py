@@ -166,13 +166,15 @@ class SamplingParams:
         object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in ids))
 
     def _check_samples(self) -> None:
-        """``n``, ``best_of`` (1 is the same as None) and ``min_tokens``."""
+        """``n``, ``best_of`` (1 is the same as None), the siblings' seeds and ``min_tokens``."""
         if self.best_of == 1 and not isinstance(self.best_of, bool):
             object.__setattr__(self, "best_of", None)
         if not _is_int(self.n) or not 1 <= self.n <= INT32_MAX:
             raise _invalid("n", f"must be an integer >= 1, got {self.n!r}")
         if self.best_of is not None and (not _is_int(self.best_of) or not self.n <= self.best_of <= INT32_MAX):
             raise _invalid("best_of", f"must be an integer >= n ({self.n}), got {self.best_of!r}")
+        if self.seed is not None and self.seed + self.num_samples - 1 > SEED_RANGE[1]:  # sibling i runs seed + i
+            raise _invalid("seed", f"must leave room for {self.num_samples} sibling seeds (seed + i), got {self.seed}")
         if not _is_int(self.min_tokens) or not 0 <= self.min_tokens <= self.max_tokens:
             raise _invalid(
                 "min_tokens", f"must be an integer in [0, max_tokens={self.max_tokens}], got {self.min_tokens!r}"

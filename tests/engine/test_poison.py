@@ -36,6 +36,7 @@ BIG = 10**10
         ("logit_bias", {"logit_bias": {5: float("nan")}}),
         ("seed", {"seed": 2**64}),
         ("seed", {"seed": -(2**63) - 1}),
+        ("seed", {"seed": 2**64 - 1, "n": 2}),  # sibling 1 would run seed + 1
         ("max_tokens", {"max_tokens": INT32_MAX + 1}),
         ("max_tokens", {"max_tokens": 0}),
         ("min_tokens", {"min_tokens": 17}),
