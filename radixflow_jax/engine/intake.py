@@ -1,6 +1,7 @@
 """The one engine-side validation of a request: :meth:`RequestLimits.check` turns a prompt and its
 sampling params into a :class:`CheckedRequest`, or raises ``TypeError`` / ``ValueError`` naming what
-is wrong. ``EngineCore.add`` queues only checked requests, so nothing between the caller and the
+is wrong (an out-of-range value: ``InvalidParameterError``, whose ``field`` names it; the ranges
+that need no engine facts are ``SamplingParams``'s own). ``EngineCore.add`` queues only checked requests, so nothing between the caller and the
 scheduler checks a prompt again.
 
 Where it runs: at the door of the engine. ``EngineCore.add_request`` checks and queues in one call
