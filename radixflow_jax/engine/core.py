@@ -17,6 +17,8 @@ its tokens so far; a request in more than ``step_retries`` failed rounds in a ro
 exception whose class sets ``recoverable = False`` (the compile guard) is a bug, not a device error:
 it propagates. When recovery itself fails, or ``max_failed_rounds`` rounds fail in a row,
 :class:`EngineFailure` is raised: the engine cannot serve and its owner must fail what is in flight.
+A request whose sampling row cannot be built (``RequestRecord.refused``) is no round's failure: it
+ends with ``error`` when queued, never reaches the scheduler, and the next ``step`` returns it.
 
 Overlap (``overlap=True`` and an executor whose capabilities offer it): ``step`` plans and launches
 round r+1 while the device runs round r, then collects and commits r (the scheduler's ``launch`` /
