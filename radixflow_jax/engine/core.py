@@ -17,6 +17,8 @@ its tokens so far; a request in more than ``step_retries`` failed rounds in a ro
 exception whose class sets ``recoverable = False`` (the compile guard) is a bug, not a device error:
 it propagates. When recovery itself fails, or ``max_failed_rounds`` rounds fail in a row,
 :class:`EngineFailure` is raised: the engine cannot serve and its owner must fail what is in flight.
+A request whose sampling row cannot be built (``RequestRecord.refused``) is no round's failure: it
+ends with ``error`` when queued, never reaches the scheduler, and the next ``step`` returns it.
 
 Overlap (``overlap=True`` and an executor whose capabilities offer it): ``step`` plans and launches
 round r+1 while the device runs round r, then collects and commits r (the scheduler's ``launch`` /
@@ -97,6 +99,7 @@ class EngineCore:
         if self.limits.structured:
             self._grammars = GrammarCompiler(self.tokenizer, self.vocab_size or 0, self.eos_token_ids)
         self._launched: LaunchedRound | None = None  # overlap: the round launched and not collected yet
+        self._refused: list[RequestOutput] = []  # requests refused when queued, reported by the next step
 
     @property
     def step_retries(self) -> int:
@@ -170,9 +173,19 @@ class EngineCore:
         stops = set(params.stop_token_ids) | (set() if params.ignore_eos else set(self.eos_token_ids))
         arrival = self.clock() if arrival_time is None else arrival_time
         req = Request(rid, prompt, params.max_tokens, frozenset(stops), arrival_time=arrival)
-        self.scheduler.add(req)
-        rec = RequestRecord.open(req, params, hash((self.seed, rid)) & 0xFFFFFFFF, self.limits.banned(params), grammar)
+        rec = RequestRecord.open(
+            req,
+            params,
+            hash((self.seed, rid)) & 0xFFFFFFFF,
+            banned=self.limits.banned(params),
+            grammar=grammar,
+            penalty_window=self.limits.penalty_window,
+        )
         self._records[rid] = rec
+        if rec.refused:  # its row cannot be built: it fails alone, in no round (the next step reports it)
+            self._refused.append(rec.output)
+        else:
+            self.scheduler.add(req)
         return rid
 
     def _score_prompt(self, checked: CheckedRequest) -> list[PromptLogprob | None] | None:
@@ -198,12 +211,17 @@ class EngineCore:
         return rec.output
 
     def has_unfinished(self) -> bool:
-        return self.scheduler.has_work() or self._launched is not None
+        return self.scheduler.has_work() or self._launched is not None or bool(self._refused)
 
     # --------------------------------------------------------------------------------- the loop
     def step(self) -> list[RequestOutput]:
         """Runs one round: plan -> launch -> collect -> commit; returns the outputs that changed (new
-        tokens or finished). Without overlap, launch and collect are one ``execute``."""
+        tokens or finished), after those of requests refused when queued (``RequestRecord.refused``).
+        Without overlap, launch and collect are one ``execute``."""
+        refused, self._refused = self._refused, []
+        return refused + self._round()
+
+    def _round(self) -> list[RequestOutput]:
         if self.overlap:
             return self._step_overlapped()
         self.timer.start()

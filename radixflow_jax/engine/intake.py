@@ -1,6 +1,7 @@
 """The one engine-side validation of a request: :meth:`RequestLimits.check` turns a prompt and its
 sampling params into a :class:`CheckedRequest`, or raises ``TypeError`` / ``ValueError`` naming what
-is wrong. ``EngineCore.add`` queues only checked requests, so nothing between the caller and the
+is wrong (an out-of-range value: ``InvalidParameterError``, whose ``field`` names it; the ranges
+that need no engine facts are ``SamplingParams``'s own). ``EngineCore.add`` queues only checked requests, so nothing between the caller and the
 scheduler checks a prompt again.
 
 Where it runs: at the door of the engine. ``EngineCore.add_request`` checks and queues in one call
@@ -11,7 +12,9 @@ thread; ``LLM.generate`` and batch jobs check every prompt before queueing any.
 Invariants:
   * :class:`RequestLimits` holds only settings fixed when the engine was built (a frozen copy), so
     checking is safe off the engine thread and gives the same answer on every replica of one build.
-  * A :class:`CheckedRequest` has a non-empty tuple of ``int`` token ids inside the vocabulary, and
+  * A :class:`CheckedRequest` has a non-empty tuple of ``int`` token ids inside the vocabulary (inside
+    int32 when the vocabulary size is unknown), ``stop_token_ids`` likewise, a ``top_k`` below the
+    vocabulary size (a larger one keeps every token, so it becomes 0, off, as vLLM treats it), and
     its prompt + ``max_tokens`` fits ``max_model_len``, the KV pool and (penalised) the penalty window;
     its ``n`` / ``best_of`` are at most ``max_n``, its logit_bias ids lie in the vocabulary and its
     bias entries fit the executor's bias slots.
@@ -27,7 +30,7 @@ import dataclasses
 import numbers
 from typing import Sequence
 
-from radixflow_jax.engine.params import SamplingParams
+from radixflow_jax.engine.params import INT32_MAX, InvalidParameterError, SamplingParams
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,10 +81,7 @@ class RequestLimits:
             raise ValueError("logprobs are not available with this executor")
         if params.stop and not self.stop_strings:
             raise ValueError("stop strings need a tokenizer; this model has none (use stop_token_ids)")
-        if self.vocab_size is not None:
-            bad = next((t for t in ids if not 0 <= t < self.vocab_size), None)
-            if bad is not None:
-                raise ValueError(f"token id {bad} is outside the vocabulary [0, {self.vocab_size})")
+        self._check_ids(ids, params)
         self._check_extras(params)
         if params.structured_outputs is not None and not self.structured:
             raise ValueError(
@@ -93,7 +93,20 @@ class RequestLimits:
                 f"prompt ({len(ids)} tokens) + max_tokens ({params.max_tokens}) exceeds the KV pool's "
                 f"{self.pool_tokens} tokens"
             )
+        if self.vocab_size is not None and params.top_k >= self.vocab_size:
+            params = dataclasses.replace(params, top_k=0)  # keeps every token: the same as off (as vLLM)
         return CheckedRequest(ids, params)
+
+    def _check_ids(self, ids: tuple[int, ...], params: SamplingParams) -> None:
+        """Prompt and ``stop_token_ids`` ids in the vocabulary (in int32 when its size is unknown)."""
+        end = self.vocab_size if self.vocab_size is not None else INT32_MAX + 1
+        where = f"the vocabulary [0, {end})" if self.vocab_size is not None else f"the int32 range [0, {end})"
+        bad = next((t for t in ids if not 0 <= t < end), None)
+        if bad is not None:
+            raise InvalidParameterError("prompt", f"token id {bad} is outside {where}")
+        bad = next((t for t in params.stop_token_ids if t >= end), None)
+        if bad is not None:
+            raise InvalidParameterError("stop_token_ids", f"token id {bad} is outside {where}")
 
     def banned(self, params: SamplingParams) -> tuple[int, ...]:
         """The token ids ``min_tokens`` masks: ``stop_token_ids`` and, unless ``ignore_eos``, EOS."""
@@ -120,7 +133,9 @@ class RequestLimits:
         if self.vocab_size is not None:
             bad = next((t for t, _ in params.logit_bias if t >= self.vocab_size), None)
             if bad is not None:
-                raise ValueError(f"logit_bias: token id {bad} is outside the vocabulary [0, {self.vocab_size})")
+                raise InvalidParameterError(
+                    "logit_bias", f"logit_bias: token id {bad} is outside the vocabulary [0, {self.vocab_size})"
+                )
         if params.prompt_logprobs is not None and not self.prompt_logprobs:
             raise ValueError("prompt_logprobs are not available with this executor")
 

@@ -17,6 +17,9 @@ Invariants:
     the sampling row's ``grammar``, which writes its mask when a round samples the row); None means
     an unconstrained request. It lives here, never in the prefix cache: a preempted request keeps
     it and resumes where its matcher was. :meth:`follow_grammar` feeds it the committed tokens.
+  * ``refused``: the request's sampling row could not be written into step arrays when the record
+    opened (a value intake should have refused); its output ended with ``error`` then, it has no
+    row, and the engine never queues it, so it fails alone, in no round.
 No JAX here.
 """
 
@@ -28,7 +31,7 @@ from typing import Iterator, Mapping
 from radixflow_jax.engine.detok import IncrementalText
 from radixflow_jax.engine.grammar import GrammarState
 from radixflow_jax.engine.params import RequestOutput, SamplingParams
-from radixflow_jax.runner.inputs import SamplingRow
+from radixflow_jax.runner.inputs import SamplingRow, check_row
 from radixflow_jax.scheduler.request import Request
 
 
@@ -43,6 +46,7 @@ class RequestRecord:
     failures: int = 0
     grammar: GrammarState | None = None  # per-request structured-output matcher; None: unconstrained
     siblings: tuple[int, ...] | None = None  # every request id of one prompt's n samples (index order)
+    refused: bool = False  # its sampling row could not be built (open): it ended with error, never queued
 
     @classmethod
     def open(
@@ -50,30 +54,17 @@ class RequestRecord:
         req: Request,
         params: SamplingParams,
         default_seed: int,
+        *,
         banned: tuple[int, ...] = (),
         grammar: GrammarState | None = None,
+        penalty_window: int = 0,
     ) -> RequestRecord:
-        """The record of a request just queued: its sampling row (``default_seed`` unless the params
-        fix one; penalised rows carry the live prompt and output lists; ``banned``: the stop tokens
-        masked until ``min_tokens`` tokens were generated; ``grammar``: its matcher) and an empty output."""
-        penalised = params.has_penalty
-        row = SamplingRow(
-            temperature=params.temperature,
-            top_k=params.top_k,
-            top_p=params.top_p,
-            min_p=params.min_p,
-            seed=params.seed if params.seed is not None else default_seed,
-            presence_penalty=params.presence_penalty,
-            frequency_penalty=params.frequency_penalty,
-            repetition_penalty=params.repetition_penalty,
-            logprobs=-1 if params.logprobs is None else params.logprobs,
-            bias=params.logit_bias,
-            ban=banned if params.min_tokens else (),
-            ban_until=len(req.prompt) + params.min_tokens,
-            prompt=req.prompt if penalised else (),
-            output=req.output if penalised else (),
-            grammar=grammar,
-        )
+        """The record of a request about to be queued: its sampling row (``default_seed`` unless the
+        params fix one; penalised rows carry the live prompt and output lists; ``banned``: the stop
+        tokens masked until ``min_tokens`` tokens were generated; ``grammar``: its matcher) and an
+        empty output. The row is written once into one-row step arrays (``runner/inputs.check_row``,
+        ``penalty_window`` wide): should that raise, the record has no row and its output is already
+        finished with ``error`` (``refused``), so the request never reaches a round."""
         output = RequestOutput(
             request_id=req.request_id,
             prompt_token_ids=req.prompt,
@@ -85,6 +76,13 @@ class RequestRecord:
             arrival_time=req.arrival_time,
             logprobs=[] if params.logprobs is not None else None,
         )
+        try:
+            row = _sampling_row(req, params, default_seed, banned, grammar)
+            check_row(row, penalty_window=penalty_window)
+        except Exception as exc:  # defence in depth: intake's checks should have refused it
+            output.finish_reason, output.finish_time = "error", req.arrival_time
+            output.error = f"the request's sampling settings cannot be run: {exc!r:.300}"
+            return cls(params, output, None, refused=True)
         return cls(params, output, row, grammar=grammar)
 
     # ------------------------------------------------------------------ output assembly
@@ -168,3 +166,27 @@ class SamplingRows(Mapping[int, SamplingRow]):
 
     def __len__(self) -> int:
         return sum(1 for rec in self._records.values() if rec.sampling is not None)
+
+
+def _sampling_row(
+    req: Request, params: SamplingParams, default_seed: int, banned: tuple[int, ...], grammar: GrammarState | None
+) -> SamplingRow:
+    """The request's sampling row (:meth:`RequestRecord.open`)."""
+    penalised = params.has_penalty
+    return SamplingRow(
+        temperature=params.temperature,
+        top_k=params.top_k,
+        top_p=params.top_p,
+        min_p=params.min_p,
+        seed=params.seed if params.seed is not None else default_seed,
+        presence_penalty=params.presence_penalty,
+        frequency_penalty=params.frequency_penalty,
+        repetition_penalty=params.repetition_penalty,
+        logprobs=-1 if params.logprobs is None else params.logprobs,
+        bias=params.logit_bias,
+        ban=banned if params.min_tokens else (),
+        ban_until=len(req.prompt) + params.min_tokens,
+        prompt=req.prompt if penalised else (),
+        output=req.output if penalised else (),
+        grammar=grammar,
+    )

@@ -351,6 +351,18 @@ def _fill_sampling(
     return masked_rows
 
 
+def check_row(row: SamplingRow, *, penalty_window: int = 0) -> None:
+    """Raises what writing ``row`` into a round's sampling arrays would raise (a value out of its
+    dtype's range, too many bias entries, a penalty context over ``penalty_window``), by writing it
+    into the arrays of a one-row round with :func:`_fill_sampling`, the code every round runs. The
+    grammar mask is left out: it is written per round, from the matcher's state then."""
+    inputs = empty_inputs(_ONE_ROW, 1, penalty_window=penalty_window)
+    _fill_sampling(inputs, (_PAD_DECODE,), {_PAD_DECODE.request_id: row}, penalty_window)
+
+
+_ONE_ROW = Variant(num_tokens=1, num_rows=1, num_decode=1, max_emits=0)
+
+
 def _fill_bias(inputs: StepInputs, i: int, p: SamplingRow) -> None:
     """Row ``i``'s logit_bias entries, then its min_tokens bans (which must fit ``BIAS_WIDTH``)."""
     nb, nban = len(p.bias), len(p.ban)

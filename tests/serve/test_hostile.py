@@ -128,7 +128,6 @@ def test_flood_of_poison_beside_normal_requests(served) -> None:
     assert health[0].status_code == 200 and engine.is_running and engine.error is None
 
 
-@pytest.mark.xfail(strict=False, reason="range checks of fixed-width step inputs land with the engine change")
 @pytest.mark.parametrize(
     "extra,param", [({"top_k": 10**10}, "top_k"), ({"stop_token_ids": [10**10]}, "stop_token_ids")]
 )
