@@ -8,7 +8,14 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["LLM", "RequestOutput", "SamplingParams", "StructuredOutputsParams", "UnsupportedParameterError"]
+__all__ = [
+    "LLM",
+    "InvalidParameterError",
+    "RequestOutput",
+    "SamplingParams",
+    "StructuredOutputsParams",
+    "UnsupportedParameterError",
+]
 
 
 def __getattr__(name: str) -> Any:
@@ -16,7 +23,7 @@ def __getattr__(name: str) -> Any:
         from radixflow_jax.llm import LLM
 
         return LLM
-    if name in ("RequestOutput", "SamplingParams", "UnsupportedParameterError"):
+    if name in ("InvalidParameterError", "RequestOutput", "SamplingParams", "UnsupportedParameterError"):
         from radixflow_jax.engine import params
 
         return getattr(params, name)

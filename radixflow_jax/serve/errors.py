@@ -49,7 +49,7 @@ def engine_error(exc: EngineDeadError | RequestFailedError | ValueError, param: 
     if isinstance(exc, RequestFailedError):
         ref = _log_failure("request failed in the engine", exc)
         return ApiError(500, f"the request failed in the engine (error id {ref})", code="step_failed")
-    return ApiError(400, str(exc), param=param)
+    return ApiError(400, str(exc), param=getattr(exc, "field", None) or param)
 
 
 class ErrorAnswers:

@@ -129,7 +129,13 @@ def test_flood_of_poison_beside_normal_requests(served) -> None:
 
 
 @pytest.mark.parametrize(
-    "extra,param", [({"top_k": 10**10}, "top_k"), ({"stop_token_ids": [10**10]}, "stop_token_ids")]
+    "extra,param",
+    [
+        ({"top_k": 10**10}, "top_k"),
+        ({"stop_token_ids": [10**10]}, "stop_token_ids"),
+        ({"stop_token_ids": [300_000]}, "stop_token_ids"),  # fits int32, beyond the vocabulary (intake)
+        ({"logit_bias": {"300000": 1.0}}, "logit_bias"),
+    ],
 )
 def test_out_of_range_step_inputs_answer_400(served, extra, param) -> None:
     async def run() -> httpx.Response:
