@@ -283,8 +283,11 @@ def test_bad_input_suite_then_still_serving(server, http, client):
 
 # ---------------------------------------------------------------------------------- load and disconnects
 async def _stream_client(c: httpx.AsyncClient, i: int, drop_after: int | None) -> dict:
-    body = {"model": MODEL, "prompt": ARTICLE[i : i + 10 + 3 * i], "max_tokens": 4, "temperature": 0, "ignore_eos": True,
-            "stream": True, "stream_options": {"include_usage": True}}  # fmt: skip
+    # a client that drops asks for many tokens: a stream sends the latest state, so a reader that
+    # lags gets fewer, larger chunks, and a short request could end before its second chunk
+    max_tokens = 4 if drop_after is None else 200
+    body = {"model": MODEL, "prompt": ARTICLE[i : i + 10 + 3 * i], "max_tokens": max_tokens, "temperature": 0,
+            "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}  # fmt: skip
     async with c.stream("POST", "/v1/completions", json=body) as r:
         if r.status_code != 200:
             return {"status": r.status_code}
