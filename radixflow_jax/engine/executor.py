@@ -147,7 +147,10 @@ class ModelExecutor:
             self.cache = self.page_copier(self.cache, [])
             self._copier_ready = True
         if not self.scorer.is_compiled:
+            t = time.perf_counter()
             self.scorer.prime()
+            if self.progress is not None:
+                self.progress(f"warm-up: prompt scoring program in {time.perf_counter() - t:.1f}s")
         for i, v in enumerate(todo, first):
             t = time.perf_counter()
             self.cache = self.step.prime(v, self.model.params, self.cache)
