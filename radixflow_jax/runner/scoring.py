@@ -134,9 +134,11 @@ class PromptScorer:
 
     def score(self, prompt: Sequence[int], k: int, *, strict: bool = False) -> list[PromptScore | None]:
         """Per prompt token: None for the first, else ``(logprob, top k ids, their logprobs)`` given
-        the tokens before it. ``strict``: refuse to compile (``CompileAfterWarmupError``)."""
-        if not 0 <= k <= self.top:
-            raise ValueError(f"prompt_logprobs={k}: at most {self.top} alternatives are scored")
+        the tokens before it; ``k`` is capped at ``top`` (``MAX_LOGPROBS``, or the whole vocabulary
+        when smaller). ``strict``: refuse to compile (``CompileAfterWarmupError``)."""
+        if k < 0:
+            raise ValueError(f"prompt_logprobs={k}: expected >= 0")
+        k = min(k, self.top)
         if not 0 < len(prompt) <= self.capacity:
             raise ValueError(f"a scored prompt has 1 to {self.capacity} tokens, got {len(prompt)}")
         program = self._compiled(strict=strict)
