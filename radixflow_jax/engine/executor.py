@@ -23,9 +23,11 @@ from radixflow_jax.models.api import LoadedModel
 from radixflow_jax.models.batch import init_cache
 from radixflow_jax.runner.inputs import BIAS_WIDTH, SamplingRow, StepArrays, StepInputs, build_arrays
 from radixflow_jax.runner.pagecopy import PageCopier
+from radixflow_jax.runner.scoring import PromptScorer
 from radixflow_jax.runner.shapes import ShapeConfig, Variant
 from radixflow_jax.runner.step import CompiledStep, out_rows
 from radixflow_jax.runner.window import select_round
+from radixflow_jax.engine.intake import MAX_SCORED_PROMPT
 from radixflow_jax.engine.protocol import ExecutorCapabilities, PromptLogprob, StepResult
 from radixflow_jax.scheduler.plan import UNKNOWN_TOKEN, RoundPlan
 
@@ -115,6 +117,8 @@ class ModelExecutor:
             shared=model.compiled_variants,
             mask_words=self.mask_words,
         )
+        # prompt scoring: one fixed-shape program, warmed with the variants (runner/scoring.py)
+        self.scorer = PromptScorer(model, capacity=MAX_SCORED_PROMPT, kernels=kernels)
         self.capabilities = ExecutorCapabilities(
             overlap=self.step.single_device,
             logprobs=True,
@@ -135,12 +139,18 @@ class ModelExecutor:
     def warmup(self, variants: Sequence[Variant] | None = None, *, first: int = 1, total: int | None = None) -> None:
         """Compiles and executes once every variant (or the given ones) that has not run yet,
         reporting progress (numbered from ``first`` of ``total``: a background warm-up passes one
-        variant at a time); afterwards the compile guard may be turned on."""
+        variant at a time); the first call also compiles the riders' page copy and the prompt
+        scoring program. Afterwards the compile guard may be turned on."""
         todo = [v for v in (self.shapes.variants() if variants is None else variants) if not self.step.is_compiled(v)]
         start = time.perf_counter()
         if not self._copier_ready:  # the riders' page copy, compiled with the first warm-up call
             self.cache = self.page_copier(self.cache, [])
             self._copier_ready = True
+        if not self.scorer.is_compiled:
+            t = time.perf_counter()
+            self.scorer.prime()
+            if self.progress is not None:
+                self.progress(f"warm-up: prompt scoring program in {time.perf_counter() - t:.1f}s")
         for i, v in enumerate(todo, first):
             t = time.perf_counter()
             self.cache = self.step.prime(v, self.model.params, self.cache)
@@ -252,17 +262,11 @@ class ModelExecutor:
 
     def prompt_logprobs(self, prompt: Sequence[int], k: int) -> list[PromptLogprob | None]:
         """Per prompt token: None for the first, else ``(logprob, top k ids, their logprobs)`` given
-        the tokens before it, from one cold forward of the prompt (``LoadedModel.logits``: its own
-        scratch sequence, neither the pools nor the prefix cache; cached tokens have no logits)."""
-        logits = self.model.logits(list(prompt)).astype(np.float64)
-        logp = logits - logits.max(-1, keepdims=True)
-        logp -= np.log(np.exp(logp).sum(-1, keepdims=True))
-        out: list[PromptLogprob | None] = [None]
-        for i in range(1, len(prompt)):
-            row = logp[i - 1]
-            top = np.argsort(-row, kind="stable")[:k]
-            out.append((float(row[prompt[i]]), top.tolist(), row[top].tolist()))
-        return out
+        the tokens before it, from the scoring program (``runner/scoring.py``: fixed-size chunks on
+        a scratch sequence, top-k on the device; neither the pools nor the prefix cache, whose
+        tokens have no logits). Under the compile guard (``step.strict``) it never compiles: a
+        scorer not warmed raises ``CompileAfterWarmupError``."""
+        return self.scorer.score(prompt, k, strict=self.step.strict)
 
     def lose_device_state(self) -> None:
         """Deletes the pool buffers, as a failed step that consumed its donated pools leaves them

@@ -17,7 +17,8 @@ Invariants:
     vocabulary size (a larger one keeps every token, so it becomes 0, off, as vLLM treats it), and
     its prompt + ``max_tokens`` fits ``max_model_len``, the KV pool and (penalised) the penalty window;
     its ``n`` / ``best_of`` are at most ``max_n``, its logit_bias ids lie in the vocabulary and its
-    bias entries fit the executor's bias slots.
+    bias entries fit the executor's bias slots; a prompt to score (``prompt_logprobs``, ``echo``
+    with ``logprobs`` over HTTP) has at most ``score_max_len`` tokens.
   * The checks run in a fixed order, so a request with several faults always gets the same error.
 The HTTP layer (``serve/protocol.py``) checks the OpenAI request body on its own terms (field names,
 its own context-length answer); the scheduler's ``add`` keeps its own preconditions for direct users.
@@ -31,6 +32,10 @@ import numbers
 from typing import Sequence
 
 from radixflow_jax.engine.params import INT32_MAX, InvalidParameterError, SamplingParams
+
+# the longest prompt an engine scores (prompt_logprobs): its scratch sequence's capacity
+# (runner/scoring.py), and so the longest time a scoring call holds the engine thread
+MAX_SCORED_PROMPT = 2048
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,7 +56,8 @@ class RequestLimits:
     most samples (``n``, ``best_of``) of one request (a copy of ``EngineConfig.max_n``, the setting's
     one home); ``stop_ids``: the model's EOS ids (what ``min_tokens`` bans besides ``stop_token_ids``);
     ``structured``: the engine can constrain outputs to a grammar (its executor masks and its
-    tokenizer is one the grammar engine reads)."""
+    tokenizer is one the grammar engine reads). ``score_max_len``: the longest prompt scored for
+    ``prompt_logprobs`` (``MAX_SCORED_PROMPT``, within ``max_model_len``)."""
 
     max_model_len: int
     pool_tokens: int
@@ -64,6 +70,10 @@ class RequestLimits:
     max_n: int
     stop_ids: tuple[int, ...] = ()
     structured: bool = False
+
+    @property
+    def score_max_len(self) -> int:
+        return min(self.max_model_len, MAX_SCORED_PROMPT)
 
     def check(self, prompt: Sequence[int], params: SamplingParams) -> CheckedRequest:
         """See the module docstring; nothing is queued here."""
@@ -83,6 +93,12 @@ class RequestLimits:
             raise ValueError("stop strings need a tokenizer; this model has none (use stop_token_ids)")
         self._check_ids(ids, params)
         self._check_extras(params)
+        if params.prompt_logprobs is not None and len(ids) > self.score_max_len:
+            raise InvalidParameterError(
+                "prompt_logprobs",
+                f"prompt_logprobs (echo with logprobs) scores prompts of at most {self.score_max_len} tokens; "
+                f"this one has {len(ids)}",
+            )
         if params.structured_outputs is not None and not self.structured:
             raise ValueError(
                 f"{params.structured_outputs.field}: structured outputs are not available on this engine "

@@ -4,8 +4,9 @@ while it is idle, so the server listens at once and requests never queue behind 
 :class:`BackgroundWarmup` is the idle work of a :class:`~radixflow_jax.replicas.background.BackgroundEngine`:
 the engine thread calls it only when no request is queued, running or in flight, and it compiles
 and primes one variant per call (a request that arrives meanwhile waits for at most that one
-compile). A variant that a request needed first is compiled by that round and skipped here. When
-the last variant is done the compile guard turns on (``CompiledStep.strict``): from then on a
+compile). A variant that a request needed first is compiled by that round and skipped here. The
+first call also compiles the prompt scoring program (``ModelExecutor.warmup``; the last call makes
+sure of it). When the last variant is done the compile guard turns on (``CompiledStep.strict``): from then on a
 compile would be a bug, and the engine refuses it.
 
 Invariants: runs only on the engine thread (the executor's pools are the engine's); ``compiled``
@@ -55,6 +56,12 @@ class BackgroundWarmup:
         self.compiled = self.total - len(self._todo)
         if self._todo:
             return True
+        try:  # the page copy and prompt scoring programs (compiled already unless rounds compiled every variant)
+            self.executor.warmup([])
+        except Exception as exc:
+            self.failed = f"{type(exc).__name__}: {exc}"
+            logging.getLogger(__name__).error("background warm-up stopped at prompt scoring: %s", self.failed)
+            return False
         step.strict = True  # every variant a round can need is compiled: a compile now is a bug
         self._finished = True
         return False

@@ -41,5 +41,10 @@ def test_serves_while_warming_then_guards(tiny_model) -> None:
         compiles = step.num_compiles
         assert engine.submit(PROMPTS[1], GREEDY).result(timeout=60).token_ids == want[1]
         assert step.num_compiles == compiles  # nothing compiled after the warm-up
+        scorer = core.executor.scorer  # prompt scoring was warmed with the variants
+        assert scorer.is_compiled and scorer.num_compiles == 1
+        scored = engine.submit(PROMPTS[0] * 9, SamplingParams(max_tokens=1, prompt_logprobs=2)).result(timeout=60)
+        assert scored.prompt_logprobs is not None and len(scored.prompt_logprobs) == 54
+        assert step.num_compiles == compiles and scorer.num_compiles == 1
     finally:
         engine.shutdown()

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
+from radixflow_jax.engine import intake
 from radixflow_jax.engine.build import build_engine
 from radixflow_jax.engine.config import EngineConfig
 from radixflow_jax.replicas.background import BackgroundEngine
@@ -137,6 +138,19 @@ def test_echo_returns_the_prompt_and_its_logprobs(served) -> None:
     assert len(scored["choices"][0]["logprobs"]["tokens"]) == len(ids)
     events = _events(client, {"prompt": text, "max_tokens": 2, "temperature": 0, "echo": True})
     assert events[0]["choices"][0]["text"] == text
+
+
+def test_a_scored_prompt_over_the_cap_answers_400(served, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``echo`` with ``logprobs`` scores the prompt: over the scoring cap (lowered here below the
+    prompt's length) it is a 400 naming ``prompt_logprobs``; the same prompt unscored still runs."""
+    client, model = served
+    monkeypatch.setattr(intake, "MAX_SCORED_PROMPT", 4)
+    assert len(model.tokenizer.encode(PROMPT)) > 4
+    resp = client.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 1, "echo": True, "logprobs": 1})
+    assert resp.status_code == 400
+    err = resp.json()["error"]
+    assert err["param"] == "prompt_logprobs" and "at most 4 tokens" in err["message"]
+    assert _post(client, {"prompt": PROMPT, "max_tokens": 1, "echo": True})["usage"]["completion_tokens"] == 1
 
 
 @pytest.mark.parametrize("body, param, fragment", [
