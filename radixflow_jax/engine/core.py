@@ -116,6 +116,12 @@ class EngineCore:
         return self.failures.total
 
     @property
+    def grammars(self) -> GrammarCompiler | None:
+        """The engine's compiled-grammar cache (None: no structured outputs); thread-safe, so a
+        server's preparation workers compile into it before a request reaches the engine thread."""
+        return self._grammars
+
+    @property
     def num_rounds(self) -> int:
         """Rounds committed so far (the scheduler's commit fence counts them)."""
         return self.scheduler.round_index

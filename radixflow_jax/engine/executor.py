@@ -220,8 +220,8 @@ class ModelExecutor:
         if not self.step.single_device:
             return inputs
         kept: dict[str, jax.Array] = {}
-        penalised = (inputs.presence, inputs.frequency, inputs.repetition - 1)
-        if self.penalty_window and not any(x.any() for x in penalised):
+        penalised = inputs.presence.any() or inputs.frequency.any() or (inputs.repetition != 1).any()
+        if self.penalty_window and not penalised:
             if variant not in self._neutral_ctx:
                 self._neutral_ctx[variant] = (jax.device_put(inputs.ctx_ids), jax.device_put(inputs.ctx_out))
             kept["ctx_ids"], kept["ctx_out"] = self._neutral_ctx[variant]

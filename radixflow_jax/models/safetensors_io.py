@@ -13,6 +13,7 @@ the tensor, never zeros or a short read.
 
 from __future__ import annotations
 
+import abc
 import json
 import os
 import struct
@@ -103,9 +104,9 @@ class TensorMapping(Mapping[str, np.ndarray]):
     (:meth:`_names`). Invariant: iterating, counting and membership read that index only, never a
     tensor's bytes (``Mapping``'s default ``__contains__`` would read the tensor through ``__getitem__``)."""
 
+    @abc.abstractmethod
     def _names(self) -> Mapping[str, object]:
         """The index whose keys are the tensor names."""
-        raise NotImplementedError
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._names())

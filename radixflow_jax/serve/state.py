@@ -9,13 +9,14 @@ Invariants:
 
 from __future__ import annotations
 
+import abc
 import dataclasses
 import time
 from typing import Any, Callable
 
 from fastapi import FastAPI
 
-from radixflow_jax.engine.grammar import GrammarCompiler, has_grammar
+from radixflow_jax.engine.grammar import GrammarCompiler
 from radixflow_jax.replicas.background import BackgroundEngine
 from radixflow_jax.replicas.replicated import ReplicatedEngine
 from radixflow_jax.serve.caps import (
@@ -73,13 +74,12 @@ class ServerState:
     draining: bool = False
     warmups: tuple[Any, ...] = ()  # each replica's BackgroundWarmup (``--warmup background``), else empty
     preparer: Preparer = dataclasses.field(init=False)
-    grammars: GrammarCompiler | None = dataclasses.field(init=False)  # the preparation workers' trial compiles
+    grammars: GrammarCompiler | None = dataclasses.field(init=False)  # where preparation workers' trials compile
 
     def __post_init__(self) -> None:
         self.preparer = Preparer(self.config.prepare_workers, self.config.prepare_timeout_s)
-        usable = has_grammar(self.tokenizer, self.vocab_size)
-        eos = self.replicas[0].core.eos_token_ids
-        self.grammars = GrammarCompiler(self.tokenizer, self.vocab_size or 0, eos) if usable else None
+        # the first replica's own cache: a trial compile is the compile its engine thread then reuses
+        self.grammars = self.replicas[0].core.grammars
 
     def warmup_status(self) -> dict[str, Any]:
         """``/health``'s warm-up fields: ``phase`` (``warming``, ``ready``, ``failed``, or ``lazy``
@@ -99,15 +99,16 @@ class ServerState:
         return list(self.engine.replicas) if isinstance(self.engine, ReplicatedEngine) else [self.engine]
 
 
-class RouteGroup:
+class RouteGroup(abc.ABC):
     """Routes over one server's state: ``routes()`` lists each route's path, endpoint and HTTP
     method; ``register`` adds them all to the app."""
 
     def __init__(self, state: ServerState):
         self.state = state
 
+    @abc.abstractmethod
     def routes(self) -> list[tuple[str, Callable[..., Any], str]]:
-        raise NotImplementedError
+        """``(path, endpoint, method)`` of every route of the group."""
 
     def register(self, app: FastAPI) -> None:
         for path, endpoint, method in self.routes():

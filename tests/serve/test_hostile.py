@@ -185,9 +185,8 @@ def test_stalled_stream_is_aborted(served) -> None:
         if message["type"] == "http.response.body" and len(sent) >= 3:
             await asyncio.Event().wait()  # the socket is full: this send never completes
 
-    started = time.monotonic()
-    asyncio.run(asyncio.wait_for(app(scope, receive, send), 60))
-    assert time.monotonic() - started < 60 and sent[0]["status"] == 200
+    asyncio.run(asyncio.wait_for(app(scope, receive, send), 60))  # TimeoutError if the stall were never noticed
+    assert sent[0]["status"] == 200
     deadline = time.monotonic() + 60
     while engine.num_running + engine.num_waiting:
         assert time.monotonic() < deadline, "the stalled request was never aborted"
@@ -310,3 +309,24 @@ def test_compiled_grammars_are_shared_by_text(tiny_model) -> None:
     assert second.consumed == 0 and not second.failed  # each request its own matcher
     compiler.open(StructuredOutputsParams(regex="[0-9]+"))
     assert compiler.cached == 2
+
+
+def test_a_grammar_compiles_once_for_preparation_and_engine(served) -> None:
+    """The preparation worker's trial compiles into the engine's own cache (``EngineCore.grammars``),
+    so the engine thread reuses it; a grammar too complex to try answers 400 ``grammar_too_complex``."""
+    state = _state(served)
+    core = served[0].core
+    assert state.grammars is core.grammars is not None
+    before = core.grammars.cached
+    body = {"prompt": "a", "max_tokens": 3, "guided_choice": ["alpha-once", "beta-once"]}
+
+    async def run() -> tuple[httpx.Response, httpx.Response]:
+        async with _client(state) as c:
+            ok = await c.post("/v1/completions", json=body)
+            bad = await c.post("/v1/completions", json={"prompt": "a", "max_tokens": 3, "guided_regex": CATASTROPHIC})
+            return ok, bad
+
+    ok, bad = asyncio.run(run())
+    assert ok.status_code == 200, ok.text
+    assert core.grammars.cached == before + 1  # one compile: the trial's, reused by the engine thread
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "guided_regex", bad.text
