@@ -9,6 +9,9 @@ compiler at all (the reason is printed); a compiler that fails to build the kern
 from __future__ import annotations
 
 import functools
+import re
+import shutil
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -107,6 +110,50 @@ def test_native_mode_is_validated(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("RADIXFLOW_NATIVE", "yes")
     with pytest.raises(ValueError, match="RADIXFLOW_NATIVE"):
         native.mode()
+
+
+def _local_includes(path: Path) -> set[str]:
+    return set(re.findall(r'^#include "([^"/]+)"', path.read_text(), flags=re.M))
+
+
+def test_native_build_key_covers_every_included_header() -> None:
+    """Every header a source or header of the folder includes is in HEADERS, which the key hashes."""
+    named = {h.name for h in native.HEADERS}
+    for path in (*native.SOURCES, *native.HEADERS):
+        assert _local_includes(path) <= named, path.name
+    assert "common.h" in named
+
+
+def test_native_build_key_changes_with_a_header(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    compiler = shutil.which("g++") or shutil.which("c++") or shutil.which("clang++")
+    if compiler is None:
+        pytest.skip("no C++ compiler to version")
+    before = native.build_key(compiler)
+    assert native.build_key(compiler) == before
+    edited = tmp_path / "common.h"
+    edited.write_bytes(native.HEADERS[0].read_bytes() + b"\n// edited\n")
+    monkeypatch.setattr(native, "HEADERS", (edited, *native.HEADERS[1:]))
+    assert native.build_key(compiler) != before
+
+
+_LETTERS = {"F32": "f=", "S32": "i"}  # a binding's dtype -> the Kernel.operands letters it may be
+
+
+def _bound_dtypes(kernel: native.Kernel) -> list[str]:
+    """The operand dtypes of the kernel's BindKernel<results, dtypes...> (or of BindScan's)."""
+    text = Path(native.__file__).with_name(kernel.source).read_text()
+    if "BindScan()" in text:
+        text = Path(native.__file__).with_name("common.h").read_text().split("auto BindScan()")[1]
+    (args,) = re.findall(r"BindKernel<\s*\d+\s*,([^>]*)>", text)
+    return [a.strip().removeprefix("ffi::") for a in args.split(",")]
+
+
+@pytest.mark.parametrize("kernel", native.KERNELS, ids=[k.source for k in native.KERNELS])
+def test_native_operand_letters_match_the_binding(kernel: native.Kernel) -> None:
+    dtypes = _bound_dtypes(kernel)
+    assert len(dtypes) == len(kernel.operands)
+    for dtype, letter in zip(dtypes, kernel.operands):
+        assert letter in _LETTERS[dtype], (dtype, letter)
 
 
 def _attention_inputs(seed: int, lens: list[int], hq: int, hkv: int, dim: int, page: int, max_pages: int):

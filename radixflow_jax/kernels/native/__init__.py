@@ -23,9 +23,10 @@ otherwise; other platforms never use them); ``0`` turns them off. ``kernels/ops.
 call site at trace time, and the compiled step keys on :func:`mode`.
 
 Invariants:
-  * The built library lives in ``$RADIXFLOW_CACHE/native/<key>/``; the key hashes the sources, the
-    compiler's version, the flags, jaxlib's version and FFI headers, and the CPU's flags
-    (``-march=native``), so a cached library never runs on a CPU or a jaxlib it was not built for.
+  * The built library lives in ``$RADIXFLOW_CACHE/native/<key>/``; the key (:func:`build_key`) hashes
+    the sources and every header of this folder (a changed header rebuilds), the compiler's version,
+    the flags, jaxlib's version and FFI headers, and the CPU's flags (``-march=native``), so a cached
+    library never runs on a CPU or a jaxlib it was not built for.
     A build writes a temporary file and renames it, so concurrent processes never load a
     half-written library.
   * One table, :data:`KERNELS`, names each kernel's source, handler symbol, FFI target and operand
@@ -67,10 +68,11 @@ class Kernel(NamedTuple):
     """One C++ kernel as the FFI sees it: its source file, the handler symbol that file exports and
     the FFI target it is registered as.
 
-    Invariant: ``operands`` has one letter per ``Arg`` of the handler's ``Bind()`` in ``source``, in
-    order: ``f`` (``F32``; :func:`_call` casts to float32), ``i`` (``S32``; cast to int32) or ``=``
-    (``F32`` passed as it is: a buffer the caller has checked is float32, such as an aliased pool).
-    Every ``Ret`` is an ``F32`` buffer."""
+    Invariant: ``operands`` has one letter per operand dtype of the handler's binding in ``source``
+    (``BindKernel<results, dtypes...>`` or ``BindScan`` in ``common.h``), in order: ``f`` (``F32``;
+    :func:`_call` casts to float32), ``i`` (``S32``; cast to int32) or ``=`` (``F32`` passed as it
+    is: a buffer the caller has checked is float32, such as an aliased pool). Every result is an
+    ``F32`` buffer."""
 
     source: str
     symbol: str
@@ -104,7 +106,9 @@ SSD = Kernel(
 )
 KERNELS = (WINDOW, ATTENTION, SCAN, SSD)  # the build compiles their sources in this order (part of the key)
 SOURCES = tuple(Path(__file__).with_name(kernel.source) for kernel in KERNELS)
-HEADERS = (Path(__file__).with_name("common.h"),)  # the work-sharing runner and the one-token delta rule
+# every header of this folder (common.h: the binding, the work-sharing runner, the delta rule, the scans'
+# layout and phases); part of the build key, so a changed or added header rebuilds the library
+HEADERS = tuple(sorted(Path(__file__).parent.glob("*.h")))
 FLAGS = ("-O3", "-march=native", "-fopenmp-simd", "-std=c++17", "-shared", "-fPIC", "-w")
 MAX_VALUE_DIM = 512  # the kernel's per-head scratch (kMaxValueDim in the source)
 MODES = ("auto", "1", "0")
@@ -130,16 +134,22 @@ def _cpu_flags() -> str:
         return platform.processor()
 
 
-def _build(compiler: str) -> Path:
-    include = jax.ffi.include_dir()
+def build_key(compiler: str) -> str:
+    """The library's cache key: a hash of :data:`SOURCES` and :data:`HEADERS` (their bytes), the
+    compiler's version, :data:`FLAGS`, jaxlib's version and FFI headers, and the CPU's flags."""
+    api = Path(jax.ffi.include_dir()) / "xla" / "ffi" / "api"
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True, check=True).stdout
-    api = Path(include) / "xla" / "ffi" / "api"
     headers = b"".join(h.read_bytes() for h in sorted(api.glob("*.h"))) + jaxlib.__version__.encode()
     digest = hashlib.sha256()
     sources = b"".join(src.read_bytes() for src in (*SOURCES, *HEADERS))
     for part in (sources, version.encode(), " ".join(FLAGS).encode(), headers, _cpu_flags().encode()):
         digest.update(hashlib.sha256(part).digest())
-    target = Path(cache_root()) / "native" / digest.hexdigest()[:16] / "libradixflow_native.so"
+    return digest.hexdigest()[:16]
+
+
+def _build(compiler: str) -> Path:
+    include = jax.ffi.include_dir()
+    target = Path(cache_root()) / "native" / build_key(compiler) / "libradixflow_native.so"
     if target.exists():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)

@@ -48,7 +48,7 @@ struct Window {
 ffi::Error Impl(ffi::ThreadPool threads, ffi::Buffer<ffi::S32> base, ffi::Buffer<ffi::S32> real,
                 ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k, ffi::Buffer<ffi::F32> v,
                 ffi::Buffer<ffi::F32> g, ffi::Buffer<ffi::F32> beta, ffi::Buffer<ffi::F32> pool_in,
-                float scale, ffi::ResultBuffer<ffi::F32> out, ffi::ResultBuffer<ffi::F32> pool) {
+                ffi::ResultBuffer<ffi::F32> out, ffi::ResultBuffer<ffi::F32> pool, float scale) {
   const auto pd = pool->dimensions(), qd = q.dimensions(), vd = v.dimensions();
   const auto kd = k.dimensions();
   if (pd.size() != 4 || qd.size() != 3 || vd.size() != 3 || kd.size() != 3 || kd[0] != qd[0] || kd[1] != qd[1] ||
@@ -78,17 +78,8 @@ ffi::Error Impl(ffi::ThreadPool threads, ffi::Buffer<ffi::S32> base, ffi::Buffer
 
 }  // namespace
 
+// Operands base, real, q, k, v, g, beta, pool; results out, pool; attribute scale.
 XLA_FFI_DEFINE_HANDLER_SYMBOL(RadixflowGatedDeltaDecodeWindow, Impl,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::ThreadPool>()
-                                  .Arg<ffi::Buffer<ffi::S32>>()
-                                  .Arg<ffi::Buffer<ffi::S32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Attr<float>("scale")
-                                  .Ret<ffi::Buffer<ffi::F32>>()
-                                  .Ret<ffi::Buffer<ffi::F32>>());
+                              (radixflow_native::BindKernel<2, ffi::S32, ffi::S32, ffi::F32, ffi::F32, ffi::F32,
+                                                            ffi::F32, ffi::F32, ffi::F32>()
+                                   .Attr<float>("scale")));

@@ -16,11 +16,8 @@
 //   u = beta (v - a S^T k),  S <- a S + k u^T,  out = S^T (scale q) = a S_old^T (scale q) + u (k . scale q),
 // the recurrence the chunked kernels compute in blocks (kernels/gated_delta.py's gated_delta_naive is
 // the same per-token form). Each (row, head) keeps its 64x64 state in a local buffer for its span.
-#include <algorithm>
 #include <cstdint>
-#include <memory>
 #include <string>
-#include <vector>
 
 #include "common.h"
 #include "xla/ffi/api/ffi.h"
@@ -31,35 +28,26 @@ namespace {
 
 using radixflow_native::kMaxValueDim;
 
-// One phase of the scan: its (row, head) tasks.
-struct Scan {
-  explicit Scan(std::vector<int64_t> row_heads) : row_heads(std::move(row_heads)), tasks(this->row_heads.size()) {}
-  const float *q, *k, *v, *g, *beta, *init;
-  const int32_t *cu, *pair;
-  float *out, *final_state, *chunks;
-  const std::vector<int64_t>* first;  // first chunk of each row
-  const std::vector<int64_t> row_heads;  // row * heads + head of each task
-  int64_t heads, key_heads, dk, dv, chunk;
+// The scan's per-token operands and its one-token update (DeltaStep), for ScanJob.
+struct DeltaTokens {
+  const float *q, *k, *v, *g, *beta;
+  int64_t heads, key_heads, dk, dv;
   float scale;
-  radixflow_native::Tasks tasks;
 
-  void Run(int64_t task) const {
-    const int64_t r = row_heads[task] / heads, h = row_heads[task] % heads, hk = h / (heads / key_heads);
-    radixflow_native::ScanRow(r, h, heads, dk * dv, chunk, cu, pair, *first, init, chunks, final_state,
-                              [&](int64_t t, float* state) {
-                                radixflow_native::DeltaStep(state, q + (t * key_heads + hk) * dk,
-                                                            k + (t * key_heads + hk) * dk, v + (t * heads + h) * dv,
-                                                            g[t * heads + h], beta[t * heads + h], scale, dk, dv,
-                                                            out + (t * heads + h) * dv, true);
-                              });
+  int64_t block() const { return dk * dv; }
+  void Step(int64_t t, int64_t h, float* state, float* out) const {
+    const int64_t hk = h / (heads / key_heads);
+    radixflow_native::DeltaStep(state, q + (t * key_heads + hk) * dk, k + (t * key_heads + hk) * dk,
+                                v + (t * heads + h) * dv, g[t * heads + h], beta[t * heads + h], scale, dk, dv,
+                                out + (t * heads + h) * dv, true);
   }
 };
 
 ffi::Error Impl(ffi::ThreadPool threads, ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k, ffi::Buffer<ffi::F32> v,
                 ffi::Buffer<ffi::F32> g, ffi::Buffer<ffi::F32> beta, ffi::Buffer<ffi::S32> cu,
-                ffi::Buffer<ffi::F32> init, ffi::Buffer<ffi::S32> pair, float scale, int64_t chunk,
-                ffi::ResultBuffer<ffi::F32> out, ffi::ResultBuffer<ffi::F32> final_state,
-                ffi::ResultBuffer<ffi::F32> chunk_states) {
+                ffi::Buffer<ffi::F32> init, ffi::Buffer<ffi::S32> pair, ffi::ResultBuffer<ffi::F32> out,
+                ffi::ResultBuffer<ffi::F32> final_state, ffi::ResultBuffer<ffi::F32> chunk_states, float scale,
+                int64_t chunk) {
   const auto qd = q.dimensions(), kd = k.dimensions(), vd = v.dimensions(), id = init.dimensions();
   const auto cd = chunk_states->dimensions();
   if (qd.size() != 3 || kd.size() != 3 || vd.size() != 3 || id.size() != 4 || cd.size() != 4) {
@@ -72,40 +60,16 @@ ffi::Error Impl(ffi::ThreadPool threads, ffi::Buffer<ffi::F32> q, ffi::Buffer<ff
       beta.element_count() != tokens * heads || cd[1] != heads || cd[2] != dk || cd[3] != dv) {
     return ffi::Error::InvalidArgument("gated_delta_scan: shapes do not match");
   }
-  const int32_t *c = cu.typed_data(), *pr = pair.typed_data();
-  std::vector<int64_t> first;
-  const std::string bad = radixflow_native::ScanLayout(c, pr, rows, tokens, chunk, cd[0], &first);
+  DeltaTokens d;
+  d.q = q.typed_data(), d.k = k.typed_data(), d.v = v.typed_data(), d.g = g.typed_data(), d.beta = beta.typed_data();
+  d.heads = heads, d.key_heads = key_heads, d.dk = dk, d.dv = dv, d.scale = scale;
+  const std::string bad =
+      radixflow_native::RunScan(threads, d, cu, init, pair, chunk, out, final_state, chunk_states);
   if (!bad.empty()) return ffi::Error::InvalidArgument("gated_delta_scan: " + bad);
-  const int64_t block = dk * dv;
-  float *o = out->typed_data(), *ch = chunk_states->typed_data();
-  std::fill(o + c[rows] * heads * dv, o + tokens * heads * dv, 0.f);  // padding tokens
-  std::fill(ch + first[rows] * heads * block, ch + cd[0] * heads * block, 0.f);  // unused chunks
-  radixflow_native::RunScanPhases(threads, rows, heads, pr, [&](std::vector<int64_t> tasks) {
-    auto s = std::make_shared<Scan>(std::move(tasks));
-    s->q = q.typed_data(), s->k = k.typed_data(), s->v = v.typed_data(), s->g = g.typed_data();
-    s->beta = beta.typed_data(), s->init = init.typed_data(), s->cu = c, s->pair = pr;
-    s->out = o, s->final_state = final_state->typed_data(), s->chunks = ch, s->first = &first;
-    s->heads = heads, s->key_heads = key_heads, s->dk = dk, s->dv = dv, s->chunk = chunk, s->scale = scale;
-    return s;
-  });
   return ffi::Error::Success();
 }
 
 }  // namespace
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(RadixflowGatedDeltaScan, Impl,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::ThreadPool>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::S32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::S32>>()
-                                  .Attr<float>("scale")
-                                  .Attr<int64_t>("chunk")
-                                  .Ret<ffi::Buffer<ffi::F32>>()
-                                  .Ret<ffi::Buffer<ffi::F32>>()
-                                  .Ret<ffi::Buffer<ffi::F32>>());
+                              radixflow_native::BindScan().Attr<float>("scale").Attr<int64_t>("chunk"));

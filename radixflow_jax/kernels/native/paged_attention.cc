@@ -87,8 +87,8 @@ void Decode::Run(int64_t task) const {
 
 ffi::Error Impl(ffi::ThreadPool threads, ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k_pages,
                 ffi::Buffer<ffi::F32> v_pages, ffi::Buffer<ffi::S32> page_table, ffi::Buffer<ffi::S32> cu_seqlens,
-                ffi::Buffer<ffi::S32> kv_lens, float scale, int64_t window, float soft_cap,
-                ffi::ResultBuffer<ffi::F32> out) {
+                ffi::Buffer<ffi::S32> kv_lens, ffi::ResultBuffer<ffi::F32> out, float scale, int64_t window,
+                float soft_cap) {
   const auto qd = q.dimensions(), kd = k_pages.dimensions(), vd = v_pages.dimensions(), td = page_table.dimensions();
   if (qd.size() != 3 || kd.size() != 4 || vd.size() != 4 || td.size() != 2) {
     return ffi::Error::InvalidArgument("paged_attention_decode: bad ranks");
@@ -113,16 +113,10 @@ ffi::Error Impl(ffi::ThreadPool threads, ffi::Buffer<ffi::F32> q, ffi::Buffer<ff
 
 }  // namespace
 
+// Operands q, k_pages, v_pages, page_table, cu_seqlens, kv_lens; result out.
 XLA_FFI_DEFINE_HANDLER_SYMBOL(RadixflowPagedAttentionDecode, Impl,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::ThreadPool>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::S32>>()
-                                  .Arg<ffi::Buffer<ffi::S32>>()
-                                  .Arg<ffi::Buffer<ffi::S32>>()
-                                  .Attr<float>("scale")
-                                  .Attr<int64_t>("window")
-                                  .Attr<float>("soft_cap")
-                                  .Ret<ffi::Buffer<ffi::F32>>());
+                              (radixflow_native::BindKernel<1, ffi::F32, ffi::F32, ffi::F32, ffi::S32, ffi::S32,
+                                                            ffi::S32>()
+                                   .Attr<float>("scale")
+                                   .Attr<int64_t>("window")
+                                   .Attr<float>("soft_cap")));

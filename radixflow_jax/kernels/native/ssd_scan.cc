@@ -10,12 +10,9 @@
 // Per token, with a = exp(dt A[h]):  S <- a S + dt x B^T,  y = S C   (S [P, N]); no D skip term and
 // no gate (the caller adds them), the recurrence of kernels/ssd.py, whose ssd_naive is this
 // per-token form. Each (row, head) keeps its state in a local buffer for its span.
-#include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <memory>
 #include <string>
-#include <vector>
 
 #include "common.h"
 #include "xla/ffi/api/ffi.h"
@@ -41,32 +38,23 @@ inline void SsdStep(float* state, const float* x, float dt, float a_log, const f
   }
 }
 
-struct Scan {
-  explicit Scan(std::vector<int64_t> row_heads) : row_heads(std::move(row_heads)), tasks(this->row_heads.size()) {}
-  const float *x, *dt, *a, *b, *c, *init;
-  const int32_t *cu, *pair;
-  float *y, *final_state, *chunks;
-  const std::vector<int64_t>* first;
-  const std::vector<int64_t> row_heads;  // row * heads + head of each task
-  int64_t heads, groups, p, n, chunk;
-  radixflow_native::Tasks tasks;
+// The scan's per-token operands and its one-token update (SsdStep), for ScanJob.
+struct SsdTokens {
+  const float *x, *dt, *a, *b, *c;
+  int64_t heads, groups, p, n;
 
-  void Run(int64_t task) const {
-    const int64_t r = row_heads[task] / heads, h = row_heads[task] % heads, grp = h / (heads / groups);
-    radixflow_native::ScanRow(r, h, heads, p * n, chunk, cu, pair, *first, init, chunks, final_state,
-                              [&](int64_t t, float* state) {
-                                SsdStep(state, x + (t * heads + h) * p, dt[t * heads + h], a[h],
-                                        b + (t * groups + grp) * n, c + (t * groups + grp) * n, p, n,
-                                        y + (t * heads + h) * p);
-                              });
+  int64_t block() const { return p * n; }
+  void Step(int64_t t, int64_t h, float* state, float* y) const {
+    const int64_t grp = h / (heads / groups);
+    SsdStep(state, x + (t * heads + h) * p, dt[t * heads + h], a[h], b + (t * groups + grp) * n,
+            c + (t * groups + grp) * n, p, n, y + (t * heads + h) * p);
   }
 };
 
 ffi::Error Impl(ffi::ThreadPool threads, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> dt, ffi::Buffer<ffi::F32> a,
                 ffi::Buffer<ffi::F32> b, ffi::Buffer<ffi::F32> c, ffi::Buffer<ffi::S32> cu,
-                ffi::Buffer<ffi::F32> init, ffi::Buffer<ffi::S32> pair, int64_t chunk,
-                ffi::ResultBuffer<ffi::F32> y, ffi::ResultBuffer<ffi::F32> final_state,
-                ffi::ResultBuffer<ffi::F32> chunk_states) {
+                ffi::Buffer<ffi::F32> init, ffi::Buffer<ffi::S32> pair, ffi::ResultBuffer<ffi::F32> y,
+                ffi::ResultBuffer<ffi::F32> final_state, ffi::ResultBuffer<ffi::F32> chunk_states, int64_t chunk) {
   const auto xd = x.dimensions(), bd = b.dimensions(), cdim = c.dimensions(), id = init.dimensions();
   const auto dd = dt.dimensions();
   const auto sd = chunk_states->dimensions();
@@ -80,39 +68,15 @@ ffi::Error Impl(ffi::ThreadPool threads, ffi::Buffer<ffi::F32> x, ffi::Buffer<ff
       pair.element_count() != rows || sd[1] != heads || sd[2] != p || sd[3] != n) {
     return ffi::Error::InvalidArgument("ssd_scan: shapes do not match");
   }
-  const int32_t *cs = cu.typed_data(), *pr = pair.typed_data();
-  std::vector<int64_t> first;
-  const std::string bad = radixflow_native::ScanLayout(cs, pr, rows, tokens, chunk, sd[0], &first);
+  SsdTokens s;
+  s.x = x.typed_data(), s.dt = dt.typed_data(), s.a = a.typed_data(), s.b = b.typed_data(), s.c = c.typed_data();
+  s.heads = heads, s.groups = groups, s.p = p, s.n = n;
+  const std::string bad = radixflow_native::RunScan(threads, s, cu, init, pair, chunk, y, final_state, chunk_states);
   if (!bad.empty()) return ffi::Error::InvalidArgument("ssd_scan: " + bad);
-  const int64_t block = p * n;
-  float *yo = y->typed_data(), *ch = chunk_states->typed_data();
-  std::fill(yo + cs[rows] * heads * p, yo + tokens * heads * p, 0.f);  // padding tokens
-  std::fill(ch + first[rows] * heads * block, ch + sd[0] * heads * block, 0.f);  // unused chunks
-  radixflow_native::RunScanPhases(threads, rows, heads, pr, [&](std::vector<int64_t> tasks) {
-    auto s = std::make_shared<Scan>(std::move(tasks));
-    s->x = x.typed_data(), s->dt = dt.typed_data(), s->a = a.typed_data(), s->b = b.typed_data();
-    s->c = c.typed_data(), s->init = init.typed_data(), s->cu = cs, s->pair = pr;
-    s->y = yo, s->final_state = final_state->typed_data(), s->chunks = ch, s->first = &first;
-    s->heads = heads, s->groups = groups, s->p = p, s->n = n, s->chunk = chunk;
-    return s;
-  });
   return ffi::Error::Success();
 }
 
 }  // namespace
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(RadixflowSsdScan, Impl,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::ThreadPool>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::S32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::S32>>()
-                                  .Attr<int64_t>("chunk")
-                                  .Ret<ffi::Buffer<ffi::F32>>()
-                                  .Ret<ffi::Buffer<ffi::F32>>()
-                                  .Ret<ffi::Buffer<ffi::F32>>());
+                              radixflow_native::BindScan().Attr<int64_t>("chunk"));
