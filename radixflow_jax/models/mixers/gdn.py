@@ -18,10 +18,9 @@ import jax.numpy as jnp
 from flax import nnx
 
 from radixflow_jax.kernels import ops
-from radixflow_jax.models.batch import Batch
 from radixflow_jax.models.config import GdnConfig
 from radixflow_jax.models.layers import GatedRMSNorm, Linear
-from radixflow_jax.models.mixers.recurrent import DepthwiseConv1d, Emits, RecurrentKernels, recurrent_mix
+from radixflow_jax.models.mixers.recurrent import DepthwiseConv1d, MixSpec, RecurrentKernels, RecurrentMixer
 
 
 def l2norm(x: jax.Array, eps: float = 1e-6) -> jax.Array:
@@ -30,7 +29,7 @@ def l2norm(x: jax.Array, eps: float = 1e-6) -> jax.Array:
 
 
 
-class GatedDeltaNet(nnx.Module):
+class GatedDeltaNet(RecurrentMixer):
     def __init__(self, cfg: GdnConfig, hidden: int, eps: float, *, dtype: jnp.dtype, rngs: nnx.Rngs):
         self.cfg = cfg
         hv = cfg.num_v_heads
@@ -70,15 +69,7 @@ class GatedDeltaNet(nnx.Module):
         )
         return qkv.reshape(num_tokens, cfg.conv_dim), z, b, a
 
-    def __call__(
-        self,
-        x: jax.Array,
-        batch: Batch,
-        conv_pool: jax.Array,
-        ssm_pool: jax.Array,
-        num_decode: int,
-        emits: Emits | None = None,
-    ) -> tuple[jax.Array, jax.Array, jax.Array]:
+    def spec(self, x: jax.Array) -> MixSpec:
         cfg = self.cfg
         num_tokens = x.shape[0]
         qkv_in, z, b, a = self._project(x)
@@ -106,8 +97,5 @@ class GatedDeltaNet(nnx.Module):
             chunked=chunked,
             decode_in_place=lambda xs, pool, base, real: ops.gated_delta_decode_window(*xs, pool, base, real),
         )
-        core, _, conv_pool, ssm_pool = recurrent_mix(
-            self.conv1d, qkv_in, batch, conv_pool, ssm_pool, num_decode, emits, cfg.chunk_size, prepare, kernels
-        )
-        out = self.norm(core, z).reshape(num_tokens, cfg.value_dim)
-        return self.out_proj(out), conv_pool, ssm_pool
+        finish = lambda core, _: self.norm(core, z).reshape(num_tokens, cfg.value_dim)  # noqa: E731
+        return MixSpec(conv_in=qkv_in, prepare=prepare, kernels=kernels, finish=finish)

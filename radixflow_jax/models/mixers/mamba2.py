@@ -20,10 +20,9 @@ import numpy as np
 from flax import nnx
 
 from radixflow_jax.kernels import ops
-from radixflow_jax.models.batch import Batch
 from radixflow_jax.models.config import MambaConfig
 from radixflow_jax.models.layers import Linear
-from radixflow_jax.models.mixers.recurrent import DepthwiseConv1d, Emits, RecurrentKernels, recurrent_mix
+from radixflow_jax.models.mixers.recurrent import DepthwiseConv1d, MixSpec, RecurrentKernels, RecurrentMixer
 
 
 class GroupGatedRMSNorm(nnx.Module):
@@ -45,7 +44,7 @@ class GroupGatedRMSNorm(nnx.Module):
         return out if self.gate_first else out * g
 
 
-class Mamba2(nnx.Module):
+class Mamba2(RecurrentMixer):
     def __init__(
         self,
         cfg: MambaConfig,
@@ -116,18 +115,9 @@ class Mamba2(nnx.Module):
             return y * jax.nn.silu(z.astype(jnp.float32))
         return self.norm(y, z)
 
-    def __call__(
-        self,
-        x: jax.Array,
-        batch: Batch,
-        conv_pool: jax.Array,
-        ssm_pool: jax.Array,
-        num_decode: int,
-        emits: Emits | None = None,
-    ) -> tuple[jax.Array, jax.Array, jax.Array]:
+    def spec(self, x: jax.Array) -> MixSpec:
         cfg = self.cfg
         num_tokens = x.shape[0]
-        inner = cfg.inner_dim
         z, xbc_in, dt_raw = self._split(self._project(x))
         dt_raw = dt_raw.astype(jnp.float32)
         dt = jax.nn.softplus(dt_raw + self.dt_bias[...].astype(jnp.float32))
@@ -143,15 +133,14 @@ class Mamba2(nnx.Module):
         ) -> tuple[jax.Array, jax.Array, jax.Array]:
             return ops.ssd_chunked(xs[0], xs[1], a, xs[2], xs[3], cu, s, chunk_size=cfg.chunk_size, pair_chunk=pc)
 
+        def finish(core: jax.Array, xbc: jax.Array) -> jax.Array:
+            xs = self._xbc(xbc)[0]
+            y = core.astype(jnp.float32) + self.D[...].astype(jnp.float32)[:, None] * xs.astype(jnp.float32)
+            return self._gate(y.reshape(num_tokens, cfg.inner_dim), z).astype(x.dtype)
+
         decode = lambda xs, s: ops.ssd_decode(xs[0], xs[1], a, xs[2], xs[3], s)  # noqa: E731
         kernels = RecurrentKernels(decode=decode, chunked=chunked)
-        core, xbc, conv_pool, ssm_pool = recurrent_mix(
-            self.conv1d, xbc_in, batch, conv_pool, ssm_pool, num_decode, emits, cfg.chunk_size, prepare, kernels
-        )
-        xs = self._xbc(xbc)[0]
-        y = core.astype(jnp.float32) + self.D[...].astype(jnp.float32)[:, None] * xs.astype(jnp.float32)
-        out = self._gate(y.reshape(num_tokens, inner), z).astype(x.dtype)
-        return self.out_proj(out), conv_pool, ssm_pool
+        return MixSpec(conv_in=xbc_in, prepare=prepare, kernels=kernels, finish=finish)
 
 
 def proj_permutation(cfg: MambaConfig, stripes: int) -> np.ndarray:

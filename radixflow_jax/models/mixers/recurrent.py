@@ -1,8 +1,9 @@
-"""What the recurrent mixers (Gated DeltaNet, Mamba2) share: the depthwise causal conv, and
+"""What the recurrent mixers (Gated DeltaNet, Mamba2) share: the depthwise causal conv,
 :func:`recurrent_mix`, the one routine that splits a call into decode rows (one-step updates) and
 prefill rows (packed chunked scan), writes every row's state back to its slot and emits the
-requested checkpoints. The mixers only say how conv outputs become kernel inputs and which kernels
-run, so checkpoint correctness lives here, once.
+requested checkpoints, and :class:`RecurrentMixer`, the call around it. The mixers only say how
+their inputs are projected, how conv outputs become kernel inputs, which kernels run and how the
+output is gated (:class:`MixSpec`), so checkpoint correctness lives here, once.
 
 Rows ``[:num_decode]`` own the first ``num_decode`` token slots, one token each, and run in the
 contiguous slot window ``[decode_base, decode_base + num_decode)`` (:class:`DecodeWindow`); the
@@ -11,6 +12,7 @@ rest of the rows form a packed ragged batch over the remaining slots (see ``mode
 
 from __future__ import annotations
 
+import abc
 from typing import Callable, NamedTuple
 
 import jax
@@ -20,6 +22,8 @@ from flax import nnx
 from radixflow_jax.kernels import ops
 from radixflow_jax.kernels.layout import chunk_ending_at, effective_initial
 from radixflow_jax.models.batch import Batch
+from radixflow_jax.models.config import GdnConfig, MambaConfig
+from radixflow_jax.models.layers import Linear
 
 
 class DepthwiseConv1d(nnx.Module):
@@ -325,3 +329,44 @@ def recurrent_mix(
         emitted = emitted_states(emits, d, chunk_size, decode_src, prefill_src)
         conv_pool, ssm_pool = write_emits(conv_pool, ssm_pool, emits, emitted)
     return core, conv_out, conv_pool, ssm_pool
+
+
+class MixSpec(NamedTuple):
+    """One call of a recurrent mixer as its :meth:`RecurrentMixer.spec` says it:
+    ``conv_in [T, C]``, ``prepare`` and ``kernels`` for :func:`recurrent_mix`, and
+    ``finish(core_out, conv_out) -> [T, D]``, the input of the mixer's ``out_proj``."""
+
+    conv_in: jax.Array
+    prepare: Callable[[jax.Array], Inputs]
+    kernels: RecurrentKernels
+    finish: Callable[[jax.Array, jax.Array], jax.Array]
+
+
+class RecurrentMixer(nnx.Module):
+    """A recurrent mixer's call: :meth:`spec` of the tokens, :func:`recurrent_mix` of the spec over
+    ``conv1d`` at ``cfg.chunk_size``, then ``out_proj`` of the finished output. All state traffic
+    (slots, checkpoints, pairing) is :func:`recurrent_mix`'s."""
+
+    cfg: GdnConfig | MambaConfig
+    conv1d: DepthwiseConv1d
+    out_proj: Linear
+
+    @abc.abstractmethod
+    def spec(self, x: jax.Array) -> MixSpec:
+        """The mixer's projections of ``x [T, hidden]`` and what :func:`recurrent_mix` runs."""
+
+    def __call__(
+        self,
+        x: jax.Array,
+        batch: Batch,
+        conv_pool: jax.Array,
+        ssm_pool: jax.Array,
+        num_decode: int,
+        emits: Emits | None = None,
+    ) -> tuple[jax.Array, jax.Array, jax.Array]:
+        """``(out [T, hidden], conv_pool, ssm_pool)``; rows ``[:num_decode]`` are decode rows."""
+        spec, chunk = self.spec(x), self.cfg.chunk_size
+        core, conv_out, conv_pool, ssm_pool = recurrent_mix(
+            self.conv1d, spec.conv_in, batch, conv_pool, ssm_pool, num_decode, emits, chunk, spec.prepare, spec.kernels
+        )
+        return self.out_proj(spec.finish(core, conv_out)), conv_pool, ssm_pool
