@@ -36,6 +36,15 @@ _TTFT = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 
 _ITL = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
 _E2E = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0)
 _ROUND = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+# RoundRecord field -> (counter name, doc): each round adds the field to its counter
+_PER_ROUND = {
+    "num_tokens": ("round_tokens", "Real tokens computed in rounds."),
+    "padding_tokens": ("padding_tokens", "Token slots of rounds that carried no real token."),
+    "bubble_tokens": ("bubble_tokens", "Padding while an admissible waiting request was not scheduled (tokens)."),
+    "bubble_rows": ("bubble_rows", "Padding while an admissible waiting request was not scheduled (rows)."),
+    "consumers_waiting": ("consumers_waiting", "Consumer decisions WAIT (scan continued)."),
+    "consumers_blocked": ("consumers_blocked", "Consumer decisions STOP_ROUND (scan halted)."),
+}
 
 
 @dataclasses.dataclass
@@ -112,12 +121,7 @@ class ServerMetrics:
         self.success = counter("request_success", "Finished requests by finish reason.", ["finished_reason"])
         self.preemptions = counter("num_preemptions", "Preempted requests.")
         self.rounds = counter("rounds", "Rounds (jitted steps) executed.")
-        self.round_tokens = counter("round_tokens", "Real tokens computed in rounds.")
-        self.padding = counter("padding_tokens", "Token slots of rounds that carried no real token.")
-        self.bubble_tokens = counter("bubble_tokens", "Padding while an admissible waiting request was not scheduled (tokens).")
-        self.bubble_rows = counter("bubble_rows", "Padding while an admissible waiting request was not scheduled (rows).")
-        self.consumers_waiting = counter("consumers_waiting", "Consumer decisions WAIT (scan continued).")
-        self.consumers_blocked = counter("consumers_blocked", "Consumer decisions STOP_ROUND (scan halted).")
+        self.per_round = {field: counter(name, doc) for field, (name, doc) in _PER_ROUND.items()}
         self.ttft = histogram("time_to_first_token_seconds", "Time to first token.", _TTFT)
         self.itl = histogram("inter_token_latency_seconds", "Time between consecutive output tokens.", _ITL)
         self.e2e = histogram("e2e_request_latency_seconds", "End-to-end request latency.", _E2E)
@@ -147,12 +151,8 @@ class ServerMetrics:
             round_start = now - dur
             self.rounds.labels(m).inc()
             self.round_time.labels(m).observe(dur)
-            self.round_tokens.labels(m).inc(rec.num_tokens)
-            self.padding.labels(m).inc(rec.padding_tokens)
-            self.bubble_tokens.labels(m).inc(rec.bubble_tokens)
-            self.bubble_rows.labels(m).inc(rec.bubble_rows)
-            self.consumers_waiting.labels(m).inc(rec.consumers_waiting)
-            self.consumers_blocked.labels(m).inc(rec.consumers_blocked)
+            for field, count in self.per_round.items():
+                count.labels(m).inc(getattr(rec, field))
             self.preemptions.labels(m).inc(rec.preempted)
         if records and core is not None:
             for req in core.scheduler.running:

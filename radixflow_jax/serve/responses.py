@@ -8,7 +8,7 @@ from the prefix cache (KV pages and a recurrent checkpoint) instead of computing
 from __future__ import annotations
 
 import time
-from typing import Any, Callable, Literal, Sequence
+from typing import Any, Callable, Generic, Literal, Sequence, TypeVar
 
 from pydantic import BaseModel, Field
 
@@ -69,11 +69,20 @@ class CompletionLogprobs(BaseModel):
     text_offset: list[int] = Field(default_factory=list)
 
 
-class CompletionChoice(BaseModel):
+LogprobsT = TypeVar("LogprobsT", bound=BaseModel)
+
+
+class _Choice(BaseModel, Generic[LogprobsT]):
+    """What every choice of an answer carries besides its content: its index among the answer's
+    choices, its logprobs (None unless asked for) and why it finished (None while streaming)."""
+
     index: int = 0
-    text: str
-    logprobs: CompletionLogprobs | None = None
+    logprobs: LogprobsT | None = None
     finish_reason: str | None = None
+
+
+class CompletionChoice(_Choice[CompletionLogprobs]):
+    text: str
 
 
 class _Answer(BaseModel):
@@ -123,11 +132,8 @@ class AssistantMessage(BaseModel):
     tool_calls: list[ToolCall] = Field(default_factory=list)
 
 
-class ChatChoice(BaseModel):
-    index: int = 0
+class ChatChoice(_Choice[ChatLogprobs]):
     message: AssistantMessage
-    logprobs: ChatLogprobs | None = None
-    finish_reason: str | None = None
 
 
 class ChatCompletionResponse(_Answer):
