@@ -4,7 +4,7 @@ The cache-off oracle runs in the fixed bucket mode (one step variant per engine 
 ``tests/engine/workloads.py``) and one engine of it per preset serves every test of the module.
 Cache-on engines run fixed buckets too. Fine buckets against a cache-off run are covered where
 they cost no compile of their own: on the warm variants of tiny-qwen3.5 in
-``tests/engine/test_compile_guard.py`` (also the final-token checkpoints written in mixed and
+``tests/engine/test_compile_guard.py`` (also the grid checkpoints decode rows write in mixed and
 decode-only rounds), mixed rounds of tiny-qwen3.5 and tiny-bamba against fixed-bucket runs in
 ``tests/runner/test_mixed_rounds.py``. Engines built on one loaded model share its compiled
 variants, so an engine of a shape another built takes them."""
