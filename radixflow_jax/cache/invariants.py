@@ -1,9 +1,10 @@
 """Whole-cache invariant checks (used by tests and debug builds; O(tree + pools)).
 
 Checked: the node invariants listed in ``tree.py``; the producer index equals the set of nodes that
-hold pending KV or a pending checkpoint of that producer; the tree references each page and slot at
-most once, never the reserved id 0, and never a free id (pool refcount >= tree references); and the
-pools' own invariants (every id free xor owned, counts consistent).
+hold pending KV or a pending checkpoint of that producer; the tree references each slot at most once
+and each page at most once outside tails (a tail shares its partial page), never the reserved id 0,
+and never a free id (pool refcount >= tree references); and the pools' own invariants (every id free
+xor owned, counts consistent).
 """
 
 from __future__ import annotations
@@ -36,9 +37,14 @@ def _check_node(node: Node, parent: Node, config: CacheConfig) -> None:
     p = config.page_size
     if not node.attached or node.parent is not parent:
         _fail(node, "child not attached to its parent")
-    if not node.key or len(node.key) % p:
+    if node.is_tail:
+        if parent.depth % p or not 0 < len(node.key) < p or len(node.pages) != 1 or node.children:
+            _fail(node, "a tail is a leaf of 1 .. page_size - 1 tokens and one page below a page boundary")
+        if config.hybrid and node.checkpoint is None:
+            _fail(node, "a hybrid model's tail without its checkpoint")
+    elif not node.key or len(node.key) % p:
         _fail(node, "span is not a non-empty multiple of page_size")
-    if len(node.pages) != len(node.key) // p:
+    elif len(node.pages) != len(node.key) // p:
         _fail(node, "page count does not match span")
     if node.depth != parent.depth + len(node.key):
         _fail(node, "depth inconsistent with parent")
@@ -82,10 +88,14 @@ def check_tree(
     if actual != expected:
         raise InvariantError(f"producer index {actual} != nodes with pending data {expected}")
     page_refs, slot_refs = tree_references(root)
+    full_pages = Counter(page for node in iter_nodes(root) if not node.is_tail for page in node.pages)
+    for page, n in full_pages.items():
+        if n > 1:
+            raise InvariantError(f"tree references page {page} {n} times outside tails")
     for pool, refs, what in ((page_pool, page_refs, "page"), (slot_pool, slot_refs, "slot")):
         pool.check_invariants()
         for i, n in refs.items():
-            if n > 1:
+            if n > 1 and what == "slot":
                 raise InvariantError(f"tree references {what} {i} {n} times")
             if not 0 < i < pool.size:
                 raise InvariantError(f"tree references invalid {what} {i}")

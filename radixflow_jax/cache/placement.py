@@ -1,17 +1,23 @@
-"""Where checkpoints are planted (docs/design.md, "Radix cache with recurrent checkpoints"): the one home of the placement rules.
+"""Where checkpoints are planted (docs/design.md, "Radix cache with recurrent checkpoints" and
+"Exact depth"): the one home of the placement rules.
 
 Checkpoints go (a) on the grid ``G`` as a prefill advances, spaced by :func:`spacing`; (b) at
 *branch points*: when a request's path leaves an existing or pending path at token depth ``d``,
-at ``floor(d / G) * G``, and, looking ahead, where a producer's prompt diverges from requests
-already waiting with the same prefix (so the first sibling already finds the checkpoint); and
-(c) at a request's end: the prompt end and the final generated token (multi-turn reuse).
+at the deepest emit depth ``<= d``, and, looking ahead, where a producer's prompt diverges from
+requests already waiting with the same prefix (so the first sibling already finds the checkpoint);
+(c) at the prompt end, exactly when the span ends the prompt. A request's exact end (every token
+its state consumed) is not planted: the finished request's own slot becomes that checkpoint
+(``RadixCache.keep_end``, ``scheduler/allocator.py``).
 
-All positions are depths from the sequence start (number of tokens the state has consumed). The
-helpers :func:`grid_positions`, :func:`branch_point` and :func:`end_position` are the rules;
-:func:`place` is what the scheduler calls. In the scheduler every depth is a multiple of ``G``
-(ends are rounded down to the grid, not to a page): a checkpoint becomes the start of a later
-request's span, and spans start on the grid so that every grid position inside a span is a chunk
-boundary of the scan (where a round can emit a state without splitting the span).
+All positions are depths from the sequence start (number of tokens the state has consumed). A span
+can write a state without being split at its *emit depths*: its end, and the ends of its kernel
+chunks on its grid. A span that starts on the grid (every span whose request did not start from an
+exact-depth checkpoint, and every one-token span) has the multiples of ``G`` inside it; a span that
+starts off the grid, at an exact-depth checkpoint, has ``start + k * G`` (its own chunks end there)
+and, when it is cut by the token budget, ends on the grid (``scheduler/builder.grid_span``), so the
+request's later spans start on the grid again. :func:`place` is what the scheduler calls; the
+helpers :func:`grid_positions`, :func:`branch_point` and :func:`end_position` are the grid rules
+the cache tests drive the tree with.
 
 Priority (what survives when the state pool is short, see ``scheduler/allocator.py``): look-ahead
 branch points first (waiting siblings need them), then every other position deepest first (a
@@ -35,7 +41,7 @@ __all__ = [
     "spacing",
 ]
 
-KINDS = ("lookahead", "branch", "prompt-end", "final", "grid")
+KINDS = ("lookahead", "branch", "prompt-end", "grid")
 
 
 def grid_positions(start: int, end: int, grid: int) -> list[int]:
@@ -115,37 +121,38 @@ def place(
     grid: int,
     every: int,
     prompt_len: int,
-    final_len: int | None = None,
     branch_lens: Iterable[int] = (),
     lookahead_lens: Iterable[int] = (),
 ) -> list[Placement]:
     """The checkpoints a span computing tokens ``[start, end)`` should emit, in priority order.
 
-    ``every``: the grid spacing (:func:`spacing`); ``prompt_len``: the prompt end; ``final_len``: the
-    depth of the last token the request can feed (prompt + max_tokens - 1), planted only beyond the
-    prompt-end checkpoint; ``branch_lens``: divergence depths from existing or pending paths;
-    ``lookahead_lens``: divergence depths from waiting siblings. Every depth is a positive multiple
-    of ``grid`` in ``(start, end]``; one placement per depth (the most important kind wins).
+    ``every``: the grid spacing (:func:`spacing`); ``prompt_len``: the prompt end; ``branch_lens``:
+    divergence depths from existing or pending paths; ``lookahead_lens``: divergence depths from
+    waiting siblings. Every depth is an *emit depth* of the span in ``(start, end]``
+    (:func:`emit_depths`); one placement per depth (the most important kind wins). A divergence at
+    ``x`` places at the deepest emit depth ``<= x``; the prompt end at the deepest one ``<=
+    prompt_len`` (exactly ``prompt_len`` when the span ends the prompt).
     """
     if every % grid:
         raise ValueError(f"spacing {every} must be a multiple of the grid {grid}")
-    if not has_grid_position(start, end, grid):
-        return []  # most decode spans
+    anchor = start % grid if end - start > 1 else 0
     chosen: dict[int, str] = {}
 
+    def snap(x: int) -> int:
+        on_grid = anchor + (x - anchor) // grid * grid if x >= anchor else 0
+        return max(on_grid, end if end <= x else 0)
+
     def add(depth: int, kind: str) -> None:
-        if start < depth <= end and depth > 0 and depth not in chosen:
+        if start < depth <= end and depth not in chosen:
             chosen[depth] = kind
 
-    for d in sorted({branch_point(x, grid) for x in lookahead_lens}, reverse=True):
+    for d in sorted({snap(x) for x in lookahead_lens}, reverse=True):
         add(d, "lookahead")
-    for d in sorted({branch_point(x, grid) for x in branch_lens}, reverse=True):
+    for d in sorted({snap(x) for x in branch_lens}, reverse=True):
         add(d, "branch")
-    prompt_end = end_position(prompt_len, grid)
-    add(prompt_end, "prompt-end")
-    if final_len is not None and end_position(final_len, grid) > prompt_end:
-        add(end_position(final_len, grid), "final")
-    for d in grid_positions(start, end, every):
+    add(snap(prompt_len), "prompt-end")
+    first = start + every if anchor else (start // every + 1) * every
+    for d in range(first, end + 1, every):
         add(d, "grid")
     rank = {"lookahead": 0}
     return [Placement(d, k) for d, k in sorted(chosen.items(), key=lambda dk: (rank.get(dk[1], 1), -dk[0]))]

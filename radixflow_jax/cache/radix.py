@@ -32,7 +32,7 @@ from radixflow_jax.cache.eviction import EvictionPolicy, EvictTarget, kv_evictab
 from radixflow_jax.cache.pools import InvariantError
 from radixflow_jax.cache.results import InsertResult, MatchResult
 from radixflow_jax.cache.store import TreeStore
-from radixflow_jax.cache.tree import Checkpoint, CheckpointStatus, Node, iter_nodes, iter_postorder
+from radixflow_jax.cache.tree import Checkpoint, CheckpointStatus, Node, iter_nodes, iter_postorder, tails_along
 
 __all__ = ["RadixCache"]
 
@@ -52,11 +52,13 @@ class RadixCache(TreeStore):
     def match(self, tokens: Sequence[int], *, touch: bool = True, shared: bool = True) -> MatchResult:
         """Walk the tree along ``tokens``; see ``MatchResult`` for what comes back.
 
-        Never covers more than ``align_down(len(tokens) - 1)`` tokens. May split the last matched
-        node so that the path ends exactly at the matched depth (the committed KV prefix then ends at
-        a node). ``touch`` stamps the matched nodes' access time. ``shared=False`` skips the
-        token-granular divergence search (it scans every child at the divergence node) and reports
-        as ``shared_len`` the matched path's depth (pending KV included), a page-granular lower bound.
+        Never covers more than ``len(tokens) - 1`` tokens: full pages up to ``align_down(len(tokens)
+        - 1)``, and a tail (an exact-depth checkpoint off the page grid, ``tree.py``) up to
+        ``len(tokens) - 1``. May split the last matched node so that the path ends exactly at the
+        matched depth (the committed KV prefix then ends at a node). ``touch`` stamps the matched
+        nodes' access time. ``shared=False`` skips the token-granular divergence search (it scans
+        every child at the divergence node) and reports as ``shared_len`` the matched path's depth
+        (pending KV included), a page-granular lower bound.
         """
         p = self._config.page_size
         toks = tuple(tokens)
@@ -79,27 +81,51 @@ class RadixCache(TreeStore):
                     committed = node
             if touch:
                 node.last_access = now
+        if self._config.hybrid:
+            ckpt_node, committed = self._deepest_tails(path, toks, ckpt_node, committed)
+            hit_node = committed if committed is not None else self._root
+        else:
+            hit_node = next((t for t in tails_along(kv_node, toks, len(toks) - 1, p) if not t.kv_pending), kv_node)
+        if touch and hit_node.is_tail:
+            hit_node.last_access = now
         ckpt = ckpt_node.checkpoint if ckpt_node is not None else None
         pending = ckpt is not None and ckpt.pending
         producer_id = ckpt.producer_id if ckpt is not None and pending else None
         deepest = path[-1] if path else self._root
-        if self._config.hybrid:
-            hit_node = committed if committed is not None else self._root
-            consumer_of = producer_id
-        else:
-            hit_node = kv_node
-            consumer_of = deepest.kv_producer
+        full = hit_node.parent.depth if hit_node.is_tail else hit_node.depth  # type: ignore[union-attr]
         return MatchResult(
             checkpoint_node=ckpt_node,
             checkpoint_depth=ckpt_node.depth if ckpt_node is not None else 0,
             checkpoint_pending=pending,
             producer_id=producer_id,
             hit_len=hit_node.depth,
-            hit_pages=tuple(kv_pages[: hit_node.depth // p]),
+            hit_pages=tuple(kv_pages[: full // p]),
             hit_node=hit_node,
-            consumer_of=consumer_of,
+            consumer_of=producer_id if self._config.hybrid else deepest.kv_producer,
             shared_len=self._shared_len(toks) if shared else deepest.depth,
+            hit_tail_page=hit_node.pages[0] if hit_node.is_tail else None,
         )
+
+    def _deepest_tails(
+        self, path: list[Node], toks: tuple[int, ...], ckpt_node: Node | None, committed: Node | None
+    ) -> tuple[Node | None, Node | None]:
+        """Hybrid models: the deepest checkpoint and the deepest committed checkpoint along ``toks``
+        once tails count too. Only tails of path nodes at or below the deepest committed checkpoint
+        can be deeper than it (a tail lies less than a page below its parent)."""
+        floor = committed.depth if committed is not None else 0
+        limit, p = len(toks) - 1, self._config.page_size
+        for node in reversed([self._root, *path]):
+            if node.depth < floor:
+                break
+            for tail in tails_along(node, toks, limit, p):
+                ckpt = tail.checkpoint
+                if ckpt is None:
+                    continue
+                if ckpt_node is None or tail.depth > ckpt_node.depth:
+                    ckpt_node = tail
+                if ckpt.committed and (committed is None or tail.depth > committed.depth):
+                    committed = tail
+        return ckpt_node, committed
 
     # ------------------------------------------------------------------ insert / lock
 
@@ -151,31 +177,65 @@ class RadixCache(TreeStore):
 
         Locates or creates the node ending at ``depth`` (splitting as needed); spans missing from
         the tree are created as pending KV holding the producer's ``pages`` (its page table, covering
-        ``depth``). With ``slot=None`` only that pending KV is published (attention-only models, or
-        a producer whose state is not checkpointed there). Returns the node, or ``None`` (changing
-        nothing) when that depth already holds a checkpoint or the path runs through another
-        producer's pending KV; the caller then neither emits this checkpoint nor keeps the slot.
-        ``ValueError`` on a depth that is not a positive page multiple ``<= len(tokens)``, on short
-        pages, or on a slot the caller does not own. ``wanted``: waiting requests will read this
-        checkpoint (a look-ahead branch point); eviction keeps it longer (``LRUPolicy``).
+        ``depth``). A ``depth`` off the page grid makes a pending *tail* (``tree.py``) sharing the
+        producer's partial page ``pages[depth // page_size]``. With ``slot=None`` only that pending
+        KV is published (attention-only models, or a producer whose state is not checkpointed
+        there). Returns the node, or ``None`` (changing nothing) when that depth already holds a
+        checkpoint or the path runs through another producer's pending KV; the caller then neither
+        emits this checkpoint nor keeps the slot. ``ValueError`` on a depth that is not in ``[1,
+        len(tokens)]``, on short pages, or on a slot the caller does not own. ``wanted``: waiting
+        requests will read this checkpoint (a look-ahead branch point); eviction keeps it longer
+        (``LRUPolicy``).
         """
         p = self._config.page_size
         toks = tuple(tokens)
-        if depth <= 0 or depth % p or depth > len(toks):
-            raise ValueError(f"checkpoint depth {depth} must be a positive multiple of {p} <= {len(toks)}")
+        if depth <= 0 or depth > len(toks) or (depth % p and slot is None):
+            raise ValueError(f"checkpoint depth {depth} must be in [1, {len(toks)}] (a page multiple without a slot)")
         if slot is not None and self._slots.refcount(slot) == 0:
             raise ValueError(f"slot {slot} is free; allocate it before planting")
-        self._validate_pages(pages, depth // p)
-        if not self._can_plant(toks, depth, producer_id, with_checkpoint=slot is not None):
+        self._validate_pages(pages, self._config.pages_for(depth))
+        base = depth - depth % p
+        if not self._can_plant(toks, base, producer_id, with_checkpoint=slot is not None and not depth % p):
+            return None
+        if depth % p and self._tail_at(toks, depth) is not None:
             return None
         self._tick()
-        node = self._ensure_path(toks, depth, pages, producer_id)[0]
+        node = self._ensure_path(toks, base, pages, producer_id)[0]
+        if depth % p:
+            node = self._new_tail(node, toks[base:depth], pages[base // p], producer_id)
         if slot is not None:
             self._slots.incref(slot)
             node.checkpoint = Checkpoint(slot, producer_id)
             node.checkpoint.wanted = wanted
             self._pending.setdefault(producer_id, set()).add(node)
         return node
+
+    def keep_end(self, tokens: Sequence[int], depth: int, slot: int | None, pages: Sequence[int], owner: int) -> bool:
+        """A finished request's exact end (docs/design.md, "Exact depth"): inserts ``tokens[:depth]``
+        (its full pages, as :meth:`insert`) and keeps the state its own ``slot`` holds, written and
+        committed, as a committed checkpoint at exactly ``depth``: on the node ending there, or in a
+        tail sharing its partial page ``pages[depth // page_size]`` when ``depth`` is off the page
+        grid. Attention-only models (``slot=None``) keep such a tail for its KV. Whether the tree
+        took a reference on ``slot`` (not when a checkpoint or tail is already there); the caller
+        drops its own references as usual. ``owner`` names the request (the checkpoint's producer)."""
+        p = self._config.page_size
+        toks = tuple(tokens[:depth])
+        if depth <= 0 or len(toks) < depth:
+            return False
+        node = self.insert(toks, pages).node  # ends at the last full page
+        base = depth - depth % p
+        if depth % p:
+            if self._tail_at(toks, depth) is not None or (self._config.hybrid and slot is None):
+                return False
+            node = self._new_tail(node, toks[base:depth], pages[base // p], None)
+        elif slot is None or node.checkpoint is not None or node.is_root:
+            return False
+        if slot is None:
+            return False
+        self._slots.incref(slot)
+        node.checkpoint = Checkpoint(slot, owner)
+        node.checkpoint.status = CheckpointStatus.COMMITTED
+        return True
 
     def commit(self, producer_id: int, depth: int | None = None) -> int:
         """The commit fence: the producer's round has finished and its result has been processed.
@@ -303,7 +363,10 @@ class RadixCache(TreeStore):
             return 0
         heap = self._heap((n for n in iter_nodes(self._root) if state_evictable(n)), "state", policy)
         while heap and self._slots.num_free - start < num_slots:
-            self._drop_checkpoint(heapq.heappop(heap)[-1])
+            node = heapq.heappop(heap)[-1]
+            self._drop_checkpoint(node)
+            if node.is_tail and self._config.hybrid:  # a hybrid's tail is its checkpoint (tree.py)
+                self._remove_leaf(node)
         return self._slots.num_free - start
 
     def _entry(

@@ -15,15 +15,18 @@ class MatchResult:
     the path from the tree: ``tests/cache/helpers.matched``).
 
     Invariants:
-      * every depth here is a multiple of ``page_size`` and ``<= len(tokens) - 1`` (at least one
-        token is always left to compute, to get logits), except ``shared_len`` (token-granular,
-        uncapped: it only feeds ``branch_point``);
+      * every depth here is ``<= len(tokens) - 1`` (at least one token is always left to compute,
+        to get logits) and a multiple of ``page_size`` unless it is a tail's (an exact-depth
+        checkpoint off the page grid, ``tree.py``); ``shared_len`` is token-granular and uncapped
+        (it only feeds ``branch_point``);
       * ``checkpoint_*``: the deepest checkpoint on the path, pending or committed, and the producer
         of a pending one. Nothing here exposes a pending checkpoint's slot;
       * ``hit_len``/``hit_pages``/``hit_node``: the usable hit. Hybrid models: the deepest committed
         checkpoint's depth (never deeper than the committed KV); attention-only: the committed KV
         prefix. Pending KV (a producer's uncommitted round is writing it) is never part of it. Lock
-        ``hit_node`` before using it;
+        ``hit_node`` before using it. A tail hit: ``hit_pages`` are the full pages above it and
+        ``hit_tail_page`` its partial page, which the request copies into a page of its own before
+        its first row (``RowPlan.copy_page_from``) and never writes; ``None`` for any other hit;
       * ``consumer_of``: the producer whose commit would extend the usable hit, i.e. the request is a
         *consumer*. Hybrid: the deepest checkpoint is pending (``producer_id``); attention-only: the
         path continues into pending KV. ``None`` otherwise.
@@ -38,6 +41,7 @@ class MatchResult:
     hit_node: Node
     consumer_of: int | None
     shared_len: int
+    hit_tail_page: int | None
 
     @property
     def is_consumer(self) -> bool:

@@ -194,6 +194,27 @@ class TreeStore:
             node, d = child, child.depth
         return node, tree_pages, adopted, rejected
 
+    def _tail_at(self, toks: tuple[int, ...], depth: int) -> Node | None:
+        """The tail ending at ``depth`` (off the page grid) along ``toks``, if the tree holds one (read-only)."""
+        p = self._config.page_size
+        base = depth - depth % p
+        path, partial, _ = self._descend(toks, base)
+        parent = path[-1] if path else self._root
+        if partial is not None or parent.depth != base:
+            return None
+        tail = parent.children.get(toks[base:depth])
+        return tail if tail is not None and tail.is_tail else None
+
+    def _new_tail(self, parent: Node, key: tuple[int, ...], page: int, producer: int | None) -> Node:
+        """A tail of ``key`` under ``parent`` (which ends on a page boundary) sharing ``page``: the
+        tree takes a reference on it; a producer's tail is pending KV of it until its commit."""
+        tail = Node(key, [page], parent, kv_producer=producer, last_access=self._clock, is_tail=True)
+        self._pages.incref(page)
+        attach(parent, tail, self._config.page_size)
+        if producer is not None:
+            self._pending.setdefault(producer, set()).add(tail)
+        return tail
+
     def _upgrade(self, node: Node, given: Sequence[int], adopted: list[int]) -> None:
         """Pending KV becomes committed, holding the given (written) pages instead."""
         pid = node.kv_producer

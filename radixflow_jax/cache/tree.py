@@ -3,7 +3,15 @@
 Node invariants (``invariants.check_tree`` verifies them):
   * a non-root node's ``key`` is a non-empty multiple of ``page_size`` tokens and it holds exactly
     ``len(key) // page_size`` page ids; ``depth == parent.depth + len(key)`` (its *end* depth);
-  * a parent indexes each child under the child's first page of tokens (siblings differ there);
+    except a *tail* (``is_tail``): a leaf whose parent ends on a page boundary, with ``1 ..
+    page_size - 1`` tokens and exactly one page, the partial page that holds their KV at its first
+    ``len(key)`` positions. A tail is an exact-depth checkpoint off the page grid (docs/design.md,
+    "Exact depth"): hybrid models keep one only with its checkpoint. Its page may be shared (with the
+    request that wrote it, with other tails, with the full-page node of the same tokens); nobody
+    writes the positions a tail covers, and whoever extends a tail copies its page first
+    (``RowPlan.copy_page_from``);
+  * a parent indexes each child under the child's first page of tokens (siblings differ there), a
+    tail under its whole key (shorter than a page, so it never meets a full-page child);
   * a node object's end depth never changes: a split inserts a *new* upper node above it, so a
     handle a caller holds (a lock, a checkpoint) keeps meaning the same prefix;
   * ``lock_count == own_locks + sum(child.lock_count)``: locking a node locks its path to the root;
@@ -19,7 +27,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Iterator, Sequence
 
-__all__ = ["Checkpoint", "CheckpointStatus", "Node", "PendingCheckpointError", "common_prefix_len"]
+__all__ = ["Checkpoint", "CheckpointStatus", "Node", "PendingCheckpointError", "common_prefix_len", "tails_along"]
 
 
 class CheckpointStatus(enum.Enum):
@@ -88,6 +96,7 @@ class Node:
         "own_locks",
         "last_access",
         "attached",
+        "is_tail",
     )
 
     def __init__(
@@ -98,6 +107,7 @@ class Node:
         *,
         kv_producer: int | None = None,
         last_access: int = 0,
+        is_tail: bool = False,
     ) -> None:
         self.parent = parent
         self.children: dict[tuple[int, ...], Node] = {}
@@ -110,6 +120,7 @@ class Node:
         self.own_locks = 0
         self.last_access = last_access
         self.attached = parent is None  # the root is always attached; children once linked
+        self.is_tail = is_tail
 
     @property
     def is_root(self) -> bool:
@@ -144,8 +155,9 @@ class Node:
 
     def __repr__(self) -> str:
         kv = "pending" if self.kv_pending else "committed"
+        kind = "Tail" if self.is_tail else "Node"
         return (
-            f"Node(depth={self.start_depth}..{self.depth}, pages={self.pages}, kv={kv}, "
+            f"{kind}(depth={self.start_depth}..{self.depth}, pages={self.pages}, kv={kv}, "
             f"ckpt={self.checkpoint}, locks={self.lock_count})"
         )
 
@@ -160,7 +172,7 @@ def common_prefix_len(key: Sequence[int], tokens: Sequence[int], start: int) -> 
 
 
 def attach(parent: Node, child: Node, page_size: int) -> None:
-    """Link ``child`` under ``parent`` (indexed by its first page)."""
+    """Link ``child`` under ``parent`` (indexed by its first page; a tail by its whole key)."""
     child.parent = parent
     child.attached = True
     parent.children[child.key[:page_size]] = child
@@ -215,3 +227,15 @@ def iter_nodes(root: Node) -> Iterator[Node]:
 def iter_postorder(root: Node) -> list[Node]:
     """Every non-root node, children before parents."""
     return list(reversed(list(iter_nodes(root))))
+
+
+def tails_along(node: Node, toks: Sequence[int], limit: int, page_size: int) -> list[Node]:
+    """The tails of ``node`` whose tokens continue ``toks`` at ``node.depth`` and end at most at
+    ``limit``, deepest first (at most ``page_size - 1`` dictionary lookups)."""
+    d = node.depth
+    found = []
+    for r in range(min(page_size - 1, limit - d), 0, -1):
+        tail = node.children.get(tuple(toks[d : d + r]))
+        if tail is not None and tail.is_tail:
+            found.append(tail)
+    return found

@@ -128,7 +128,7 @@ class ModelExecutor:
             grammar_mask=True,
         )
         self.progress = progress
-        self.page_copier = PageCopier(shapes.max_num_seqs)  # riders' partial pages (RoundPlan.page_copies)
+        self.page_copier = PageCopier(shapes.max_num_seqs)  # partial pages: riders' and tails' (RoundPlan)
         self._copier_ready = False
         self.warmup_s = 0.0
         self._no_prev = jax.device_put(np.zeros(out_rows(shapes), np.int32))  # prev_tokens of a round that splices nothing
@@ -191,6 +191,9 @@ class ModelExecutor:
             jax.block_until_ready(prev.tokens)
             prev.ready = time.perf_counter()
         t1, compiles = time.perf_counter(), self.step.num_compiles
+        before = plan.copies_before(self.page_size)
+        if before:  # rows starting at a tail: their own copy of its partial page, before they read it
+            self.cache = self.page_copier(self.cache, before)
         self.cache, (tokens, *lp) = self.step(variant, self.model.params, self.cache, inputs)
         if plan.page_copies:  # after the step wrote the producers' pages, before any later round
             self.cache = self.page_copier(self.cache, plan.page_copies)

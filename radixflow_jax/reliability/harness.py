@@ -6,8 +6,9 @@ step (the shadow executor's, or the committed-read check) fails the run even tho
 would recover from the exception.
 
 Used by ``tests/reliability`` and ``tests/heavy/soak.py``. A scenario is plain data plus callbacks:
-``submit(prompt, params, at_round=, abort_at=, mid_round=)`` and ``between_rounds`` callbacks that
-may inspect the core and call :meth:`Harness.abort`. The executor is wrapped in a
+``submit(prompt, params, at_round=, abort_at=, mid_round=)``, ``follow_up(prompt, params)`` for a
+request decided while it runs (a conversation's next turn, from an ``on_finished`` callback), and
+``between_rounds`` callbacks that may inspect the core and call :meth:`Harness.abort`. The executor is wrapped in a
 :class:`FaultyExecutor` (if it is not one already), whose ``on_execute`` hook the harness uses for
 aborts between planning and commit. :func:`shadow_engine` builds an engine over the
 :class:`ShadowExecutor` from an :class:`EngineConfig`, the policy being just one of its fields.
@@ -43,6 +44,7 @@ class _Submission:
     abort_at: int | None
     mid_round: bool
     request_id: int | None = None
+    follow_up: bool = False  # added while running (Harness.follow_up), outside the at_round order
 
 
 @dataclasses.dataclass
@@ -93,6 +95,7 @@ class Harness:
         self._key_of: dict[int, int] = {}  # request id -> submission index
         self._live: set[int] = set()  # submission indices accepted and not finished
         self._next = 0  # submissions are added in at_round order
+        self._follow_ups: list[int] = []  # follow-ups not arrived yet
         self._outputs: dict[int, RequestOutput] = {}
         self._refused: dict[int, str] = {}
         self._in_round = False
@@ -107,9 +110,17 @@ class Harness:
     ) -> int:
         """Adds a request to the scenario (arriving before round ``at_round``); returns its index.
         ``abort_at``: abort it before that round, or while that round runs (``mid_round``)."""
-        if self.subs and at_round < self.subs[-1].at_round:
+        ordered = [s for s in self.subs if not s.follow_up]
+        if ordered and at_round < ordered[-1].at_round:
             raise ValueError("submissions must come in at_round order")
         self.subs.append(_Submission(list(prompt), params, at_round, abort_at, mid_round))
+        return len(self.subs) - 1
+
+    def follow_up(self, prompt: Sequence[int], params: SamplingParams) -> int:
+        """Adds a request decided while the scenario runs, arriving before the next round (a
+        conversation's next turn, sent once the turn before it finished); returns its index."""
+        self.subs.append(_Submission(list(prompt), params, self.tick + 1, None, False, follow_up=True))
+        self._follow_ups.append(len(self.subs) - 1)
         return len(self.subs) - 1
 
     def request_id(self, key: int) -> int | None:
@@ -160,16 +171,28 @@ class Harness:
                     self.abort(key)
 
     def _arrivals(self) -> None:
-        while self._next < len(self.subs) and self.subs[self._next].at_round <= self.tick:
-            key, sub = self._next, self.subs[self._next]
+        due = [k for k in self._follow_ups if self.subs[k].at_round <= self.tick]
+        self._follow_ups = [k for k in self._follow_ups if k not in due]
+        for key in due:
+            self._accept(key)
+        while self._next < len(self.subs) and (
+            self.subs[self._next].follow_up or self.subs[self._next].at_round <= self.tick
+        ):
+            key = self._next
             self._next += 1
-            try:
-                sub.request_id = self.core.add_request(sub.prompt, sub.params)
-            except ValueError as exc:  # refused with a clear reason: nothing was queued
-                self._refused[key] = str(exc)
-                continue
-            self._key_of[sub.request_id] = key
-            self._live.add(key)
+            if not self.subs[key].follow_up:
+                self._accept(key)
+
+    def _accept(self, key: int) -> None:
+        """Submission ``key`` arrives: added to the engine, or refused with a clear reason."""
+        sub = self.subs[key]
+        try:
+            sub.request_id = self.core.add_request(sub.prompt, sub.params)
+        except ValueError as exc:  # refused with a clear reason: nothing was queued
+            self._refused[key] = str(exc)
+            return
+        self._key_of[sub.request_id] = key
+        self._live.add(key)
 
     def _check(self) -> None:
         if self.audit:
@@ -179,7 +202,7 @@ class Harness:
     def run(self, max_ticks: int = 100_000) -> HarnessReport:
         """Runs until every submission arrived and finished; raises on a livelock (``max_ticks``)."""
         core = self.core
-        while self._next < len(self.subs) or self._live:
+        while self._next < len(self.subs) or self._live or self._follow_ups:
             if self.tick >= max_ticks:
                 raise AssertionError(f"livelock: {len(self._live)} requests open after {max_ticks} ticks")
             self._arrivals()

@@ -141,6 +141,8 @@ class ShadowExecutor:
         unpaired = [row for row in plan.rows if row.pair_slot is None and row.twin_id is None]
         paired = [row for row in plan.rows if row.pair_slot is not None]
         sequences: dict[int, tuple[int, ...]] = {}
+        for src, dst in plan.copies_before(self.page_size):  # before the step, as the executor copies them
+            self.pages[dst] = list(self.pages.get(src, [None] * self.page_size))
         for phase in (unpaired, paired):  # the step's order: producers, then their partners
             reads = [self._read(row, emitted) for row in phase]  # every read of a phase before its writes
             for row, seq in zip(phase, reads):

@@ -1,7 +1,9 @@
 """The soak: a long random run through the reliability harness, nothing lost.
 
 Requests share prefixes (``articles``), arrive a few per round, and are aborted at random (before a
-round, or while the round that runs them executes); random rounds fail (every fault kind); the
+round, or while the round that runs them executes); some open conversations whose next turn resends
+the whole history (prompt, the answer, a new message) as soon as the turn before it finished, which
+then should start at that turn's exact end (docs/design.md, "Exact depth"); random rounds fail (every fault kind); the
 pools are small, so eviction and preemption are constant. After every round the harness audits
 the engine (docs/design.md, "Radix cache with recurrent checkpoints" and exact ownership); every checkpoint a round reads is checked to
 be committed; the shadow executor checks every context and state read; every completed greedy
@@ -47,6 +49,9 @@ class SoakConfig:
     max_model_len: int = 256
     vocab: int = 1000
     repeat_share: float = 0.1  # share of requests that resend one of the last 8 prompts (n > 1, retries: riders)
+    conversation_share: float = 0.2  # share of requests that open a conversation
+    more_turns: tuple[int, int] = (1, 4)  # further turns of a conversation, each sent when the one before finished
+    message_len: tuple[int, int] = (1, 12)  # new tokens a turn appends after the answer before it
 
 
 def cold_tokens(prompt: list[int], max_tokens: int, vocab: int) -> list[int]:
@@ -105,14 +110,31 @@ def run_soak(cfg: SoakConfig) -> dict[str, Any]:
         )
         prompts[key] = (prompt, max_tokens)
     counts = {"completed": 0, "aborted": 0, "errors": 0, "prompt_tokens": 0, "cached_tokens": 0, "checked": 0}
+    counts |= {"turns": 0, "turns_at_exact_end": 0}
+    talk, turns_left, exact_end = random.Random(cfg.seed + 1), {}, {}
+    for key in prompts:
+        if talk.random() < cfg.conversation_share:
+            turns_left[key] = talk.randint(*cfg.more_turns)
+
+    def next_turn(key: int, prompt: list[int], out: RequestOutput) -> None:
+        """The conversation's next turn, sent now: the history, the answer and a new message."""
+        left = turns_left.pop(key, 0)
+        message = [talk.randrange(3, cfg.vocab) for _ in range(talk.randint(*cfg.message_len))]
+        history, max_tokens = prompt + out.token_ids + message, talk.randint(*cfg.max_tokens)
+        if left <= 0 or len(history) + max_tokens > cfg.max_model_len:
+            return
+        nxt = h.follow_up(history, SamplingParams(max_tokens=max_tokens, ignore_eos=True))
+        prompts[nxt] = (history, max_tokens)
+        turns_left[nxt] = left - 1
+        exact_end[nxt] = len(prompt) + len(out.token_ids) - 1  # every token the turn before fed
+        counts["turns"] += 1
 
     def finished(key: int, out: RequestOutput) -> None:
         prompt, max_tokens = prompts.pop(key)
-        if out.finish_reason == "abort":
-            counts["aborted"] += 1
-            return
-        if out.finish_reason == "error":
-            counts["errors"] += 1
+        at_end = exact_end.pop(key, None)
+        if out.finish_reason in ("abort", "error"):
+            counts["aborted" if out.finish_reason == "abort" else "errors"] += 1
+            turns_left.pop(key, None)  # the conversation ends with it
             return
         if out.token_ids != cold_tokens(prompt, max_tokens, cfg.vocab):
             raise AssertionError(f"request {key}: output {out.token_ids} differs from the cold run")
@@ -120,6 +142,8 @@ def run_soak(cfg: SoakConfig) -> dict[str, Any]:
         counts["checked"] += 1
         counts["prompt_tokens"] += len(prompt)
         counts["cached_tokens"] += out.cached_tokens
+        counts["turns_at_exact_end"] += at_end is not None and out.cached_tokens >= at_end
+        next_turn(key, prompt, out)
 
     h.on_finished.append(finished)
     start = time.perf_counter()
@@ -128,7 +152,9 @@ def run_soak(cfg: SoakConfig) -> dict[str, Any]:
     shadow = shadow_of(core)
     return {
         "policy": cfg.policy,
-        "requests": cfg.requests,
+        "requests": cfg.requests + counts["turns"],
+        "turns": counts["turns"],
+        "turns_at_exact_end": counts["turns_at_exact_end"],
         "completed": counts["completed"],
         "aborted": counts["aborted"],
         "errors": counts["errors"],

@@ -129,13 +129,16 @@ class Allocator:
         return sorted(planted), 0
 
     def release(self, req: Request, *, keep_prefix: bool) -> None:
-        """Drops everything ``req`` holds. ``keep_prefix``: first insert its computed full pages into
-        the tree so later requests can reuse them (the tree takes its own references)."""
+        """Drops everything ``req`` holds. ``keep_prefix`` (a finished request, released after the
+        commit of its last launched round): first keep its exact end in the tree, its full pages and
+        the state its slot holds at ``req.state_depth`` (``RadixCache.keep_end``: the tree takes its
+        own references), so the next turn of a conversation computes only the tokens this one did
+        not feed."""
         if self.cache is not None:
             self.cache.unpair(req.request_id)
             self.cache.unpublish(req.request_id)
-            if keep_prefix and req.num_computed >= self.config.page_size:
-                self.cache.insert(req.tokens[: req.num_computed], req.pages)
+            if keep_prefix and 0 < req.state_depth <= req.num_tokens:
+                self.cache.keep_end(req.tokens, req.state_depth, req.slot, req.pages, req.request_id)
             if req.hit_node is not None:
                 self.cache.unlock(req.hit_node)
         self.pages.release(req.own_pages)

@@ -9,9 +9,10 @@ Its :class:`~radixflow_jax.scheduler.lookahead.WaitingIndex` indexes the queue a
 round began and is dropped with the builder, so it never outlives the queue it indexes.
 
 Invariants:
-  * Every span starts at a multiple of the grid ``G`` except decode spans, and every span that does
-    not end the known tokens ends on the grid (:func:`grid_span`), so checkpoint depths (multiples
-    of ``G``) are chunk boundaries inside spans.
+  * Every span starts at a multiple of the grid ``G`` except decode spans and the first span of a
+    request that starts at an exact-depth checkpoint, and every span that does not end the known
+    tokens ends on the grid (:func:`grid_span`), so a request's later spans start on the grid again
+    and its checkpoints fall on chunk boundaries inside spans (``cache/placement.py``, emit depths).
   * A row added (:meth:`RoundBuilder.add`) spends exactly its span of tokens and one row place of
     the budget; nothing else spends it (a prefill-first round holds row places back and gives them
     back, :meth:`Budget.hold`).
@@ -104,11 +105,13 @@ class RoundBuilder:
         copy_from: int | None,
         branch_len: int | None = None,
         pair_slot: int | None = None,
+        copy_page_from: int | None = None,
     ) -> None:
         """Plans ``req``'s row of ``span`` tokens from ``req.num_computed``: plants its pending
         checkpoints (``copy_from``: a committed slot read first; ``branch_len``: where its path
-        leaves an existing one; ``pair_slot``: policy pair's in-round producer state) and spends
-        the budget."""
+        leaves an existing one; ``pair_slot``: policy pair's in-round producer state;
+        ``copy_page_from``: a tail's partial page copied into its first page, ``RowPlan``) and
+        spends the budget."""
         start = req.num_computed
         wanted = placements(self.config, req, start, start + span, branch_len, self.waiting_index)
         if req.unknown_tokens and start + span > req.num_tokens - req.unknown_tokens:
@@ -128,6 +131,7 @@ class RoundBuilder:
                 emits=tuple((depth - start, slot) for depth, slot in planted),
                 sample=start + span == req.num_tokens,
                 pair_slot=pair_slot,
+                copy_page_from=copy_page_from,
                 epoch=req.epoch,
             )
         )

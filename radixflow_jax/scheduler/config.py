@@ -34,7 +34,7 @@ class SchedulerConfig:
     max_consumer_wait: int = 16
     checkpoint_interval: int = 0  # 0: adaptive, see max_checkpoints
     max_checkpoints: int = 8  # adaptive spacing: about this many grid checkpoints over a prompt
-    branch_checkpoints: bool = True  # branch points (existing paths and waiting siblings), final tokens
+    branch_checkpoints: bool = True  # branch points (existing paths and waiting siblings)
     riders: bool = True  # identical prompts ride the round that completes the first (scheduler/riders.py)
 
     def __post_init__(self) -> None:

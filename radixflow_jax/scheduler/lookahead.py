@@ -47,9 +47,9 @@ def placements(
     cfg: SchedulerConfig, req: Request, start: int, end: int, branch_len: int | None, index: WaitingIndex
 ) -> list[placement.Placement]:
     """Where ``req``'s span ``[start, end)`` plants checkpoints (rules in ``cache/placement.py``)."""
-    if not cfg.hybrid or not placement.has_grid_position(start, end, cfg.grid):
-        return []  # most decode spans: nothing to place, no spacing or look-ahead to compute
     prompt_len = len(req.prompt)
+    if not cfg.hybrid or (end - start == 1 and end % cfg.grid and end != prompt_len):
+        return []  # most decode spans: nothing to place, no spacing or look-ahead to compute
     every = placement.spacing(prompt_len, cfg.grid, interval=cfg.checkpoint_interval, max_checkpoints=cfg.max_checkpoints)
     if not cfg.branch_checkpoints:
         return placement.place(start, end, grid=cfg.grid, every=every, prompt_len=prompt_len)
@@ -63,7 +63,6 @@ def placements(
         grid=cfg.grid,
         every=every,
         prompt_len=prompt_len,
-        final_len=prompt_len + req.max_tokens - 1,
         branch_lens=(branch_len,) if branch_len else (),
         lookahead_lens=ahead,
     )

@@ -29,9 +29,13 @@ class RowPlan:
     another (unpaired) row of the same round emits into this checkpoint slot, taken inside the step
     (never read from the pool), and its page table starts with that producer's pages, which the
     step writes before attention reads them.
+    ``copy_page_from`` (a request starting at a tail, an exact-depth checkpoint off the page grid,
+    ``cache/tree.py``): the tail's committed partial page, which the executor copies into the row's
+    page ``pages[start // page_size]`` before the step, so the row attends to the tail's tokens
+    there and writes its own after them; ``None``: no copy.
     ``epoch``: the request's epoch when the row was planned; a row of an earlier epoch (the request
     was preempted or rolled back after planning, overlap) is skipped at commit.
-    ``rides`` (a *rider*, ``scheduler/riders.py``): the request id of the row whose prompt this
+    ``twin_id`` (a *rider*, ``scheduler/riders.py``): the request id of the row whose prompt this
     request shares exactly and whose round completes it. A rider row computes no token (``tokens``
     is empty, ``start`` is the prompt length, ``slot`` is 0) and samples its first token from that
     row's last-position logits; the producer row emits its end state into the rider's own slot and
@@ -47,6 +51,7 @@ class RowPlan:
     emits: tuple[tuple[int, int], ...]
     sample: bool
     pair_slot: int | None = None
+    copy_page_from: int | None = None
     epoch: int = 0
     twin_id: int | None = None
 
@@ -89,7 +94,8 @@ class RoundStats:
 class RoundPlan:
     """``rows``: one-token rows first (``num_decode`` of them), rider rows last. ``page_copies``:
     ``(source page, destination page)`` pairs the executor copies (every attention layer's K and V)
-    after the round's step, so a rider owns the producer's partial last page as the step left it."""
+    after the round's step, so a rider owns the producer's partial last page as the step left it;
+    :meth:`copies_before` the pairs it copies before the step (rows starting at a tail)."""
 
     rows: tuple[RowPlan, ...]
     num_decode: int
@@ -99,6 +105,14 @@ class RoundPlan:
     @property
     def num_tokens(self) -> int:
         return sum(len(r.tokens) for r in self.rows)
+
+    def copies_before(self, page_size: int) -> tuple[tuple[int, int], ...]:
+        """``(source page, destination page)`` pairs copied before the step: each row's
+        ``copy_page_from`` into its page ``pages[start // page_size]`` (distinct: each row owns its
+        destination)."""
+        return tuple(
+            (r.copy_page_from, r.pages[r.start // page_size]) for r in self.rows if r.copy_page_from is not None
+        )
 
     @property
     def num_emits(self) -> int:

@@ -64,6 +64,7 @@ class Request:
     unknown_tokens: int = 0
     last_launch: int = -1
     epoch: int = 0
+    state_depth: int = 0  # set by finish(): tokens its slot and pages hold once its launched rounds commit
 
     @functools.cached_property
     def prompt_key(self) -> int:
@@ -166,7 +167,11 @@ class Request:
             self.num_rollbacks += 1
 
     def finish(self, reason: str) -> None:
-        """Finished for ``reason``; its uncommitted work is dropped (rounds in flight discard theirs)."""
+        """Finished for ``reason``; its uncommitted work is dropped (rounds in flight discard theirs).
+        ``state_depth`` records what its slot and pages will hold once those rounds ran: every token
+        launched rows fed (overlap: a row in flight may feed the token that ended it), all of them
+        known by now (a row feeds only tokens sampled by rounds before it)."""
+        self.state_depth = self.num_computed
         self.drop_uncommitted()
         self.status, self.finish_reason = RequestStatus.FINISHED, reason
 

@@ -196,6 +196,7 @@ class Scheduler:
             return Decision.STOP_ROUND
         hit_node = match.hit_node if match is not None and hit > 0 else None
         hit_pages = match.hit_pages if hit_node is not None else ()
+        tail_page = match.hit_tail_page if hit_node is not None else None
         if not memory.seat(req, computed=hit, end=hit + span, hit_node=hit_node, hit_pages=hit_pages, slot=cfg.hybrid):
             return Decision.STOP_UNTIL_FREE
         copy_from = None
@@ -205,7 +206,7 @@ class Scheduler:
                 copy_from = cache.read_checkpoint(match.hit_node)
             if cfg.branch_checkpoints:  # where this path leaves an existing or pending one
                 branch_len = cache.shared_len(req.tokens)
-        round_.add(req, span, copy_from, branch_len)
+        round_.add(req, span, copy_from, branch_len, copy_page_from=tail_page)
         return Decision.ADMIT
 
     def _consumer(self, req: Request, match, round_: RoundBuilder) -> Decision | None:

@@ -27,10 +27,10 @@ def test_common_prefix_and_lookahead() -> None:
 
 
 def test_place_priority_and_grid_alignment() -> None:
-    got = place(0, 200, grid=16, every=64, prompt_len=190, final_len=250, branch_lens=(70,), lookahead_lens=(150, 40))
+    got = place(0, 200, grid=16, every=64, prompt_len=190, branch_lens=(70,), lookahead_lens=(150, 40))
     # look-ahead branch points first (deepest first), then every other position deepest first;
-    # 64 is a grid and a branch position (one placement, the branch); the final-token position
-    # (240) lies beyond this span and is not emitted here
+    # 64 is a grid and a branch position (one placement, the branch); the prompt end lies inside
+    # the span (a recompute after preemption): its deepest grid position
     assert got == [
         Placement(144, "lookahead"),
         Placement(32, "lookahead"),
@@ -40,11 +40,26 @@ def test_place_priority_and_grid_alignment() -> None:
         Placement(64, "branch"),
     ]
     assert all(p.depth % 16 == 0 and 0 < p.depth <= 200 for p in got)
-    # a decode span ending on the final-token depth plants it; one not on the grid plants nothing
-    assert place(239, 240, grid=16, every=64, prompt_len=190, final_len=250) == [Placement(240, "final")]
-    assert place(240, 241, grid=16, every=64, prompt_len=190, final_len=250) == []
-    # the final position is not planted when it rounds to the prompt-end one
-    assert place(0, 200, grid=16, every=256, prompt_len=190, final_len=191) == [Placement(176, "prompt-end")]
+    # a decode span plants on the spacing grid only; one not on it plants nothing
+    assert place(255, 256, grid=16, every=64, prompt_len=190) == [Placement(256, "grid")]
+    assert place(239, 240, grid=16, every=64, prompt_len=190) == []
+    # a span that ends the prompt plants its exact end, even a one-token span
+    assert place(0, 190, grid=16, every=64, prompt_len=190) == [
+        Placement(190, "prompt-end"), Placement(128, "grid"), Placement(64, "grid")
+    ]
+    assert place(189, 190, grid=16, every=64, prompt_len=190) == [Placement(190, "prompt-end")]
+
+
+def test_place_in_a_span_that_starts_off_the_grid() -> None:
+    # a span from an exact-depth checkpoint at 100: its chunks end at 116, 132, ...; every
+    # placement lies there or at its end
+    got = place(100, 190, grid=16, every=64, prompt_len=190, branch_lens=(150,), lookahead_lens=(120,))
+    assert got == [
+        Placement(116, "lookahead"), Placement(190, "prompt-end"), Placement(164, "grid"), Placement(148, "branch")
+    ]
+    assert all((p.depth - 100) % 16 == 0 or p.depth == 190 for p in got)
+    # cut by the budget at the absolute grid (builder.grid_span): the prompt end belongs to a later span
+    assert place(100, 192, grid=16, every=64, prompt_len=300) == [Placement(164, "grid")]
 
 
 def test_state_eviction_keeps_the_deepest_of_a_path() -> None:

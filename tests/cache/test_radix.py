@@ -225,9 +225,11 @@ def test_commit_up_to_a_depth_and_plant_refusals():
     assert cache.commit(3, depth=4) == 1
     m = matched(cache, ARTICLE)
     assert (m.committed_depth, m.checkpoint_depth, m.checkpoint_pending, m.kv_hit_len) == (4, 8, True, 4)
-    for bad in (0, 3, 18):
+    for bad in (0, 18):  # outside [1, len]; an off-page depth is a tail (test_tails.py)
         with pytest.raises(ValueError):
             cache.plant_pending(ARTICLE, bad, s4, 3, table)
+    with pytest.raises(ValueError):
+        cache.plant_pending(ARTICLE, 3, None, 3, table)  # KV alone is published in full pages
     with pytest.raises(ValueError):
         cache.plant_pending(ARTICLE, 12, 0, 3, table)  # the reserved slot
     cache.unpublish(3)

@@ -128,12 +128,13 @@ def test_cache_on_equals_cache_off_on_the_warm_variants(core: EngineCore) -> Non
     assert cold.engine.executor.step.num_compiles == warm.engine.executor.step.num_compiles == 0
 
 
-def test_final_token_checkpoint_is_the_cold_state(core: EngineCore) -> None:
-    """A final-token checkpoint, written by a decode row in a mixed round and in a decode-only round
-    (fine buckets: the decode-only variants with few emit entries), is the state a cold run computes
-    at its depth: the next turn reads it and its greedy output equals the cache-off run's. Grid 64:
-    the prompt's end checkpoint is at 64, the final-token one at 128. Engines of the guard's shape
-    over its model: nothing compiles."""
+def test_decode_checkpoints_and_exact_ends_are_the_cold_state(core: EngineCore) -> None:
+    """A grid checkpoint written by a decode row in a mixed round and in a decode-only round (fine
+    buckets: the decode-only variants with few emit entries), and a finished request's exact end
+    (its own slot, kept by the tree), are the states a cold run computes at their depths: a fork of
+    the answer reads the first (grid 64: at 128), the next turn the second (120 + 12 - 1 = 131),
+    and their greedy outputs equal the cache-off run's. Engines of the guard's shape over its
+    model: nothing compiles."""
     model = core.executor.model
     warm, cold = (LLM(model, **GUARDED, policy=policy) for policy in ("pair", "no-cache"))
     params, filler = SamplingParams(max_tokens=12, ignore_eos=True), SamplingParams(max_tokens=1, ignore_eos=True)
@@ -150,11 +151,11 @@ def test_final_token_checkpoint_is_the_cold_state(core: EngineCore) -> None:
     out_alone = warm.generate([alone], params)[0]
     assert any(r.kind == "decode" for r in engine.records[mixed_rounds:])
     for turn1, out in ((first, engine.output(rid)), (alone, out_alone)):
-        nxt = turn1 + out.token_ids + [7, 8, 9, 10, 11]
-        got = warm.generate([nxt], SamplingParams(max_tokens=4, ignore_eos=True))[0]
-        ref = cold.generate([nxt], SamplingParams(max_tokens=4, ignore_eos=True))[0]
-        assert got.cached_tokens == 128  # the final-token checkpoint, beyond the prompt-end one
-        assert got.token_ids == ref.token_ids
+        fork, nxt = turn1 + out.token_ids[:9] + [7, 8, 9], turn1 + out.token_ids + [7, 8, 9, 10, 11]
+        got = warm.generate([fork, nxt], SamplingParams(max_tokens=4, ignore_eos=True))
+        ref = cold.generate([fork, nxt], SamplingParams(max_tokens=4, ignore_eos=True))
+        assert [o.cached_tokens for o in got] == [128, 131]  # the decode row's emit; the exact end
+        assert [o.token_ids for o in got] == [o.token_ids for o in ref]
     assert warm.engine.executor.step.num_compiles == cold.engine.executor.step.num_compiles == 0
 
 

@@ -4,7 +4,7 @@ The cache-off oracle runs in the fixed bucket mode (one step variant per engine 
 ``tests/engine/workloads.py``) and one engine of it per preset serves every test of the module.
 Cache-on engines run fixed buckets too. Fine buckets against a cache-off run are covered where
 they cost no compile of their own: on the warm variants of tiny-qwen3.5 in
-``tests/engine/test_compile_guard.py`` (also the final-token checkpoints written in mixed and
+``tests/engine/test_compile_guard.py`` (also the grid checkpoints decode rows write in mixed and
 decode-only rounds), mixed rounds of tiny-qwen3.5 and tiny-bamba against fixed-bucket runs in
 ``tests/runner/test_mixed_rounds.py``. Engines built on one loaded model share its compiled
 variants, so an engine of a shape another built takes them."""
@@ -118,18 +118,39 @@ def test_outputs_independent_of_budget_and_page_size(prompts, cold_llm) -> None:
         assert got == base, options
 
 
-def test_multi_turn_reuses_previous_turn(cold_llm) -> None:
-    cold = cold_llm("tiny-qwen3.5")
-    llm = LLM(cold.model, **SMALL_FIXED)
-    history = list(range(10, 150))
+CONVERSATIONS = [("tiny-qwen3.5", p) for p in ("native", "radixflow", "pair")] + [
+    (m, "pair") for m in ("tiny-qwen3-next", "tiny-bamba", "tiny-nemotron-h", "tiny-qwen3")
+]
+
+
+@pytest.mark.parametrize(("model", "policy"), CONVERSATIONS)
+def test_conversations_resume_at_the_exact_end_of_each_turn(model: str, policy: str, cold_llm) -> None:
+    """Two conversations, three turns each, every turn resending the history (prompt, answer, a new
+    message): outputs equal cold runs, and each later turn starts at the exact end of the turn
+    before (docs/design.md, "Exact depth"): every token its state consumed, the prompt and the
+    answer but its last token, or that one too when the round in flight fed it (overlap) before
+    the stop token ended the request."""
+    cold = cold_llm(model)
+    llm = LLM(cold.model, policy=policy, **SMALL_FIXED)
+    rng = np.random.default_rng(7)
+    histories = [[int(t) for t in rng.integers(3, 500, n)] for n in (141, 77)]
+    stop = [int(cold.generate([h], SamplingParams(max_tokens=4, ignore_eos=True))[0].token_ids[-1]) for h in histories]
+    ends: list[tuple[int, int] | None] = [None, None]
     for turn in range(3):
-        params = SamplingParams(max_tokens=8, ignore_eos=True)
-        out = llm.generate([history], params)[0]
-        ref = cold.generate([history], params)[0]
-        assert out.token_ids == ref.token_ids
-        if turn:
-            assert out.cached_tokens >= 128
-        history = history + out.token_ids + list(range(200, 220))
+        params = [SamplingParams(max_tokens=8, stop_token_ids=[s] if turn == 0 else []) for s in stop]
+        outs = llm.generate(histories, params)
+        refs = cold.generate(histories, params)
+        assert [o.token_ids for o in outs] == [r.token_ids for r in refs]
+        for i, out in enumerate(outs):
+            if ends[i] is not None:
+                assert ends[i][0] <= out.cached_tokens <= ends[i][1], (turn, i, out.cached_tokens, ends[i])
+            fed = len(histories[i]) + len(out.token_ids)
+            ends[i] = (fed - 1, fed if out.finish_reason == "stop" else fed - 1)
+            histories[i] = histories[i] + out.token_ids + [int(t) for t in rng.integers(3, 500, 5 + 17 * turn)]
+    sched = llm.engine.scheduler
+    sched.memory.flush()
+    assert sched.memory.pages.num_used == 0
+    assert sched.memory.slots is None or sched.memory.slots.num_used == 0
 
 
 def test_reused_state_slot_starts_from_zero(cold_llm) -> None:

@@ -66,6 +66,23 @@ def test_a_checkpoint_committed_but_never_written_is_caught() -> None:
         h.run()
 
 
+def test_a_tail_read_without_its_own_page_copy_is_caught() -> None:
+    h = Harness(engine("radixflow", num_pages=200, num_slots=40))
+    shadow = shadow_of(h.core)
+    real = shadow.execute
+
+    def skips_page_copies(plan, sampling):  # the bug: a row starting at a tail never gets its partial page
+        rows = tuple(dataclasses.replace(r, copy_page_from=None) for r in plan.rows)
+        return real(dataclasses.replace(plan, rows=rows), sampling)
+
+    shadow.execute = skips_page_copies  # type: ignore[method-assign]
+    first = list(range(10, 47))  # 37 tokens: the first turn ends at 37 + 6 - 1 = 42, off the page grid
+    h.submit(first, GREEDY)
+    h.on_finished.append(lambda key, out: key == 0 and h.follow_up(first + out.token_ids + [5, 6], GREEDY))
+    with pytest.raises(ShadowMismatch, match="unwritten KV|another context"):
+        h.run()
+
+
 def test_a_leaked_slot_is_caught_by_the_audit(monkeypatch) -> None:
     h = Harness(engine("native"))
     mem = h.core.scheduler.memory

@@ -1,7 +1,7 @@
 """The soak at a reduced size (``tests/heavy/soak.py`` runs 100k requests): random arrivals over
 shared prefixes, random aborts (between rounds and while a round runs), random failed steps of
 every kind, small pools; invariants audited after every round, every checkpoint read
-checked, every completed output equal to the cold run. Nothing is lost: every request completes,
+checked, every completed output equal to the cold run, conversations resending their history. Nothing is lost: every request completes,
 is aborted, or ends with a clear error, and no page or slot leaks."""
 
 from __future__ import annotations
@@ -19,7 +19,11 @@ from tests.reliability.scenarios import CACHING_POLICIES
 def test_soak(policy: str, caplog) -> None:
     caplog.set_level(logging.CRITICAL)  # the failed steps are planned
     r = run_soak(SoakConfig(requests=3000, policy=policy, seed=1, fault_rate=0.005))
-    assert r["completed"] + r["aborted"] + r["errors"] + r["refused"] == r["requests"] == 3000
+    assert r["completed"] + r["aborted"] + r["errors"] + r["refused"] == r["requests"] == 3000 + r["turns"]
+    assert r["turns"] > 800  # conversations resent their history, each output equal to the cold run too
+    # the pools are small and the queue long: most turns find their end evicted (the exact-depth
+    # reuse itself is checked under a light load in test_conversations.py)
+    assert r["turns_at_exact_end"] >= 1
     assert r["refused"] == 0 and r["outputs_equal_cold"] == r["completed"] > 2400
     assert 150 < r["aborted"] < 450
     assert r["failed_steps"] >= 3 and r["pool_rebuilds"] == r["failed_steps"]

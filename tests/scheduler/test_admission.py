@@ -47,7 +47,7 @@ def test_native_stops_at_consumer_radixflow_fills_round() -> None:
     assert sorted(r.request_id for r in p_flow.rows) == [1, 3, 4]
     assert p_flow.stats.consumers_waiting == 1 and not p_flow.stats.stopped_by_consumer
     producer = p_flow.rows[0]
-    assert [off for off, _ in producer.emits] == [8, 16, 24, 32]
+    assert [off for off, _ in producer.emits] == [8, 16, 24, 32, 37]  # the grid, then the exact prompt end
     # next round: the consumer reuses the committed checkpoint at depth 32 under both policies
     for s, plan in ((native, p_native), (flow, p_flow)):
         s.commit(plan, {r.request_id: 0 for r in plan.rows if r.sample})

@@ -1,5 +1,5 @@
 """Checkpoint placement through the scheduler: branch points (look-ahead and existing paths),
-final-token checkpoints, and slot-aware planting under a full state pool."""
+exact prompt and request ends, and slot-aware planting under a full state pool."""
 
 from __future__ import annotations
 
@@ -41,8 +41,8 @@ def test_lookahead_plants_the_branch_point_for_waiting_siblings() -> None:
     s.add(Request(2, ARTICLE + (6, 7, 8), max_tokens=1))
     s.add(Request(3, ARTICLE[:20] + (9,) * 10, max_tokens=1))  # leaves earlier: branch at 16
     plan = s.schedule()
-    # prompt end 40 (grid-rounded 42), look-ahead branch points 32 and 16; no grid positions (every 64)
-    assert sorted(_depths(plan, 1)) == [16, 32, 40]
+    # prompt end 42 (exact: the span ends it), look-ahead branch points 32 and 16; no grid positions
+    assert sorted(_depths(plan, 1)) == [16, 32, 42]
     assert plan.stats.checkpoints_planted == 3 and plan.stats.checkpoints_skipped == 0
     s.commit(plan, {1: 0})
     nxt = s.schedule()
@@ -55,7 +55,7 @@ def test_lookahead_off_plants_only_grid_and_prompt_end() -> None:
     s = _sched(max_num_seqs=1, branch_checkpoints=False)
     s.add(Request(1, ARTICLE + (1, 2, 3, 4, 5), max_tokens=1))
     s.add(Request(2, ARTICLE + (6, 7, 8), max_tokens=1))
-    assert _depths(s.schedule(), 1) == [40]
+    assert _depths(s.schedule(), 1) == [42]
 
 
 def test_branch_point_where_a_path_leaves_an_existing_one() -> None:
@@ -73,20 +73,27 @@ def test_branch_point_where_a_path_leaves_an_existing_one() -> None:
     assert s.requests[3].cached_tokens == 24
 
 
-def test_final_token_checkpoint_for_the_next_turn() -> None:
+def test_exact_ends_for_the_next_turn() -> None:
     s = _sched()
-    prompt = tuple(range(1, 31))  # 30 tokens: prompt end at 24; 30 + 12 - 1 = 41 -> final at 40
+    prompt = tuple(range(1, 31))  # 30 tokens: prompt end at 30 exactly (a tail: page 4)
     s.add(Request(1, prompt, max_tokens=12))
     planted = []
     while s.has_work():
         plan = s.schedule()
         planted += _depths(plan, 1)
         s.commit(plan, {1: 5})
-    assert planted == [24, 40]  # the 40 one emitted by the decode round that consumed token 40
+    assert planted == [30]  # no grid position (every 64); the request's end is not emitted
+    # its end: the state after 30 + 12 - 1 = 41 tokens (the last sampled token was never fed) is kept
+    # in its own slot, handed to the tree when it finished
     turn2 = prompt + (5,) * 12 + (9, 9, 9)
     s.add(Request(2, turn2, max_tokens=1))
+    plan = s.schedule()
+    row = plan.rows[0]
+    assert (row.start, len(row.tokens)) == (41, 4)  # the last sampled token and the 3 new ones
+    assert row.copy_page_from is not None and row.copy_from is not None
+    assert s.requests[2].cached_tokens == 41
+    s.commit(plan, {2: 0})
     _finish(s)
-    assert s.requests[2].cached_tokens == 40
 
 
 def test_full_state_pool_keeps_the_deep_checkpoint() -> None:
@@ -97,7 +104,7 @@ def test_full_state_pool_keeps_the_deep_checkpoint() -> None:
     s.add(Request(2, ARTICLE + (6, 7, 8), max_tokens=1))
     plan = s.schedule()
     assert _depths(plan, 1) == [32]  # not 8, the first grid position (the old shallow-first order)
-    assert plan.stats.checkpoints_planted == 1 and plan.stats.checkpoints_skipped == 4  # 8, 16, 24, 40
+    assert plan.stats.checkpoints_planted == 1 and plan.stats.checkpoints_skipped == 5  # 8, 16, 24, 40, 42
     s.commit(plan, {1: 0})
     _finish(s)
     assert s.requests[2].cached_tokens == 32
@@ -105,7 +112,7 @@ def test_full_state_pool_keeps_the_deep_checkpoint() -> None:
 
 def test_planting_evicts_committed_never_pending_or_locked() -> None:
     s = _sched(num_slots=4, max_num_seqs=2, checkpoint_interval=8)
-    s.add(Request(1, tuple(range(500, 517)), max_tokens=1))  # plants 8, 16 (grid/prompt end)
+    s.add(Request(1, tuple(range(500, 517)), max_tokens=1))  # plants 17 (prompt end), 16; 8 skipped
     _finish(s)
     cache = s.memory.cache
     assert cache.stats().checkpoints_committed == 2
@@ -113,8 +120,8 @@ def test_planting_evicts_committed_never_pending_or_locked() -> None:
     # deepest placements take it and then evict the committed (unread) ones
     s.add(Request(2, tuple(range(700, 733)), max_tokens=1))
     plan = s.schedule()
-    assert _depths(plan, 2) == [24, 32]  # deepest first, the rest (8, 16) skipped
-    assert plan.stats.checkpoints_skipped == 2 and plan.stats.checkpoints_evicted_unused == 2
+    assert _depths(plan, 2) == [32, 33]  # deepest first (33: the prompt end), the rest (8, 16, 24) skipped
+    assert plan.stats.checkpoints_skipped == 3 and plan.stats.checkpoints_evicted_unused == 2
     assert cache.stats().checkpoints_pending == 2  # the pending ones are never evicted
     s.commit(plan, {2: 0})
     _finish(s)

@@ -100,7 +100,7 @@ def test_shared_prefix_reports_cached_tokens(client):
     first = client.completions.create(model=MODEL, prompt=ARTICLE + [5, 6, 7], max_tokens=2, temperature=0)
     second = client.completions.create(model=MODEL, prompt=ARTICLE + [9, 8], max_tokens=2, temperature=0)
     cached = second.usage.prompt_tokens_details.cached_tokens
-    assert 128 <= cached <= len(ARTICLE) and cached % 16 == 0
+    assert 128 <= cached <= len(ARTICLE)  # an earlier test's exact prompt end (150) may be the deepest
     assert cached >= first.usage.prompt_tokens_details.cached_tokens
 
 
