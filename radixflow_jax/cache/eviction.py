@@ -22,6 +22,7 @@ __all__ = [
     "EvictionPolicy",
     "FlopAwarePolicy",
     "LRUPolicy",
+    "is_shadowed",
     "kv_evictable",
     "state_evictable",
 ]
@@ -43,14 +44,33 @@ class LRUPolicy:
     speculative one: one at a *branch* (a node where two or more cached paths part), or one planted
     for waiting requests (``wanted``) that none has read yet. Grid and request-end checkpoints on a
     plain chain are guesses about future requests, so under slot pressure they are dropped first.
+    ``keep_deepest`` (checkpoints only): before any of those, a checkpoint *shadowed* on its chain
+    (:func:`is_shadowed`): a request that reaches it and goes on along the chain reads the deeper
+    one, so it serves only a request that leaves the chain between the two. A conversation's
+    exact end, its next turn's start, outlives the grid and prompt-end checkpoints above it.
     """
 
     keep_branches: bool = True
+    keep_deepest: bool = True
 
     def score(self, node: Node, now: int, target: EvictTarget) -> float:
         if target == "state" and self.keep_branches and is_shared_checkpoint(node):
             return float(node.last_access + now)
+        if target == "state" and self.keep_deepest and is_shadowed(node):
+            return float(node.last_access - now)
         return float(node.last_access)
+
+
+def is_shadowed(node: Node) -> bool:
+    """Whether the plain chain below ``node`` (each node with one child) reaches a node holding a
+    committed checkpoint before it branches or ends. O(length of that chain)."""
+    below = node
+    while len(below.children) == 1:
+        below = next(iter(below.children.values()))
+        ckpt = below.checkpoint
+        if ckpt is not None and ckpt.committed:
+            return True
+    return False
 
 
 def is_shared_checkpoint(node: Node) -> bool:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.cache.helpers import make_cache, own_pages, plant
+from tests.cache.helpers import committed_checkpoint, make_cache, matched, own_pages, plant
 
 TURN = list(range(200, 211))  # 11 tokens: pages [200..203] [204..207] and a partial page [208..210]
 
@@ -134,4 +134,24 @@ def test_a_hybrid_never_keeps_a_tail_without_its_state():
     cache.page_pool.release(own)
     cache.check_invariants()
     assert cache.match(TURN + [3]).hit_len == 0
+    _all_free(cache)
+
+
+def test_state_eviction_drops_a_shadowed_checkpoint_first():
+    """A checkpoint with a deeper committed one below it on a plain chain goes before any other,
+    even a less recent one: a conversation's end outlives the grid checkpoints above it."""
+    cache = _cache()
+    other = list(range(300, 311))
+    committed_checkpoint(cache, other, 8)  # the least recent, alone on its chain
+    committed_checkpoint(cache, TURN, 8)
+    table, own = own_pages(cache, TURN)
+    slot = cache.slot_pool.alloc(1)[0]
+    assert cache.keep_end(TURN, 11, slot, table, owner=5)  # below TURN's 8, on the same chain
+    cache.page_pool.release(own)
+    cache.slot_pool.decref(slot)
+    assert cache.evict_states(1) == 1
+    cache.check_invariants()
+    assert matched(cache, other + [1]).committed_depth == 8  # kept
+    assert cache.match(TURN[:10] + [1, 2]).hit_len == 0  # TURN's 8 went: it was shadowed by 11
+    assert cache.match(TURN + [1]).hit_len == 11
     _all_free(cache)
