@@ -62,21 +62,42 @@ class LRUPolicy:
 
 
 def is_shadowed(node: Node) -> bool:
-    """Whether the plain chain below ``node`` (each node with one child) reaches a node holding a
-    committed checkpoint before it branches or ends. O(length of that chain)."""
-    below = node
-    while len(below.children) == 1:
-        below = next(iter(below.children.values()))
-        ckpt = below.checkpoint
-        if ckpt is not None and ckpt.committed:
+    """Whether the plain chain that continues ``node``'s path (no branch: :func:`_continuations`)
+    reaches a committed checkpoint before it branches or ends. For a tail the chain is the one its
+    tokens start (a full-page sibling, longer tails). O(length of that chain)."""
+    below = _continuations(node)
+    while below is not None:
+        if any(c.checkpoint is not None and c.checkpoint.committed for c in below):
             return True
+        page = next((c for c in below if not c.is_tail), None)
+        below = _continuations(page) if page is not None else None
     return False
 
 
+def _continuations(node: Node) -> list[Node] | None:
+    """The nodes that continue ``node``'s path when they form one chain: at most one full-page node
+    and tails that are prefixes of it (or of the longest tail); ``None`` at a branch or an end."""
+    if node.is_tail:
+        n = len(node.key)
+        assert node.parent is not None
+        kids = [c for c in node.parent.children.values() if len(c.key) > n and c.key[:n] == node.key]
+    else:
+        kids = list(node.children.values())
+    if not kids:
+        return None
+    longest = max(kids, key=lambda c: len(c.key))
+    if any(c is not longest and (not c.is_tail or longest.key[: len(c.key)] != c.key) for c in kids):
+        return None
+    return kids
+
+
 def is_shared_checkpoint(node: Node) -> bool:
-    """A branch node's checkpoint, or a look-ahead checkpoint no waiting sibling has read yet."""
+    """A branch node's checkpoint (children that do not form one chain: a tail on the path of its
+    full-page sibling is no branch), or a look-ahead checkpoint no waiting sibling has read yet."""
     ckpt = node.checkpoint
-    return ckpt is not None and (len(node.children) >= 2 or (ckpt.wanted and not ckpt.reads))
+    if ckpt is None:
+        return False
+    return (len(node.children) >= 2 and _continuations(node) is None) or (ckpt.wanted and not ckpt.reads)
 
 
 @dataclass(frozen=True)
