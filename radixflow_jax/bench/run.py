@@ -12,9 +12,9 @@ import time
 from typing import Any, Callable
 
 from radixflow_jax.bench.driver import RunResult, drive, summarize
-from radixflow_jax.bench.repeats import Repeated, run_repeated
+from radixflow_jax.bench.repeats import Repeated, relative_change, run_repeated
 from radixflow_jax.bench.workloads import BenchRequest
-from radixflow_jax.engine.config import EngineConfig, RoundRecord
+from radixflow_jax.engine.config import EngineConfig, RoundRecord, ServingClock
 from radixflow_jax.sim.engines import build_sim_engine
 from radixflow_jax.sim.executor import VirtualClock
 from radixflow_jax.sim.specs import DeviceSpec, ModelSpec
@@ -54,8 +54,12 @@ def model_runner(
     def run(policy: str) -> tuple[RunResult, list[RoundRecord]]:
         engine = build_engine(loaded, cfg.engine.with_options(policy=policy))
         cb = (lambda done, total: progress(policy, done, total)) if progress else None
+        known = len(loaded.compiled_variants)
         outputs = drive(engine, requests, progress=cb)
-        return summarize(policy, engine, outputs, len(requests)), engine.records
+        result = summarize(policy, engine, outputs, len(requests))
+        paused = engine.clock.paused_s if isinstance(engine.clock, ServingClock) else 0.0
+        result = dataclasses.replace(result, compiles=len(loaded.compiled_variants) - known, paused_s=paused)
+        return result, engine.records
 
     return run
 
@@ -81,9 +85,12 @@ def sim_runner(
     return run
 
 
-def run_policies(runner: Runner, cfg: BenchConfig, repeats: int = 1) -> tuple[list[Repeated], Records]:
-    """Every policy of ``cfg`` ``repeats`` times, interleaved (see ``bench/repeats.py``)."""
-    return run_repeated(cfg.policies, repeats, runner)
+def run_policies(
+    runner: Runner, cfg: BenchConfig, repeats: int = 1, warmup: int = 0
+) -> tuple[list[Repeated], Records]:
+    """Every policy of ``cfg`` ``warmup`` times untimed, then ``repeats`` times, interleaved (see
+    ``bench/repeats.py``)."""
+    return run_repeated(cfg.policies, repeats, runner, warmup)
 
 
 def run_model(
@@ -113,16 +120,6 @@ def run_sim(
     reps, records = run_policies(sim_runner(spec, device, requests, cfg, progress), cfg)
     results = [r.median for r in reps]
     return (results, records) if with_records else results
-
-
-def relative_change(base: RunResult, new: RunResult) -> dict[str, float]:
-    """``(new - base) / base`` for the headline metrics (negative = fewer / faster)."""
-    out = {}
-    for key in ("rounds", "mean_latency_s", "p99_latency_s", "mean_ttft_s", "throughput_tok_s"):
-        b, n = getattr(base, key), getattr(new, key)
-        out[key] = (n - b) / b if b else 0.0
-    out["reuse_points"] = 100.0 * (new.reuse - base.reuse)
-    return out
 
 
 def timed(fn: Callable[[], list[RunResult]]) -> tuple[list[RunResult], float]:
