@@ -83,7 +83,7 @@ def test_compiles_counted_per_run_and_kept_out_by_the_warmup() -> None:
     first, second = cold[0].runs
     assert first.compiles >= 1 and first.paused_s > 0 and second.compiles == 0
     warm, _ = run_repeated(cfg.policies, 1, runner, warmup=1)
-    assert all(r.compiles == 0 and r.completed == 4 for rep in warm for r in rep.runs)
+    assert all(r.compiles == 0 and r.paused_s == 0.0 and r.completed == 4 for rep in warm for r in rep.runs)
     assert dataclasses.asdict(second)["compiles"] == 0
 
 
