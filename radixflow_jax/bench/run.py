@@ -57,18 +57,19 @@ def model_runner(
     used: list[Any] = []  # the variants earlier runs ran, in first-use order
 
     def run(policy: str) -> tuple[RunResult, list[RoundRecord]]:
-        engine = build_engine(loaded, cfg.engine.with_options(policy=policy, warmup_progress=not used))
-        executor = engine.executor
-        if used:
-            executor.warmup(used)  # type: ignore[attr-defined]
+        engine = build_engine(loaded, cfg.engine.with_options(policy=policy))
+        executor: Any = engine.executor
+        if used:  # primed silently: a compile on first use inside the run is still reported
+            shown, executor.progress = executor.progress, None
+            executor.warmup(used, scorer=False)
+            executor.progress = shown
         cb = (lambda done, total: progress(policy, done, total)) if progress else None
         known = len(loaded.compiled_variants)
         outputs = drive(engine, requests, progress=cb)
         result = summarize(policy, engine, outputs, len(requests))
         paused = engine.clock.paused_s if isinstance(engine.clock, ServingClock) else 0.0
         result = dataclasses.replace(result, compiles=len(loaded.compiled_variants) - known, paused_s=paused)
-        step = executor.step  # type: ignore[attr-defined]
-        used.extend(v for v in executor.shapes.variants() if step.is_compiled(v) and v not in used)  # type: ignore[attr-defined]
+        used.extend(v for v in executor.shapes.variants() if executor.step.is_compiled(v) and v not in used)
         return result, engine.records
 
     return run
