@@ -83,12 +83,15 @@ SERVERS = ("ours", "llama.cpp")
 
 
 def our_metrics(url: str) -> dict[str, float]:
-    """The counters of ``/metrics`` that say where our time went (summed over labels)."""
+    """The counters of ``/metrics`` that say where our time went (summed over labels; a counter the
+    server does not export reads 0: ``attention_pairs_total``, the query-key pairs its rounds read,
+    is not exported yet)."""
     import httpx
     from prometheus_client.parser import text_string_to_metric_families
 
     wanted = {"radixflow:rounds_total", "radixflow:round_tokens_total", "radixflow:padding_tokens_total",
-              "radixflow:round_duration_seconds_sum", "radixflow:prefix_cache_hits_total"}  # fmt: skip
+              "radixflow:round_duration_seconds_sum", "radixflow:prefix_cache_hits_total",
+              "radixflow:attention_pairs_total"}  # fmt: skip
     out = dict.fromkeys(wanted, 0.0)
     for fam in text_string_to_metric_families(httpx.get(url + "/metrics", timeout=30).text):
         for s in fam.samples:
@@ -109,6 +112,7 @@ def breakdown(server: str, results: list[Any], before: dict[str, float] | None, 
         return {"rounds": d["rounds_total"], "round_ms": 1000 * d["round_duration_seconds_sum"] / rounds,
                 "tokens_per_round": d["round_tokens_total"] / rounds,
                 "padding_per_round": d["padding_tokens_total"] / rounds,
+                "context_per_round": d["attention_pairs_total"] / rounds,
                 "busy_share": d["round_duration_seconds_sum"] / wall,
                 "computed_tok_per_s": d["round_tokens_total"] / max(d["round_duration_seconds_sum"], 1e-9)}  # fmt: skip
     t = [r.timings for r in results if r.timings]
@@ -171,20 +175,28 @@ def summary_table(rows: list[dict[str, Any]]) -> str:
 
 
 def round_line(rows: list[dict[str, Any]]) -> str:
-    """Our time split into a per-round fixed cost and a per-token-slot cost: a least-squares line
-    ``round time = a * rounds + b * token slots`` over every timed run of ours of each model (the
-    workloads differ in tokens per round, which separates the two)."""
+    """Our time split into a per-round fixed cost, a per-token-slot cost and, when the server
+    exports the query-key pairs its rounds read, a per-pair cost: a non-negative least-squares line
+    ``round time = a * rounds + b * token slots (+ c * pairs)`` over every timed run of ours of each
+    model (the workloads differ in tokens and context per round, which separates the terms)."""
+    from scipy.optimize import nnls
+
     lines = []
     for model in sorted({r["model"] for r in rows}):
         b = [r["breakdown"] for r in rows if r["model"] == model and r["server"] == "ours"]
-        if len(b) < 2:
+        if len(b) < 3:
+            lines.append(f"{model}: {len(b)} timed runs of ours: too few for a per-round line (3 or more)")
             continue
-        a_mat = np.array([[x["rounds"], x["rounds"] * (x["tokens_per_round"] + x["padding_per_round"])] for x in b])
+        context = all(x.get("context_per_round", 0.0) > 0 for x in b)
+        cols = [[x["rounds"], x["rounds"] * (x["tokens_per_round"] + x["padding_per_round"])]
+                + ([x["rounds"] * x["context_per_round"]] if context else []) for x in b]  # fmt: skip
         y = np.array([x["rounds"] * x["round_ms"] for x in b])
-        (fixed, per_slot), *_ = np.linalg.lstsq(a_mat, y, rcond=None)
+        coef, _ = nnls(np.array(cols, dtype=float), y)
         padding = statistics.median(
             x["padding_per_round"] / max(x["tokens_per_round"] + x["padding_per_round"], 1e-9) for x in b
         )
-        lines.append(f"{model}: our round time ~ {fixed:.2f} ms per round + {1000 * per_slot:.1f} us per token slot "
-                     f"(least squares over {len(b)} runs); padding is {padding:.0%} of the slots")  # fmt: skip
+        terms = f"{coef[0]:.2f} ms per round + {1000 * coef[1]:.1f} us per token slot"
+        terms += f" + {1e6 * coef[2]:.2f} ns per query-key pair read" if context else " (no per-context term: the server exports no attention_pairs counter)"
+        lines.append(f"{model}: our round time ~ {terms} (non-negative least squares over {len(b)} runs); "
+                     f"padding is {padding:.0%} of the slots")  # fmt: skip
     return "\n".join(lines)

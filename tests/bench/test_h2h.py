@@ -41,20 +41,26 @@ def test_workloads_are_seeded_per_run_and_shaped() -> None:
         h2h_workload("chat", 0, requests=8, rate=2.0, output_tokens=4, vocab=512)
 
 
-def _row(server: str, run: int, tok: float, mean: float) -> dict:
+def _row(server: str, run: int, tok: float, mean: float, context: float = 0.0) -> dict:
     stats = {"mean": mean, "median": mean, "p99": 2 * mean}
-    br = {"rounds": 10.0, "round_ms": 5.0 + run, "tokens_per_round": 30.0 + 10 * run, "padding_per_round": 10.0}
+    slots = 40.0 + 10 * run  # round time 2 ms + 0.1 ms per slot (+ 1e-4 ms per query-key pair)
+    br = {"rounds": 10.0, "round_ms": 2.0 + 0.1 * slots + 1e-4 * context, "tokens_per_round": slots - 10.0,
+          "padding_per_round": 10.0, "context_per_round": context}  # fmt: skip
     return {"model": "m", "workload": "agentic", "run": run, "server": server, "output_throughput": tok,
             "e2el_ms": stats, "ttft_ms": stats, "cache_hit_rate": 0.9, "breakdown": br}  # fmt: skip
 
 
 def test_summary_with_and_without_llamacpp() -> None:
     rows = [_row("ours", 0, 20.0, 100.0), _row("llama.cpp", 0, 10.0, 200.0), _row("ours", 1, 30.0, 100.0),
-            _row("llama.cpp", 1, 10.0, 100.0)]  # fmt: skip
+            _row("llama.cpp", 1, 10.0, 100.0), _row("ours", 2, 25.0, 100.0), _row("llama.cpp", 2, 10.0, 100.0)]  # fmt: skip
     table = summary_table(rows)
-    assert "2.50x (2.00-3.00), 0.75x (0.50-1.00)" in table and "our round time" in table
-    ours = summary_table([r for r in rows if r["server"] == "ours"])
-    assert "llama.cpp" not in ours.splitlines()[1] and "x (" not in ours
+    assert "2.50x (2.00-3.00), 1.00x (0.50-1.00)" in table
+    assert "2.00 ms per round + 100.0 us per token slot (no per-context term" in table
+    ours = summary_table([r for r in rows if r["server"] == "ours"][:2])
+    assert "llama.cpp" not in ours.splitlines()[1] and "x (" not in ours and "too few" in ours
+    # with the context the rounds read (a counter the server may export), a third term is fitted
+    ctx = [_row("ours", i, 20.0, 100.0, context=c) for i, c in enumerate((1e3, 5e4, 2e4, 8e4))]
+    assert "+ 100.00 ns per query-key pair read" in summary_table(ctx)
 
 
 def test_script_help_and_dry_run() -> None:
