@@ -184,6 +184,8 @@ def run(args: argparse.Namespace) -> int:
         model = load(args.model, dtype=args.dtype)
     encode = model.encode if model is not None and model.tokenizer else None
     config = _run_config(args, executor, cfg, seqs, tokens)
+    if args.workload == "agentic":  # written as text: say what turned it into ids
+        config["text_encoder"] = "the model's tokenizer" if encode is not None else "WordIds (one id per word)"
     if args.replicas > 1:
         from radixflow_jax.bench.cluster import run_cluster_cli
 

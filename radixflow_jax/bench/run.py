@@ -12,7 +12,7 @@ import time
 from typing import Any, Callable
 
 from radixflow_jax.bench.driver import RunResult, drive, summarize
-from radixflow_jax.bench.repeats import Repeated, relative_change, run_repeated
+from radixflow_jax.bench.repeats import Repeated, relative_change, run_repeated  # noqa: F401 (relative_change: re-exported)
 from radixflow_jax.bench.workloads import BenchRequest
 from radixflow_jax.engine.config import EngineConfig, RoundRecord, ServingClock
 from radixflow_jax.sim.engines import build_sim_engine

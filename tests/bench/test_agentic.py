@@ -105,4 +105,5 @@ def test_cli_agentic_on_the_simulator(tmp_path, capsys) -> None:
     assert "pair vs native" in capsys.readouterr().out
     data = json.load(open(out))
     assert data["config"]["workload"] == "agentic" and data["config"]["repeats"] == 1
+    assert data["config"]["text_encoder"].startswith("WordIds")  # a model spec has no tokenizer
     assert all(r["completed"] == 60 and r["reuse"] > 0.5 for r in data["runs"])
