@@ -18,8 +18,11 @@
    server busy at a time, both warm (ours has compiled every step variant before the first timed
    run: its compile guard is on, so a compile inside a run would fail it), ``--repeats``
    interleaved runs in alternating order, equal output lengths (``ignore_eos``; token counts
-   checked). Workloads: RACE-like article bursts with new articles every run, and multi-turn chat
-   (each turn resends the conversation). Reported: output tok/s, mean and p99 latency, mean TTFT,
+   checked). Workloads (``radixflow_jax/bench/h2h.py``, new requests every run, the same for both
+   servers): RACE-like article bursts; multi-turn chat (each turn resends the conversation with
+   the server's own answers); ``chat-many``, many concurrent chat sessions; ``agentic``, agent
+   sessions over one 1200-token system prompt of tool descriptions shared by all, each turn
+   appending a tool result (tokenised by the file's own tokenizer). Reported: output tok/s, mean and p99 latency, mean TTFT,
    cached prompt tokens; and where the time went: ours from ``/metrics`` (rounds, mean round time,
    real and padding tokens per round, busy share of the wall time), llama-server's from its
    per-request ``timings`` (prompt tokens processed, ms per prompt token and per generated token).
@@ -27,6 +30,8 @@
     python benchmarks/vs_llamacpp.py                        # everything, as the docs report it
     python benchmarks/vs_llamacpp.py --what parity --models tiny-qwen3.5
     python benchmarks/vs_llamacpp.py --what h2h --models hybrid-81m --repeats 3
+    python benchmarks/vs_llamacpp.py --what h2h --dry-run     # the workloads' shapes, nothing run
+    python benchmarks/vs_llamacpp.py --what h2h --ours-only --models tiny-qwen3.5 --repeats 1   # no llama.cpp
 
 Run it on an idle machine: the load average is printed before every timed run.
 """
@@ -35,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import shlex
@@ -46,6 +52,7 @@ from typing import Any
 import numpy as np
 
 from radixflow_jax.bench import llamacpp
+from radixflow_jax.bench.h2h import AGENTIC_TURNS, H2H_WORKLOADS, describe, summary_table, timed_run
 from radixflow_jax.paths import cache_root
 
 TINY = ("tiny-qwen3.5", "tiny-qwen3", "tiny-qwen3-next", "tiny-granite-4.0-h", "tiny-falcon-h1", "tiny-bamba",
@@ -226,93 +233,57 @@ def parity(name: str, files: dict[str, str], args: argparse.Namespace, server: s
 
 
 # ------------------------------------------------------------------------------------- head to head
-def workload(kind: str, run: int, args: argparse.Namespace, vocab: int) -> list[Any]:
-    from radixflow_jax.bench.workloads import WorkloadSpec, generate
+def workload(kind: str, run: int, args: argparse.Namespace, vocab: int, encode: Any = None) -> list[Any]:
+    """Run ``run``'s requests of ``kind`` (``radixflow_jax/bench/h2h.py``; -1: the warm-up)."""
+    from radixflow_jax.bench.h2h import h2h_workload
 
-    if kind == "race":  # new articles every run: the seed moves with the run
-        spec = WorkloadSpec("race", args.requests, seed=1000 + run, arrival="burst", rate=args.rate, vocab=vocab,
-                            max_tokens=args.output_tokens)  # fmt: skip
-    else:
-        spec = WorkloadSpec("multiturn", args.requests, seed=2000 + run, arrival="sessions", rate=args.rate,
-                            vocab=vocab, max_tokens=args.output_tokens)  # fmt: skip
-    return generate(spec)
+    count = {"chat-many": args.many_requests, "agentic": args.agentic_requests}.get(kind, args.requests)
+    return h2h_workload(kind, run, requests=count, rate=args.rate, output_tokens=args.output_tokens, vocab=vocab,
+                        encode=encode)  # fmt: skip
 
 
-def our_metrics(url: str) -> dict[str, float]:
-    """The counters of ``/metrics`` that say where our time went (summed over labels)."""
-    import httpx
-    from prometheus_client.parser import text_string_to_metric_families
+def encoder(name: str, path: str) -> Any:
+    """Our tokenizer of the served file (the agentic workload is text): the HF directory's, or the
+    GGUF file's own vocabulary for ``smollm2-135m``."""
+    from radixflow_jax.models import gguf
+    from radixflow_jax.models.tokenizer import Tokenizer
 
-    wanted = {"radixflow:rounds_total", "radixflow:round_tokens_total", "radixflow:padding_tokens_total",
-              "radixflow:round_duration_seconds_sum", "radixflow:prefix_cache_hits_total"}  # fmt: skip
-    out = dict.fromkeys(wanted, 0.0)
-    for fam in text_string_to_metric_families(httpx.get(url + "/metrics", timeout=30).text):
-        for s in fam.samples:
-            if s.name in wanted:
-                out[s.name] += s.value
-    return out
+    directory = hf_dir(name)
+    if directory is not None:
+        return Tokenizer.from_directory(directory).encode
+    return gguf.build_tokenizer(gguf.GgufFile(path)).encode
 
 
-def breakdown(server: str, results: list[Any], before: dict[str, float] | None, after: dict[str, float] | None,
-              wall: float) -> dict[str, float]:  # fmt: skip
-    if server == "ours":
-        assert before is not None and after is not None
-        d = {k.split(":")[1]: after[k] - before[k] for k in after}
-        rounds = max(d["rounds_total"], 1.0)
-        return {"rounds": d["rounds_total"], "round_ms": 1000 * d["round_duration_seconds_sum"] / rounds,
-                "tokens_per_round": d["round_tokens_total"] / rounds,
-                "padding_per_round": d["padding_tokens_total"] / rounds,
-                "busy_share": d["round_duration_seconds_sum"] / wall,
-                "computed_tok_per_s": d["round_tokens_total"] / max(d["round_duration_seconds_sum"], 1e-9)}  # fmt: skip
-    t = [r.timings for r in results if r.timings]
-    prompt_n = sum(x.get("prompt_n", 0) for x in t)
-    prompt_ms = sum(x.get("prompt_ms", 0.0) for x in t)
-    gen_n = sum(x.get("predicted_n", 0) for x in t)
-    gen_ms = sum(x.get("predicted_ms", 0.0) for x in t)
-    return {"prompt_tokens_computed": prompt_n, "ms_per_prompt_token": prompt_ms / max(prompt_n, 1),
-            "ms_per_generated_token": gen_ms / max(gen_n, 1), "slot_busy_share": (prompt_ms + gen_ms) / 1000 / wall}  # fmt: skip
-
-
-def timed_run(server: str, url: str, reqs: list[Any]) -> dict[str, Any]:
-    from radixflow_jax.bench.http import run_requests, summarize
-
-    before = our_metrics(url) if server == "ours" else None
-    results, wall = asyncio.run(run_requests(url, reqs))
-    after = our_metrics(url) if server == "ours" else None
-    s = summarize(results, wall)
-    wanted = sum(r.max_tokens for r in reqs)
-    if s["completed"] != len(reqs) or s["output_tokens"] != wanted:
-        errors = [r.error for r in results if r.error][:3]
-        raise RuntimeError(f"{server}: {s['completed']}/{len(reqs)} completed, {s['output_tokens']} of {wanted} "
-                           f"output tokens: {errors}")  # fmt: skip
-    return {**s, "breakdown": breakdown(server, results, before, after, wall)}
-
-
-def servers(name: str, path: str, args: argparse.Namespace, server_bin: str) -> dict[str, llamacpp.ChildServer]:
+def servers(name: str, path: str, args: argparse.Namespace, server_bin: str | None) -> dict[str, llamacpp.ChildServer]:
+    """Ours and, unless ``server_bin`` is None (``--ours-only``), llama-server on the same file."""
     ours_cmd = [sys.executable, "-m", "radixflow_jax.cli", "serve", "--model", path, "--port", str(args.port),
                 "--warmup", "background", "--compilation-cache-dir", os.path.join(cache_root(), "xla-cache-vs-llamacpp"),
                 "--max-num-seqs", str(args.slots * 2), "--log-level", "warning"]  # fmt: skip
-    theirs = llamacpp.llama_server_cmd(server_bin, path, args.port + 1, slots=args.slots, ctx=args.slots * 2048,
-                                       threads=args.threads, extra=shlex.split(args.llama_args))  # fmt: skip
-    return {
-        "ours": llamacpp.ChildServer("radixflow serve", ours_cmd, args.port, os.path.join(args.work, "ours.log"),
-                                       ready=lambda h: h.get("phase") in ("ready", "lazy")),
-        "llama.cpp": llamacpp.ChildServer("llama-server", theirs, args.port + 1, os.path.join(args.work, "llama.log")),
-    }  # fmt: skip
+    procs = {"ours": llamacpp.ChildServer("radixflow serve", ours_cmd, args.port, os.path.join(args.work, "ours.log"),
+                                          ready=lambda h: h.get("phase") in ("ready", "lazy"))}  # fmt: skip
+    if server_bin is not None:
+        theirs = llamacpp.llama_server_cmd(server_bin, path, args.port + 1, slots=args.slots, ctx=args.slots * 2048,
+                                           threads=args.threads, extra=shlex.split(args.llama_args))  # fmt: skip
+        procs["llama.cpp"] = llamacpp.ChildServer("llama-server", theirs, args.port + 1,
+                                                  os.path.join(args.work, "llama.log"))  # fmt: skip
+    return procs
 
 
-def head_to_head(name: str, path: str, args: argparse.Namespace, server_bin: str, vocab: int) -> list[dict[str, Any]]:
-    procs = servers(name, path, args, server_bin)
+def head_to_head(name: str, path: str, args: argparse.Namespace, server_bin: str | None, vocab: int,
+                 encode: Any) -> list[dict[str, Any]]:  # fmt: skip
+    """Every workload of ``args.workloads``: a warm-up run per server, then ``args.repeats`` runs in
+    alternating order, each run's requests the same for both servers."""
     rows: list[dict[str, Any]] = []
-    with procs["ours"] as ours, procs["llama.cpp"] as theirs:
-        urls = {"ours": ours.url, "llama.cpp": theirs.url}
-        print(f"{name}: ours ready in {ours.startup_s:.0f} s, llama-server in {theirs.startup_s:.0f} s")
+    with contextlib.ExitStack() as stack:
+        procs = {w: stack.enter_context(proc) for w, proc in servers(name, path, args, server_bin).items()}
+        urls = {w: proc.url for w, proc in procs.items()}
+        print(f"{name}: " + ", ".join(f"{w} ready in {proc.startup_s:.0f} s" for w, proc in procs.items()))
         for kind in args.workloads:
-            for w in ("ours", "llama.cpp"):  # a warm-up run each (not timed: first-use costs of both)
-                timed_run(w, urls[w], workload(kind, -1, args, vocab))
+            for w in urls:  # a warm-up run each (not timed: first-use costs of both)
+                timed_run(w, urls[w], workload(kind, -1, args, vocab, encode))
             for run in range(args.repeats):
-                order = ("ours", "llama.cpp") if run % 2 == 0 else ("llama.cpp", "ours")
-                reqs = workload(kind, run, args, vocab)
+                order = list(urls) if run % 2 == 0 else list(reversed(urls))
+                reqs = workload(kind, run, args, vocab, encode)
                 for w in order:
                     load = os.getloadavg()[0]
                     r = timed_run(w, urls[w], reqs)
@@ -324,49 +295,21 @@ def head_to_head(name: str, path: str, args: argparse.Namespace, server_bin: str
     return rows
 
 
-def summary_table(rows: list[dict[str, Any]]) -> str:
-    """Medians over the repeats per (model, workload, server), and ours / llama.cpp ratios."""
-    out = [f"{'model':14s} {'workload':9s} {'server':9s} {'out tok/s':>10s} {'mean ms':>9s} {'p99 ms':>9s} "
-           f"{'TTFT ms':>9s} {'cached':>7s}  ratio (ours/llama.cpp: tok/s, mean latency)"]  # fmt: skip
-    keys = sorted({(r["model"], r["workload"]) for r in rows})
-    for model, kind in keys:
-        med: dict[str, dict[str, float]] = {}
-        for w in ("ours", "llama.cpp"):
-            sel = [r for r in rows if (r["model"], r["workload"], r["server"]) == (model, kind, w)]
-            med[w] = {"tok": statistics.median(r["output_throughput"] for r in sel),
-                      "mean": statistics.median(r["e2el_ms"]["mean"] for r in sel),
-                      "p99": statistics.median(r["e2el_ms"]["p99"] for r in sel),
-                      "ttft": statistics.median(r["ttft_ms"]["mean"] for r in sel),
-                      "cached": statistics.median(r["cache_hit_rate"] for r in sel)}  # fmt: skip
-        pair = [(a, b) for a in rows for b in rows if a["server"] == "ours" and b["server"] == "llama.cpp"
-                and (a["model"], a["workload"], a["run"]) == (b["model"], b["workload"], b["run"]) == (model, kind, a["run"])]  # fmt: skip
-        tok = [a["output_throughput"] / b["output_throughput"] for a, b in pair]
-        lat = [a["e2el_ms"]["mean"] / b["e2el_ms"]["mean"] for a, b in pair]
-        for w in ("ours", "llama.cpp"):
-            m = med[w]
-            ratio = (f"{statistics.median(tok):.2f}x ({min(tok):.2f}-{max(tok):.2f}), "
-                     f"{statistics.median(lat):.2f}x ({min(lat):.2f}-{max(lat):.2f})") if w == "ours" else ""  # fmt: skip
-            out.append(f"{model:14s} {kind:9s} {w:9s} {m['tok']:10.1f} {m['mean']:9.0f} {m['p99']:9.0f} "
-                       f"{m['ttft']:9.0f} {m['cached']:7.1%}  {ratio}")  # fmt: skip
-    out.append(round_line(rows))
-    return "\n".join(out)
+def ours_only_file(name: str) -> str:
+    """What ours serves without llama.cpp (``--ours-only``): the model's HF directory (the weights
+    llama.cpp's converter would write to the f32 file), or ``smollm2-135m``'s packaged GGUF file."""
+    from radixflow_jax.models import presets
+
+    return hf_dir(name) or presets.packaged_file(name)
 
 
-def round_line(rows: list[dict[str, Any]]) -> str:
-    """Our time split into a per-round fixed cost and a per-token-slot cost: a least-squares line
-    ``round time = a * rounds + b * token slots`` over every timed run of ours of each model (the
-    workloads differ in tokens per round, which separates the two)."""
-    lines = []
-    for model in sorted({r["model"] for r in rows}):
-        b = [r["breakdown"] for r in rows if r["model"] == model and r["server"] == "ours"]
-        if len(b) < 2:
-            continue
-        a_mat = np.array([[x["rounds"], x["rounds"] * (x["tokens_per_round"] + x["padding_per_round"])] for x in b])
-        y = np.array([x["rounds"] * x["round_ms"] for x in b])
-        (fixed, per_slot), *_ = np.linalg.lstsq(a_mat, y, rcond=None)
-        lines.append(f"{model}: our round time ~ {fixed:.2f} ms per round + {1000 * per_slot:.1f} us per token slot "
-                     f"(least squares over {len(b)} runs); padding is {statistics.median(x['padding_per_round'] / max(x['tokens_per_round'] + x['padding_per_round'], 1e-9) for x in b):.0%} of the slots")  # fmt: skip
-    return "\n".join(lines)
+def dry_run(models: tuple[str, ...], args: argparse.Namespace) -> None:
+    """The head-to-head workloads of each model, tokenised, described; no server is started."""
+    for m in models:
+        path = ours_only_file(m)
+        vocab, encode = (512 if m != SMOLLM else 49152), encoder(m, path)
+        for kind in args.workloads:
+            print(f"{m}: " + describe(kind, workload(kind, 0, args, vocab, encode)))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -381,8 +324,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--slots", type=int, default=8, help="llama-server -np (ours gets --max-num-seqs 2x this)")
     p.add_argument("--parity-tokens", type=int, default=16)
     p.add_argument("--near-tie", type=float, default=0.05, help="a top-1 margin (log-prob) below this is a near-tie")
-    p.add_argument("--workloads", default="race,multiturn")
-    p.add_argument("--requests", type=int, default=48)
+    p.add_argument("--workloads", default=",".join(H2H_WORKLOADS), help="of: " + ", ".join(H2H_WORKLOADS))
+    p.add_argument("--requests", type=int, default=48, help="race and multiturn: requests per run")
+    p.add_argument("--many-requests", type=int, default=128, help="chat-many: requests (4 turns each) per run")
+    p.add_argument("--agentic-requests", type=int, default=64,
+                   help=f"agentic: requests ({AGENTIC_TURNS} turns per session) per run")  # fmt: skip
+    p.add_argument("--ours-only", action="store_true", help="h2h on our server alone (no llama.cpp build or "
+                   "server): ours serves the HF directory, smollm2 its packaged file")  # fmt: skip
+    p.add_argument("--dry-run", action="store_true", help="print each h2h workload's shape per model; run nothing")
     p.add_argument("--rate", type=float, default=2.0, help="articles (conversations) per second")
     p.add_argument("--output-tokens", type=int, default=16)
     p.add_argument("--repeats", type=int, default=3)
@@ -394,10 +343,25 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json-out", default=None)
     args = p.parse_args(argv)
     args.workloads = args.workloads.split(",")
+    unknown = sorted(set(args.workloads) - set(H2H_WORKLOADS))
+    if unknown:
+        p.error(f"unknown workloads {unknown}; workloads: {', '.join(H2H_WORKLOADS)}")
     what = set(args.what.split(","))
     os.makedirs(args.work, exist_ok=True)
     given = tuple(args.models.split(",")) if args.models else None
     parity_models, h2h_models = given or (*TINY, HYBRID, SMOLLM), given or (HYBRID, "tiny-qwen3.5", SMOLLM)
+    if args.dry_run:
+        dry_run(h2h_models, args)
+        return 0
+    if args.ours_only:
+        print(f"load average {os.getloadavg()}; ours only (no llama.cpp)")
+        rows = [r for m in h2h_models for r in head_to_head(m, ours_only_file(m), args, None,
+                                                             512 if m != SMOLLM else 49152, encoder(m, ours_only_file(m)))]  # fmt: skip
+        print(summary_table(rows))
+        if args.json_out:
+            with open(args.json_out, "w") as f:
+                json.dump({"h2h": rows, "ours_only": True}, f, indent=2)
+        return 0
     print(f"load average {os.getloadavg()}; llama.cpp {llamacpp.VERSION}; threads {args.threads}")
     sdist = llamacpp.fetch_sdist(args.sdist_dir)
     bins = llamacpp.build(sdist, jobs=args.jobs)
@@ -412,7 +376,7 @@ def main(argv: list[str] | None = None) -> int:
         for m in h2h_models:
             path = files[m].get(args.h2h_file) or next(iter(files[m].values()))
             vocab = 512 if m != SMOLLM else 49152
-            report["h2h"].extend(head_to_head(m, path, args, bins["llama-server"], vocab))
+            report["h2h"].extend(head_to_head(m, path, args, bins["llama-server"], vocab, encoder(m, path)))
         print(summary_table(report["h2h"]))
     if args.json_out:
         with open(args.json_out, "w") as f:

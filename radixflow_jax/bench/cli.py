@@ -1,10 +1,14 @@
 """``radixflow bench``: one workload, several policies side by side, one table (and JSON / plots).
 
 With no arguments: the ``tiny-qwen3.5`` preset on the model executor, the ``race`` workload in
-per-article bursts, ``native``, ``radixflow`` and ``pair``, one run each. ``--repeats N``
-interleaves N runs per policy and reports medians (use 3 or more for a wall-clock comparison on a
-shared machine; it is not the default because one repeat of the default bench already takes about
-4 CPU-minutes cold, most of it compiling step variants; the simulated executor is deterministic).
+per-article bursts, ``native``, ``radixflow`` and ``pair``. On the model executor it first runs
+every policy once untimed (``--warmup-runs``, default 1: the step variants the workload uses compile
+there, and nothing a first round loads falls on a timed run), then ``--repeats`` (default
+:data:`MODEL_REPEATS`) timed runs with the policies interleaved within each repeat (native,
+radixflow, pair, native, ...), so drift of the machine hits every policy alike. The table holds the
+medians over the repeats; each policy's change against the first is the median of its per-repeat
+changes, printed with their min-max range. The simulated executor is deterministic: one run, no
+warm-up.
 """
 
 from __future__ import annotations
@@ -18,14 +22,19 @@ import sys
 from typing import Any
 
 from radixflow_jax.bench.driver import COLUMNS, RunResult
-from radixflow_jax.bench.repeats import Repeated
-from radixflow_jax.bench.run import BenchConfig, model_runner, relative_change, run_policies, sim_runner
+from radixflow_jax.bench.repeats import Change, Repeated, paired_changes
+from radixflow_jax.bench.run import BenchConfig, model_runner, run_policies, sim_runner
 from radixflow_jax.bench.sweep import format_sweep, parse_rates, plot_sweep, sweep, sweep_json
 from radixflow_jax.runner.shapes import MODES
 from radixflow_jax.bench.workloads import ARRIVALS, WORKLOADS, BenchRequest, WorkloadSpec, generate
 from radixflow_jax.engine.config import EngineConfig
 from radixflow_jax.sim.specs import DEVICE_SPECS, MODEL_SPECS, get_device_spec, get_model_spec
 from radixflow_jax.paths import xla_cache_dir
+
+# timed repeats of a model-executor run by default: with 5, the sign of pair's and radixflow's change
+# in mean latency against native on the default workload held in every default run measured
+# (docs/performance.md, "Start-up and `radixflow bench`")
+MODEL_REPEATS = 5
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default="tiny-qwen3.5", help="preset, model directory, or a model spec (sim)")
@@ -38,7 +47,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rate", type=float, default=None, help="burst, sessions: articles/s; poisson: requests/s")
     p.add_argument("--session-window", type=float, default=0.0, help="sessions: spread an article's questions (s)")
     p.add_argument("--sweep-rates", default=None, help="R1,R2,...: run every policy at each rate (latency vs load)")
-    p.add_argument("--repeats", type=int, default=1, help="interleaved runs per policy (medians and spreads)")
+    p.add_argument("--repeats", type=int, default=None,
+                   help=f"timed runs per policy, interleaved (medians and spreads; default {MODEL_REPEATS} on the model executor, 1 on sim)")  # fmt: skip
+    p.add_argument("--warmup-runs", type=int, default=None,
+                   help="untimed runs of every policy first (default 1 on the model executor, 0 on sim)")  # fmt: skip
     p.add_argument("--buckets", default="fine", choices=MODES, help="step shapes rounds are padded to (runner/shapes.py)")
     p.add_argument("--sim-noise", type=float, default=0.0, help="sim: relative noise of round times (seeded)")
     p.add_argument(
@@ -50,6 +62,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-num-seqs", type=int, default=None)
     p.add_argument("--max-num-batched-tokens", type=int, default=None)
     p.add_argument("--max-tokens", type=int, default=None, help="override the workload's output length")
+    p.add_argument("--turns", type=int, default=None, help="multiturn, agentic: turns per conversation (4, 5)")
     p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
     p.add_argument("--json", dest="json_out", default=None)
     p.add_argument("--plot", default=None, help="PNG path: slot occupancy per round and latency CDFs")
@@ -77,8 +90,9 @@ def _requests(args: argparse.Namespace, executor: str, encode: Any, rate: float 
         rate=rate,
         max_tokens=args.max_tokens,
         session_window=args.session_window,
+        turns=args.turns,
     )
-    return generate(spec)
+    return generate(spec, encode)
 
 
 def _progress(enabled: bool) -> Any:
@@ -97,36 +111,58 @@ def _progress(enabled: bool) -> Any:
     return show
 
 
-def format_table(runs: list[RunResult]) -> str:
+def _change_cell(change: Change, points: bool, spread: bool) -> str:
+    """``-3.8%`` (one repeat, or the same change in every repeat) or ``-3.8% [-9.1,+2.0]``: the
+    median per-repeat change and its range (in %, or points of reuse)."""
+    fmt = (lambda x: f"{x:+.1f}pt") if points else (lambda x: f"{x:+.1%}")
+    if not spread or change.lo == change.hi:
+        return fmt(change.median)
+    lo, hi = (f"{x:+.1f}" if points else f"{100 * x:+.1f}" for x in (change.lo, change.hi))
+    return f"{fmt(change.median)} [{lo},{hi}]"
+
+
+def format_table(reps: list[Repeated]) -> str:
+    """The medians of every policy, then each later policy's change against the first: the median of
+    its per-repeat changes, with their min-max range in brackets when there are several repeats."""
+    runs = [r.median for r in reps]
     head = ["policy"] + [c[1] for c in COLUMNS]
     rows = [[r.policy] + [fmt.format(getattr(r, key)) for key, _, fmt in COLUMNS] for r in runs]
-    if len(runs) >= 2:
-        base = runs[0]
-        for r in runs[1:]:
-            rel = relative_change(base, r)
-            cells = []
-            for key, _, _ in COLUMNS:
-                if key in rel:
-                    cells.append(f"{rel[key]:+.1%}")
-                elif key == "reuse":
-                    cells.append(f"{rel['reuse_points']:+.1f}pt")
-                else:
-                    cells.append("")
-            rows.append([f"{r.policy} vs {base.policy}"] + cells)
+    for rep in reps[1:]:
+        changes = paired_changes(reps[0], rep)
+        spread = len(rep.runs) > 1
+        cells = []
+        for key, _, _ in COLUMNS:
+            if key in changes:
+                cells.append(_change_cell(changes[key], False, spread))
+            elif key == "reuse":
+                cells.append(_change_cell(changes["reuse_points"], True, spread))
+            else:
+                cells.append("")
+        rows.append([f"{rep.median.policy} vs {runs[0].policy}"] + cells)
     widths = [max(len(str(x)) for x in col) for col in zip(head, *rows)]
     lines = ["  ".join(str(c).rjust(w) for c, w in zip(line, widths)) for line in [head] + rows]
     return "\n".join(lines)
 
 
 def format_spreads(reps: list[Repeated]) -> str:
-    """One line per policy: the min-max range of the headline metrics over the repeats."""
+    """One line per policy: the min-max range of the headline metrics over the repeats, and the
+    step programs compiled inside its timed runs (their time is off the clock, but a compile
+    disturbs the rounds around it); then whether each change's sign held in every repeat."""
     lines = []
     for rep in reps:
         n = len(rep.runs)
         lat, rounds = rep.spread["mean_latency_s"], rep.spread["rounds"]
+        compiles = sum(r.compiles for r in rep.runs)
         lines.append(
             f"{rep.median.policy}: {n} repeats, mean latency {lat[0]:.3f}-{lat[1]:.3f} s, "
-            f"rounds {rounds[0]:.0f}-{rounds[1]:.0f}"
+            f"rounds {rounds[0]:.0f}-{rounds[1]:.0f}, step programs compiled in timed runs {compiles}"
+        )
+    for rep in reps[1:]:
+        lat = paired_changes(reps[0], rep)["mean_latency_s"]
+        held = "held in every repeat" if lat.sign_stable else "NOT the same in every repeat"
+        lines.append(
+            f"{rep.median.policy} vs {reps[0].median.policy}: mean latency {lat.median:+.1%} "
+            f"(IQR {lat.q1:+.1%} to {lat.q3:+.1%}); its sign {held}"
         )
     return "\n".join(lines)
 
@@ -148,6 +184,8 @@ def run(args: argparse.Namespace) -> int:
         model = load(args.model, dtype=args.dtype)
     encode = model.encode if model is not None and model.tokenizer else None
     config = _run_config(args, executor, cfg, seqs, tokens)
+    if args.workload == "agentic":  # written as text: say what turned it into ids
+        config["text_encoder"] = "the model's tokenizer" if encode is not None else "WordIds (one id per word)"
     if args.replicas > 1:
         from radixflow_jax.bench.cluster import run_cluster_cli
 
@@ -178,8 +216,14 @@ def _checked(args: argparse.Namespace) -> tuple[tuple[str, ...], str, list[float
         raise ValueError(f"--rate must be > 0, got {args.rate}")
     if args.num_requests is not None and args.num_requests < 1:
         raise ValueError(f"--num-requests must be >= 1, got {args.num_requests}")
+    if args.repeats is None:  # the defaults per executor (the simulated one is deterministic)
+        args.repeats = MODEL_REPEATS if executor == "model" else 1
+    if args.warmup_runs is None:
+        args.warmup_runs = 1 if executor == "model" else 0
     if args.repeats < 1:
         raise ValueError(f"--repeats must be >= 1, got {args.repeats}")
+    if args.warmup_runs < 0:
+        raise ValueError(f"--warmup-runs must be >= 0, got {args.warmup_runs}")
     if args.session_window < 0:
         raise ValueError(f"--session-window must be >= 0, got {args.session_window}")
     if args.round_overhead_ms is not None and args.round_overhead_ms < 0:
@@ -232,6 +276,7 @@ def _run_config(args: argparse.Namespace, executor: str, cfg: BenchConfig, seqs:
         "max_num_batched_tokens": tokens,
         "policies": list(cfg.policies),
         "repeats": args.repeats,
+        "warmup_runs": args.warmup_runs,
         "buckets": args.buckets,
         "round_cost": "fitted to the executor's own rounds (engine/roundcost.py)",
     }
@@ -257,7 +302,7 @@ def _run_at(
         runner = sim_runner(get_model_spec(args.model), get_device_spec(args.device), requests, cfg, progress)
     else:
         runner = model_runner(model, requests, cfg, progress=progress)
-    reps, records = run_policies(runner, cfg, args.repeats)
+    reps, records = run_policies(runner, cfg, args.repeats, args.warmup_runs)
     return requests, reps, records
 
 
@@ -277,14 +322,17 @@ def _report_runs(
     """Prints the policy table (and the spreads over repeats); writes ``--json`` (runs, every
     repeat, every round record) and ``--plot`` when asked."""
     runs = [r.median for r in reps]
-    print(format_table(runs))
+    print(format_table(reps))
     if args.repeats > 1:
         print(format_spreads(reps))
     config["num_requests"] = len(requests)
     if args.json_out:
+        changes = [{}] + [
+            {k: dataclasses.asdict(c) for k, c in paired_changes(reps[0], r).items()} for r in reps[1:]
+        ]
         payload = {
             "config": config,
-            "runs": [dict(r.median.as_dict(), spread=r.spread) for r in reps],
+            "runs": [dict(r.median.as_dict(), spread=r.spread, change=c) for r, c in zip(reps, changes)],
             "repeats": {r.median.policy: [x.as_dict() for x in r.runs] for r in reps},
             "round_records": {p: [dataclasses.asdict(r) for r in recs] for p, recs in records.items()},
         }

@@ -58,6 +58,10 @@ class RunResult:
     checkpoints_skipped: int = 0
     checkpoints_evicted_unused: int = 0
     consumers_paired: int = 0  # consumers run in their producer's round (policy pair)
+    # model executor: step programs compiled during the run (the model's store grew by these), and the
+    # seconds the engine's clock stood still for first-use compiles and primes (not in the latencies)
+    compiles: int = 0
+    paused_s: float = 0.0
     latencies: tuple[float, ...] = dataclasses.field(default=(), repr=False)
 
     def as_dict(self) -> dict[str, float | int | str]:

@@ -12,9 +12,9 @@ import time
 from typing import Any, Callable
 
 from radixflow_jax.bench.driver import RunResult, drive, summarize
-from radixflow_jax.bench.repeats import Repeated, run_repeated
+from radixflow_jax.bench.repeats import Repeated, relative_change, run_repeated  # noqa: F401 (relative_change: re-exported)
 from radixflow_jax.bench.workloads import BenchRequest
-from radixflow_jax.engine.config import EngineConfig, RoundRecord
+from radixflow_jax.engine.config import EngineConfig, RoundRecord, ServingClock
 from radixflow_jax.sim.engines import build_sim_engine
 from radixflow_jax.sim.executor import VirtualClock
 from radixflow_jax.sim.specs import DeviceSpec, ModelSpec
@@ -45,17 +45,32 @@ def model_runner(
     dtype: str = "float32",
     progress: Callable[[str, int, int], None] | None = None,
 ) -> Runner:
-    """One policy on a fresh engine over one loaded model (a ``LoadedModel`` or a name)."""
+    """One policy on a fresh engine over one loaded model (a ``LoadedModel`` or a name). Every step
+    variant an earlier run used (any policy) is primed on the fresh engine before its clock starts
+    (executed once on padding, silently), so a run after a warm-up pass neither compiles nor primes
+    on its clock, and keeps overlap across a variant's first use; ``compiles`` counts the step
+    programs a run still compiled."""
     from radixflow_jax.engine.build import build_engine
     from radixflow_jax.models.api import load
 
     loaded = load(model, dtype=dtype) if isinstance(model, str) else model
+    used: list[Any] = []  # the variants earlier runs ran, in first-use order
 
     def run(policy: str) -> tuple[RunResult, list[RoundRecord]]:
         engine = build_engine(loaded, cfg.engine.with_options(policy=policy))
+        executor: Any = engine.executor
+        if used:  # primed silently: a compile on first use inside the run is still reported
+            shown, executor.progress = executor.progress, None
+            executor.warmup(used, scorer=False)
+            executor.progress = shown
         cb = (lambda done, total: progress(policy, done, total)) if progress else None
+        known = len(loaded.compiled_variants)
         outputs = drive(engine, requests, progress=cb)
-        return summarize(policy, engine, outputs, len(requests)), engine.records
+        result = summarize(policy, engine, outputs, len(requests))
+        paused = engine.clock.paused_s if isinstance(engine.clock, ServingClock) else 0.0
+        result = dataclasses.replace(result, compiles=len(loaded.compiled_variants) - known, paused_s=paused)
+        used.extend(v for v in executor.shapes.variants() if executor.step.is_compiled(v) and v not in used)
+        return result, engine.records
 
     return run
 
@@ -81,9 +96,12 @@ def sim_runner(
     return run
 
 
-def run_policies(runner: Runner, cfg: BenchConfig, repeats: int = 1) -> tuple[list[Repeated], Records]:
-    """Every policy of ``cfg`` ``repeats`` times, interleaved (see ``bench/repeats.py``)."""
-    return run_repeated(cfg.policies, repeats, runner)
+def run_policies(
+    runner: Runner, cfg: BenchConfig, repeats: int = 1, warmup: int = 0
+) -> tuple[list[Repeated], Records]:
+    """Every policy of ``cfg`` ``warmup`` times untimed, then ``repeats`` times, interleaved (see
+    ``bench/repeats.py``)."""
+    return run_repeated(cfg.policies, repeats, runner, warmup)
 
 
 def run_model(
@@ -113,16 +131,6 @@ def run_sim(
     reps, records = run_policies(sim_runner(spec, device, requests, cfg, progress), cfg)
     results = [r.median for r in reps]
     return (results, records) if with_records else results
-
-
-def relative_change(base: RunResult, new: RunResult) -> dict[str, float]:
-    """``(new - base) / base`` for the headline metrics (negative = fewer / faster)."""
-    out = {}
-    for key in ("rounds", "mean_latency_s", "p99_latency_s", "mean_ttft_s", "throughput_tok_s"):
-        b, n = getattr(base, key), getattr(new, key)
-        out[key] = (n - b) / b if b else 0.0
-    out["reuse_points"] = 100.0 * (new.reuse - base.reuse)
-    return out
 
 
 def timed(fn: Callable[[], list[RunResult]]) -> tuple[list[RunResult], float]:

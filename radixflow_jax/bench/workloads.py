@@ -5,7 +5,13 @@ Statistics follow docs/design.md, "Workloads and model sizes":
     (question + 4 options + template), one-letter answers;
   * ``quality``: articles of ~6.5-7k tokens, up to 20 questions each (~17.7 on average), 60-80 tokens;
   * ``gsp``: SGLang's generated-shared-prefix shape (groups x prompts, system prompt, question, output);
-  * ``multiturn``: conversations whose next turn extends the previous turn (prompt + answer + new text).
+  * ``multiturn``: conversations whose next turn extends the previous turn (prompt + answer + new text);
+  * ``agentic``: agent sessions (``bench/agentic.py``): one long system prompt of tool descriptions
+    (``article_len`` tokens, default 1200) shared by every session, a task of 40 tokens, then per
+    turn a tool result (``question_len``, default 96) after the model's real answer
+    (``max_tokens``, default 24); tokenised by the model's tokenizer when ``generate`` gets one.
+In both conversational workloads turn k is stored without the history: the driver sends it after
+turn k-1 finished, with turn k-1's prompt and its real answer in front (``turns`` per conversation).
 Arrivals: ``burst`` (each article's questions together, articles spaced by ``1 / rate``), ``all``
 (everything at t=0), ``poisson`` (requests shuffled, exponential gaps at ``rate`` requests/s),
 ``sessions`` (articles or conversations arrive as a Poisson process at ``rate`` per second; an
@@ -20,7 +26,11 @@ from typing import Sequence
 
 import numpy as np
 
-WORKLOADS = ("race", "quality", "gsp", "multiturn")
+from radixflow_jax.bench import agentic
+from radixflow_jax.bench.agentic import Encode
+
+WORKLOADS = ("race", "quality", "gsp", "multiturn", "agentic")
+CONVERSATIONS = ("multiturn", "agentic")  # turn k+1 follows turn k's answer
 ARRIVALS = ("burst", "all", "poisson", "sessions")
 
 
@@ -45,6 +55,7 @@ class WorkloadSpec:
     article_len: int | None = None
     question_len: int | None = None
     max_tokens: int | None = None
+    turns: int | None = None  # conversational workloads: turns per conversation (multiturn 4, agentic 5)
 
     def __post_init__(self) -> None:
         if self.name not in WORKLOADS:
@@ -57,6 +68,8 @@ class WorkloadSpec:
             raise ValueError(f"rate must be > 0, got {self.rate}")
         if not self.session_window >= 0:
             raise ValueError(f"session_window must be >= 0, got {self.session_window}")
+        if self.turns is not None and self.turns < 1:
+            raise ValueError(f"turns must be >= 1, got {self.turns}")
 
 
 def _ids(rng: np.random.Generator, n: int, vocab: int) -> tuple[int, ...]:
@@ -105,7 +118,7 @@ def _gsp(spec: WorkloadSpec, rng: np.random.Generator) -> list[BenchRequest]:
 def _multiturn(spec: WorkloadSpec, rng: np.random.Generator) -> list[BenchRequest]:
     """Each conversation's turns; turn k's prompt is stored without the previous answers (the
     driver appends the real answers when it submits turn k)."""
-    turns = 4
+    turns = spec.turns or 4
     reqs = []
     group = 0
     while len(reqs) < spec.num_requests:
@@ -113,6 +126,24 @@ def _multiturn(spec: WorkloadSpec, rng: np.random.Generator) -> list[BenchReques
         for t in range(min(turns, spec.num_requests - len(reqs))):
             text = first if t == 0 else _ids(rng, spec.question_len or 40, spec.vocab)
             reqs.append(BenchRequest(prompt=text, max_tokens=spec.max_tokens or 32, group=group, turn=t))
+        group += 1
+    return reqs
+
+
+def _agentic(spec: WorkloadSpec, rng: np.random.Generator, encode: Encode) -> list[BenchRequest]:
+    """Agent sessions over one shared system prompt; turn 0 is the system prompt and the task, each
+    later turn a tool result (the driver puts the history, with the real answers, in front)."""
+    turns, out = spec.turns or 5, spec.max_tokens or 24
+    system = agentic.system_prompt(rng, encode, spec.article_len or 1200)
+    reqs: list[BenchRequest] = []
+    group = 0
+    while len(reqs) < spec.num_requests:
+        for t in range(min(turns, spec.num_requests - len(reqs))):
+            if t == 0:
+                text = system + agentic.task(rng, encode, 40, group)
+            else:
+                text = agentic.tool_result(rng, encode, spec.question_len or 96, t)
+            reqs.append(BenchRequest(prompt=text, max_tokens=out, group=group, turn=t))
         group += 1
     return reqs
 
@@ -131,14 +162,16 @@ def _arrivals(spec: WorkloadSpec, reqs: list[BenchRequest], rng: np.random.Gener
             dataclasses.replace(r, arrival_s=float(starts[r.group] + (0.0 if r.turn else d)))
             for r, d in zip(reqs, spread)
         ]
-    order = rng.permutation(len(reqs)) if spec.name != "multiturn" else np.arange(len(reqs))
+    order = rng.permutation(len(reqs)) if spec.name not in CONVERSATIONS else np.arange(len(reqs))
     gaps = rng.exponential(1.0 / spec.rate, len(reqs))
     times = np.cumsum(gaps) - gaps[0]
     return [dataclasses.replace(reqs[i], arrival_s=float(t)) for i, t in zip(order, times)]
 
 
-def generate(spec: WorkloadSpec) -> list[BenchRequest]:
-    """The workload's requests in arrival order (seeded: same spec, same requests)."""
+def generate(spec: WorkloadSpec, encode: Encode | None = None) -> list[BenchRequest]:
+    """The workload's requests in arrival order (seeded: same spec and encoder, same requests).
+    ``encode``: the model's tokenizer, for the workloads written as text (``agentic``); without one
+    they take :class:`~radixflow_jax.bench.agentic.WordIds` over ``spec.vocab``. The others draw ids."""
     rng = np.random.default_rng(spec.seed)
     if spec.name == "race":
         reqs = _articles(spec, rng, 420, 80, 45, 8, (3, 4, 5), 1)
@@ -146,6 +179,8 @@ def generate(spec: WorkloadSpec) -> list[BenchRequest]:
         reqs = _articles(spec, rng, 6700, 300, 70, 6, tuple(range(12, 21)), 1)
     elif spec.name == "gsp":
         reqs = _gsp(spec, rng)
+    elif spec.name == "agentic":
+        reqs = _agentic(spec, rng, encode if encode is not None else agentic.WordIds(spec.vocab))
     else:
         reqs = _multiturn(spec, rng)
     reqs = _arrivals(spec, reqs, rng)

@@ -136,17 +136,21 @@ class ModelExecutor:
         if warmup:
             self.warmup()
 
-    def warmup(self, variants: Sequence[Variant] | None = None, *, first: int = 1, total: int | None = None) -> None:
+    def warmup(
+        self, variants: Sequence[Variant] | None = None, *, first: int = 1, total: int | None = None,
+        scorer: bool = True,
+    ) -> None:
         """Compiles and executes once every variant (or the given ones) that has not run yet,
         reporting progress (numbered from ``first`` of ``total``: a background warm-up passes one
-        variant at a time); the first call also compiles the riders' page copy and the prompt
+        variant at a time); the first call also compiles the riders' page copy and, unless
+        ``scorer=False`` (a caller that never scores prompts: ``radixflow bench``), the prompt
         scoring program. Afterwards the compile guard may be turned on."""
         todo = [v for v in (self.shapes.variants() if variants is None else variants) if not self.step.is_compiled(v)]
         start = time.perf_counter()
         if not self._copier_ready:  # the riders' page copy, compiled with the first warm-up call
             self.cache = self.page_copier(self.cache, [])
             self._copier_ready = True
-        if not self.scorer.is_compiled:
+        if scorer and not self.scorer.is_compiled:
             t = time.perf_counter()
             self.scorer.prime()
             if self.progress is not None:

@@ -22,7 +22,8 @@ Prior: until ``min_rounds`` rounds are read, every round is predicted at the sam
 seen so far, 0.0 before the first), so growing a round costs nothing and every fill and pairing
 passes the cost rule: the first rounds carry no data to decide from.
 
-No JAX here; it reads only records, plans and shapes (numpy and scipy for the fit).
+No JAX here; it reads only records, plans and shapes (numpy and scipy for the fit). The solver is
+imported when an estimator is built (:func:`load_solver`), before its engine serves a request.
 """
 
 from __future__ import annotations
@@ -103,6 +104,14 @@ class LinearRoundCost:
         return cls.fit([(record_features(r), record_seconds(r) + (r.plan_s if with_plan else 0.0)) for r in records])
 
 
+def load_solver() -> None:
+    """Imports the fit's solver (``scipy.optimize``: about 0.5 s the first time in a process on the
+    2-core dev machine). Called when an estimator is built: imported lazily at the first fit, it fell
+    on the serving clock of the round that first fitted (policy pair's 11th round of the first run in
+    a ``radixflow bench`` process planned for 0.42-0.63 s instead of about 2 ms)."""
+    from scipy.optimize import nnls  # noqa: F401
+
+
 class FittedRoundCost:
     """``cost(rows)``: seconds a round of ``rows`` would take, from the line fitted to the last
     ``window`` rounds of ``records`` (the engine's list, read incrementally by round index, so an
@@ -124,6 +133,7 @@ class FittedRoundCost:
         self._samples: collections.deque[tuple[Features, float]] = collections.deque(maxlen=window)
         self._seen = -1  # index of the last record read
         self._line: LinearRoundCost | None = LinearRoundCost.constant()
+        load_solver()
 
     def _read(self) -> None:
         fresh = []
