@@ -44,6 +44,7 @@ _PER_ROUND = {
     "bubble_rows": ("bubble_rows", "Padding while an admissible waiting request was not scheduled (rows)."),
     "consumers_waiting": ("consumers_waiting", "Consumer decisions WAIT (scan continued)."),
     "consumers_blocked": ("consumers_blocked", "Consumer decisions STOP_ROUND (scan halted)."),
+    "attention_pairs": ("attention_pairs", "Query-key pairs the rounds' attention read over their real rows."),
 }
 
 

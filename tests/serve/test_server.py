@@ -192,6 +192,7 @@ def test_metrics_parse_and_gauges_return_to_zero(http):
     assert m["radixflow:prefix_cache_hits_total"] < m["radixflow:prefix_cache_queries_total"]
     assert m["radixflow:request_success_total{finished_reason=length}"] > 0
     assert m["radixflow:padding_tokens_total"] > 0 and "radixflow:bubble_tokens_total" in m  # prefill rounds pad a decode region
+    assert m["radixflow:attention_pairs_total"] >= m["radixflow:round_tokens_total"]  # each token reads itself at least
     assert m["radixflow:num_requests_running"] == 0 and m["radixflow:num_requests_waiting"] == 0
     assert_pools_full(http)
 
