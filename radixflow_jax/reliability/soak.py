@@ -78,12 +78,54 @@ def _soak_engine(cfg: SoakConfig, rng: random.Random, expected_rounds: int) -> E
     )
 
 
-def run_soak(cfg: SoakConfig) -> dict[str, Any]:
-    """Runs the soak; raises on the first violated invariant or wrong output; returns the report."""
-    rng = random.Random(cfg.seed)
-    expected_rounds = int(cfg.requests / cfg.per_round * 4) + 100
-    core = _soak_engine(cfg, rng, expected_rounds)
-    h = Harness(core, audit_before=False, keep_outputs=False)  # audited after every round
+class _Outcomes:
+    """Checks every finished request against the cold run, counts the outcomes, and sends the next
+    turn of a conversation once the turn before it completed (``conversation_share`` of the
+    submitted requests open one; its turns are drawn from a second generator seeded ``seed + 1``)."""
+
+    def __init__(self, cfg: SoakConfig, h: Harness, prompts: dict[int, tuple[list[int], int]]):
+        self.cfg, self.h, self.prompts = cfg, h, prompts
+        kinds = ("completed", "aborted", "errors", "prompt_tokens", "cached_tokens", "checked")
+        self.counts = dict.fromkeys((*kinds, "turns", "turns_at_exact_end"), 0)
+        self.talk = random.Random(cfg.seed + 1)
+        opens = (k for k in prompts if self.talk.random() < cfg.conversation_share)
+        self.turns_left = {k: self.talk.randint(*cfg.more_turns) for k in opens}
+        self.exact_end: dict[int, int] = {}
+
+    def finished(self, key: int, out: RequestOutput) -> None:
+        prompt, max_tokens = self.prompts.pop(key)
+        at_end, counts = self.exact_end.pop(key, None), self.counts
+        if out.finish_reason in ("abort", "error"):
+            counts["aborted" if out.finish_reason == "abort" else "errors"] += 1
+            self.turns_left.pop(key, None)  # the conversation ends with it
+            return
+        if out.token_ids != cold_tokens(prompt, max_tokens, self.cfg.vocab):
+            raise AssertionError(f"request {key}: output {out.token_ids} differs from the cold run")
+        counts["completed"] += 1
+        counts["checked"] += 1
+        counts["prompt_tokens"] += len(prompt)
+        counts["cached_tokens"] += out.cached_tokens
+        counts["turns_at_exact_end"] += at_end is not None and out.cached_tokens >= at_end
+        self._next_turn(key, prompt, out)
+
+    def _next_turn(self, key: int, prompt: list[int], out: RequestOutput) -> None:
+        """The conversation's next turn, sent now: the history, the answer and a new message."""
+        cfg, talk = self.cfg, self.talk
+        left = self.turns_left.pop(key, 0)
+        message = [talk.randrange(3, cfg.vocab) for _ in range(talk.randint(*cfg.message_len))]
+        history, max_tokens = prompt + out.token_ids + message, talk.randint(*cfg.max_tokens)
+        if left <= 0 or len(history) + max_tokens > cfg.max_model_len:
+            return
+        nxt = self.h.follow_up(history, SamplingParams(max_tokens=max_tokens, ignore_eos=True))
+        self.prompts[nxt] = (history, max_tokens)
+        self.turns_left[nxt] = left - 1
+        self.exact_end[nxt] = len(prompt) + len(out.token_ids) - 1  # every token the turn before fed
+        self.counts["turns"] += 1
+
+
+def _submit_all(cfg: SoakConfig, h: Harness, rng: random.Random) -> dict[int, tuple[list[int], int]]:
+    """Submits the soak's requests (prompts over shared articles, repeats, aborts); returns each
+    submission's prompt and ``max_tokens``."""
     articles = [
         [rng.randrange(3, cfg.vocab) for _ in range(rng.randint(*cfg.article_len))] for _ in range(cfg.articles)
     ]
@@ -109,43 +151,18 @@ def run_soak(cfg: SoakConfig) -> dict[str, Any]:
             mid_round=mid,
         )
         prompts[key] = (prompt, max_tokens)
-    counts = {"completed": 0, "aborted": 0, "errors": 0, "prompt_tokens": 0, "cached_tokens": 0, "checked": 0}
-    counts |= {"turns": 0, "turns_at_exact_end": 0}
-    talk, turns_left, exact_end = random.Random(cfg.seed + 1), {}, {}
-    for key in prompts:
-        if talk.random() < cfg.conversation_share:
-            turns_left[key] = talk.randint(*cfg.more_turns)
+    return prompts
 
-    def next_turn(key: int, prompt: list[int], out: RequestOutput) -> None:
-        """The conversation's next turn, sent now: the history, the answer and a new message."""
-        left = turns_left.pop(key, 0)
-        message = [talk.randrange(3, cfg.vocab) for _ in range(talk.randint(*cfg.message_len))]
-        history, max_tokens = prompt + out.token_ids + message, talk.randint(*cfg.max_tokens)
-        if left <= 0 or len(history) + max_tokens > cfg.max_model_len:
-            return
-        nxt = h.follow_up(history, SamplingParams(max_tokens=max_tokens, ignore_eos=True))
-        prompts[nxt] = (history, max_tokens)
-        turns_left[nxt] = left - 1
-        exact_end[nxt] = len(prompt) + len(out.token_ids) - 1  # every token the turn before fed
-        counts["turns"] += 1
 
-    def finished(key: int, out: RequestOutput) -> None:
-        prompt, max_tokens = prompts.pop(key)
-        at_end = exact_end.pop(key, None)
-        if out.finish_reason in ("abort", "error"):
-            counts["aborted" if out.finish_reason == "abort" else "errors"] += 1
-            turns_left.pop(key, None)  # the conversation ends with it
-            return
-        if out.token_ids != cold_tokens(prompt, max_tokens, cfg.vocab):
-            raise AssertionError(f"request {key}: output {out.token_ids} differs from the cold run")
-        counts["completed"] += 1
-        counts["checked"] += 1
-        counts["prompt_tokens"] += len(prompt)
-        counts["cached_tokens"] += out.cached_tokens
-        counts["turns_at_exact_end"] += at_end is not None and out.cached_tokens >= at_end
-        next_turn(key, prompt, out)
-
-    h.on_finished.append(finished)
+def run_soak(cfg: SoakConfig) -> dict[str, Any]:
+    """Runs the soak; raises on the first violated invariant or wrong output; returns the report."""
+    rng = random.Random(cfg.seed)
+    expected_rounds = int(cfg.requests / cfg.per_round * 4) + 100
+    core = _soak_engine(cfg, rng, expected_rounds)
+    h = Harness(core, audit_before=False, keep_outputs=False)  # audited after every round
+    outcomes = _Outcomes(cfg, h, _submit_all(cfg, h, rng))
+    counts = outcomes.counts
+    h.on_finished.append(outcomes.finished)
     start = time.perf_counter()
     report = h.run(max_ticks=expected_rounds * 4)
     wall = time.perf_counter() - start
