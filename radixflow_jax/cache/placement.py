@@ -52,11 +52,6 @@ def grid_positions(start: int, end: int, grid: int) -> list[int]:
     return list(range(first, end + 1, grid))
 
 
-def has_grid_position(start: int, end: int, grid: int) -> bool:
-    """Whether a multiple of ``grid`` lies inside ``(start, end]`` (where every placement lies)."""
-    return end // grid != max(start, 0) // grid
-
-
 def branch_point(shared_len: int, grid: int) -> int:
     """``floor(shared_len / G) * G``: the checkpoint depth for a path leaving another at ``shared_len``."""
     if grid < 1:

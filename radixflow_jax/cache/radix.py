@@ -224,11 +224,11 @@ class RadixCache(TreeStore):
             return False
         node = self.insert(toks, pages).node  # ends at the last full page
         base = depth - depth % p
-        if depth % p:
-            if self._tail_at(toks, depth) is not None or (self._config.hybrid and slot is None):
+        if depth % p:  # a tail under the node insert ended at (a tail's key is shorter than any page's)
+            if node.children.get(toks[base:depth]) is not None or (self._config.hybrid and slot is None):
                 return False
             node = self._new_tail(node, toks[base:depth], pages[base // p], None)
-        elif slot is None or node.checkpoint is not None or node.is_root:
+        elif node.checkpoint is not None:
             return False
         if slot is None:
             return False

@@ -96,6 +96,7 @@ class Harness:
         self._live: set[int] = set()  # submission indices accepted and not finished
         self._next = 0  # submissions are added in at_round order
         self._follow_ups: list[int] = []  # follow-ups not arrived yet
+        self._last_at_round = 0  # of the last submission in at_round order
         self._outputs: dict[int, RequestOutput] = {}
         self._refused: dict[int, str] = {}
         self._in_round = False
@@ -110,9 +111,9 @@ class Harness:
     ) -> int:
         """Adds a request to the scenario (arriving before round ``at_round``); returns its index.
         ``abort_at``: abort it before that round, or while that round runs (``mid_round``)."""
-        ordered = [s for s in self.subs if not s.follow_up]
-        if ordered and at_round < ordered[-1].at_round:
+        if at_round < self._last_at_round:
             raise ValueError("submissions must come in at_round order")
+        self._last_at_round = at_round
         self.subs.append(_Submission(list(prompt), params, at_round, abort_at, mid_round))
         return len(self.subs) - 1
 
@@ -172,7 +173,7 @@ class Harness:
 
     def _arrivals(self) -> None:
         due = [k for k in self._follow_ups if self.subs[k].at_round <= self.tick]
-        self._follow_ups = [k for k in self._follow_ups if k not in due]
+        self._follow_ups = [k for k in self._follow_ups if self.subs[k].at_round > self.tick]
         for key in due:
             self._accept(key)
         while self._next < len(self.subs) and (

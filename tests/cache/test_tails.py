@@ -87,13 +87,19 @@ def test_keep_end_hands_the_finished_state_to_the_tree(depth):
     _all_free(cache)
 
 
-def test_evicting_a_tails_state_removes_the_tail():
-    cache = _cache()
+def _finished_turn(cache) -> list[int]:
+    """A request computed TURN, finished and kept its exact end (11: a tail); returns its page table."""
     table, own = own_pages(cache, TURN)
     slot = cache.slot_pool.alloc(1)[0]
-    cache.keep_end(TURN, 11, slot, table, owner=5)
+    assert cache.keep_end(TURN, 11, slot, table, owner=5)
     cache.page_pool.release(own)
     cache.slot_pool.decref(slot)
+    return table
+
+
+def test_evicting_a_tails_state_removes_the_tail():
+    cache = _cache()
+    table = _finished_turn(cache)
     assert cache.evict_states(1) == 1
     cache.check_invariants()
     assert cache.match(TURN + [1]).hit_len == 0
@@ -104,11 +110,7 @@ def test_evicting_a_tails_state_removes_the_tail():
 
 def test_kv_eviction_takes_a_tail_before_its_parent():
     cache = _cache()
-    table, own = own_pages(cache, TURN)
-    slot = cache.slot_pool.alloc(1)[0]
-    cache.keep_end(TURN, 11, slot, table, owner=5)
-    cache.page_pool.release(own)
-    cache.slot_pool.decref(slot)
+    _finished_turn(cache)
     assert cache.evict_kv(1) == 1  # the tail's page (a leaf) goes first
     cache.check_invariants()
     assert cache.slot_pool.num_used == 0
@@ -144,11 +146,7 @@ def test_state_eviction_drops_a_shadowed_checkpoint_first():
     other = list(range(300, 311))
     committed_checkpoint(cache, other, 8)  # the least recent, alone on its chain
     committed_checkpoint(cache, TURN, 8)
-    table, own = own_pages(cache, TURN)
-    slot = cache.slot_pool.alloc(1)[0]
-    assert cache.keep_end(TURN, 11, slot, table, owner=5)  # below TURN's 8, on the same chain
-    cache.page_pool.release(own)
-    cache.slot_pool.decref(slot)
+    _finished_turn(cache)  # its end at 11 lies below TURN's 8, on the same chain
     assert cache.evict_states(1) == 1
     cache.check_invariants()
     assert matched(cache, other + [1]).committed_depth == 8  # kept

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import functools
 import re
-import shutil
+import sys
 from pathlib import Path
 
 import jax
@@ -125,9 +125,7 @@ def test_native_build_key_covers_every_included_header() -> None:
 
 
 def test_native_build_key_changes_with_a_header(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    compiler = shutil.which("g++") or shutil.which("c++") or shutil.which("clang++")
-    if compiler is None:
-        pytest.skip("no C++ compiler to version")
+    compiler = sys.executable  # the key only asks the compiler for its version: any program that prints one
     before = native.build_key(compiler)
     assert native.build_key(compiler) == before
     edited = tmp_path / "common.h"
