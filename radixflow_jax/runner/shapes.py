@@ -9,12 +9,16 @@ regions (the layout ``build_arrays`` writes and the model reads):
     remaining ``num_tokens - num_decode`` token slots and go through the chunked scan.
 
 Buckets per region (``mode``):
-  * ``"fine"`` (default): prefill tokens on powers of two with a 1.5x step between them from 64 up
-    (16, 32, 64, 96, 128, 192, ...: in the large buckets, where padding costs most, at most a third
-    of a bucket is padding instead of a half), prefill rows on powers of two; decode-only rounds on
-    powers of two with 1.5x steps from 16 (16, 24, 32, 48, 64); rounds with prefill rows take a
-    coarse decode region (16, 64, ... below ``max_num_seqs``, and ``max_num_seqs``) because a padded decode
-    row costs one token slot.
+  * ``"fine"`` (default): prefill tokens on every multiple of ``min_tokens`` up to 128 (16, 32,
+    48, ..., 112, 128: a lean round pads at most 15 prefill tokens), then powers of two with a 1.5x
+    step between them (192, 256, 384, 512, ...: at most a third of a bucket is padding); prefill
+    rows on powers of two; decode-only rounds on powers of two with 1.5x steps from 2 (2, 3, 4, 6,
+    8, 12, 16, 24, ...); rounds with prefill rows take a coarse decode region (16, 64, ... below
+    ``max_num_seqs``, and ``max_num_seqs``), except that a lean mixed round (one prefill row of at
+    most 112 tokens: a chat or agent turn) may take a 4-row region (``LEAN_DECODE``), because a
+    padded decode row costs one token slot. At ``radixflow serve --max-num-seqs 16`` (512 tokens)
+    that is 78 variants (51 before 2026-12-05); ``tools/perf/chat_padding.py`` measures the
+    padding on the head-to-head chat and agent workloads.
   * ``"pow2"``: powers of two everywhere (the earlier scheme, plus decode regions in mixed rounds).
   * ``"fixed"``: exactly one variant (``max_num_seqs`` decode rows + ``max_num_seqs`` prefill rows over
     ``max_num_batched_tokens`` prefill tokens), as TPU deployments often run: every round has the same shape
@@ -37,6 +41,12 @@ import dataclasses
 
 MODES = ("fine", "pow2", "fixed")
 FEW_EMITS = 4  # the small emit bucket of decode-only variants (staggered rows cross ~rows/grid grid points a round)
+LEAN_DECODE = (4,)  # fine: the small decode region of mixed rounds (where below max_num_seqs) ...
+LEAN_ROWS = 1  # ... taken only by variants of at most this many prefill rows ...
+LEAN_TOKENS = 112  # ... and at most this many prefill tokens (a turn of a chat: its new text + 1)
+DECODE_STEP_FROM = 2  # fine: decode-only regions take a 1.5x step after each power of two from this one
+TOKEN_STEP_FROM = 64  # fine: prefill token buckets take a 1.5x step after each power of two from this one
+LINEAR_TOKENS = 128  # fine: ... and every multiple of min_tokens up to this one
 
 
 def powers_of_two(lo: int, hi: int) -> tuple[int, ...]:
@@ -117,7 +127,8 @@ class ShapeConfig:
         lo = min(self.min_tokens, self.max_num_batched_tokens)
         if self.mode == "pow2":
             return powers_of_two(lo, self.max_num_batched_tokens)
-        return fine_ladder(lo, self.max_num_batched_tokens, 64)
+        linear = range(lo, min(LINEAR_TOKENS, self.max_num_batched_tokens) + 1, lo)
+        return tuple(sorted(set(fine_ladder(lo, self.max_num_batched_tokens, TOKEN_STEP_FROM)) | set(linear)))
 
     @property
     def row_buckets(self) -> tuple[int, ...]:
@@ -137,7 +148,7 @@ class ShapeConfig:
         lo = min(2, self.max_num_seqs)
         if self.mode == "pow2":
             return powers_of_two(lo, self.max_num_seqs)
-        return fine_ladder(lo, self.max_num_seqs, 16)
+        return fine_ladder(lo, self.max_num_seqs, DECODE_STEP_FROM)
 
     @property
     def mixed_decode_buckets(self) -> tuple[int, ...]:
@@ -147,11 +158,17 @@ class ShapeConfig:
         keeps the mixed variants to one or two sets."""
         if self.mode == "fixed":
             return (self.max_num_seqs,)
-        out, v = [], 16
+        out, v = [d for d in LEAN_DECODE if d < self.max_num_seqs and self.mode == "fine"], 16
         while v < self.max_num_seqs:
             out.append(v)
             v *= 4
         return tuple(out) + (self.max_num_seqs,)
+
+    def _mixed_decode(self, decode: int, prefill_tokens: int, prefill_rows: int) -> bool:
+        """Whether a mixed variant of a ``decode``-row region over this prefill region exists: a
+        lean decode region (``LEAN_DECODE``) only over a lean prefill region."""
+        lean = decode in LEAN_DECODE and decode < self.max_num_seqs and self.mode == "fine"
+        return not lean or (prefill_rows <= LEAN_ROWS and prefill_tokens <= LEAN_TOKENS)
 
     # ------------------------------------------------------------------------------ variants
     def _variant(self, decode: int, prefill_tokens: int, prefill_rows: int, num_emits: int | None = None) -> Variant:
@@ -170,7 +187,8 @@ class ShapeConfig:
         for d in self.mixed_decode_buckets:
             for i, r in enumerate(rows):
                 fewest = rows[i - 1] + 1 if i else 1  # the fewest prefill rows (and tokens) r holds
-                out.extend(self._variant(d, t, r) for t in tokens if t >= _first_at_least(tokens, fewest))
+                smallest = _first_at_least(tokens, fewest)
+                out.extend(self._variant(d, t, r) for t in tokens if t >= smallest and self._mixed_decode(d, t, r))
         return out
 
     def select(
@@ -205,4 +223,5 @@ class ShapeConfig:
         i = self.row_buckets.index(rows := _first_at_least(self.row_buckets, p))
         fewest = self.row_buckets[i - 1] + 1 if i else 1  # as variants(): a row bucket's smallest token bucket
         tokens = _first_at_least(self.token_buckets, max(tp, fewest))  # riders bring rows without tokens
-        return self._variant(_first_at_least(self.mixed_decode_buckets, region), tokens, rows)
+        decode = next(d for d in self.mixed_decode_buckets if d >= region and self._mixed_decode(d, tokens, rows))
+        return self._variant(decode, tokens, rows)

@@ -53,6 +53,7 @@ def test_select_puts_decode_rows_in_the_decode_region() -> None:
     with pytest.raises(ValueError, match="bucket mode"):
         ShapeConfig(max_num_batched_tokens=128, max_num_seqs=8, max_pages_per_row=8, grid=16, mode="powers")
     assert fine_ladder(16, 1024, 64) == (16, 32, 64, 96, 128, 192, 256, 384, 512, 768, 1024)
+    assert shapes.token_buckets == (16, 32, 48, 64, 80, 96, 112, 128, 192, 256, 384, 512, 768, 1024)
 
 
 def test_decode_rounds_that_emit_little_take_the_small_emit_bucket() -> None:
@@ -125,3 +126,24 @@ def test_mixed_rounds_equal_unmixed_runs(model: str, tiny_model) -> None:
     want = [alone.generate([p], params)[0].token_ids for p in prompts]
     assert all(r.kind != "mixed" for r in alone.engine.records)
     assert got == want
+
+
+def test_lean_rounds_of_the_server_shape_pad_little_and_stay_in_the_variant_set() -> None:
+    """At ``radixflow serve --max-num-seqs 16`` (512 tokens), fine buckets: a chat turn (one prefill
+    row of 41 tokens beside 3 decode rows) runs in 4 + 48 slots, not 16 + 64; every round the
+    budgets allow selects a listed variant (decode span = decode rows; riders none)."""
+    s = ShapeConfig(max_num_batched_tokens=512, max_num_seqs=16, max_pages_per_row=256, grid=64)
+    assert s.token_buckets[:8] == (16, 32, 48, 64, 80, 96, 112, 128) and s.token_buckets[8:] == (192, 256, 384, 512)
+    assert s.decode_buckets == (2, 3, 4, 6, 8, 12, 16)
+    turn = s.select(3 + 41, 4, num_decode=3)
+    assert (turn.num_decode, turn.prefill_tokens, turn.prefill_rows) == (4, 48, 1)
+    assert s.select(5 + 41, 6, num_decode=5).num_decode == 16  # more decode rows: the coarse region
+    assert s.select(3 + 41 + 9, 5, num_decode=3).num_decode == 16  # two prefill rows: the coarse region
+    assert s.select(3 + 120, 4, num_decode=3).num_decode == 16  # a prefill region over 112 tokens: coarse
+    every = set(s.variants())
+    assert len(every) == len(s.variants()) == 78
+    for decode in range(17):
+        for rows in range(max(decode, 1), 17):
+            for tokens in [rows] if rows == decode else range(rows, 513, 7):  # a decode-only round: 1 token a row
+                v = s.select(tokens, rows, num_decode=decode, decode_span=decode)
+                assert v in every and v.num_tokens >= tokens and v.num_rows >= rows, (tokens, rows, decode)
