@@ -7,7 +7,7 @@ tested against its reference) where one exists, else the pure-jnp reference. ``r
 oracles only. A forced backend that cannot serve an op raises :class:`KernelUnavailableError`;
 nothing falls back silently. On the CPU, ``auto`` also runs the native C++ kernels of
 ``kernels/native`` where one serves a call (the Gated DeltaNet and SSD scans, the Gated DeltaNet
-decode window update, paged attention with one query per row; ``RADIXFLOW_NATIVE``; a failed build
+decode window update, paged attention; ``RADIXFLOW_NATIVE``; a failed build
 warns once).
 """
 
@@ -307,11 +307,14 @@ def conv_states_at(*args: Any, **kwargs: Any) -> Any:
 
 
 def paged_attention(*args: Any, **kwargs: Any) -> Any:
-    """See ``kernels/attention.paged_attention``. A call with one query token per row (decode rows,
-    or the last layer's sampled tokens) runs the native kernel on the CPU under ``auto``, as
-    :func:`gated_delta_decode_window` does (a forced ``pallas`` still raises on the CPU)."""
+    """See ``kernels/attention.paged_attention``. On the CPU under ``auto`` a native kernel serves it,
+    as :func:`gated_delta_decode_window` does (a forced ``pallas`` still raises on the CPU): a call
+    with one query token per row (decode rows, or the last layer's sampled tokens) the decode kernel,
+    any other (prefill and mixed rounds) the block kernel, whose cost follows the keys each row reads."""
     if len(args) == 6 and _native_attention(*args[:4], **kwargs):
-        return _native.paged_attention_decode(*args, **kwargs)
+        if args[0].shape[0] == args[3].shape[0]:
+            return _native.paged_attention_decode(*args, **kwargs)
+        return _native.paged_attention_blocks(*args, **kwargs)
     return resolve("paged_attention")(*args, **kwargs)
 
 

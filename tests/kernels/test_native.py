@@ -197,7 +197,10 @@ def test_ops_attention_is_native_only_for_one_token_per_row() -> None:
     two_tokens = np.concatenate([q, q[:1]])  # 4 tokens over 3 rows: the XLA formulation
     cu2 = np.array([0, 2, 3, 4], np.int32)
     text = jax.jit(lambda *a: ops.paged_attention(*a, scale=0.25)).lower(two_tokens, k, v, table, cu2, kv).as_text()
-    assert native.ATTENTION.target not in text
+    assert native.ATTENTION.target not in text and native.BLOCKS.target in text  # many tokens: the block kernel
+    with ops.use_backend("xla"):
+        text = jax.jit(lambda *a: ops.paged_attention(*a, scale=0.25)).lower(two_tokens, k, v, table, cu2, kv).as_text()
+    assert native.BLOCKS.target not in text
 
 
 def test_ops_attention_leaves_windows_and_caps_the_kernel_does_not_take_to_xla() -> None:
@@ -287,3 +290,41 @@ def test_ops_ssd_is_native_under_auto() -> None:
         with ops.use_backend(backend):
             text = jax.jit(lambda *a: ops.ssd_chunked(*a, chunk_size=4)).lower(*args).as_text()
         assert (native.SSD.target in text) == native_call, backend
+
+
+def _round_inputs(seed: int, spans: list[tuple[int, int]], pad: int, hq: int, hkv: int, dim: int, page: int):
+    """Rows of ``(new tokens, context)`` on shuffled pages, then ``pad`` padding tokens."""
+    rng = np.random.default_rng(seed)
+    max_pages = max(-(-max(ctx, 1) // page) for _, ctx in spans) + 1
+    pages = 1 + len(spans) * max_pages
+    k = rng.standard_normal((pages, page, hkv, dim)).astype(np.float32)
+    v = rng.standard_normal((pages, page, hkv, dim)).astype(np.float32)
+    table = (1 + rng.permutation(len(spans) * max_pages)).reshape(len(spans), max_pages).astype(np.int32)
+    cu = np.concatenate([[0], np.cumsum([n for n, _ in spans])]).astype(np.int32)
+    q = rng.standard_normal((int(cu[-1]) + pad, hq, dim)).astype(np.float32)
+    return q, k, v, table, cu, np.array([ctx for _, ctx in spans], np.int32)
+
+
+@pytest.mark.parametrize(
+    "spans,hq,hkv,dim,page,window,cap,block",
+    [
+        ([(1, 9), (1, 30), (13, 13), (21, 40), (7, 23)], 8, 2, 16, 4, None, None, 4),  # mixed, off the grids
+        ([(37, 50), (0, 0), (5, 5), (1, 1)], 4, 4, 64, 16, None, None, 16),  # rep 1, an empty row
+        ([(1, 33), (19, 60)], 6, 2, 16, 8, 10, None, 8),
+        ([(9, 17), (3, 3)], 2, 1, 16, 4, None, 5.0, 4),
+        ([(6, 4), (12, 30)], 4, 2, 16, 4, 6, 3.0, 16),  # row 0: its first tokens have no key
+    ],
+    ids=["mixed-gqa", "rep1-empty-row", "sliding-window", "soft-cap", "no-keys-window-cap"],
+)
+def test_native_block_attention_matches_the_reference(spans, hq, hkv, dim, page, window, cap, block) -> None:
+    """``native.paged_attention_blocks`` against ``kernels/attention.paged_attention``: rows of many
+    tokens starting off the page and block grids, decode rows first, padding tokens past cu[R] (0)."""
+    from radixflow_jax.kernels.attention import paged_attention
+
+    q, k, v, table, cu, kv = _round_inputs(len(spans) + dim, spans, 3, hq, hkv, dim, page)
+    kw = dict(scale=0.3, sliding_window=window, logit_soft_cap=cap)
+    want = np.asarray(paged_attention(q, k, v, table, cu, kv, **kw))
+    fn = jax.jit(functools.partial(native.paged_attention_blocks, block_q=block, **kw))
+    got = np.asarray(fn(q, k, v, table, cu, kv))
+    np.testing.assert_allclose(got, want, atol=2e-5, rtol=1e-5)
+    assert not np.any(got[int(cu[-1]) :]), "padding tokens get 0"

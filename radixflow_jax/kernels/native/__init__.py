@@ -1,6 +1,6 @@
 """Native CPU kernels: C++ sources in this folder, built on first use and called through the XLA FFI.
 
-Four kernels, each sharing its work over XLA's intra-op threads:
+Five kernels, each sharing its work over XLA's intra-op threads:
   * ``gated_delta_decode.cc``: the decode rows' Gated DeltaNet update of a window of a state pool,
     in place (:func:`gated_delta_decode_window`). XLA:CPU splits that update into a batched
     matrix-vector fusion, a materialised decayed state and a single-threaded in-place write of the
@@ -8,6 +8,10 @@ Four kernels, each sharing its work over XLA's intra-op threads:
   * ``paged_attention.cc``: paged attention with one query token per row
     (:func:`paged_attention_decode`), where XLA runs a loop over page-table columns with a gather
     per step on one thread.
+  * ``paged_attention_blocks.cc``: paged attention for rows with any number of query tokens
+    (:func:`paged_attention_blocks`): a task per (block of consecutive tokens of one row, KV head)
+    reads only the keys its block attends to, where XLA's loop runs every block over the longest
+    row's columns.
   * ``gated_delta_scan.cc``: the prefill rows' Gated DeltaNet recurrence token by token
     (:func:`gated_delta_scan`, the contract of ``gated_delta_chunked`` with ``pair_chunk``), each
     (row, head) keeping its state in a local buffer; XLA's chunked form spends its time in small
@@ -92,6 +96,12 @@ ATTENTION = Kernel(
     "radixflow_paged_attention_decode",
     operands="f==iii",  # q, k_pages, v_pages, page_table, cu_seqlens, kv_lens
 )
+BLOCKS = Kernel(
+    "paged_attention_blocks.cc",
+    "RadixflowPagedAttentionBlocks",
+    "radixflow_paged_attention_blocks",
+    operands="f==iii",  # q, k_pages, v_pages, page_table, cu_seqlens, kv_lens
+)
 SCAN = Kernel(
     "gated_delta_scan.cc",
     "RadixflowGatedDeltaScan",
@@ -104,13 +114,14 @@ SSD = Kernel(
     "radixflow_ssd_scan",
     operands="fffffifi",  # x, dt, A, B, C, cu_seqlens, initial_state, pair
 )
-KERNELS = (WINDOW, ATTENTION, SCAN, SSD)  # the build compiles their sources in this order (part of the key)
+KERNELS = (WINDOW, ATTENTION, BLOCKS, SCAN, SSD)  # the build compiles their sources in this order (part of the key)
 SOURCES = tuple(Path(__file__).with_name(kernel.source) for kernel in KERNELS)
 # every header of this folder (common.h: the binding, the work-sharing runner, the delta rule, the scans'
 # layout and phases); part of the build key, so a changed or added header rebuilds the library
 HEADERS = tuple(sorted(Path(__file__).parent.glob("*.h")))
 FLAGS = ("-O3", "-march=native", "-fopenmp-simd", "-std=c++17", "-shared", "-fPIC", "-w")
 MAX_VALUE_DIM = 512  # the kernel's per-head scratch (kMaxValueDim in the source)
+BLOCK_Q = 16  # query tokens per block of paged_attention_blocks.cc (measured: docs/perf-log.md)
 MODES = ("auto", "1", "0")
 
 
@@ -264,10 +275,11 @@ def serves_attention(
     q: jax.Array, k_pages: jax.Array, v_pages: jax.Array, page_table: jax.Array,
     sliding_window: int | None = None, logit_soft_cap: float | None = None, **_: object,
 ) -> bool:  # fmt: skip
-    """What :func:`paged_attention_decode` takes: one query token per row, float32 pages, and a
+    """What :func:`paged_attention_decode` (one query token per row) and :func:`paged_attention_blocks`
+    (any number) take: float32 pages, and a
     window and a soft cap that are absent or positive (the kernel reads 0 as absent)."""
     return (
-        q.ndim == 3 and k_pages.ndim == 4 and q.shape[0] == page_table.shape[0]
+        q.ndim == 3 and k_pages.ndim == 4
         and k_pages.dtype == v_pages.dtype == jnp.float32 and q.shape[-1] == k_pages.shape[-1]
         and (sliding_window is None or sliding_window > 0) and (logit_soft_cap is None or logit_soft_cap > 0)
     )  # fmt: skip
@@ -283,6 +295,23 @@ def paged_attention_decode(
     (out,) = _call(
         ATTENTION, (q, k_pages, v_pages, page_table, cu_seqlens, kv_lens), (q.shape,), q.dtype,
         scale=np.float32(scale), window=np.int64(sliding_window or 0), soft_cap=np.float32(logit_soft_cap or 0.0),
+    )  # fmt: skip
+    return out
+
+
+def paged_attention_blocks(
+    q: jax.Array, k_pages: jax.Array, v_pages: jax.Array, page_table: jax.Array, cu_seqlens: jax.Array,
+    kv_lens: jax.Array, *, scale: float, sliding_window: int | None = None, logit_soft_cap: float | None = None,
+    block_q: int = BLOCK_Q,
+) -> jax.Array:  # fmt: skip
+    """``ops.paged_attention`` on the native kernel over query blocks, for rows with any number of
+    query tokens (``q [T, Hq, D]``; :func:`serves_attention`): the contract of
+    ``kernels/attention.paged_attention``, output in ``q``'s dtype. Each (block of up to ``block_q``
+    consecutive tokens of one row, KV head) reads only the keys its block attends to."""
+    (out,) = _call(
+        BLOCKS, (q, k_pages, v_pages, page_table, cu_seqlens, kv_lens), (q.shape,), q.dtype,
+        scale=np.float32(scale), window=np.int64(sliding_window or 0), soft_cap=np.float32(logit_soft_cap or 0.0),
+        block=np.int64(block_q),
     )  # fmt: skip
     return out
 
