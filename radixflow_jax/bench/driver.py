@@ -101,8 +101,10 @@ def drive(
             prompt = history.get(r.group, ()) + r.prompt
             submit(r, prompt, t0 + max(r.arrival_s, 0.0) if r.turn == 0 else clock())
         if not engine.has_unfinished():
-            if pending:
-                wait(max(pending[0].arrival_s - (clock() - t0), 0.0))
+            if pending:  # idle until the head arrives, then submit it: a clock of floats may read
+                r = pending.popleft()  # a hair before its arrival after the wait (then spin for ever)
+                wait(max(r.arrival_s - (clock() - t0), 0.0))
+                submit(r, history.get(r.group, ()) + r.prompt, t0 + max(r.arrival_s, 0.0) if r.turn == 0 else clock())
             continue
         for out in engine.step():
             if not out.finished:

@@ -46,8 +46,8 @@ class LRUPolicy:
     plain chain are guesses about future requests, so under slot pressure they are dropped first.
     ``keep_deepest`` (checkpoints only): before any of those, a checkpoint *shadowed* on its chain
     (:func:`is_shadowed`): a request that reaches it and goes on along the chain reads the deeper
-    one, so it serves only a request that leaves the chain between the two. A conversation's
-    exact end, its next turn's start, outlives the grid and prompt-end checkpoints above it.
+    one, so it serves only a request that leaves the chain between the two. A prompt's exact end
+    outlives the grid checkpoints above it; a request's end past its prompt shadows nothing.
     """
 
     keep_branches: bool = True
@@ -63,11 +63,15 @@ class LRUPolicy:
 
 def is_shadowed(node: Node) -> bool:
     """Whether the plain chain that continues ``node``'s path (no branch: :func:`_continuations`)
-    reaches a committed checkpoint before it branches or ends. For a tail the chain is the one its
-    tokens start (a full-page sibling, longer tails). O(length of that chain)."""
+    reaches a committed checkpoint before it branches or ends, not counting ``generated`` ones (a
+    request's end past its prompt): a client resends the model's answer re-tokenised, with its
+    reasoning stripped by a chat template or its tool calls reformatted often enough that the
+    prompt's end, where the client's own tokens stop, is the likeliest place for its next turn to
+    leave the chain. For a tail the chain is the one its tokens start (a full-page sibling, longer
+    tails). O(length of that chain)."""
     below = _continuations(node)
     while below is not None:
-        if any(c.checkpoint is not None and c.checkpoint.committed for c in below):
+        if any(c.checkpoint is not None and c.checkpoint.committed and not c.checkpoint.generated for c in below):
             return True
         page = next((c for c in below if not c.is_tail), None)
         below = _continuations(page) if page is not None else None

@@ -210,14 +210,15 @@ class RadixCache(TreeStore):
             self._pending.setdefault(producer_id, set()).add(node)
         return node
 
-    def keep_end(self, tokens: Sequence[int], depth: int, slot: int | None, pages: Sequence[int], owner: int) -> bool:
+    def keep_end(self, tokens: Sequence[int], depth: int, slot: int | None, pages: Sequence[int], owner: int,
+                 *, generated: bool = False) -> bool:  # fmt: skip
         """A finished request's exact end (docs/design.md, "Exact depth"): inserts ``tokens[:depth]``
         (its full pages, as :meth:`insert`) and keeps the state its own ``slot`` holds, written and
         committed, as a committed checkpoint at exactly ``depth``: on the node ending there, or in a
         tail sharing its partial page ``pages[depth // page_size]`` when ``depth`` is off the page
         grid. Attention-only models (``slot=None``) keep such a tail for its KV. Whether the tree
         took a reference on ``slot`` (not when a checkpoint or tail is already there); the caller
-        drops its own references as usual. ``owner`` names the request (the checkpoint's producer)."""
+        drops its own references as usual. ``owner``: the request; ``generated``: past its prompt."""
         p = self._config.page_size
         toks = tuple(tokens[:depth])
         if depth <= 0 or len(toks) < depth:
@@ -233,7 +234,7 @@ class RadixCache(TreeStore):
         if slot is None:
             return False
         self._slots.incref(slot)
-        node.checkpoint = Checkpoint(slot, owner)
+        node.checkpoint = Checkpoint(slot, owner, generated=generated)
         node.checkpoint.status = CheckpointStatus.COMMITTED
         return True
 

@@ -46,16 +46,20 @@ class Checkpoint:
     raises ``PendingCheckpointError``. ``held_slot`` is the slot it occupies, pending or not: for
     bookkeeping (ownership checks, freeing it) and for matching a paired consumer to its producer's
     in-round emit, never to read a state. ``producer_id`` names the request whose round writes it.
+    ``generated``: its state has consumed tokens the model generated (a request's exact end past its
+    prompt, ``RadixCache.keep_end``); clients often resend such tokens altered, so it never counts as
+    superseding a checkpoint above it (``cache/eviction.is_shadowed``).
     """
 
-    __slots__ = ("_slot", "status", "producer_id", "reads", "wanted")
+    __slots__ = ("_slot", "status", "producer_id", "reads", "wanted", "generated")
 
-    def __init__(self, slot: int, producer_id: int) -> None:
+    def __init__(self, slot: int, producer_id: int, *, generated: bool = False) -> None:
         self._slot = slot
         self.status = CheckpointStatus.PENDING
         self.producer_id = producer_id
         self.reads = 0  # requests that copied this state (RadixCache.read_checkpoint)
         self.wanted = False  # planted because waiting requests will need it (look-ahead)
+        self.generated = generated  # the state has consumed model-generated tokens (keep_end past a prompt)
 
     @property
     def pending(self) -> bool:

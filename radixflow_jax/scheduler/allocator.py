@@ -138,7 +138,8 @@ class Allocator:
             self.cache.unpair(req.request_id)
             self.cache.unpublish(req.request_id)
             if keep_prefix and 0 < req.state_depth <= req.num_tokens:
-                self.cache.keep_end(req.tokens, req.state_depth, req.slot, req.pages, req.request_id)
+                self.cache.keep_end(req.tokens, req.state_depth, req.slot, req.pages, req.request_id,
+                                    generated=req.state_depth > len(req.prompt))  # fmt: skip
             if req.hit_node is not None:
                 self.cache.unlock(req.hit_node)
         self.pages.release(req.own_pages)

@@ -153,3 +153,25 @@ def test_state_eviction_drops_a_shadowed_checkpoint_first():
     assert cache.match(TURN[:10] + [1, 2]).hit_len == 0  # TURN's 8 went: it was shadowed by 11
     assert cache.match(TURN + [1]).hit_len == 11
     _all_free(cache)
+
+
+def test_an_end_past_the_prompt_shadows_nothing():
+    """A request's end past its prompt (``generated``) does not supersede the checkpoint above it:
+    clients resend answers altered, and the prompt's end is where their next turn leaves the chain.
+    Here TURN's 8 is its prompt's end and 11 the end of its answer; the least recent checkpoint,
+    alone on its chain, goes first (LRU), and TURN's 8 still serves an altered resend."""
+    cache = _cache()
+    other = list(range(300, 311))
+    committed_checkpoint(cache, other, 8)  # the least recent, alone on its chain
+    committed_checkpoint(cache, TURN, 8)
+    table, own = own_pages(cache, TURN)
+    slot = cache.slot_pool.alloc(1)[0]
+    assert cache.keep_end(TURN, 11, slot, table, owner=5, generated=True)
+    cache.slot_pool.decref(slot)
+    cache.page_pool.release(own)
+    assert cache.evict_states(1) == 1
+    cache.check_invariants()
+    assert cache.match(other + [1]).hit_len == 0  # went first: not shadowed, least recent
+    assert matched(cache, TURN[:9] + [1, 2]).committed_depth == 8  # the altered resend's hit
+    assert cache.match(TURN + [1]).hit_len == 11
+    _all_free(cache)
