@@ -226,6 +226,8 @@ def capture_round(args: argparse.Namespace, kind: str = "decode") -> tuple[Any, 
     """``(llm, variant, inputs)`` of the workload's first round of ``kind`` (:func:`_wanted`): the
     setup's model (always written anew) and workload run once through ``LLM.generate`` (prefix cache
     on, planned warm-up), the step's inputs of that round kept as host arrays."""
+    import jax
+
     from radixflow_jax import LLM, SamplingParams
     from radixflow_jax.runner import step as step_module
 
@@ -249,7 +251,7 @@ def capture_round(args: argparse.Namespace, kind: str = "decode") -> tuple[Any, 
 
     def spy(self: Any, variant: Any, p: Any, cache: Any, arrays: dict[str, Any]) -> Any:
         if wanted(variant) and "variant" not in captured:
-            captured["variant"], captured["inputs"] = variant, {k: np.asarray(x) for k, x in arrays.items()}
+            captured["variant"], captured["inputs"] = variant, jax.tree_util.tree_map(np.asarray, arrays)
         return call(self, variant, p, cache, arrays)
 
     with unittest.mock.patch.object(step_module.CompiledStep, "__call__", spy):

@@ -111,10 +111,11 @@ def main(argv: list[str] | None = None) -> None:
     for name in names:
         with table[name]():
             step = CompiledStep(
-                ex.model.graphdef, ex.model.params, ex.cache, ex.shapes, ex.step.kernels, ex.penalty_window
+                ex.model.graphdef, ex.model.params, ex.cache, ex.shapes, ex.step.kernels, ex.penalty_window,
+                mask_words=ex.step.mask_words,
             )
             programs[name] = step._compile(variant)
-    device_inputs = {k: jax.device_put(x) for k, x in inputs.items()}
+    device_inputs = jax.tree_util.tree_map(jax.device_put, inputs)
     cache, params = ex.cache, ex.model.params
     times: dict[str, list[float]] = {n: [] for n in names}
     load_before = os.getloadavg()

@@ -166,9 +166,10 @@ def main(argv: list[str] | None = None) -> None:
     args = p.parse_args(argv)
     llm, variant, inputs = synthetic.capture_round(args, args.round)
     ex = llm.engine.executor
-    step = CompiledStep(ex.model.graphdef, ex.model.params, ex.cache, ex.shapes, ex.step.kernels, ex.penalty_window)
+    step = CompiledStep(ex.model.graphdef, ex.model.params, ex.cache, ex.shapes, ex.step.kernels, ex.penalty_window,
+                        mask_words=ex.step.mask_words)  # fmt: skip
     program = step._compile(variant)
-    device_inputs = {k: jax.device_put(x) for k, x in inputs.items()}
+    device_inputs = jax.tree_util.tree_map(jax.device_put, inputs)
     cache, params = ex.cache, ex.model.params
     out: Any = None
     for _ in range(3):
