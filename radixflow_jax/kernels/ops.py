@@ -275,6 +275,23 @@ def gated_delta_decode_window(
     return out, jax.lax.dynamic_update_slice_in_dim(pool, jnp.where(keep, new.astype(pool.dtype), window), base, 0)
 
 
+def linear(x: jax.Array, w: jax.Array) -> jax.Array:
+    """``x @ w.T`` (``w [out, in]``, the HF layout). On the CPU under ``auto``, one device, float32,
+    with 2 to 40 rows in ``x`` (a small round's tokens: ``_native.SMALL_MATMUL_ROWS``), the native
+    kernel serves it, reading each weight once per 24 rows; elsewhere XLA's matmul."""
+    rows = 1
+    for d in x.shape[:-1]:
+        rows *= d
+    lo, hi = _native.SMALL_MATMUL_ROWS
+    if (
+        lo <= rows <= hi and w.ndim == 2 and x.dtype == w.dtype == jnp.float32 and jax.device_count() == 1
+        and _native_may_serve(None) and _native.enabled()
+    ):  # fmt: skip
+        y = _native.small_matmul(x.reshape(rows, x.shape[-1]), w)
+        return y.reshape(*x.shape[:-1], w.shape[0])
+    return x @ w.T
+
+
 def trace_flags() -> tuple[bool, str, str]:
     """What a traced step depends on beyond its backend name: :func:`pallas_interpret`, the native
     kernels' mode and the :func:`platform` kernels are picked for (``runner/step.CompiledStep`` keys

@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from radixflow_jax.kernels import ops
 from radixflow_jax.kernels.batch import positions_from_batch
 from radixflow_jax.models.batch import Batch, ModelCache
 from radixflow_jax.models.config import ModelConfig
@@ -237,7 +238,7 @@ class HybridLM(nnx.Module):
         """Float32 logits of ``hidden [..., hidden_size]``, times ``lm_head`` and divided by
         ``logits_scaling`` (in the model dtype, where the references apply them)."""
         if self.lm_head is None:
-            logits = hidden @ self.model.embed_tokens.weight[...].T
+            logits = ops.linear(hidden, self.model.embed_tokens.weight[...])  # tied: the embedding's [vocab, hidden]
         else:
             logits = self.lm_head(hidden)
         mult = self.config.multipliers

@@ -15,6 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from radixflow_jax.kernels import ops
 from radixflow_jax.models.config import MoeConfig, NormStyle, RopeConfig
 
 
@@ -30,7 +31,7 @@ class Linear(nnx.Module):
         self.bias = nnx.Param(jnp.zeros((out_features,), dtype)) if bias else None
 
     def __call__(self, x: jax.Array) -> jax.Array:
-        y = x @ self.weight[...].T
+        y = ops.linear(x, self.weight[...])
         return y + self.bias[...] if self.bias is not None else y
 
 

@@ -1,9 +1,14 @@
-"""How fast XLA:CPU multiplies a few rows by many weights: 36 weights of 768 x 2048 f32 (226 MB, twelve
-layers' MLP matrices of hybrid-81m's width) by ``M`` rows, in one jitted program, per ``M``.
+"""How fast a few rows multiply many weights on the CPU: 36 weights of 2048 x 768 f32 (226 MB, twelve
+layers' MLP matrices of hybrid-81m's width, in the HF layout ``[out, in]`` that ``Linear`` holds) by
+``M`` rows, in one jitted program per ``M`` and path:
 
-Prints the median of 15 calls per ``M``, the weights read per second (the floor: about 30 GB/s on the
-development machine, ``round_floor.py``) and GFLOP/s. Run it once per ``XLA_FLAGS`` setting to compare
-XLA:CPU's matmul paths, e.g. with and without its YNNPACK fusions:
+  * ``xla``: ``x @ w.T``, XLA:CPU's matmul;
+  * ``native``: ``kernels/native/small_matmul.cc`` (what ``ops.linear`` picks for 2 to 8 rows).
+
+The two paths alternate call by call (interleaved repeats); it prints the medians of 15 calls each,
+their ratio, the weights read per second (the floor: about 30 GB/s on the development machine,
+``round_floor.py``) and the largest difference between the two results. Run it once per ``XLA_FLAGS``
+setting to compare XLA:CPU's matmul paths, e.g. with and without its YNNPACK fusions:
 
     python tools/perf/small_dot.py
     XLA_FLAGS=--xla_cpu_experimental_ynn_fusion_type= python tools/perf/small_dot.py
@@ -17,29 +22,38 @@ import time
 
 import jax
 import jax.numpy as jnp
+import numpy as np
+
+from radixflow_jax.kernels import native
 
 K, N, COUNT = 768, 2048, 36
 
 
 def main() -> None:
-    ws = [jnp.full((K, N), 1.0 + i, jnp.float32) for i in range(COUNT)]
+    rng = np.random.default_rng(0)
+    ws = [jnp.asarray(rng.standard_normal((N, K)), jnp.float32) for _ in range(COUNT)]
     mb = COUNT * K * N * 4 / 1e6
-
-    @jax.jit
-    def run(x: jax.Array, ws: list[jax.Array]) -> jax.Array:
-        return sum(jnp.sum(x @ w) for w in ws)
-
-    print("load", os.getloadavg(), "XLA_FLAGS", repr(os.environ.get("XLA_FLAGS", "")))
-    for m in (1, 4, 8, 16, 20, 32, 64):
-        x = jnp.ones((m, K), jnp.float32)
-        run(x, ws).block_until_ready()
-        ts = []
-        for _ in range(15):
-            t = time.perf_counter()
+    paths = {
+        "xla": jax.jit(lambda x, ws: sum(jnp.sum(x @ w.T) for w in ws)),
+        "native": jax.jit(lambda x, ws: sum(jnp.sum(native.small_matmul(x, w)) for w in ws)),
+    }
+    x = jnp.asarray(rng.standard_normal((5, K)), jnp.float32)
+    err = float(jnp.max(jnp.abs(jax.jit(native.small_matmul)(x, ws[0]) - x @ ws[0].T)))
+    print("load", os.getloadavg(), "XLA_FLAGS", repr(os.environ.get("XLA_FLAGS", "")), f"max |native - xla| {err:.1e}")
+    for m in (1, 2, 4, 8, 16, 20, 32, 40, 48, 64, 96):
+        x = jnp.asarray(rng.standard_normal((m, K)), jnp.float32)
+        ts: dict[str, list[float]] = {name: [] for name in paths}
+        for run in paths.values():
             run(x, ws).block_until_ready()
-            ts.append(time.perf_counter() - t)
-        s = st.median(ts)
-        print(f"M={m:3d}: {1e3 * s:6.1f} ms, weights {mb / s / 1e3:5.1f} GB/s, {2 * m * K * N * COUNT / s / 1e9:6.1f} GFLOP/s")
+        for _ in range(15):
+            for name, run in paths.items():
+                t = time.perf_counter()
+                run(x, ws).block_until_ready()
+                ts[name].append(time.perf_counter() - t)
+        s = {name: st.median(v) for name, v in ts.items()}
+        cols = ", ".join(f"{name} {1e3 * v:6.1f} ms ({mb / v / 1e3:4.1f} GB/s)" for name, v in s.items())
+        print(f"M={m:3d}: {cols}; native/xla {s['native'] / s['xla']:.2f}", flush=True)
+    print("load", os.getloadavg())
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """Native CPU kernels: C++ sources in this folder, built on first use and called through the XLA FFI.
 
-Five kernels, each sharing its work over XLA's intra-op threads:
+Six kernels, each sharing its work over XLA's intra-op threads:
   * ``gated_delta_decode.cc``: the decode rows' Gated DeltaNet update of a window of a state pool,
     in place (:func:`gated_delta_decode_window`). XLA:CPU splits that update into a batched
     matrix-vector fusion, a materialised decayed state and a single-threaded in-place write of the
@@ -18,6 +18,9 @@ Five kernels, each sharing its work over XLA's intra-op threads:
     matmuls, chunk gathers and loops there.
   * ``ssd_scan.cc``: the same for Mamba2's SSD recurrence (:func:`ssd_scan`, the contract of
     ``ssd_chunked``), where the CPU had only the reference's chunked form.
+  * ``small_matmul.cc``: ``x @ w.T`` for 2 to 40 rows (:func:`small_matmul`, ``ops.linear``) as a
+    GEMM micro-kernel over ``x`` transposed (each weight read once per 24 rows), where XLA:CPU's
+    matmul reads the weights at a third to a half of the memory floor.
 docs/perf-log.md, section "Native CPU kernels", has the measurements.
 
 ``RADIXFLOW_NATIVE`` says whether the step uses them: ``auto`` (default) builds them where a C++
@@ -114,13 +117,23 @@ SSD = Kernel(
     "radixflow_ssd_scan",
     operands="fffffifi",  # x, dt, A, B, C, cu_seqlens, initial_state, pair
 )
-KERNELS = (WINDOW, ATTENTION, BLOCKS, SCAN, SSD)  # the build compiles their sources in this order (part of the key)
+MATMUL = Kernel(
+    "small_matmul.cc",
+    "RadixflowSmallMatmul",
+    "radixflow_small_matmul",
+    operands="ff",  # x, w
+)
+KERNELS = (WINDOW, ATTENTION, BLOCKS, SCAN, SSD, MATMUL)  # the build compiles their sources in this order (part of the key)
 SOURCES = tuple(Path(__file__).with_name(kernel.source) for kernel in KERNELS)
 # every header of this folder (common.h: the binding, the work-sharing runner, the delta rule, the scans'
 # layout and phases); part of the build key, so a changed or added header rebuilds the library
 HEADERS = tuple(sorted(Path(__file__).parent.glob("*.h")))
 FLAGS = ("-O3", "-march=native", "-fopenmp-simd", "-std=c++17", "-shared", "-fPIC", "-w")
 MAX_VALUE_DIM = 512  # the kernel's per-head scratch (kMaxValueDim in the source)
+# rows small_matmul.cc serves: where it beat XLA:CPU's matmul on hybrid-81m's MLP weights (36 x 2048 x
+# 768 f32, tools/perf/small_dot.py, 2026-12-05): 0.54-0.65x at 2-16 rows, 0.77-0.88x at 20-40; 1.38x at
+# 1 row and 1.02x at 48 (docs/perf-log.md)
+SMALL_MATMUL_ROWS = (2, 40)
 BLOCK_Q = 16  # query tokens per block of paged_attention_blocks.cc (measured: docs/perf-log.md)
 MODES = ("auto", "1", "0")
 
@@ -355,3 +368,10 @@ def ssd_scan(
 
     check_shapes(x, dt, A, B, C)  # the reference's checks, at trace time
     return _scan(SSD, x, (x, dt, A, B, C), cu_seqlens, initial_state, chunk_size, pair_chunk)
+
+
+def small_matmul(x: jax.Array, w: jax.Array) -> jax.Array:
+    """``x @ w.T`` (``x [M, K]``, ``w [N, K]``, float32) on the native kernel, each weight read once
+    per 24 rows of ``x``; for the matmuls of small rounds (``ops.linear``)."""
+    (out,) = _call(MATMUL, (x, w), ((x.shape[0], w.shape[0]),), x.dtype)
+    return out
