@@ -161,17 +161,42 @@ class SlotPool(_RefCountPool):
     :meth:`alloc_high` the *highest* (a checkpoint's). So the slots of the running requests stay
     packed at the low end, and a round's decode rows span a window of about as many slots as there
     are rows (the model reads and writes that window in place, ``runner/window.py``), while
-    checkpoints fill the pool from the top. The free list is kept sorted."""
+    checkpoints fill the pool from the top. The free list is kept sorted.
+
+    The *request band* is slots ``1 .. request_slots`` (the scheduler passes ``max_num_seqs``, the
+    most request slots held at once). ``alloc_high(n, band=False)`` takes no slot of the band and
+    ``alloc_low(n, band=True)`` only slots of it; ``Allocator.alloc_slot`` decides when either end
+    may cross. Without the band, a finished request's kept end stayed in its slot, a pool full of
+    checkpoints handed the next requests whatever slot eviction freed, and after a few workloads on
+    one engine the running requests were spread over far more slots than ``max_num_seqs``: their
+    decode rows fell out of the window into the prefill region (``runner/window.py``).
+    ``tools/perf/slot_spread.py`` measures it."""
 
     _what = "slot"
 
-    def __init__(self, num_slots: int) -> None:
+    def __init__(self, num_slots: int, request_slots: int = 0) -> None:
         super().__init__(num_slots)
         self._free.reverse()  # ascending
+        self.request_slots = max(0, min(request_slots, self.capacity))
 
-    def alloc_high(self, n: int) -> list[int] | None:
-        """Like :meth:`alloc`, from the highest free slots."""
+    def alloc_high(self, n: int, *, band: bool = True) -> list[int] | None:
+        """Like :meth:`alloc`, from the highest free slots; ``band=False``: none of the request
+        band's (None when fewer than ``n`` are free above it)."""
+        if not band and n > len(self._free) - bisect.bisect_right(self._free, self.request_slots):
+            return None
         return self._alloc(n, high=True)
+
+    @property
+    def lowest_free(self) -> int | None:
+        """The lowest free slot (None: none is free)."""
+        return self._free[0] if self._free else None
+
+    def alloc_low(self, n: int, *, band: bool = False) -> list[int] | None:
+        """:meth:`alloc`; ``band=True``: only slots of the request band (None when fewer than ``n``
+        of them are free)."""
+        if band and n > bisect.bisect_right(self._free, self.request_slots):
+            return None
+        return self._alloc(n, high=False)
 
     def _take(self, n: int, high: bool) -> list[int]:
         if high:

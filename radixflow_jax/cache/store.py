@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from radixflow_jax.cache.config import CacheConfig
-from radixflow_jax.cache.eviction import EvictionPolicy, LRUPolicy
+from radixflow_jax.cache.eviction import EvictionPolicy, LRUPolicy, state_evictable
 from radixflow_jax.cache.invariants import check_tree
 from radixflow_jax.cache.partners import Partners, discard_member
 from radixflow_jax.cache.pools import InvariantError, PagePool, SlotPool
@@ -245,6 +245,27 @@ class TreeStore:
                 self._evicted_unused += 1
             node.checkpoint = None
             self._slots.decref(ckpt.held_slot)
+
+    def move_checkpoint_out(self, below: int, to: int) -> int | None:
+        """Moves one committed checkpoint held in a slot ``< below`` (the lowest such) of an unlocked
+        node, whose only reference is the tree's, into slot ``to``, which the caller holds: the tree
+        takes its own reference on ``to`` and frees the slot it left, which is returned (None: no
+        such checkpoint, nothing changes). The caller copies the state on the device before any
+        later round reads ``to`` (``RoundPlan.state_copies``); an unlocked node has no reader in the
+        round being planned. Walks the tree."""
+        movable = [
+            node for node in iter_nodes(self._root)
+            if state_evictable(node) and node.checkpoint.held_slot < below
+            and self._slots.refcount(node.checkpoint.held_slot) == 1
+        ]  # fmt: skip
+        if not movable:
+            return None
+        node = min(movable, key=lambda n: n.checkpoint.held_slot)
+        src = node.checkpoint.held_slot
+        self._slots.incref(to)
+        node.checkpoint.move(to)
+        self._slots.decref(src)
+        return src
 
     def _remove_leaf(self, node: Node) -> None:
         detach_leaf(node, self._config.page_size)

@@ -80,6 +80,10 @@ class Checkpoint:
         """The slot this checkpoint occupies, pending or committed (see the class docstring)."""
         return self._slot
 
+    def move(self, slot: int) -> None:
+        """Now held in ``slot`` (``TreeStore.move_checkpoint``, which keeps the references right)."""
+        self._slot = slot
+
     def __repr__(self) -> str:
         slot = self._slot if self.committed else "?"
         return f"Checkpoint({self.status.value}, slot={slot}, producer={self.producer_id})"

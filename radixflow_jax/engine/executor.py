@@ -22,7 +22,7 @@ import numpy as np
 from radixflow_jax.models.api import LoadedModel
 from radixflow_jax.models.batch import init_cache
 from radixflow_jax.runner.inputs import BIAS_WIDTH, SamplingRow, StepArrays, StepInputs, build_arrays
-from radixflow_jax.runner.pagecopy import PageCopier
+from radixflow_jax.runner.pagecopy import PageCopier, StateCopier
 from radixflow_jax.runner.scoring import PromptScorer
 from radixflow_jax.runner.shapes import ShapeConfig, Variant
 from radixflow_jax.runner.step import CompiledStep, out_rows
@@ -129,6 +129,7 @@ class ModelExecutor:
         )
         self.progress = progress
         self.page_copier = PageCopier(shapes.max_num_seqs)  # partial pages: riders' and tails' (RoundPlan)
+        self.state_copier = StateCopier(shapes.max_num_seqs)  # kept ends leaving the request band (RoundPlan)
         self._copier_ready = False
         self.warmup_s = 0.0
         self._no_prev = jax.device_put(np.zeros(out_rows(shapes), np.int32))  # prev_tokens of a round that splices nothing
@@ -142,13 +143,14 @@ class ModelExecutor:
     ) -> None:
         """Compiles and executes once every variant (or the given ones) that has not run yet,
         reporting progress (numbered from ``first`` of ``total``: a background warm-up passes one
-        variant at a time); the first call also compiles the riders' page copy and, unless
+        variant at a time); the first call also compiles the page and state copies and, unless
         ``scorer=False`` (a caller that never scores prompts: ``radixflow bench``), the prompt
         scoring program. Afterwards the compile guard may be turned on."""
         todo = [v for v in (self.shapes.variants() if variants is None else variants) if not self.step.is_compiled(v)]
         start = time.perf_counter()
-        if not self._copier_ready:  # the riders' page copy, compiled with the first warm-up call
+        if not self._copier_ready:  # the page and state copies, compiled with the first warm-up call
             self.cache = self.page_copier(self.cache, [])
+            self.cache = self.state_copier(self.cache, [])
             self._copier_ready = True
         if scorer and not self.scorer.is_compiled:
             t = time.perf_counter()
@@ -195,6 +197,8 @@ class ModelExecutor:
             jax.block_until_ready(prev.tokens)
             prev.ready = time.perf_counter()
         t1, compiles = time.perf_counter(), self.step.num_compiles
+        if plan.state_copies:  # kept ends leaving the request band, before a row reuses their slots
+            self.cache = self.state_copier(self.cache, plan.state_copies)
         before = plan.copies_before(self.page_size)
         if before:  # rows starting at a tail: their own copy of its partial page, before they read it
             self.cache = self.page_copier(self.cache, before)

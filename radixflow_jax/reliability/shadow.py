@@ -18,7 +18,8 @@ never taken: the step does not read the pool there), then write like any row.
 Riders (``RowPlan.twin_id``) read and write nothing themselves: each samples ``token_for`` its
 producer's sequence, which must end this round at the rider's prompt length; the producer's emit
 wrote the rider's slot, and the plan's page copies (applied after every row) give it the partial
-page, so its next row's context and state checks cover both.
+page, so its next row's context and state checks cover both. A plan's state copies (finished
+requests' kept ends leaving the request band) are applied before every row, as the executor does.
 
 Checked on every row (a failure is recorded in ``violations`` and raised as :class:`ShadowMismatch`):
   * no real row runs in the reserved page 0 or slot 0;
@@ -141,6 +142,8 @@ class ShadowExecutor:
         unpaired = [row for row in plan.rows if row.pair_slot is None and row.twin_id is None]
         paired = [row for row in plan.rows if row.pair_slot is not None]
         sequences: dict[int, tuple[int, ...]] = {}
+        for src, dst in plan.state_copies:  # before the step, as the executor copies them
+            self.slots[dst] = self.slots.get(src, (-1, -1))
         for src, dst in plan.copies_before(self.page_size):  # before the step, as the executor copies them
             self.pages[dst] = list(self.pages.get(src, [None] * self.page_size))
         for phase in (unpaired, paired):  # the step's order: producers, then their partners

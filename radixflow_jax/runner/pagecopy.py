@@ -1,19 +1,26 @@
-"""Copying KV pages between rounds: a rider's own copy of its producer's partial last page
-(``scheduler/riders.py``, ``RoundPlan.page_copies``).
+"""Copying KV pages and recurrent states between rounds.
 
-:class:`PageCopier` runs one jitted program of a fixed width ``width`` (pairs padded with ``(0, 0)``,
-the padding sink copied onto itself), so every round with copies reuses one compiled program. It is
-dispatched right after the round's step and takes that step's pools (donated), so on the device it
-runs after the step wrote the source page and before any later round reads the destination.
+* Pages: a rider's own copy of its producer's partial last page (``scheduler/riders.py``,
+  ``RoundPlan.page_copies``, after the step) and a row's own copy of a tail's partial page
+  (``RoundPlan.copies_before``, before the step).
+* States: a finished request's kept end moved out of the request band of the slot pool
+  (``cache/pools.SlotPool``, ``RoundPlan.state_copies``, before the step).
 
-Invariant: after a copy, destination page ``d`` holds, in every attention layer's K and V, what
-source page ``s`` held when the step finished; no other page changes (``(0, 0)`` pads leave the
-sink page as it was).
+:class:`PageCopier` and :class:`StateCopier` each run one jitted program of a fixed width ``width``
+(pairs padded with ``(0, 0)``, the sink copied onto itself; more pairs than that run in several
+calls), so every round with copies reuses one compiled program. Each takes the pools it is given
+(donated) and is dispatched in order with the steps, so on the device a copy runs after every
+round launched before it and before every round launched after it.
+
+Invariants: after a page copy, destination page ``d`` holds, in every attention layer's K and V,
+what source page ``s`` held; after a state copy, destination slot ``d`` holds, in every recurrent
+layer's conv and SSM pool, what slot ``s`` held. Nothing else changes (``(0, 0)`` pads leave the
+sink as it was). Destinations are distinct and no destination is a source of the same call.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import jax
 import numpy as np
@@ -29,22 +36,55 @@ def copy_pages(cache: ModelCache, src: jax.Array, dst: jax.Array) -> ModelCache:
     return cache._replace(kv=kv)
 
 
-class PageCopier:
-    """One compiled :func:`copy_pages` of ``width`` pairs for an executor's pools (donated)."""
+def copy_states(cache: ModelCache, src: jax.Array, dst: jax.Array) -> ModelCache:
+    """``cache`` with slots ``dst[i]`` set to slots ``src[i]`` in every recurrent layer's conv and
+    SSM pools (the same rules as :func:`copy_pages`)."""
+    conv = tuple(c.at[dst].set(c[src]) for c in cache.conv)
+    ssm = tuple(s.at[dst].set(s[src]) for s in cache.ssm)
+    return cache._replace(conv=conv, ssm=ssm)
 
-    def __init__(self, width: int):
+
+class _Copier:
+    """One compiled copy of ``width`` pairs over an executor's pools (donated)."""
+
+    def __init__(self, width: int, fn: Callable[[ModelCache, jax.Array, jax.Array], ModelCache]):
         if width < 1:
             raise ValueError(f"width must be >= 1, got {width}")
         self.width = width
-        self._fn = jax.jit(copy_pages, donate_argnums=0)
+        self._fn = jax.jit(fn, donate_argnums=0)
+
+    def _empty(self, cache: ModelCache) -> bool:
+        raise NotImplementedError
 
     def __call__(self, cache: ModelCache, pairs: Sequence[tuple[int, int]]) -> ModelCache:
-        if len(pairs) > self.width:
-            raise ValueError(f"{len(pairs)} page copies in one round, at most {self.width}")
-        if not cache.kv:
-            return cache  # no attention layer: nothing to copy
-        src = np.zeros(self.width, np.int32)
-        dst = np.zeros(self.width, np.int32)
-        if pairs:
-            src[: len(pairs)], dst[: len(pairs)] = zip(*pairs)
-        return self._fn(cache, src, dst)
+        """``cache`` after the copies ``pairs`` (an empty list still runs once: the warm-up)."""
+        if self._empty(cache):
+            return cache  # no layer of this kind: nothing to copy
+        for i in range(0, max(len(pairs), 1), self.width):
+            chunk = pairs[i : i + self.width]
+            src = np.zeros(self.width, np.int32)
+            dst = np.zeros(self.width, np.int32)
+            if chunk:
+                src[: len(chunk)], dst[: len(chunk)] = zip(*chunk)
+            cache = self._fn(cache, src, dst)
+        return cache
+
+
+class PageCopier(_Copier):
+    """One compiled :func:`copy_pages` of ``width`` pairs."""
+
+    def __init__(self, width: int):
+        super().__init__(width, copy_pages)
+
+    def _empty(self, cache: ModelCache) -> bool:
+        return not cache.kv
+
+
+class StateCopier(_Copier):
+    """One compiled :func:`copy_states` of ``width`` pairs."""
+
+    def __init__(self, width: int):
+        super().__init__(width, copy_states)
+
+    def _empty(self, cache: ModelCache) -> bool:
+        return not cache.ssm

@@ -36,6 +36,9 @@ class Allocator:
         self.cache = cache
         self.evicted_pages = 0
         self.evicted_slots = 0
+        # (band slot, slot above the band): checkpoints moved out of the request band, copied on the
+        # device before the step of the next plan (RoundPlan.state_copies)
+        self.state_copies: list[tuple[int, int]] = []
 
     def alloc_pages(self, n: int) -> list[int] | None:
         if n <= 0:
@@ -49,16 +52,60 @@ class Allocator:
         return ids
 
     def alloc_slot(self, *, checkpoint: bool = False) -> int | None:
-        """A request's slot (the lowest free one) or, with ``checkpoint``, a checkpoint's (the
-        highest free one; ``cache/pools.SlotPool``), evicting committed checkpoints when short."""
-        if self.slots is None:
+        """A request's slot or, with ``checkpoint``, a checkpoint's (``cache/pools.SlotPool``),
+        evicting committed checkpoints (``capacity // 32`` at a time) only when no slot is free.
+
+        A checkpoint takes the highest free slot above the request band, and one of the band only
+        when eviction freed none above it. A request takes the band's lowest free slot; when the
+        band holds none, a committed checkpoint there (a finished request's kept end, which stays
+        in that request's slot) moves to a free slot above the band (``_move_out``), and the
+        request takes the slot it left; only when neither exists, the lowest free slot anywhere.
+        So the running requests' slots stay in the band while it has room (the decode window,
+        ``runner/window.py``), at no more evictions than before the band."""
+        slots, cache = self.slots, self.cache
+        if slots is None:
             return None
-        alloc = self.slots.alloc_high if checkpoint else self.slots.alloc
-        ids = alloc(1)
-        if ids is None and self.cache is not None:
-            self.evicted_slots += self.cache.evict_states(max(1, self.slots.capacity // 32))
-            ids = alloc(1)
-        return ids[0] if ids else None
+        evict = max(1, slots.capacity // 32)
+        if checkpoint:
+            ids = slots.alloc_high(1, band=False)
+            if ids is None and cache is not None:
+                self.evicted_slots += cache.evict_states(evict)
+                ids = slots.alloc_high(1, band=False)
+            ids = ids or slots.alloc_high(1)  # nothing above the band could be freed
+            return ids[0] if ids else None
+        for attempt in range(2):
+            ids = self._move_out(take=True) or slots.alloc_low(1, band=True)
+            if ids is None and not slots.num_free and cache is not None and attempt == 0:
+                self.evicted_slots += cache.evict_states(evict)
+                continue
+            ids = ids or slots.alloc(1)
+            return ids[0] if ids else None
+        return None
+
+    def _move_out(self, *, take: bool) -> list[int] | None:
+        """Moves the committed checkpoint of an unlocked node held in the band (the tree's only
+        reference; the lowest such slot) into a free slot above the band, never evicting, and queues
+        its state copy (``state_copies``). ``take`` (a request's slot): only a slot below the band's
+        lowest free one, which is then allocated and returned, so the running requests pack at the
+        bottom of the band; otherwise (a request just released) any, left free. None when nothing
+        moved."""
+        slots, cache = self.slots, self.cache
+        if slots is None or cache is None:
+            return None
+        low = slots.lowest_free
+        band_low = low if low is not None and low <= slots.request_slots else None
+        below = band_low if take and band_low is not None else slots.request_slots + 1
+        if below == 1:
+            return None  # slot 1 is free: nothing lies below it
+        dst = slots.alloc_high(1, band=False)
+        if dst is None:
+            return None
+        src = cache.move_checkpoint_out(below, dst[0])
+        slots.decref(dst[0])  # the tree took its own reference (or nothing moved: free again)
+        if src is None:
+            return None
+        self.state_copies.append((src, dst[0]))
+        return slots.alloc_low(1, band=True) if take else None
 
     def seat(
         self,
@@ -146,7 +193,14 @@ class Allocator:
         if req.slot is not None and self.slots is not None:
             self.slots.decref(req.slot)
         req.pages, req.own_pages, req.slot, req.hit_node = [], [], None, None
+        self._move_out(take=False)  # its end, kept in the band: out of it while a slot above is free
+
+    def take_state_copies(self) -> tuple[tuple[int, int], ...]:
+        """The state copies queued since the last call, for the plan being built (``RoundPlan.state_copies``)."""
+        copies, self.state_copies = tuple(self.state_copies), []
+        return copies
 
     def flush(self) -> None:
+        self.state_copies = []  # their destinations leave the tree with everything else
         if self.cache is not None:
             self.cache.flush()

@@ -95,12 +95,16 @@ class RoundPlan:
     """``rows``: one-token rows first (``num_decode`` of them), rider rows last. ``page_copies``:
     ``(source page, destination page)`` pairs the executor copies (every attention layer's K and V)
     after the round's step, so a rider owns the producer's partial last page as the step left it;
-    :meth:`copies_before` the pairs it copies before the step (rows starting at a tail)."""
+    :meth:`copies_before` the pairs it copies before the step (rows starting at a tail).
+    ``state_copies``: ``(source slot, destination slot)`` pairs the executor copies (every recurrent
+    layer's conv and SSM state) before the step: finished requests' kept ends leaving the request
+    band (``Allocator.take_state_copies``); no row of the round writes a source before the copy."""
 
     rows: tuple[RowPlan, ...]
     num_decode: int
     stats: RoundStats
     page_copies: tuple[tuple[int, int], ...] = ()
+    state_copies: tuple[tuple[int, int], ...] = ()
 
     @property
     def num_tokens(self) -> int:

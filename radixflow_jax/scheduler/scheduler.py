@@ -51,7 +51,7 @@ class Scheduler:
         self.policy = get_policy(config.policy)
         cache_cfg = config.cache_config  # the model's geometry (derived once, EngineSpec.cache_config)
         pages = PagePool(num_pages)
-        slots = SlotPool(num_slots) if config.hybrid else None
+        slots = SlotPool(num_slots, request_slots=config.max_num_seqs) if config.hybrid else None
         caching = self.policy.use_cache  # policy no-cache: no radix cache
         cache = RadixCache(cache_cfg, pages, slots) if caching else None
         self.memory = Allocator(cache_cfg, pages, slots, cache)

@@ -90,6 +90,18 @@ def test_slot_pool_hands_request_slots_low_and_checkpoint_slots_high():
     pool.check_invariants()
 
 
+def test_checkpoints_leave_the_request_band_to_requests_unless_allowed():
+    pool = SlotPool(9, request_slots=3)  # the band: slots 1, 2, 3
+    assert pool.alloc_high(5, band=False) == [8, 7, 6, 5, 4]
+    assert pool.alloc_high(1, band=False) is None  # only band slots are free
+    assert pool.alloc(1) == [1]
+    assert pool.alloc_high(1) == [3]  # allowed: the band's highest free slot
+    pool.release([5])
+    assert pool.alloc_high(2, band=False) is None and pool.alloc_high(1, band=False) == [5]
+    assert SlotPool(3, request_slots=8).request_slots == 2  # never more than the pool
+    pool.check_invariants()
+
+
 @settings(max_examples=150, deadline=None)
 @given(
     size=st.integers(1, 8),

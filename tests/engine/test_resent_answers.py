@@ -1,7 +1,8 @@
 """Conversations whose clients resend the model's answers altered (re-tokenised text, reasoning
 stripped by a chat template), many at once under state-slot pressure, on the simulated executor: every
 next turn still reuses its previous prompt, whose end is where the resent history leaves the chain the
-answer started (``cache/eviction.is_shadowed``: an end past a prompt shadows nothing)."""
+answer started (``cache/eviction.is_shadowed``: an end past a prompt shadows nothing); and the
+running requests' state slots stay in the pool's request band while the ends they leave fill it."""
 
 from __future__ import annotations
 
@@ -60,7 +61,10 @@ def test_altered_resends_reuse_the_previous_prompt(num_slots: int) -> None:
     for g in sessions:
         submit(g)
     while engine.has_unfinished():
-        for out in engine.step():
+        outs = engine.step()
+        # the running requests' slots stay in the request band (cache/pools.SlotPool): kept ends leave it
+        assert all(r.slot <= SEQS for r in engine.scheduler.running if r.slot is not None)
+        for out in outs:
             if not out.finished:
                 continue
             g = live.pop(out.request_id)

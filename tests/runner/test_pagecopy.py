@@ -1,6 +1,7 @@
-"""The riders' page copy (``runner/pagecopy.py``) against numpy: destination pages take the source
-pages of every attention layer's K and V, padding pairs ``(0, 0)`` and other pages stay unchanged,
-and a model without attention layers has nothing to copy."""
+"""The page and state copies (``runner/pagecopy.py``) against numpy: destination pages take the
+source pages of every attention layer's K and V, destination slots the source slots of every
+recurrent layer's conv and SSM pools; padding pairs ``(0, 0)`` and everything else stay unchanged;
+more pairs than the width run in several calls; a model without such layers has nothing to copy."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import numpy as np
 import pytest
 
 from radixflow_jax.models.batch import ModelCache
-from radixflow_jax.runner.pagecopy import PageCopier
+from radixflow_jax.runner.pagecopy import PageCopier, StateCopier
 
 
 def _cache(rng: np.random.Generator, layers: int) -> ModelCache:
@@ -36,11 +37,32 @@ def test_pages_are_copied_in_every_layer_and_nothing_else_changes() -> None:
         np.testing.assert_array_equal(k, np.asarray(k2))
 
 
-def test_too_many_copies_and_no_attention() -> None:
+def test_more_copies_than_the_width_and_no_attention() -> None:
     copier = PageCopier(1)
-    with pytest.raises(ValueError, match="at most 1"):
-        copier(_cache(np.random.default_rng(1), 1), [(1, 2), (3, 4)])
+    cache = _cache(np.random.default_rng(1), 1)
+    k0 = np.asarray(cache.kv[0][0]).copy()
+    out = copier(cache, [(1, 2), (3, 4)])  # two calls of one pair
+    want = k0.copy()
+    want[[2, 4]] = k0[[1, 3]]
+    np.testing.assert_array_equal(np.asarray(out.kv[0][0]), want)
     bare = ModelCache(kv=(), conv=(jnp.ones((3, 2, 5)),), ssm=(jnp.ones((3, 4)),))
     assert copier(bare, [(1, 2)]) is bare
     with pytest.raises(ValueError, match="width"):
         PageCopier(0)
+
+
+def test_states_are_copied_in_every_recurrent_pool_and_nothing_else_changes() -> None:
+    rng = np.random.default_rng(2)
+    conv = tuple(jnp.asarray(rng.standard_normal((7, 2, 5)), jnp.float32) for _ in range(2))
+    ssm = tuple(jnp.asarray(rng.standard_normal((7, 3, 4, 4)), jnp.float32) for _ in range(2))
+    cache = _cache(rng, 1)._replace(conv=conv, ssm=ssm)
+    before = [np.asarray(x).copy() for x in conv + ssm]
+    kv = np.asarray(cache.kv[0][0]).copy()
+    out = StateCopier(2)(cache, [(1, 6), (2, 5), (3, 4)])  # two calls: 2 pairs, then 1
+    for b, a in zip(before, out.conv + out.ssm):
+        want = b.copy()
+        want[[6, 5, 4]] = b[[1, 2, 3]]
+        np.testing.assert_array_equal(np.asarray(a), want)
+    np.testing.assert_array_equal(np.asarray(out.kv[0][0]), kv)  # pages are not touched
+    bare = ModelCache(kv=out.kv, conv=(), ssm=())
+    assert StateCopier(2)(bare, [(1, 2)]) is bare

@@ -55,6 +55,29 @@ def test_the_next_turn_computes_its_new_tokens_plus_one(hybrid: bool) -> None:
     _run(s, 3, [0])
 
 
+def test_a_kept_end_leaves_the_request_band_by_a_state_copy() -> None:
+    s = _sched()  # max_num_seqs 4: the request band is slots 1-4 of 15
+    prompt = tuple(range(10, 23))
+    s.add(Request(1, prompt, max_tokens=5, stop_token_ids=frozenset({STOP})))
+    _run(s, 1, [5, 6, STOP])
+    ((src, dst),) = s.memory.state_copies  # the end moved above the band; its copy waits for a plan
+    assert src <= 4 < dst and s.memory.slots.refcount(dst) == 1 and s.memory.slots.is_free(src)
+    row, plan = _first_row(s, Request(2, prompt + (5, 6, STOP, 1, 2), max_tokens=1))
+    assert plan.state_copies == ((src, dst),) and not s.memory.state_copies  # copied before this step
+    assert row.copy_from == dst and row.slot == src and row.start == 15
+
+
+def test_a_kept_end_stays_where_no_slot_above_the_band_is_left() -> None:
+    cfg = SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=32, page_size=4, grid=8, hybrid=True, policy="pair")
+    s = Scheduler(cfg, num_pages=64, num_slots=5)  # four slots: all of them the band
+    prompt = tuple(range(10, 23))
+    s.add(Request(1, prompt, max_tokens=5, stop_token_ids=frozenset({STOP})))
+    _run(s, 1, [5, 6, STOP])
+    assert not s.memory.state_copies
+    row, plan = _first_row(s, Request(2, prompt + (5, 6, STOP, 1, 2), max_tokens=1))
+    assert not plan.state_copies and row.copy_from is not None and row.start == 15
+
+
 def test_a_round_in_flight_that_fed_the_stop_token_ends_the_state_after_it() -> None:
     s = _sched()
     prompt = tuple(range(10, 23))
