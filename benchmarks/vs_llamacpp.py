@@ -52,7 +52,7 @@ from typing import Any
 import numpy as np
 
 from radixflow_jax.bench import llamacpp
-from radixflow_jax.bench.h2h import AGENTIC_TURNS, H2H_WORKLOADS, describe, summary_table, timed_run
+from radixflow_jax.bench.h2h import AGENTIC_TURNS, H2H_WORKLOADS, IncompleteRun, describe, summary_table, timed_run
 from radixflow_jax.paths import cache_root
 
 TINY = ("tiny-qwen3.5", "tiny-qwen3", "tiny-qwen3-next", "tiny-granite-4.0-h", "tiny-falcon-h1", "tiny-bamba",
@@ -286,7 +286,13 @@ def head_to_head(name: str, path: str, args: argparse.Namespace, server_bin: str
                 reqs = workload(kind, run, args, vocab, encode)
                 for w in order:
                     load = os.getloadavg()[0]
-                    r = timed_run(w, urls[w], reqs)
+                    try:
+                        r = timed_run(w, urls[w], reqs)
+                    except IncompleteRun as err:  # kept in the rows; the summary leaves the run out
+                        rows.append({"model": name, "workload": kind, "run": run, "server": w, "load": load,
+                                     "failed": str(err)})  # fmt: skip
+                        print(f"  {kind:9s} run {run} {w:9s} load {load:4.2f}  FAILED: {err}")
+                        continue
                     rows.append({"model": name, "workload": kind, "run": run, "server": w, "load": load, **r})
                     print(f"  {kind:9s} run {run} {w:9s} load {load:4.2f}  {r['output_throughput']:7.1f} out tok/s  "
                           f"mean {r['e2el_ms']['mean']:8.0f} ms  p99 {r['e2el_ms']['p99']:8.0f} ms  "

@@ -124,9 +124,14 @@ def breakdown(server: str, results: list[Any], before: dict[str, float] | None, 
             "ms_per_generated_token": gen_ms / max(gen_n, 1), "slot_busy_share": (prompt_ms + gen_ms) / 1000 / wall}  # fmt: skip
 
 
+class IncompleteRun(RuntimeError):
+    """A server did not complete every request of a run with exactly its output tokens."""
+
+
 def timed_run(server: str, url: str, reqs: list[Any]) -> dict[str, Any]:
     """One timed run of ``reqs`` against ``url`` (the HTTP driver), its summary and breakdown;
-    raises unless every request completed with exactly its ``max_tokens`` output tokens."""
+    raises :class:`IncompleteRun` unless every request completed with exactly its ``max_tokens``
+    output tokens."""
     from radixflow_jax.bench.http import run_requests, summarize
 
     before = our_metrics(url) if server == "ours" else None
@@ -136,7 +141,7 @@ def timed_run(server: str, url: str, reqs: list[Any]) -> dict[str, Any]:
     wanted = sum(r.max_tokens for r in reqs)
     if s["completed"] != len(reqs) or s["output_tokens"] != wanted:
         errors = [r.error for r in results if r.error][:3]
-        raise RuntimeError(f"{server}: {s['completed']}/{len(reqs)} completed, {s['output_tokens']} of {wanted} "
+        raise IncompleteRun(f"{server}: {s['completed']}/{len(reqs)} completed, {s['output_tokens']} of {wanted} "
                            f"output tokens: {errors}")  # fmt: skip
     return {**s, "breakdown": breakdown(server, results, before, after, wall)}
 
@@ -151,9 +156,12 @@ def _medians(sel: list[dict[str, Any]]) -> dict[str, float]:
 
 def summary_table(rows: list[dict[str, Any]]) -> str:
     """Medians over the repeats per (model, workload, server), and ours / llama.cpp ratios (the
-    median of the per-run ratios and their range; none where only ours ran)."""
+    median of the per-run ratios and their range; none where only ours ran). A run either server
+    failed (a row with ``failed``) is left out for both."""
     out = [f"{'model':14s} {'workload':9s} {'server':9s} {'out tok/s':>10s} {'mean ms':>9s} {'p99 ms':>9s} "
            f"{'TTFT ms':>9s} {'cached':>7s}  ratio (ours/llama.cpp: tok/s, mean latency)"]  # fmt: skip
+    failed = {(r["model"], r["workload"], r["run"]) for r in rows if "failed" in r}
+    rows = [r for r in rows if (r["model"], r["workload"], r["run"]) not in failed]
     for model, kind in sorted({(r["model"], r["workload"]) for r in rows}):
         by_run: dict[str, dict[int, dict[str, Any]]] = {w: {} for w in SERVERS}
         for r in rows:

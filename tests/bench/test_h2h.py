@@ -56,6 +56,8 @@ def test_summary_with_and_without_llamacpp() -> None:
     table = summary_table(rows)
     assert "2.50x (2.00-3.00), 1.00x (0.50-1.00)" in table
     assert "2.00 ms per round + 100.0 us per token slot (no per-context term" in table
+    failed = {"model": "m", "workload": "agentic", "run": 3, "server": "llama.cpp", "load": 0.0, "failed": "1/2"}
+    assert summary_table(rows + [_row("ours", 3, 99.0, 1.0), failed]) == table  # a failed run is left out
     ours = summary_table([r for r in rows if r["server"] == "ours"][:2])
     assert "llama.cpp" not in ours.splitlines()[1] and "x (" not in ours and "too few" in ours
     # with the context the rounds read (a counter the server may export), a third term is fitted
