@@ -290,7 +290,7 @@ def head_to_head(name: str, path: str, args: argparse.Namespace, server_bin: str
                         r = timed_run(w, urls[w], reqs)
                     except IncompleteRun as err:  # kept in the rows; the summary leaves the run out
                         rows.append({"model": name, "workload": kind, "run": run, "server": w, "load": load,
-                                     "failed": str(err)})  # fmt: skip
+                                     "incomplete": str(err)})  # fmt: skip
                         print(f"  {kind:9s} run {run} {w:9s} load {load:4.2f}  FAILED: {err}")
                         continue
                     rows.append({"model": name, "workload": kind, "run": run, "server": w, "load": load, **r})

@@ -157,11 +157,12 @@ def _medians(sel: list[dict[str, Any]]) -> dict[str, float]:
 def summary_table(rows: list[dict[str, Any]]) -> str:
     """Medians over the repeats per (model, workload, server), and ours / llama.cpp ratios (the
     median of the per-run ratios and their range; none where only ours ran). A run either server
-    failed (a row with ``failed``) is left out for both."""
+    did not complete (a row with ``incomplete``, its error) is left out for both. (``failed`` is
+    a count every run's summary has, ``bench/http.summarize``.)"""
     out = [f"{'model':14s} {'workload':9s} {'server':9s} {'out tok/s':>10s} {'mean ms':>9s} {'p99 ms':>9s} "
            f"{'TTFT ms':>9s} {'cached':>7s}  ratio (ours/llama.cpp: tok/s, mean latency)"]  # fmt: skip
-    failed = {(r["model"], r["workload"], r["run"]) for r in rows if "failed" in r}
-    rows = [r for r in rows if (r["model"], r["workload"], r["run"]) not in failed]
+    incomplete = {(r["model"], r["workload"], r["run"]) for r in rows if r.get("incomplete")}
+    rows = [r for r in rows if (r["model"], r["workload"], r["run"]) not in incomplete]
     for model, kind in sorted({(r["model"], r["workload"]) for r in rows}):
         by_run: dict[str, dict[int, dict[str, Any]]] = {w: {} for w in SERVERS}
         for r in rows:

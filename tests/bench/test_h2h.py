@@ -47,7 +47,7 @@ def _row(server: str, run: int, tok: float, mean: float, context: float = 0.0) -
     br = {"rounds": 10.0, "round_ms": 2.0 + 0.1 * slots + 1e-4 * context, "tokens_per_round": slots - 10.0,
           "padding_per_round": 10.0, "context_per_round": context}  # fmt: skip
     return {"model": "m", "workload": "agentic", "run": run, "server": server, "output_throughput": tok,
-            "e2el_ms": stats, "ttft_ms": stats, "cache_hit_rate": 0.9, "breakdown": br}  # fmt: skip
+            "e2el_ms": stats, "ttft_ms": stats, "cache_hit_rate": 0.9, "breakdown": br, "failed": 0}  # fmt: skip
 
 
 def test_summary_with_and_without_llamacpp() -> None:
@@ -56,8 +56,9 @@ def test_summary_with_and_without_llamacpp() -> None:
     table = summary_table(rows)
     assert "2.50x (2.00-3.00), 1.00x (0.50-1.00)" in table
     assert "2.00 ms per round + 100.0 us per token slot (no per-context term" in table
-    failed = {"model": "m", "workload": "agentic", "run": 3, "server": "llama.cpp", "load": 0.0, "failed": "1/2"}
-    assert summary_table(rows + [_row("ours", 3, 99.0, 1.0), failed]) == table  # a failed run is left out
+    incomplete = {"model": "m", "workload": "agentic", "run": 3, "server": "llama.cpp", "load": 0.0,
+                  "incomplete": "1/2 completed"}  # fmt: skip
+    assert summary_table(rows + [_row("ours", 3, 99.0, 1.0), incomplete]) == table  # an incomplete run is left out
     ours = summary_table([r for r in rows if r["server"] == "ours"][:2])
     assert "llama.cpp" not in ours.splitlines()[1] and "x (" not in ours and "too few" in ours
     # with the context the rounds read (a counter the server may export), a third term is fitted
