@@ -105,6 +105,19 @@ def step_kernels(model: LoadedModel, kernels: str) -> str:
     return kernels
 
 
+def packed_rows_free(model: LoadedModel, kernels: str) -> bool:
+    """Whether ``model``'s step prices a one-token row in the prefill region at one token: the
+    native CPU kernels serve it (backend ``auto`` on the CPU, one device, native kernels enabled),
+    whose scans go token by token and whose attention goes query by query. The Pallas and XLA
+    chunked scans pad each row to a chunk instead (``runner/shapes.py``, ``mixed_layout``)."""
+    import jax
+
+    from radixflow_jax.kernels import native
+
+    one_device = getattr(model, "tensor_parallel_size", 1) == 1 and jax.device_count() == 1
+    return kernels == "auto" and jax.default_backend() == "cpu" and one_device and native.enabled()
+
+
 def build_engine(model: LoadedModel, ec: EngineConfig) -> EngineCore:
     """The model engine of ``model`` under ``ec``: pools sized by :func:`pool_sizes`, a
     :class:`~radixflow_jax.engine.executor.ModelExecutor` over the wired step shapes."""
@@ -126,6 +139,7 @@ def build_engine(model: LoadedModel, ec: EngineConfig) -> EngineCore:
         eos_token_ids=tuple(cfg.eos_token_ids) + (model.tokenizer.eos_token_ids if model.tokenizer else ()),
         tokenizer=model.tokenizer,
         vocab_size=cfg.vocab_size,
+        packed_rows_free=packed_rows_free(model, kernels),
     )
 
     def executor(shapes: ShapeConfig) -> Executor:

@@ -41,6 +41,10 @@ class EngineConfig:
     warmup: bool | str = False
     warmup_progress: bool = True  # report warm-up and first-use compiles on stderr
     bucket_mode: str = "fine"  # "fine" | "pow2" | "fixed" (one shape): runner/shapes.py
+    # where one-token rows of rounds with prefill rows run: "window" (a decode region), "packed"
+    # (with the prompts) or "auto" (packed where the step's kernels price such a row at one token:
+    # the native CPU kernels, EngineSpec.packed_rows_free): runner/shapes.py
+    mixed_layout: str = "auto"
     compilation_cache_dir: str | None = None  # persistent XLA cache: later engines reuse compiled variants
     penalty_window: int | None = None  # longest context a penalised request may have; None: min(max_model_len, 4096)
     step_retries: int = 1  # failed rounds a request is retried through before it ends with an error
@@ -51,6 +55,8 @@ class EngineConfig:
     def __post_init__(self) -> None:
         if self.warmup not in (True, False, "all", "lazy"):
             raise ValueError(f"warmup={self.warmup!r}: expected True/'all' or False/'lazy'")
+        if self.mixed_layout not in ("auto", "window", "packed"):
+            raise ValueError(f"mixed_layout={self.mixed_layout!r}: expected 'auto', 'window' or 'packed'")
         if self.max_n < 1:
             raise ValueError(f"max_n={self.max_n}: must be >= 1")
 

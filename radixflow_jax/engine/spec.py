@@ -23,7 +23,9 @@ from radixflow_jax.scheduler.config import SchedulerConfig
 class EngineSpec:
     """An engine's settings (``config``), its model's facts (``hybrid``: recurrent layers;
     ``chunk_sizes``: the recurrent kernels' chunks, empty for attention-only models; ``eos_token_ids``,
-    ``tokenizer``, ``vocab_size``: None when unknown) and its pools (``num_pages`` / ``num_slots``
+    ``tokenizer``, ``vocab_size``: None when unknown; ``packed_rows_free``: the executor's
+    prefill region costs a one-token row one token, as the native CPU kernels do, so
+    ``mixed_layout="auto"`` packs) and its pools (``num_pages`` / ``num_slots``
     include the reserved id 0 of each pool; ``max_model_len``: the longest request).
 
     Invariant: everything below is derived from these fields alone, so two engines of equal specs
@@ -38,6 +40,7 @@ class EngineSpec:
     eos_token_ids: tuple[int, ...] = ()
     tokenizer: object | None = None
     vocab_size: int | None = None
+    packed_rows_free: bool = False
 
     @property
     def cache_config(self) -> CacheConfig:
@@ -57,7 +60,15 @@ class EngineSpec:
             max_pages_per_row=math.ceil(self.max_model_len / cache.page_size),
             grid=cache.grid,
             mode=self.config.bucket_mode,
+            mixed_layout=self.mixed_layout,
         )
+
+    @property
+    def mixed_layout(self) -> str:
+        """``config.mixed_layout`` with ``auto`` resolved: ``packed`` where ``packed_rows_free``."""
+        if self.config.mixed_layout != "auto":
+            return self.config.mixed_layout
+        return "packed" if self.packed_rows_free else "window"
 
     def scheduler(self) -> SchedulerConfig:
         """The engine's scheduling options completed with this model's grid and kind."""

@@ -24,6 +24,19 @@ Buckets per region (``mode``):
     ``max_num_batched_tokens`` prefill tokens), as TPU deployments often run: every round has the same shape
     and a filled bubble is free compute.
 
+Where the one-token rows of a round with prefill rows run (``mixed_layout``):
+  * ``"window"`` (default): in the decode region, as above;
+  * ``"packed"``: in the prefill region with the prompts; a round has a decode region only when
+    every row is windowable (a decode-only round), so mixed and prefill-only rounds run without
+    one (``num_decode == 0``) and pad only their token and row buckets. It pays where a one-token
+    row costs one token in the prefill region too: the native CPU kernels (token-by-token scans,
+    per-query attention), which ``EngineConfig.mixed_layout="auto"`` picks. On the CPU a round of
+    6 decode rows joined by a 40-token prompt took 68 ms packed (48 token slots) against 85 ms in
+    a 16-row decode region (64 slots), and rounds whose buckets came out equal took equal time
+    (docs/perf-log.md, 2026-12-06). It does not pay where the chunked scan pads each row to a
+    chunk (the Pallas and XLA forms). Mixed variants then come in one set (decode region 0)
+    instead of the lean and coarse sets.
+
 Variants compile lazily on first use (persistent XLA cache) or all at warm-up; ``variants()``
 lists the whole set. ``max_emits`` (checkpoint writes per round) follows the variant: each row
 emits at most ``span / grid + 1`` checkpoints. A decode-only round also has a variant with room
@@ -40,6 +53,7 @@ import bisect
 import dataclasses
 
 MODES = ("fine", "pow2", "fixed")
+MIXED_LAYOUTS = ("window", "packed")
 FEW_EMITS = 4  # the small emit bucket of decode-only variants (staggered rows cross ~rows/grid grid points a round)
 LEAN_DECODE = (4,)  # fine: the small decode region of mixed rounds (where below max_num_seqs) ...
 LEAN_ROWS = 1  # ... taken only by variants of at most this many prefill rows ...
@@ -102,7 +116,9 @@ class ShapeConfig:
     """``max_num_batched_tokens`` / ``max_num_seqs``: the round budgets (the scheduler's options of
     the same names); ``min_tokens``: the smallest prefill token bucket; ``max_pages_per_row``: the
     page-table width (the model context in pages); ``grid``: the checkpoint grid (the engine's
-    ``CacheConfig.grid``); ``mode``: the bucket scheme (see the module docstring)."""
+    ``CacheConfig.grid``); ``mode``: the bucket scheme; ``mixed_layout``: where the one-token rows
+    of rounds with prefill rows run (both: see the module docstring; ``fixed`` has one variant and
+    keeps its decode region)."""
 
     max_num_batched_tokens: int
     max_num_seqs: int
@@ -110,10 +126,13 @@ class ShapeConfig:
     grid: int
     min_tokens: int = 16
     mode: str = "fine"
+    mixed_layout: str = "window"
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
             raise ValueError(f"bucket mode {self.mode!r}: expected one of {', '.join(MODES)}")
+        if self.mixed_layout not in MIXED_LAYOUTS:
+            raise ValueError(f"mixed_layout {self.mixed_layout!r}: expected one of {', '.join(MIXED_LAYOUTS)}")
         if self.max_num_batched_tokens < 1 or self.max_num_seqs < 1:
             budgets = f"max_num_batched_tokens={self.max_num_batched_tokens} and max_num_seqs={self.max_num_seqs}"
             raise ValueError(f"{budgets} must be >= 1")
@@ -132,10 +151,12 @@ class ShapeConfig:
 
     @property
     def row_buckets(self) -> tuple[int, ...]:
-        """Prefill-region row buckets."""
+        """Prefill-region row buckets; packed (``mixed_layout``), from 2 rows where ``max_num_seqs``
+        allows: without a decode region a one-row variant made XLA copy the conv pools, as a
+        one-row decode variant does (``decode_buckets``; ``tests/engine/test_compile_guard.py``)."""
         if self.mode == "fixed":
             return (self.max_num_seqs,)
-        return powers_of_two(1, self.max_num_seqs)
+        return powers_of_two(min(2, self.max_num_seqs) if self.packed else 1, self.max_num_seqs)
 
     @property
     def decode_buckets(self) -> tuple[int, ...]:
@@ -155,14 +176,22 @@ class ShapeConfig:
         """Decode-region sizes of rounds that carry prefill rows: powers of four from 16 below
         ``max_num_seqs``, and ``max_num_seqs``. A prefill-only round still has the smallest one, as padding
         rows: a padded decode row costs one token slot, and leaving out a ``0`` (and small sizes)
-        keeps the mixed variants to one or two sets."""
+        keeps the mixed variants to one or two sets. Packed (``mixed_layout``): only ``0``."""
         if self.mode == "fixed":
             return (self.max_num_seqs,)
+        if self.packed:
+            return (0,)
         out, v = [d for d in LEAN_DECODE if d < self.max_num_seqs and self.mode == "fine"], 16
         while v < self.max_num_seqs:
             out.append(v)
             v *= 4
         return tuple(out) + (self.max_num_seqs,)
+
+    @property
+    def packed(self) -> bool:
+        """Rounds with prefill rows run without a decode region (``mixed_layout="packed"``; not
+        under ``fixed``, whose one variant has one)."""
+        return self.mixed_layout == "packed" and self.mode != "fixed"
 
     def _mixed_decode(self, decode: int, prefill_tokens: int, prefill_rows: int) -> bool:
         """Whether a mixed variant of a ``decode``-row region over this prefill region exists: a
@@ -218,6 +247,8 @@ class ShapeConfig:
                 f"a decode window of {decode_span} slots cannot hold {d} decode rows (max {self.max_num_seqs})"
             )
         p, tp, region = num_rows - d, num_tokens - d, max(d, decode_span)
+        if p and self.packed:  # the one-token rows join the prefill region
+            p, tp, region = num_rows, num_tokens, 0
         if p == 0 and self.mode != "fixed":
             return self._variant(_first_at_least(self.decode_buckets, region), 0, 0, num_emits)
         i = self.row_buckets.index(rows := _first_at_least(self.row_buckets, p))

@@ -13,7 +13,9 @@ round's decode region is chosen by *slot*, not by count:
     checkpoint slots highest first, ``cache/pools.SlotPool``, so this is rare);
   * the region's size is the decode bucket that holds the *span* ``max slot - base + 1``; window
     positions without a decode row are padding rows (their slot's state is written back unchanged);
-  * ``base`` is lowered where needed so the window ends inside the pool (``num_slots``).
+  * ``base`` is lowered where needed so the window ends inside the pool (``num_slots``);
+  * under ``ShapeConfig.mixed_layout="packed"`` a round with any row outside the decode region has
+    none: every row runs in the prefill region (``variant_for``).
 
 Invariant: every row listed in ``rows`` has ``base <= slot < base + variant.num_decode <=
 num_slots``, and no two share a slot.
@@ -65,6 +67,8 @@ def variant_for(plan: RoundPlan, shapes: ShapeConfig) -> tuple[Variant, DecodePl
         decode_span=placement.span,
         num_riders=plan.num_riders,
     )
+    if not variant.num_decode:  # packed layout (or no windowable row): every row in the prefill region
+        placement = DecodePlacement(0, (), 0)
     return variant, placement
 
 

@@ -19,6 +19,7 @@ from radixflow_jax.engine.config import EngineConfig
 from radixflow_jax.engine.core import EngineCore
 from radixflow_jax.engine.build import build_engine, pool_sizes
 from radixflow_jax.engine.params import SamplingParams
+from radixflow_jax.kernels import native
 from radixflow_jax.runner.shapes import Variant
 from radixflow_jax.runner.step import CompileAfterWarmupError
 from tests.engine.workloads import GUARDED, shared_prefix_prompts
@@ -32,6 +33,9 @@ def core(tiny_model) -> EngineCore:
     core = build_engine(tiny_model("tiny-qwen3.5"), CONFIG)
     step = core.executor.step
     assert all(step.is_compiled(v) for v in core.executor.shapes.variants())  # warm-up compiled everything
+    # the CPU model executor's native kernels price a one-token row at one token: mixed rounds pack
+    assert core.spec.packed_rows_free == native.enabled()
+    assert core.executor.shapes.mixed_layout == ("packed" if native.enabled() else "window")
     step.strict = True
     return core
 

@@ -38,6 +38,22 @@ def test_the_spec_derives_geometry_shapes_and_scheduler_config_once() -> None:
     assert flat == CacheConfig(page_size=PAGE_SIZE, grid=PAGE_SIZE, hybrid=False)
 
 
+def test_mixed_layout_auto_packs_only_where_the_executor_prices_rows_by_token() -> None:
+    """``mixed_layout="auto"`` is packed exactly where the spec says a one-token row costs one token
+    in the prefill region (``packed_rows_free``: the native CPU kernels); explicit values win."""
+    import dataclasses
+
+    base = _spec(True)
+    assert base.config.mixed_layout == "auto" and base.shapes().mixed_layout == "window"
+    native = dataclasses.replace(base, packed_rows_free=True)
+    assert native.shapes().mixed_layout == "packed"
+    for layout in ("window", "packed"):
+        forced = dataclasses.replace(native, config=EngineConfig.from_options(mixed_layout=layout))
+        assert forced.shapes().mixed_layout == layout
+    with pytest.raises(ValueError, match="mixed_layout='flat'"):
+        EngineConfig.from_options(mixed_layout="flat")
+
+
 def test_one_default_policy_and_one_prefix_cache_switch() -> None:
     assert SchedulerConfig().policy == EngineConfig().scheduler.policy == "pair"
     assert EngineConfig.from_options(policy="no-cache").scheduler.policy == "no-cache"

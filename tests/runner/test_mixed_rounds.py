@@ -101,16 +101,19 @@ def test_mixed_layout_pads_the_decode_region() -> None:
     assert "plan_rows" not in a._fields  # host only
 
 
+@pytest.mark.parametrize("layout", ["window", "packed"])
 @pytest.mark.parametrize("model", ["tiny-qwen3.5", "tiny-bamba"])
-def test_mixed_rounds_equal_unmixed_runs(model: str, tiny_model) -> None:
+def test_mixed_rounds_equal_unmixed_runs(model: str, layout: str, tiny_model) -> None:
     """Requests arriving while others decode make mixed rounds (fine buckets, prefix cache on);
     each request's greedy output equals the one it gets alone (no other request in its rounds:
     never mixed) with the prefix cache off in the fixed bucket mode, so the bucket modes agree too.
+    ``window``: the decoding rows of those rounds take the decode region; ``packed``: they run in
+    the prefill region beside the prompts (Gated DeltaNet and Mamba2 scans over one-token rows).
     Shapes shared through the XLA cache: the compile guard's (``GUARDED``: every fine variant of
     tiny-qwen3.5 compiled there) and the engine tests' oracle (``SMALL_FIXED``)."""
     prompts = shared_prefix_prompts(num_prefixes=2, per_prefix=3, prefix_len=70, suffix_len=9, vocab=500)
     params = SamplingParams(max_tokens=6, ignore_eos=True)
-    llm = LLM(tiny_model(model), **GUARDED)
+    llm = LLM(tiny_model(model), **GUARDED, mixed_layout=layout)
     core = llm.engine
     rids = []
     for i, p in enumerate(prompts):
@@ -120,8 +123,9 @@ def test_mixed_rounds_equal_unmixed_runs(model: str, tiny_model) -> None:
             core.step()
     core.run_until_done()
     got = [core.output(r).token_ids for r in rids]
-    mixed = [r for r in core.records if r.kind == "mixed"]
-    assert mixed and all(r.decode_slots >= r.num_decode > 0 for r in mixed)
+    joined = [r for r in core.records if 0 < r.num_decode < r.num_rows]  # decoding rows beside prompts
+    assert joined and all(r.kind == "mixed" and r.decode_slots >= r.num_decode for r in joined) == (layout == "window")
+    assert layout == "window" or all(r.decode_slots == 0 for r in joined)
     alone = LLM(llm.model, **{**SMALL_FIXED, "policy": "no-cache"})
     want = [alone.generate([p], params)[0].token_ids for p in prompts]
     assert all(r.kind != "mixed" for r in alone.engine.records)
@@ -147,3 +151,28 @@ def test_lean_rounds_of_the_server_shape_pad_little_and_stay_in_the_variant_set(
             for tokens in [rows] if rows == decode else range(rows, 513, 7):  # a decode-only round: 1 token a row
                 v = s.select(tokens, rows, num_decode=decode, decode_span=decode)
                 assert v in every and v.num_tokens >= tokens and v.num_rows >= rows, (tokens, rows, decode)
+
+
+def test_packed_rounds_have_no_decode_region_and_stay_in_the_variant_set() -> None:
+    """``mixed_layout="packed"`` at the server's shape: a chat turn beside 6 decoding rows runs in 48
+    token slots with no decode region (64 with one), a decode-only round keeps its region, the
+    variants are one mixed set over row buckets from 2 (59, against 78), and every round the
+    budgets allow selects a listed variant; ``fixed`` keeps its one variant."""
+    s = ShapeConfig(max_num_batched_tokens=512, max_num_seqs=16, max_pages_per_row=256, grid=64, mixed_layout="packed")
+    window = ShapeConfig(max_num_batched_tokens=512, max_num_seqs=16, max_pages_per_row=256, grid=64)
+    turn, wide = s.select(6 + 40, 7, num_decode=6, decode_span=6), window.select(6 + 40, 7, num_decode=6, decode_span=6)
+    assert (turn.num_tokens, turn.num_rows, turn.num_decode, turn.kind) == (48, 8, 0, "prefill")
+    assert (wide.num_tokens, wide.num_decode) == (64, 16)
+    assert s.select(6, 6, num_decode=6, decode_span=9) == window.select(6, 6, num_decode=6, decode_span=9)
+    every = s.variants()
+    assert len(every) == len(set(every)) == 59 and all(v.num_decode == 0 for v in every if v.kind != "decode")
+    for decode in range(17):
+        for rows in range(max(decode, 1), 17):
+            for tokens in [rows] if rows == decode else range(rows, 513, 7):
+                v = s.select(tokens, rows, num_decode=decode, decode_span=decode)
+                assert v in every and v.num_tokens >= tokens and v.num_rows >= rows, (tokens, rows, decode)
+    fixed = ShapeConfig(max_num_batched_tokens=64, max_num_seqs=4, max_pages_per_row=8, grid=16, mode="fixed",
+                        mixed_layout="packed")  # fmt: skip
+    assert fixed.variants() == [fixed.select(10, 3, num_decode=2)] and fixed.select(10, 3, num_decode=2).num_decode == 4
+    with pytest.raises(ValueError, match="mixed_layout"):
+        ShapeConfig(max_num_batched_tokens=64, max_num_seqs=4, max_pages_per_row=8, grid=16, mixed_layout="flat")

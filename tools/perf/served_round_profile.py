@@ -64,7 +64,9 @@ def main() -> None:
         while eng.has_unfinished():
             eng.step()
     ex = eng.executor
-    wanted = [v for v in captured if v.num_decode == args.rows and v.num_tokens in (args.rows, args.rows + args.prompt)]
+    # the decode round of --rows rows and the round the prompt joins (its decode region is a bucket)
+    wanted = [v for v in captured if (v.kind == "decode" and v.num_decode >= args.rows) or
+              (v.kind == "mixed" and v.prefill_rows == 1 and v.prefill_tokens >= args.prompt)]  # fmt: skip
     for variant in sorted(wanted, key=lambda v: v.num_tokens):
         program = ex.step._compiled[variant]
         inputs = jax.tree_util.tree_map(jax.device_put, captured[variant])
