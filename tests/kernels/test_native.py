@@ -313,12 +313,14 @@ def _round_inputs(seed: int, spans: list[tuple[int, int]], pad: int, hq: int, hk
         ([(1, 33), (19, 60)], 6, 2, 16, 8, 10, None, 8),
         ([(9, 17), (3, 3)], 2, 1, 16, 4, None, 5.0, 4),
         ([(6, 4), (12, 30)], 4, 2, 16, 4, 6, 3.0, 16),  # row 0: its first tokens have no key
+        ([(1, 40), (1, 3), (5, 20), (1, 1)], 4, 2, 16, 4, 7, 4.0, 8),  # one-token rows (RunOne), window, cap
     ],
-    ids=["mixed-gqa", "rep1-empty-row", "sliding-window", "soft-cap", "no-keys-window-cap"],
+    ids=["mixed-gqa", "rep1-empty-row", "sliding-window", "soft-cap", "no-keys-window-cap", "one-token-rows"],
 )
 def test_native_block_attention_matches_the_reference(spans, hq, hkv, dim, page, window, cap, block) -> None:
     """``native.paged_attention_blocks`` against ``kernels/attention.paged_attention``: rows of many
-    tokens starting off the page and block grids, decode rows first, padding tokens past cu[R] (0)."""
+    tokens starting off the page and block grids, decode rows first, padding tokens past cu[R] (0);
+    blocks of one token (one-token rows, a row's last block) take the kernel's direct path."""
     from radixflow_jax.kernels.attention import paged_attention
 
     q, k, v, table, cu, kv = _round_inputs(len(spans) + dim, spans, 3, hq, hkv, dim, page)

@@ -16,7 +16,8 @@
 // KV head), and reads only the keys its block needs, [lo of its first token, pos of its last], once
 // for all block x rep queries: tiles of kTile keys are gathered (K transposed, so q.K is an axpy over
 // the tile; V as rows) and folded into each query's online softmax, masked per query. A round's cost
-// follows the keys each row reads, not the longest row's context. Tasks run longest first.
+// follows the keys each row reads, not the longest row's context. Tasks run longest first. A block of
+// one token takes the direct path of paged_attention.cc instead (Blocks::RunOne).
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -61,6 +62,7 @@ struct Blocks {
   explicit Blocks(std::vector<Block> blocks, int64_t kv_heads)
       : blocks(std::move(blocks)), tasks(static_cast<int64_t>(this->blocks.size()) * kv_heads) {}
   void Run(int64_t task) const;
+  void RunOne(const Block& b, int64_t kvh) const;
   const std::vector<Block> blocks;  // longest first
   const float *q, *k, *v;
   const int32_t *table, *cu, *lens;
@@ -75,10 +77,70 @@ inline int64_t Position(const int32_t* cu, const int32_t* lens, int64_t r, int64
   return static_cast<int64_t>(lens[r]) - (cu[r + 1] - cu[r]) + (t - cu[r]);
 }
 
+// A block of one token (a decoding row beside prompts, mixed_layout "packed"): its rep queries take
+// dot products with each key row in place, as paged_attention.cc does; a tile's transposed gather
+// would cost more than the rep queries' work over it.
+void Blocks::RunOne(const Block& b, int64_t kvh) const {
+  const Blocks& a = *this;
+  const int64_t rep = a.q_heads / a.kv_heads, dim = a.dim, t = b.first;
+  float* out = a.out + (t * a.q_heads + kvh * rep) * dim;
+  std::fill(out, out + rep * dim, 0.f);
+  const int64_t pos = Position(a.cu, a.lens, b.row, t);
+  const int64_t hi = std::min(pos, a.max_pages * a.page_size - 1);
+  const int64_t lo = a.window > 0 ? std::max<int64_t>(0, pos - a.window + 1) : 0;
+  if (hi < lo) return;  // no key: zeros, as the tiled path gives
+  const int64_t n = hi - lo + 1;
+  const float* q = a.q + (t * a.q_heads + kvh * rep) * dim;
+  const int32_t* table = a.table + b.row * a.max_pages;
+  std::vector<float> s(rep * n);
+  std::vector<const float*> vrow(n);
+  for (int64_t j = 0; j < n; ++j) {
+    const int64_t p = lo + j;
+    const int64_t page = std::clamp<int64_t>(table[p / a.page_size], 0, a.pages - 1);
+    const int64_t at = ((page * a.page_size + p % a.page_size) * a.kv_heads + kvh) * dim;
+    const float* key = a.k + at;
+    vrow[j] = a.v + at;
+    for (int64_t h = 0; h < rep; ++h) {
+      const float* qh = q + h * dim;
+      float dot = 0.f;
+#pragma omp simd reduction(+ : dot)
+      for (int64_t c = 0; c < dim; ++c) dot += qh[c] * key[c];
+      s[h * n + j] = dot * a.scale;
+    }
+  }
+  for (int64_t h = 0; h < rep; ++h) {
+    float* sh = s.data() + h * n;
+    if (a.soft_cap > 0.f) {  // cap tanh(x / cap) = cap (1 - 2 / (exp(2x / cap) + 1))
+      const float twice = 2.f / a.soft_cap;
+#pragma omp simd
+      for (int64_t j = 0; j < n; ++j) sh[j] = a.soft_cap * (1.f - 2.f / (Exp(sh[j] * twice) + 1.f));
+    }
+    const float m = *std::max_element(sh, sh + n);
+    float total = 0.f;
+#pragma omp simd reduction(+ : total)
+    for (int64_t j = 0; j < n; ++j) {
+      sh[j] = Exp(sh[j] - m);
+      total += sh[j];
+    }
+    const float inv = 1.f / total;
+    float* oh = out + h * dim;
+    for (int64_t j = 0; j < n; ++j) {
+      const float w = sh[j] * inv;
+      const float* val = vrow[j];
+#pragma omp simd
+      for (int64_t c = 0; c < dim; ++c) oh[c] += w * val[c];
+    }
+  }
+}
+
 void Blocks::Run(int64_t task) const {
   const Blocks& a = *this;
   const Block& b = a.blocks[task / a.kv_heads];
   const int64_t kvh = task % a.kv_heads, rep = a.q_heads / a.kv_heads, dim = a.dim;
+  if (b.count == 1) {
+    RunOne(b, kvh);
+    return;
+  }
   const int64_t nq = b.count * rep, last_key = a.max_pages * a.page_size - 1;
   // per query (token i, head h at i * rep + h): its keys [qlo, qhi], scaled query, softmax state
   std::vector<int64_t> qlo(nq), qhi(nq);
