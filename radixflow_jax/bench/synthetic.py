@@ -213,12 +213,16 @@ def step_by_kind(records: Sequence[RoundRecord]) -> dict[str, dict[str, float]]:
 # ------------------------------------------------------------------------------------- one round
 def _wanted(kind: str, full: int) -> Callable[[Any], bool]:
     """Which round a kind captures (the first that matches): ``decode`` a variant of ``full`` decode
-    rows only; ``mixed`` one with ``full`` decode rows and at least 512 prefill token slots;
-    ``prefill`` the workload's first round (its prompts' first 1024 tokens, no decode row)."""
+    rows only; ``mixed`` one with ``full`` decode rows and at least 512 prefill token slots (under
+    the packed mixed layout, ``runner/shapes.py``: more than ``full`` rows and 512 + ``full`` token
+    slots, all in the prefill region); ``prefill`` the workload's first round (its prompts' first
+    1024 tokens, no decode row)."""
     if kind == "decode":
         return lambda v: v.num_decode == v.num_rows == full
     if kind == "mixed":
-        return lambda v: v.num_decode == full and v.prefill_rows > 0 and v.prefill_tokens >= 512
+        return lambda v: (v.num_decode == full and v.prefill_rows > 0 and v.prefill_tokens >= 512) or (
+            v.num_decode == 0 and v.num_rows > full and v.prefill_tokens >= 512 + full
+        )
     return lambda v: True
 
 

@@ -107,15 +107,21 @@ def step_kernels(model: LoadedModel, kernels: str) -> str:
 
 def packed_rows_free(model: LoadedModel, kernels: str) -> bool:
     """Whether ``model``'s step prices a one-token row in the prefill region at one token: the
-    native CPU kernels serve it (backend ``auto`` on the CPU, one device, native kernels enabled),
-    whose scans go token by token and whose attention goes query by query. The Pallas and XLA
-    chunked scans pad each row to a chunk instead (``runner/shapes.py``, ``mixed_layout``)."""
+    native CPU kernels serve every prefill-region call of it (backend ``auto`` on the CPU, one
+    device, native kernels enabled, float32 weights and pages, a Gated DeltaNet value head within
+    the native scan's scratch), whose scans go token by token and whose attention goes query by
+    query. The Pallas and XLA forms pad each row to a chunk or a query block instead
+    (``runner/shapes.py``, ``mixed_layout``)."""
     import jax
+    import jax.numpy as jnp
 
     from radixflow_jax.kernels import native
 
+    cfg = model.config
     one_device = getattr(model, "tensor_parallel_size", 1) == 1 and jax.device_count() == 1
-    return kernels == "auto" and jax.default_backend() == "cpu" and one_device and native.enabled()
+    scan_fits = cfg.gdn is None or cfg.gdn.head_v_dim <= native.MAX_VALUE_DIM
+    served = kernels == "auto" and jax.default_backend() == "cpu" and one_device and scan_fits
+    return served and jnp.dtype(model.dtype) == jnp.float32 and native.enabled()
 
 
 def build_engine(model: LoadedModel, ec: EngineConfig) -> EngineCore:

@@ -17,7 +17,7 @@ Buckets per region (``mode``):
     ``max_num_seqs``, and ``max_num_seqs``), except that a lean mixed round (one prefill row of at
     most 112 tokens: a chat or agent turn) may take a 4-row region (``LEAN_DECODE``), because a
     padded decode row costs one token slot. At ``radixflow serve --max-num-seqs 16`` (512 tokens)
-    that is 78 variants (51 before 2026-12-05); ``tools/perf/chat_padding.py`` measures the
+    that is 78 variants in the ``window`` mixed layout (59 packed, below) (51 before 2026-12-05); ``tools/perf/chat_padding.py`` measures the
     padding on the head-to-head chat and agent workloads.
   * ``"pow2"``: powers of two everywhere (the earlier scheme, plus decode regions in mixed rounds).
   * ``"fixed"``: exactly one variant (``max_num_seqs`` decode rows + ``max_num_seqs`` prefill rows over

@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import dataclasses
 
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from radixflow_jax import LLM
 from radixflow_jax.engine.config import EngineConfig
 from radixflow_jax.engine.core import EngineCore
-from radixflow_jax.engine.build import build_engine, pool_sizes
+from radixflow_jax.engine.build import build_engine, packed_rows_free, pool_sizes
 from radixflow_jax.engine.params import SamplingParams
 from radixflow_jax.kernels import native
 from radixflow_jax.runner.shapes import Variant
@@ -38,6 +39,21 @@ def core(tiny_model) -> EngineCore:
     assert core.executor.shapes.mixed_layout == ("packed" if native.enabled() else "window")
     step.strict = True
     return core
+
+
+def test_packed_rows_free_only_where_native_kernels_serve_every_prefill_call(tiny_model) -> None:
+    """``auto`` packs only where a one-token prefill-region row costs one token: float32 on the
+    native CPU kernels; a bfloat16 model (XLA's blocked attention), a forced backend or a value
+    head past the native scan's scratch keep the decode region."""
+    import types
+
+    model = tiny_model("tiny-qwen3.5")
+    assert packed_rows_free(model, "auto") == native.enabled()
+    assert not packed_rows_free(model, "xla")
+    assert not packed_rows_free(types.SimpleNamespace(config=model.config, dtype=jnp.bfloat16), "auto")
+    wide_gdn = dataclasses.replace(model.config.gdn, head_v_dim=native.MAX_VALUE_DIM + 1)
+    wide = dataclasses.replace(model.config, gdn=wide_gdn)
+    assert not packed_rows_free(types.SimpleNamespace(config=wide, dtype=model.dtype), "auto")
 
 
 def workload(seed: int) -> list[tuple[list[int], SamplingParams]]:

@@ -64,9 +64,11 @@ def main() -> None:
         while eng.has_unfinished():
             eng.step()
     ex = eng.executor
-    # the decode round of --rows rows and the round the prompt joins (its decode region is a bucket)
+    # the decode round of --rows rows and the round the prompt joins: a decode region (a bucket) and
+    # one prefill row, or (the packed mixed layout) every row in the prefill region
     wanted = [v for v in captured if (v.kind == "decode" and v.num_decode >= args.rows) or
-              (v.kind == "mixed" and v.prefill_rows == 1 and v.prefill_tokens >= args.prompt)]  # fmt: skip
+              (v.kind == "mixed" and v.prefill_rows == 1 and v.prefill_tokens >= args.prompt) or
+              (v.kind == "prefill" and v.prefill_tokens >= args.prompt + args.rows)]  # fmt: skip
     for variant in sorted(wanted, key=lambda v: v.num_tokens):
         program = ex.step._compiled[variant]
         inputs = jax.tree_util.tree_map(jax.device_put, captured[variant])
