@@ -47,6 +47,7 @@ HEAVY_FIRST = (
     "tests/models/test_split.py",
     "tests/models/test_row_last.py",
     "tests/runner/test_mixed_rounds.py",
+    "tests/engine/test_speculative.py",  # three models, their verify variants
     "tests/engine/test_pair.py",
     "tests/engine/test_overlap.py",
     "tests/reliability/test_model_faults.py",

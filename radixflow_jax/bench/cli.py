@@ -55,6 +55,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--mixed-layout", default="auto", choices=("auto", "window", "packed"),
                    help="where decoding rows of rounds with prompts run (runner/shapes.py; auto: packed on the CPU "
                    "model executor)")  # fmt: skip
+    p.add_argument("--speculative", default=None, choices=("ngram",),
+                   help="speculative decoding of greedy requests (model executor): ngram drafts, scheduler/drafts.py")
     p.add_argument("--sim-noise", type=float, default=0.0, help="sim: relative noise of round times (seeded)")
     p.add_argument(
         "--round-overhead-ms", type=float, default=None, help="sim: fixed cost per round (default: the device spec's)"
@@ -258,7 +260,7 @@ def _bench_config(args: argparse.Namespace, executor: str, policies: tuple[str, 
     cache_dir = None if args.no_compile_cache else xla_cache_dir()
     engine = EngineConfig.from_options(
         max_num_seqs=seqs, max_num_batched_tokens=tokens, seed=args.seed, compilation_cache_dir=cache_dir,
-        bucket_mode=args.buckets, mixed_layout=args.mixed_layout,
+        bucket_mode=args.buckets, mixed_layout=args.mixed_layout, speculative=args.speculative,
     )
     overhead = args.round_overhead_ms / 1e3 if args.round_overhead_ms is not None else None
     cfg = BenchConfig(policies=policies, engine=engine, overhead_s=overhead, sim_noise=args.sim_noise)
@@ -282,6 +284,7 @@ def _run_config(args: argparse.Namespace, executor: str, cfg: BenchConfig, seqs:
         "warmup_runs": args.warmup_runs,
         "buckets": args.buckets,
         "mixed_layout": args.mixed_layout,
+        "speculative": args.speculative,
         "round_cost": "fitted to the executor's own rounds (engine/roundcost.py)",
     }
     if executor == "sim":

@@ -13,6 +13,7 @@ from typing import Any, Callable
 from radixflow_jax.engine.params import DEFAULT_MAX_N
 from radixflow_jax.engine.protocol import StepResult
 from radixflow_jax.scheduler.config import MODEL_DERIVED, SchedulerConfig
+from radixflow_jax.scheduler.drafts import accepted_length
 from radixflow_jax.scheduler.plan import RoundPlan, RoundStats, attention_pairs, pairing_spans
 
 
@@ -126,6 +127,9 @@ class RoundRecord:
     overlapped: bool = False  # launched while the previous round was in flight
     attention_pairs: int = 0  # query-key pairs of the real rows (scheduler/plan.attention_pairs)
     pairing_tokens: int = 0  # producer span tokens a paired round scans first (scheduler/plan.pairing_spans)
+    verify_rows: int = 0  # rows carrying drafted tokens (speculative decoding, scheduler/drafts.py)
+    drafted_tokens: int = 0  # drafted tokens its verify rows carried
+    accepted_tokens: int = 0  # of those, the ones the greedy rule accepted (scheduler/drafts.accepted_length)
 
     @classmethod
     def of(
@@ -146,6 +150,13 @@ class RoundRecord:
             overlapped=overlapped,
             attention_pairs=attention_pairs(plan.rows),
             pairing_tokens=sum(pairing_spans(plan.rows).values()),
+            verify_rows=sum(1 for r in plan.rows if r.num_draft),
+            drafted_tokens=plan.num_drafted,
+            accepted_tokens=sum(
+                accepted_length(r.tokens[len(r.tokens) - r.num_draft :], result.verified[r.request_id])
+                for r in plan.rows
+                if r.num_draft and r.request_id in result.verified
+            ),
             **{name: getattr(stats, name) for name in _FROM_STATS},
             **{name: getattr(result, name) for name in _FROM_RESULT},
         )

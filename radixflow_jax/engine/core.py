@@ -80,6 +80,10 @@ class EngineCore:
         self._records: dict[int, RequestRecord] = {}  # request id -> its engine-side state (engine/record.py)
         self._sampling = SamplingRows(self._records)  # the view executors read
         caps = executor.capabilities
+        if spec.config.scheduler.speculative is not None and not caps.verify:
+            raise ValueError(
+                f"speculative decoding needs an executor that verifies drafted tokens; {type(executor).__name__} does not"
+            )
         self.overlap = config.overlap and caps.overlap
         self._prompt_logprobs = caps.prompt_logprobs
         self.limits = RequestLimits(
@@ -178,7 +182,10 @@ class EngineCore:
         rid = next(self._ids)
         stops = set(params.stop_token_ids) | (set() if params.ignore_eos else set(self.eos_token_ids))
         arrival = self.clock() if arrival_time is None else arrival_time
-        req = Request(rid, prompt, params.max_tokens, frozenset(stops), arrival_time=arrival)
+        req = Request(
+            rid, prompt, params.max_tokens, frozenset(stops), arrival_time=arrival,
+            speculate=self.scheduler.config.speculative is not None and params.speculable,
+        )
         rec = RequestRecord.open(
             req,
             params,
@@ -290,10 +297,13 @@ class EngineCore:
 
     def _needs_commit_first(self, plan: RoundPlan) -> bool:
         """The next round cannot be planned before ``plan``'s tokens are on the host (module docstring)."""
+        requests = self.scheduler.requests
         for row in plan.rows:
             sampling = self._sampling.get(row.request_id)
             if row.sample and sampling is not None and (sampling.has_penalty or sampling.grammar is not None):
                 return True  # its next row needs this round's token on the host (penalty context, grammar mask)
+            if row.sample and row.request_id in requests and requests[row.request_id].speculate:
+                return True  # speculative decoding: its next draft extends this round's tokens (scheduler/drafts.py)
         return self.scheduler.plants_on_unknown()
 
     def _collect(self, launched: LaunchedRound) -> tuple[list[RequestOutput], bool]:
@@ -318,7 +328,7 @@ class EngineCore:
                 rec = self._records.get(rid)
                 if rid in live and rec is not None:  # not for a stale row (preempted after planning, overlap)
                     rec.add_logprobs(lp)
-        finished = self.scheduler.commit(plan, result.sampled)
+        finished = self.scheduler.commit(plan, result.sampled, result.verified)
         self.records.append(
             RoundRecord.of(
                 self.num_rounds - 1, plan, result, plan_s=times.plan_s, host_s=times.host_s, overlapped=times.overlapped

@@ -44,6 +44,8 @@ class LaunchedStep:
     tokens: jax.Array
     logprobs: tuple[jax.Array, ...]
     want: list[tuple[int, int, int]]  # (array row, request id, top-k) of rows that asked for logprobs
+    verified: jax.Array  # the greedy token after each verify point (speculative decoding; empty: none)
+    verify_points: tuple[tuple[int, int, int], ...]  # (request id, first point, drafted tokens) per verify row
     build_s: float
     start: float  # perf_counter when the step was dispatched
     compile_s: float  # first-use compiling inside launch (the engine takes it off its clock at once)
@@ -126,6 +128,7 @@ class ModelExecutor:
             logit_bias=BIAS_WIDTH,
             prompt_logprobs=self.prompt_logprobs,
             grammar_mask=True,
+            verify=shapes.max_draft > 0,
         )
         self.progress = progress
         self.page_copier = PageCopier(shapes.max_num_seqs)  # partial pages: riders' and tails' (RoundPlan)
@@ -202,7 +205,7 @@ class ModelExecutor:
         before = plan.copies_before(self.page_size)
         if before:  # rows starting at a tail: their own copy of its partial page, before they read it
             self.cache = self.page_copier(self.cache, before)
-        self.cache, (tokens, *lp) = self.step(variant, self.model.params, self.cache, inputs)
+        self.cache, (tokens, verified, *lp) = self.step(variant, self.model.params, self.cache, inputs)
         if plan.page_copies:  # after the step wrote the producers' pages, before any later round
             self.cache = self.page_copier(self.cache, plan.page_copies)
             self._copier_ready = True
@@ -218,6 +221,8 @@ class ModelExecutor:
             tokens=tokens,
             logprobs=tuple(lp),
             want=want,
+            verified=verified,
+            verify_points=arrays.verify_points,
             build_s=t1 - t0,
             start=t1 + compile_s,
             compile_s=compile_s,
@@ -260,8 +265,13 @@ class ModelExecutor:
         self._last_done = done
         plan, variant = handle.plan, handle.variant
         sampled = {row.request_id: int(tokens[i]) for i, row in zip(handle.plan_rows, plan.rows) if row.sample}
+        verified = {}
+        if handle.verify_points:
+            greedy = np.asarray(jax.device_get(handle.verified))
+            verified = {rid: tuple(int(t) for t in greedy[first : first + k]) for rid, first, k in handle.verify_points}
         return StepResult(
             sampled=sampled,
+            verified=verified,
             token_slots=variant.num_tokens,
             row_slots=variant.num_rows,
             build_s=handle.build_s,

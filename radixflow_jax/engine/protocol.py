@@ -18,7 +18,9 @@ class StepResult:
     """Sampled token per sampling row, the slot counts of the variant used (``decode_slots``: its
     decode region), and timings (``compile_s``: compiling a variant on first use, which is not part
     of ``step_s`` and not on the engine's clock). ``logprobs``: for rows that asked for them,
-    ``(logprob of the sampled token, top ids, top logprobs)``."""
+    ``(logprob of the sampled token, top ids, top logprobs)``. ``verified`` (speculative decoding):
+    per verify row (``RowPlan.num_draft``), the greedy token after its last known token and after
+    each of its drafted tokens but the last; ``sampled`` holds the one after the last."""
 
     sampled: dict[int, int]
     token_slots: int
@@ -28,6 +30,7 @@ class StepResult:
     logprobs: dict[int, tuple[float, list[int], list[float]]] = dataclasses.field(default_factory=dict)
     decode_slots: int = 0
     compile_s: float = 0.0
+    verified: dict[int, tuple[int, ...]] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,7 +50,9 @@ class ExecutorCapabilities:
     ``prompt_logprobs``: ``(prompt ids, k) -> per prompt token (logprob, top k ids, their logprobs)``,
     the first token None, computed cold; None: the engine refuses ``prompt_logprobs``.
     ``grammar_mask``: the step applies each sampled row's ``SamplingRow.grammar`` mask (structured
-    outputs); False: the engine refuses requests with ``structured_outputs``."""
+    outputs); False: the engine refuses requests with ``structured_outputs``.``verify``: results carry the greedy tokens of verify rows (``StepResult.verified``), so the
+    engine may schedule drafted tokens (speculative decoding, ``scheduler/drafts.py``).
+    """
 
     overlap: bool = False
     logprobs: bool = False
@@ -55,6 +60,7 @@ class ExecutorCapabilities:
     logit_bias: int = 0
     prompt_logprobs: Callable[[Sequence[int], int], list[PromptLogprob | None]] | None = None
     grammar_mask: bool = False
+    verify: bool = False
 
 
 PromptLogprob = tuple[float, list[int], list[float]]  # (logprob of the token, top ids, their logprobs)

@@ -61,6 +61,7 @@ class EngineSpec:
             grid=cache.grid,
             mode=self.config.bucket_mode,
             mixed_layout=self.mixed_layout,
+            max_draft=sc.speculative.num_draft if sc.speculative is not None else 0,
         )
 
     @property

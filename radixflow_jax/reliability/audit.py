@@ -4,7 +4,8 @@ and the soak. O(pools + tree + requests): for small pools, not for production.
 :func:`audit_engine` checks, beyond the cache's own ``check_invariants`` (tree, producer index,
 pools free xor owned, no negative refcount):
   * exact ownership: every page's refcount equals the tree's references plus the running requests
-    that allocated it; every slot's equals the tree's plus the running request that runs in it;
+    that allocated it; every slot's equals the tree's plus the running request that runs in it
+    or holds it as its spare (speculative decoding);
   * every lock on a node belongs to a running request's hit (or a test's pin), and every such hit
     is locked;
   * a waiting or finished request holds no page, slot or lock, and has no pending checkpoint;
@@ -50,6 +51,8 @@ def audit_engine(core: EngineCore, pinned: Iterable[Node] = ()) -> None:
         page_refs.update(req.own_pages)
         if req.slot is not None:
             slot_refs[req.slot] += 1
+        if req.spare_slot is not None:  # speculative decoding: a verify row's output slot
+            slot_refs[req.spare_slot] += 1
         if req.hit_node is not None:
             if not req.hit_node.attached:
                 raise InvariantError(f"request {req.request_id} holds a hit on a node that left the tree")
@@ -57,7 +60,7 @@ def audit_engine(core: EngineCore, pinned: Iterable[Node] = ()) -> None:
         if not 0 <= req.num_computed <= req.num_tokens:
             raise InvariantError(f"request {req.request_id} computed {req.num_computed} of {req.num_tokens} tokens")
     for req in sched.waiting:
-        if req.pages or req.own_pages or req.slot is not None or req.hit_node is not None:
+        if req.pages or req.own_pages or req.slot is not None or req.spare_slot is not None or req.hit_node is not None:
             raise InvariantError(f"waiting request {req.request_id} holds pages, a slot or a lock")
     if +locks or -locks:
         raise InvariantError(f"node locks do not match the running requests' hits: {dict(locks)}")

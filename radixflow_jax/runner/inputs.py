@@ -22,6 +22,7 @@ from typing import Mapping, NamedTuple, Protocol, Sequence
 import numpy as np
 
 from radixflow_jax.runner.shapes import Variant
+from radixflow_jax.runner.verify import fill_verify
 from radixflow_jax.runner.window import DecodePlacement, place_decode
 from radixflow_jax.scheduler.plan import RoundPlan, RoundStats, RowPlan
 
@@ -103,6 +104,7 @@ class StepInputs(NamedTuple):
     token_mask: np.ndarray  # int32 [R, ceil(V/32)]: grammar mask, bit v%32 of word v//32; all ones (-1): none
     splice_src: np.ndarray  # int32 [T]: overlap, input token t is prev_tokens[splice_src[t]] when >= 0
     prev_tokens: np.ndarray  # int32 [O]: the previous round's sampled array (overlap; zeros: none)
+    verify_index: np.ndarray  # int32 [V]: speculative decoding, the tokens whose greedy successor the step returns
 
 
 @dataclasses.dataclass
@@ -115,6 +117,9 @@ class StepArrays:
 
     masked_rows: int = 0
     """rows whose ``token_mask`` a grammar wrote (0: the mask is all ones)"""
+
+    verify_points: tuple[tuple[int, int, int], ...] = ()
+    """``(request id, first verify point, drafted tokens)`` of each verify row (``RowPlan.num_draft``)"""
 
 
 # a padding decode row: one token at position 0 of page 0, in slot 0
@@ -155,13 +160,14 @@ def build_arrays(
         decode_base=decode.base,
     )
     _fill_tokens(inputs, rows, page_size)
+    verify_points = fill_verify(inputs.verify_index, inputs.cu_seqlens, rows)
     _fill_emits(inputs, rows, variant.num_decode)
     masked_rows = _fill_sampling(inputs, rows, sampling, penalty_window)
     plan_rows = np.zeros(len(plan.rows), np.int64)
     for i in decode.rows:
         plan_rows[i] = plan.rows[i].slot - decode.base
     plan_rows[order] = np.arange(variant.num_decode, variant.num_decode + len(prefill))
-    return StepArrays(inputs=inputs, plan_rows=plan_rows, masked_rows=masked_rows)
+    return StepArrays(inputs=inputs, plan_rows=plan_rows, masked_rows=masked_rows, verify_points=verify_points)
 
 
 def _check_fits(plan: RoundPlan, variant: Variant, decode: DecodePlacement) -> list[int]:
@@ -239,6 +245,7 @@ def empty_inputs(
         token_mask=np.full((r, mask_words), -1, np.int32),
         splice_src=np.full(t, -1, np.int32),
         prev_tokens=np.zeros(max(num_out, r), np.int32),
+        verify_index=np.zeros(variant.num_verify, np.int32),
     )
 
 

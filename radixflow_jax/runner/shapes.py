@@ -90,10 +90,15 @@ def _first_at_least(buckets: tuple[int, ...], n: int) -> int:
 
 @dataclasses.dataclass(frozen=True)
 class Variant:
+    """A compiled step's shape. ``num_verify`` (speculative decoding, ``ShapeConfig.max_draft``):
+    the step's verify points, where it also computes the greedy token (0: none); a variant with
+    them has ``prefill_rows * max_draft`` (the most drafted tokens its prefill rows can hold)."""
+
     num_tokens: int
     num_rows: int
     num_decode: int
     max_emits: int
+    num_verify: int = 0
 
     @property
     def prefill_tokens(self) -> int:
@@ -127,6 +132,7 @@ class ShapeConfig:
     min_tokens: int = 16
     mode: str = "fine"
     mixed_layout: str = "window"
+    max_draft: int = 0
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -136,6 +142,8 @@ class ShapeConfig:
         if self.max_num_batched_tokens < 1 or self.max_num_seqs < 1:
             budgets = f"max_num_batched_tokens={self.max_num_batched_tokens} and max_num_seqs={self.max_num_seqs}"
             raise ValueError(f"{budgets} must be >= 1")
+        if self.max_draft < 0:
+            raise ValueError(f"max_draft={self.max_draft} must be >= 0")
 
     # ------------------------------------------------------------------------------- buckets
     @property
@@ -218,7 +226,15 @@ class ShapeConfig:
                 fewest = rows[i - 1] + 1 if i else 1  # the fewest prefill rows (and tokens) r holds
                 smallest = _first_at_least(tokens, fewest)
                 out.extend(self._variant(d, t, r) for t in tokens if t >= smallest and self._mixed_decode(d, t, r))
+        if self.max_draft:  # speculative decoding: each variant with prefill rows has a verify form
+            out.extend(self.with_verify(v) for v in list(out) if v.prefill_rows)
         return out
+
+    def with_verify(self, variant: Variant) -> Variant:
+        """``variant``'s verify form: a verify point per drafted token its prefill rows can hold."""
+        if not self.max_draft or not variant.prefill_rows:
+            raise ValueError(f"variant {variant} has no verify form (max_draft={self.max_draft})")
+        return dataclasses.replace(variant, num_verify=variant.prefill_rows * self.max_draft)
 
     def select(
         self,
@@ -230,13 +246,15 @@ class ShapeConfig:
         num_emits: int | None = None,
         decode_span: int = 0,
         num_riders: int = 0,
+        verify: bool = False,
     ) -> Variant:
         """The smallest variant holding a round of ``num_tokens`` tokens in ``num_rows`` rows, of
         which the first ``num_decode`` are one-token rows (``all_decode``: every row is; without
         either, the round is treated as prefill only) and which writes ``num_emits`` checkpoints
         (None: as many as any round of that shape can). ``decode_span``: the decode region must
         hold this many rows (the window of slots the decode rows span, ``runner/window.py``).
-        ``num_riders``: rows of no tokens among the others (riders, ``scheduler/riders.py``)."""
+        ``num_riders``: rows of no tokens among the others (riders, ``scheduler/riders.py``).
+        ``verify``: some row carries drafted tokens (speculative decoding): the verify form."""
         if num_rows > self.max_num_seqs or num_tokens > self.max_num_batched_tokens:
             raise ValueError(f"round of {num_tokens} tokens / {num_rows} rows exceeds the budgets")
         d = num_rows if all_decode and num_decode is None else (num_decode or 0)
@@ -255,4 +273,5 @@ class ShapeConfig:
         fewest = self.row_buckets[i - 1] + 1 if i else 1  # as variants(): a row bucket's smallest token bucket
         tokens = _first_at_least(self.token_buckets, max(tp, fewest))  # riders bring rows without tokens
         decode = next(d for d in self.mixed_decode_buckets if d >= region and self._mixed_decode(d, tokens, rows))
-        return self._variant(decode, tokens, rows)
+        variant = self._variant(decode, tokens, rows)
+        return self.with_verify(variant) if verify else variant

@@ -9,7 +9,10 @@
   3. project the last token of every row to logits, apply penalties, bias and the grammar mask
      (``token_mask``, structured outputs; each skipped at run time in a round no row uses it), and
      sample on device (the last layer computes only those tokens past its mixers,
-     ``HybridLM.__call__``'s ``row_last``).
+     ``HybridLM.__call__``'s ``row_last``);
+  4. speculative decoding (a variant with ``num_verify``): the greedy token after each verify point
+     (``verify_index``), returned beside the sampled tokens; verify rows are plain greedy rows
+     (no penalty, bias, mask or logprobs), so the argmax of the raw logits is their sample.
 
 Overlap (``engine/executor.py``): a row may take its input token from the previous round's sampled
 array *on the device*: ``splice_src[t] >= 0`` replaces input token ``t`` with
@@ -73,9 +76,14 @@ def make_step(graphdef: nnx.GraphDef, num_decode: int, num_out: int) -> Callable
         emits = Emits(inputs.emit_rows, inputs.emit_offsets, inputs.emit_slots)
         # hidden states of each row's last token only: the last layer's queries, output projections
         # and MLP run on those alone (a decode-only variant has one token per row already)
-        prefill = inputs.tokens.shape[0] > inputs.cu_seqlens.shape[0] - 1
-        row_last = inputs.logits_index if prefill else None
+        rows = inputs.logits_index.shape[0]
+        prefill = inputs.tokens.shape[0] > rows or inputs.verify_index.shape[0] > 0
+        row_last = jnp.concatenate([inputs.logits_index, inputs.verify_index]) if prefill else None
         hidden, cache = model(input_ids, batch, cache, num_decode=num_decode, emits=emits, row_last=row_last)
+        verified = jnp.zeros((0,), jnp.int32)
+        if inputs.verify_index.shape[0]:  # speculative decoding: the greedy successor of each verify point
+            verified = jnp.argmax(model.logits(hidden[rows:]).astype(jnp.float32), axis=-1).astype(jnp.int32)
+            hidden = hidden[:rows]
         logits = model.logits(hidden if prefill else hidden[inputs.logits_index]).astype(jnp.float32)
         logits = apply_penalties(
             logits, inputs.ctx_ids, inputs.ctx_out, inputs.presence, inputs.frequency, inputs.repetition
@@ -87,13 +95,12 @@ def make_step(graphdef: nnx.GraphDef, num_decode: int, num_out: int) -> Callable
             logits, inputs.temperature, inputs.top_k, inputs.top_p, inputs.min_p, inputs.seed, inputs.position
         )
         k = min(MAX_LOGPROBS, logits.shape[-1])
-        rows = logits.shape[0]
         skipped = (jnp.zeros(rows, jnp.float32), jnp.zeros((rows, k), jnp.int32), jnp.zeros((rows, k), jnp.float32))
         logprobs = jax.lax.cond(
             jnp.any(inputs.want_logprobs), lambda: token_logprobs(logits, tokens, k), lambda: skipped
         )  # a round where no row asked for logprobs does not pay for the log-softmax and top-k
         padded = jnp.zeros((num_out,), jnp.int32).at[:rows].set(tokens.astype(jnp.int32))
-        return cache, (padded, *logprobs)
+        return cache, (padded, verified, *logprobs)
 
     return step
 

@@ -66,6 +66,7 @@ def variant_for(plan: RoundPlan, shapes: ShapeConfig) -> tuple[Variant, DecodePl
         num_emits=plan.num_emits,
         decode_span=placement.span,
         num_riders=plan.num_riders,
+        verify=plan.num_drafted > 0,
     )
     if not variant.num_decode:  # packed layout (or no windowable row): every row in the prefill region
         placement = DecodePlacement(0, (), 0)

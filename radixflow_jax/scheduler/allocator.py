@@ -142,6 +142,16 @@ class Allocator:
         req.num_computed = req.cached_tokens = computed
         return True
 
+    def ensure_spare(self, req: Request) -> bool:
+        """Gives ``req`` a spare state slot for its verify rows (speculative decoding), above the
+        request band where one is free, as a checkpoint's slot is (evicting committed checkpoints
+        when none is: the pool of a warm engine is full of them); True when it holds one
+        (attention-only models need none). Held until the request is released."""
+        if self.slots is None or req.spare_slot is not None:
+            return True
+        req.spare_slot = self.alloc_slot(checkpoint=True)
+        return req.spare_slot is not None
+
     def ensure_pages(self, req: Request, num_tokens: int) -> bool:
         """Grows ``req``'s page table to hold ``num_tokens`` tokens (all or nothing)."""
         need = self.config.pages_for(num_tokens) - len(req.pages)
@@ -192,7 +202,9 @@ class Allocator:
         self.pages.release(req.own_pages)
         if req.slot is not None and self.slots is not None:
             self.slots.decref(req.slot)
-        req.pages, req.own_pages, req.slot, req.hit_node = [], [], None, None
+        if req.spare_slot is not None and self.slots is not None:
+            self.slots.decref(req.spare_slot)
+        req.pages, req.own_pages, req.slot, req.spare_slot, req.hit_node = [], [], None, None, None
         self._move_out(take=False)  # its end, kept in the band: out of it while a slot above is free
 
     def take_state_copies(self) -> tuple[tuple[int, int], ...]:

@@ -106,13 +106,26 @@ class RoundBuilder:
         branch_len: int | None = None,
         pair_slot: int | None = None,
         copy_page_from: int | None = None,
+        draft: tuple[int, ...] = (),
     ) -> None:
         """Plans ``req``'s row of ``span`` tokens from ``req.num_computed``: plants its pending
         checkpoints (``copy_from``: a committed slot read first; ``branch_len``: where its path
         leaves an existing one; ``pair_slot``: policy pair's in-round producer state;
         ``copy_page_from``: a tail's partial page copied into its first page, ``RowPlan``) and
-        spends the budget."""
+        spends the budget. ``draft``: tokens drafted after the span (a verify row, which plants
+        nothing and reads its slot into its spare slot, ``scheduler/drafts.py``)."""
         start = req.num_computed
+        if draft:
+            self.rows.append(
+                RowPlan(
+                    request_id=req.request_id, tokens=req.token_span(start, start + span) + draft, start=start,
+                    pages=tuple(req.pages), slot=req.spare_slot or 0, copy_from=req.slot, emits=(), sample=True,
+                    epoch=req.epoch, num_draft=len(draft),
+                )
+            )
+            self._owners[req.request_id] = req
+            self.budget = self.budget.spend(span + len(draft))
+            return
         wanted = placements(self.config, req, start, start + span, branch_len, self.waiting_index)
         if req.unknown_tokens and start + span > req.num_tokens - req.unknown_tokens:
             planted, skipped = [], len(wanted)  # a token of a round in flight: see the module docstring

@@ -7,6 +7,7 @@ import dataclasses
 from radixflow_jax.cache import placement
 from radixflow_jax.cache.config import PAGE_SIZE, CacheConfig
 from radixflow_jax.scheduler.admission import QUEUE_ORDERS, get_policy
+from radixflow_jax.scheduler.drafts import SpeculativeConfig
 
 MODEL_DERIVED = ("grid", "hybrid")  # fields the engine builder fills in from the model, never a user option
 DEFAULT_POLICY = "pair"  # the one default policy (docs/design.md, "Scheduling")
@@ -36,9 +37,13 @@ class SchedulerConfig:
     max_checkpoints: int = 8  # adaptive spacing: about this many grid checkpoints over a prompt
     branch_checkpoints: bool = True  # branch points (existing paths and waiting siblings)
     riders: bool = True  # identical prompts ride the round that completes the first (scheduler/riders.py)
+    speculative: SpeculativeConfig | None = None  # drafted decode tokens, verified in one row (scheduler/drafts.py)
 
     def __post_init__(self) -> None:
         get_policy(self.policy)
+        if isinstance(self.speculative, (str, dict)):  # "ngram" or the fields by name, as flat options give it
+            given = {"method": self.speculative} if isinstance(self.speculative, str) else self.speculative
+            object.__setattr__(self, "speculative", SpeculativeConfig(**given))
         if self.queue_order not in QUEUE_ORDERS:
             raise ValueError(f"queue_order {self.queue_order!r}: expected one of {', '.join(QUEUE_ORDERS)}")
         if self.max_num_seqs < 1:

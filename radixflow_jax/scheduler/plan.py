@@ -35,6 +35,12 @@ class RowPlan:
     there and writes its own after them; ``None``: no copy.
     ``epoch``: the request's epoch when the row was planned; a row of an earlier epoch (the request
     was preempted or rolled back after planning, overlap) is skipped at commit.
+    ``num_draft`` (speculative decoding, a *verify row*): the last ``num_draft`` of ``tokens`` are
+    drafted, not known; the row samples (``sample`` is true) the greedy token after its last known
+    token and after each drafted one, the step returning the first ``num_draft`` of those as its
+    verify tokens and the last as the row's sample. A verify row reads its state from ``copy_from``
+    (the request's slot) and writes ``slot`` (its spare slot), so the request's state before the
+    row survives a rejected draft; it emits no checkpoint (only accepted tokens are cached).
     ``twin_id`` (a *rider*, ``scheduler/riders.py``): the request id of the row whose prompt this
     request shares exactly and whose round completes it. A rider row computes no token (``tokens``
     is empty, ``start`` is the prompt length, ``slot`` is 0) and samples its first token from that
@@ -54,10 +60,16 @@ class RowPlan:
     copy_page_from: int | None = None
     epoch: int = 0
     twin_id: int | None = None
+    num_draft: int = 0
 
     @property
     def is_decode(self) -> bool:
         return len(self.tokens) == 1
+
+    @property
+    def known_end(self) -> int:
+        """The position after the row's last known (not drafted) token."""
+        return self.start + len(self.tokens) - self.num_draft
 
     @property
     def is_rider(self) -> bool:
@@ -130,6 +142,11 @@ class RoundPlan:
     @property
     def num_riders(self) -> int:
         return sum(1 for r in self.rows if r.twin_id is not None)
+
+    @property
+    def num_drafted(self) -> int:
+        """Drafted tokens the round verifies (speculative decoding)."""
+        return sum(r.num_draft for r in self.rows)
 
 
 def attention_pairs(rows: Sequence[RowPlan]) -> int:

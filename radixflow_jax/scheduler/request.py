@@ -8,7 +8,8 @@ Invariants:
   * ``pages`` lists the request's page table; ``own_pages`` the subset it allocated itself and holds
     one reference to (the rest belong to the radix tree and are protected by ``hit_node``'s lock).
   * ``slot`` is the request's own recurrent-state slot (one reference), ``None`` until admitted and
-    for attention-only models.
+    for attention-only models; ``spare_slot`` (speculative decoding, hybrid models) a second one,
+    where a verify row writes its state (``scheduler/drafts.py``).
   * Overlap (a round launched before the previous one committed): ``num_computed`` counts the tokens
     of launched rounds too; ``uncommitted_tokens`` of them are not committed yet. The last
     ``unknown_tokens`` entries of ``output`` are ``UNKNOWN_TOKEN`` (sampled by launched rounds, filled
@@ -65,6 +66,12 @@ class Request:
     last_launch: int = -1
     epoch: int = 0
     state_depth: int = 0  # set by finish(): tokens its slot and pages hold once its launched rounds commit
+    speculate: bool = False  # its decode rows may carry drafted tokens (scheduler/drafts.py)
+    spare_slot: int | None = None  # a verify row's output slot (hybrid models; one reference)
+    draft_len: int = 0  # its next draft's length (0: the config's num_draft)
+    num_drafted: int = 0
+    num_accepted: int = 0
+    num_verify_rows: int = 0
 
     @functools.cached_property
     def prompt_key(self) -> int:
@@ -143,6 +150,29 @@ class Request:
             self.unknown_tokens -= 1
         else:
             self.output.append(token)
+        if self.first_token_round is None:
+            self.first_token_round = round_index
+
+    def commit_verify(
+        self, *, start: int, end: int, tokens: tuple[int, ...], computed: int, swap: bool, drafted: int,
+        accepted: int, draft_len: int, launched: bool, round_index: int,
+    ) -> None:
+        """A verify row of ``tokens[start:end]`` (drafts included) committed (``scheduler/drafts.py``):
+        it appends ``tokens``, its state covers ``computed`` tokens, and with ``swap`` the spare slot
+        (holding the state after the whole row) becomes the request's slot. A launched row's
+        ``UNKNOWN_TOKEN`` (the last entry: nothing is launched behind a verify row) is dropped first."""
+        if launched:
+            self.uncommitted_tokens -= end - start
+            self.output.pop()
+            self.unknown_tokens -= 1
+        self.num_computed = computed
+        self.output.extend(tokens)
+        if swap:
+            self.slot, self.spare_slot = self.spare_slot, self.slot
+        self.num_drafted += drafted
+        self.num_accepted += accepted
+        self.num_verify_rows += 1
+        self.draft_len = draft_len
         if self.first_token_round is None:
             self.first_token_round = round_index
 

@@ -39,6 +39,7 @@ import collections
 
 from radixflow_jax.scheduler.allocator import Allocator
 from radixflow_jax.scheduler.builder import RoundBuilder
+from radixflow_jax.scheduler.drafts import ngram_draft
 from radixflow_jax.scheduler.request import Request, RequestStatus
 from radixflow_jax.scheduler.riders import Riders
 
@@ -163,8 +164,28 @@ class RunningSet:
                 if req not in self.members:  # a victim's roll-back (pair) took it back to the queue too
                     break
             else:
-                round_.add(req, span, None)
+                round_.add(req, span, None, draft=self._draft(req, span, round_))
                 scheduled.add(req.request_id)
+
+    def _draft(self, req: Request, span: int, round_: RoundBuilder) -> tuple[int, ...]:
+        """Speculative decoding: the tokens drafted after ``req``'s sampling span of ``span``
+        tokens (``scheduler/drafts.py``), within its draft length, the tokens it may still sample
+        after the span's own and the round's token budget; empty where it does not speculate, no
+        draft was found, or its spare slot or the draft's pages could not be had (never preempting
+        or evicting KV for a draft). No draft behind a token a round in flight samples."""
+        spec = round_.config.speculative
+        if spec is None or not req.speculate or span != req.remaining or req.unknown_tokens:
+            return ()
+        k = min(req.draft_len or spec.num_draft, req.max_tokens - len(req.output) - 1, round_.budget.tokens - span)
+        draft = ngram_draft(req.tokens, k, max_n=spec.ngram_max, min_n=spec.ngram_min) if k > 0 else ()
+        if not draft or not self._memory.ensure_spare(req):
+            return ()
+        end = req.num_computed + span + len(draft)
+        if self._memory.config.pages_for(end) > len(req.pages) and self._memory.pages.num_free < (
+            self._memory.config.pages_for(end) - len(req.pages)
+        ):
+            return ()  # the draft's pages only from free ones: evicting cached KV for a guess does not pay
+        return draft if self._memory.ensure_pages(req, end) else ()
 
     def _preempt_one(self, keep: Request, scheduled: set[int]) -> bool:
         """Preempts the latest-admitted running request that was admitted after ``keep`` and still

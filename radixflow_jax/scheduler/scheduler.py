@@ -30,13 +30,14 @@ Invariants (the admission scan's; the others are stated by the collaborator that
 from __future__ import annotations
 
 import collections
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from radixflow_jax.cache import PagePool, RadixCache, SlotPool
 from radixflow_jax.scheduler.admission import Decision, get_policy
 from radixflow_jax.scheduler.allocator import Allocator
 from radixflow_jax.scheduler.builder import RoundBuilder, grid_span
 from radixflow_jax.scheduler.config import SchedulerConfig
+from radixflow_jax.scheduler.drafts import accepted_length, next_draft_len, verified_tokens
 from radixflow_jax.scheduler.overlap import LaunchedRounds
 from radixflow_jax.scheduler.pairing import Pairing
 from radixflow_jax.scheduler.plan import RoundPlan, RowPlan
@@ -263,10 +264,13 @@ class Scheduler:
         self._launched.drop()
 
     # ----------------------------------------------------------------- commit fence
-    def commit(self, plan: RoundPlan, sampled: dict[int, int]) -> list[Request]:
+    def commit(
+        self, plan: RoundPlan, sampled: dict[int, int], verified: Mapping[int, tuple[int, ...]] | None = None
+    ) -> list[Request]:
         """Applies a finished round: advance, append samples, commit checkpoints, finish requests.
         Returns the requests that finished in this round. A launched plan (``launch``) commits in
-        launch order; its samples replace the ``UNKNOWN_TOKEN`` entries."""
+        launch order; its samples replace the ``UNKNOWN_TOKEN`` entries. ``verified``: the greedy
+        tokens of its verify rows (``StepResult.verified``, speculative decoding)."""
         launched = self._launched.retire(plan)
         self._riders.committed(plan.rows)
         self.round_index += 1
@@ -275,7 +279,10 @@ class Scheduler:
             req = self.requests.get(row.request_id)
             if req is None or req.status is not RequestStatus.RUNNING or row.epoch != req.epoch:
                 continue  # aborted, preempted, or rolled back with its aborted producer, while the round ran
-            if self._commit_row(req, row, sampled, launched):
+            if row.num_draft:
+                if self._commit_verify(req, row, sampled[row.request_id], (verified or {})[row.request_id], launched):
+                    finished.append(req)
+            elif self._commit_row(req, row, sampled, launched):
                 finished.append(req)
         self._launched.release_due(self.round_index)
         return finished
@@ -296,6 +303,43 @@ class Scheduler:
         if token in req.stop_token_ids:
             self._finish(req, "stop", keep_prefix=True)
         elif len(req.output) - req.unknown_tokens >= req.max_tokens:
+            self._finish(req, "length", keep_prefix=True)
+        return req.is_finished
+
+    def _commit_verify(self, req: Request, row: RowPlan, bonus: int, verified: tuple[int, ...], launched: bool) -> bool:
+        """Commits ``req``'s verify row (``scheduler/drafts.py``): the accepted drafted tokens and
+        the model's next token, cut at a stop token or ``max_tokens``; whether it finished. A
+        hybrid request keeps its spare slot's state only when every drafted token was accepted and
+        kept, else its state from before the row (the next row recomputes the accepted tokens);
+        an attention-only request keeps the KV of every kept token it fed."""
+        draft = row.tokens[len(row.tokens) - row.num_draft :]
+        accepted = accepted_length(draft, verified)
+        new = verified_tokens(draft, verified, bonus)
+        room = req.max_tokens - (len(req.output) - req.unknown_tokens)
+        kept: list[int] = []
+        for token in new[:room]:
+            kept.append(token)
+            if token in req.stop_token_ids:
+                break
+        whole = len(kept) == len(new) and accepted == row.num_draft
+        if self.config.hybrid:
+            computed = row.start + len(row.tokens) if whole else row.start
+        else:
+            computed = row.known_end + min(accepted, len(kept) - 1)
+        spec = self.config.speculative
+        limit = spec.num_draft if spec is not None else row.num_draft
+        req.commit_verify(
+            start=row.start, end=row.start + len(row.tokens), tokens=tuple(kept), computed=computed,
+            swap=whole and req.spare_slot is not None, drafted=row.num_draft, accepted=accepted,
+            draft_len=next_draft_len(row.num_draft, accepted, limit), launched=launched, round_index=self.round_index,
+        )
+        if self.memory.cache is not None:
+            self.memory.cache.commit(req.request_id, computed)
+            if not self.config.hybrid:
+                self.memory.cache.insert(req.tokens[:computed], req.pages)
+        if kept[-1] in req.stop_token_ids:
+            self._finish(req, "stop", keep_prefix=True)
+        elif len(req.output) >= req.max_tokens:
             self._finish(req, "length", keep_prefix=True)
         return req.is_finished
 

@@ -45,6 +45,9 @@ _PER_ROUND = {
     "consumers_waiting": ("consumers_waiting", "Consumer decisions WAIT (scan continued)."),
     "consumers_blocked": ("consumers_blocked", "Consumer decisions STOP_ROUND (scan halted)."),
     "attention_pairs": ("attention_pairs", "Query-key pairs the rounds' attention read over their real rows."),
+    "verify_rows": ("spec_verify_rows", "Speculative decoding: rows that verified drafted tokens."),
+    "drafted_tokens": ("spec_draft_tokens", "Speculative decoding: drafted tokens verified."),
+    "accepted_tokens": ("spec_accepted_tokens", "Speculative decoding: drafted tokens the greedy rule accepted."),
 }
 
 

@@ -59,6 +59,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--num-kv-pages", type=int, default=None)
     p.add_argument("--num-state-slots", type=int, default=None)
     p.add_argument("--no-prefix-cache", action="store_true", help="the same as --policy no-cache")
+    p.add_argument("--speculative", default=None, choices=("ngram",),
+                   help="speculative decoding of greedy requests: ngram drafts from the request's own tokens")
+    p.add_argument("--num-draft", type=int, default=4, help="the most drafted tokens a verify row carries")
     p.add_argument("--penalty-window", type=int, default=None,
                    help="longest context (tokens) a request with penalties may have (default min(max-model-len, 4096))")
     p.add_argument("--kernels", default="auto", choices=("auto", "reference", "pallas"))
@@ -177,6 +180,7 @@ def build_state(args: argparse.Namespace) -> Any:
         policy="no-cache" if args.no_prefix_cache else args.policy, queue_order=args.queue_order,
         kernels=args.kernels, seed=args.seed, warmup=warmup_mode(args) == "all",
         compilation_cache_dir=args.compilation_cache_dir or None, penalty_window=args.penalty_window, max_n=args.max_n,
+        speculative={"method": args.speculative, "num_draft": args.num_draft} if args.speculative else None,
     )
     if args.memory_fraction is not None:
         if args.num_kv_pages is not None or args.num_state_slots is not None:

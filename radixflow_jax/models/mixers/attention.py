@@ -63,7 +63,9 @@ class Attention(nnx.Module):
     ) -> tuple[jax.Array, KvPages]:
         """``x [T, hidden]`` -> ``(out [T, hidden], pools)``; with ``row_last [R]`` (the index of
         each row's last token; rows without tokens: any index) ``out`` is ``[R, hidden]``: row
-        ``r``'s last token's output (unspecified for rows without tokens)."""
+        ``r``'s last token's output (unspecified for rows without tokens). ``row_last`` may go on
+        past ``R`` entries with any tokens' indices (verify points, ``runner/step.py``), whose
+        outputs follow."""
         cfg = self.cfg
         num_tokens = x.shape[0]
         xq, q_positions = (x, positions) if row_last is None else (x[row_last], positions[row_last])
@@ -90,13 +92,20 @@ class Attention(nnx.Module):
             out = attend(q, k_pages, v_pages, batch, num_decode, scale=cfg.softmax_scale, window=cfg.sliding_window)
         else:  # one query per row: the row's last token, at position kv_lens[r] - 1 (a row without
             # tokens gets context 1, so every kernel sees its contract; its output is never read)
+            page_table, context = batch.page_table, jnp.maximum(batch.kv_lens, 1)
+            extra = num_q - page_table.shape[0]
+            if extra:  # verify points past the rows' last tokens (speculative decoding): their own row and depth
+                idx = row_last[page_table.shape[0] :]
+                qrow = jnp.clip(jnp.searchsorted(batch.cu_seqlens[1:], idx, side="right"), 0, page_table.shape[0] - 1)
+                page_table = jnp.concatenate([page_table, page_table[qrow]], axis=0)
+                context = jnp.concatenate([context, positions[idx] + 1])
             out = ops.paged_attention(
                 q,
                 k_pages,
                 v_pages,
-                batch.page_table,
+                page_table,
                 jnp.arange(num_q + 1, dtype=jnp.int32),
-                jnp.maximum(batch.kv_lens, 1),
+                context,
                 scale=cfg.softmax_scale,
                 sliding_window=cfg.sliding_window,
             )

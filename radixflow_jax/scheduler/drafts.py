@@ -1,0 +1,92 @@
+"""Speculative decoding, the host side: drafts, their verification, and what a verify row commits.
+
+A *verify row* (``RowPlan.num_draft``) feeds a request's known span followed by ``k`` drafted
+tokens and gets back, from one step, the greedy token after its last known token and after each
+drafted token (``StepResult.verified`` and ``sampled``). The standard greedy rule accepts the
+longest prefix of the draft that matches those tokens and appends one more token, the model's own
+(the correction at the first mismatch, or the bonus token after a fully accepted draft), so every
+accepted token is exactly the token plain greedy decoding would have produced.
+
+State (``docs/design.md``, "Speculative decoding"): a verify row of a hybrid model reads the
+request's state from its slot and writes the state after *all* its tokens into the request's
+spare slot. Fully accepted, the slots swap; otherwise the request keeps the state from before the
+row and its next row recomputes the accepted tokens (a recurrent state cannot be un-appended, and
+the step emits states only on the chunk grid). KV of rejected positions is never read (attention
+reads ``kv_lens`` positions) and is overwritten by the next row. Attention-only models keep the KV
+of the accepted tokens and need no spare slot. Verify rows emit no checkpoint, so the cache holds
+no state of a drafted token.
+
+Drafts here are n-gram lookups in the request's own tokens (prompt lookup decoding): the longest
+suffix of ``max_n`` down to ``min_n`` tokens that occurred before, and the tokens that followed its
+most recent earlier occurrence.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+import numpy as np
+
+METHODS = ("ngram",)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SpeculativeConfig:
+    """``method``: where drafts come from (``ngram``: the request's own prompt and output);
+    ``num_draft``: the most drafted tokens of one verify row (a request's draft length adapts
+    below it, :func:`next_draft_len`); ``ngram_max`` / ``ngram_min``: the suffix lengths looked up,
+    longest first. Defaults are our choice, not tuned: 4 drafted tokens (vLLM's and SGLang's
+    n-gram examples use 3-5), suffixes of 4 down to 2 tokens (a one-token suffix matches too often
+    to be worth a verify position)."""
+
+    method: str = "ngram"
+    num_draft: int = 4
+    ngram_max: int = 4
+    ngram_min: int = 2
+
+    def __post_init__(self) -> None:
+        if self.method not in METHODS:
+            raise ValueError(f"speculative method {self.method!r}: expected one of {', '.join(METHODS)}")
+        if self.num_draft < 1:
+            raise ValueError(f"speculative num_draft={self.num_draft} must be >= 1")
+        if not 1 <= self.ngram_min <= self.ngram_max:
+            raise ValueError(f"speculative ngram_min={self.ngram_min}, ngram_max={self.ngram_max}: need 1 <= min <= max")
+
+
+def ngram_draft(tokens: Sequence[int], k: int, *, max_n: int, min_n: int) -> tuple[int, ...]:
+    """Up to ``k`` tokens that followed the most recent earlier occurrence of the longest suffix of
+    ``tokens`` (``max_n`` down to ``min_n`` tokens long) found in them; empty when none occurs."""
+    if k < 1 or len(tokens) <= min_n:
+        return ()
+    arr = np.asarray(tokens, dtype=np.int64)
+    for n in range(min(max_n, len(arr) - 1), min_n - 1, -1):
+        # windows starting before the suffix itself, each followed by at least one token
+        windows = np.lib.stride_tricks.sliding_window_view(arr[:-1], n)
+        hits = np.flatnonzero((windows == arr[-n:]).all(axis=1))
+        if hits.size:
+            at = int(hits[-1]) + n
+            return tuple(int(t) for t in arr[at : at + k])
+    return ()
+
+
+def accepted_length(draft: Sequence[int], verified: Sequence[int]) -> int:
+    """The greedy rule: how many leading drafted tokens equal the model's greedy token at their
+    position (``verified[i]`` follows the last known token and ``draft[:i]``)."""
+    a = 0
+    while a < len(draft) and draft[a] == verified[a]:
+        a += 1
+    return a
+
+
+def verified_tokens(draft: Sequence[int], verified: Sequence[int], bonus: int) -> tuple[int, ...]:
+    """The tokens a verify row appends: the accepted drafted tokens and the model's next token
+    after them (``bonus``, the row's sample, when the whole draft was accepted)."""
+    a = accepted_length(draft, verified)
+    return tuple(draft[:a]) + ((verified[a],) if a < len(draft) else (bonus,))
+
+
+def next_draft_len(drafted: int, accepted: int, limit: int) -> int:
+    """A request's next draft length: up to ``limit`` after a fully accepted draft, else one more
+    than it accepted (a rejected position costs a verify slot each round it is drafted)."""
+    return limit if accepted >= drafted else max(1, min(limit, accepted + 1))

@@ -1,0 +1,91 @@
+"""Speculative decoding on the model (``scheduler/drafts.py``, ``runner/step.py``'s verify points):
+greedy outputs with drafted tokens equal the outputs without them, token for token, with the
+prefix cache on and off, on a Gated DeltaNet hybrid, a Mamba2 hybrid and an attention-only model.
+
+The drafts are an *oracle*: the tokens the plain run produced, with one token altered on a fixed
+pattern of positions (tests may not rely on a random tiny model repeating itself, which n-gram
+drafts need), so every round mixes fully accepted drafts, drafts rejected part-way and at their
+first token. Stop tokens and ``max_tokens`` cut accepted drafts; an identical prompt rides its
+twin; overlap is on (a round with a verify row commits before the next is planned). After each
+run the whole-engine audit finds no slot or page unaccounted for, and a flush frees everything.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from radixflow_jax.engine.build import assemble_engine
+from radixflow_jax.engine.config import EngineConfig
+from radixflow_jax.engine.roundcost import LinearRoundCost
+from radixflow_jax.engine.spec import EngineSpec
+from radixflow_jax.sim.executor import SimExecutor, VirtualClock
+from radixflow_jax.engine.params import SamplingParams
+from radixflow_jax.llm import LLM
+from radixflow_jax.reliability.audit import assert_drained, audit_engine
+from radixflow_jax.scheduler import running
+
+PROMPTS = [
+    list(range(5, 45)),
+    [9, 10, 11, 12] * 5,
+    list(range(100, 190)),
+    list(range(5, 45)),  # a twin of the first: rides its last prompt round
+    [300, 301],
+]
+
+
+def _oracle(full: list[tuple[int, ...]], vocab: int):
+    """A drafter that proposes each request's true continuation, one token of it altered where
+    the request's length is a multiple of 3 (at a position that moves with the length)."""
+
+    def draft(tokens, k, *, max_n, min_n):  # noqa: ARG001 - ngram_draft's signature
+        tokens = tuple(tokens)
+        seq = next((f for f in full if f[: len(tokens)] == tokens), None)
+        if seq is None:
+            return ()
+        true = list(seq[len(tokens) : len(tokens) + k])
+        if true and len(tokens) % 3 == 0:
+            at = (len(tokens) // 3) % len(true)
+            true[at] = (true[at] + 1) % vocab
+        return tuple(true)
+
+    return draft
+
+
+def _run(llm: LLM, params: list[SamplingParams]) -> list[tuple[int, ...]]:
+    outputs = llm.generate(PROMPTS, params)
+    engine = llm.replicas.engines[0]
+    audit_engine(engine)
+    return [tuple(o.token_ids) for o in outputs]
+
+
+@pytest.mark.parametrize("model", ["tiny-qwen3.5", "tiny-bamba", "tiny-qwen3"])
+def test_greedy_outputs_with_drafts_equal_plain_decoding(model: str, monkeypatch, tiny_model) -> None:
+    options = dict(max_num_seqs=4, max_num_batched_tokens=128)
+    loaded = tiny_model(model)  # shared: both engines take the variants they have in common once
+    plain = LLM(loaded, **options)
+    long = [SamplingParams(max_tokens=n, ignore_eos=True) for n in (23, 30, 17, 23, 9)]
+    cold = _run(plain, long)
+    # a stop token in the middle of each answer, which an accepted draft may run past
+    stops = [SamplingParams(max_tokens=40, stop_token_ids=(c[len(c) // 2],)) for c in cold]
+    cold_stop = _run(plain, stops)
+    vocab = plain.replicas.engines[0].vocab_size
+    full = [tuple(p) + c for p, c in zip(PROMPTS, cold + cold_stop)]
+    monkeypatch.setattr(running, "ngram_draft", _oracle(full, vocab))
+    for policy in ("pair", "no-cache"):
+        llm = LLM(loaded, speculative={"num_draft": 3}, policy=policy, **options)
+        engine = llm.replicas.engines[0]
+        for _ in range(2):  # the second pass hits the cache the first one left
+            assert _run(llm, long) == cold
+            assert _run(llm, stops) == cold_stop
+        drafted = sum(r.drafted_tokens for r in engine.records)
+        accepted = sum(r.accepted_tokens for r in engine.records)
+        assert 0 < accepted < drafted  # both accepted and rejected drafts were verified
+        assert_drained(engine)
+
+
+def test_speculative_needs_a_verifying_executor() -> None:
+    config = EngineConfig.from_options(max_num_seqs=2, max_num_batched_tokens=64, page_size=16, speculative="ngram")
+    spec = EngineSpec(config=config, hybrid=True, chunk_sizes=(16,), num_pages=64, num_slots=8, max_model_len=256)
+    clock = VirtualClock()
+    with pytest.raises(ValueError, match="speculative decoding needs an executor"):
+        assemble_engine(spec, lambda shapes: SimExecutor(LinearRoundCost((1e-3, 0, 0, 0, 0)), clock, shapes), clock=clock)
