@@ -56,7 +56,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="where decoding rows of rounds with prompts run (runner/shapes.py; auto: packed on the CPU "
                    "model executor)")  # fmt: skip
     p.add_argument("--speculative", default=None, choices=("ngram",),
-                   help="speculative decoding of greedy requests (model executor): ngram drafts, scheduler/drafts.py")
+                   help="speculative decoding of greedy requests: ngram drafts (scheduler/drafts.py)")
+    p.add_argument("--spec-acceptance", default=None,
+                   help="sim with --speculative: per drafted position, the probability its token is accepted "
+                        "given the earlier ones were, comma-separated (the last repeats), e.g. 0.72")
     p.add_argument("--sim-noise", type=float, default=0.0, help="sim: relative noise of round times (seeded)")
     p.add_argument(
         "--round-overhead-ms", type=float, default=None, help="sim: fixed cost per round (default: the device spec's)"
@@ -162,6 +165,9 @@ def format_spreads(reps: list[Repeated]) -> str:
             f"{rep.median.policy}: {n} repeats, mean latency {lat[0]:.3f}-{lat[1]:.3f} s, "
             f"rounds {rounds[0]:.0f}-{rounds[1]:.0f}, step programs compiled in timed runs {compiles}"
         )
+        if rep.median.drafted_tokens:  # speculative decoding
+            drafted, accepted = rep.median.drafted_tokens, rep.median.accepted_tokens
+            lines[-1] += f", drafts accepted {accepted}/{drafted} ({accepted / drafted:.0%}, the median run)"
     for rep in reps[1:]:
         lat = paired_changes(reps[0], rep)["mean_latency_s"]
         held = "held in every repeat" if lat.sign_stable else "NOT the same in every repeat"
@@ -263,7 +269,9 @@ def _bench_config(args: argparse.Namespace, executor: str, policies: tuple[str, 
         bucket_mode=args.buckets, mixed_layout=args.mixed_layout, speculative=args.speculative,
     )
     overhead = args.round_overhead_ms / 1e3 if args.round_overhead_ms is not None else None
-    cfg = BenchConfig(policies=policies, engine=engine, overhead_s=overhead, sim_noise=args.sim_noise)
+    acceptance = tuple(float(a) for a in args.spec_acceptance.split(",")) if args.spec_acceptance else ()
+    cfg = BenchConfig(policies=policies, engine=engine, overhead_s=overhead, sim_noise=args.sim_noise,
+                      spec_acceptance=acceptance)  # fmt: skip
     return cfg, seqs, tokens
 
 
@@ -285,6 +293,7 @@ def _run_config(args: argparse.Namespace, executor: str, cfg: BenchConfig, seqs:
         "buckets": args.buckets,
         "mixed_layout": args.mixed_layout,
         "speculative": args.speculative,
+        "spec_acceptance": args.spec_acceptance,
         "round_cost": "fitted to the executor's own rounds (engine/roundcost.py)",
     }
     if executor == "sim":

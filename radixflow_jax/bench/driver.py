@@ -58,6 +58,8 @@ class RunResult:
     checkpoints_skipped: int = 0
     checkpoints_evicted_unused: int = 0
     consumers_paired: int = 0  # consumers run in their producer's round (policy pair)
+    drafted_tokens: int = 0  # speculative decoding: drafted tokens verified, and those accepted
+    accepted_tokens: int = 0
     # model executor: step programs compiled during the run (the model's store grew by these), and the
     # seconds the engine's clock stood still for first-use compiles and primes (not in the latencies)
     compiles: int = 0
@@ -157,5 +159,7 @@ def summarize(policy: str, engine: EngineCore, outputs: list[RequestOutput], num
         checkpoints_skipped=sum(r.checkpoints_skipped for r in recs),
         checkpoints_evicted_unused=sum(r.checkpoints_evicted_unused for r in recs),
         consumers_paired=sum(r.consumers_paired for r in recs),
+        drafted_tokens=sum(r.drafted_tokens for r in recs),
+        accepted_tokens=sum(r.accepted_tokens for r in recs),
         latencies=tuple(float(x) for x in lat),
     )

@@ -23,13 +23,15 @@ from radixflow_jax.sim.specs import DeviceSpec, ModelSpec
 @dataclasses.dataclass(frozen=True)
 class BenchConfig:
     """``overhead_s`` / ``sim_noise``: the simulated executor's per-round cost (``None``: the device
-    spec's) and the relative noise of its round times (``SimExecutor``). Both executors pad to the
-    engine's ``bucket_mode``."""
+    spec's) and the relative noise of its round times (``SimExecutor``); ``spec_acceptance``: the
+    simulated drafts' acceptance per position (speculative decoding on the simulator). Both
+    executors pad to the engine's ``bucket_mode``."""
 
     policies: tuple[str, ...] = ("native", "radixflow", "pair")
     engine: EngineConfig = EngineConfig()
     overhead_s: float | None = None
     sim_noise: float = 0.0
+    spec_acceptance: tuple[float, ...] = ()
 
 
 Records = dict[str, list[RoundRecord]]
@@ -86,7 +88,9 @@ def sim_runner(
 
     def run(policy: str) -> tuple[RunResult, list[RoundRecord]]:
         ec = cfg.engine.with_options(policy=policy)
-        engine = build_sim_engine(spec, device, ec, overhead_s=cfg.overhead_s, noise=cfg.sim_noise)
+        engine = build_sim_engine(
+            spec, device, ec, overhead_s=cfg.overhead_s, noise=cfg.sim_noise, acceptance=cfg.spec_acceptance
+        )
         clock = engine.clock  # the virtual clock the engine was wired with
         assert isinstance(clock, VirtualClock)
         cb = (lambda done, total: progress(policy, done, total)) if progress else None

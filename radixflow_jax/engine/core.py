@@ -367,6 +367,8 @@ class EngineCore:
         verdict = rec.follow_grammar(req)
         if self.tokenizer is not None and rec.update_text(self.tokenizer, req.is_finished):
             verdict = "stop"
+            if rec.stop_at is not None:  # a verify row committed tokens past the stop string
+                self.scheduler.truncate_output(rid, rec.stop_at)
         if verdict is not None and req.is_finished:
             self.scheduler.amend_finish_reason(rid, verdict)  # the completing token was also the last allowed one
         elif verdict is not None:

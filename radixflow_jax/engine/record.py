@@ -43,6 +43,8 @@ class RequestRecord:
     output: RequestOutput
     sampling: SamplingRow | None
     detok: IncrementalText | None = None
+    stop_at: int | None = None  # set by update_text: the tokens the request keeps (a stop string before the last)
+    num_decoded: int = 0  # output tokens at the last update_text (those of earlier rounds)
     failures: int = 0
     grammar: GrammarState | None = None  # per-request structured-output matcher; None: unconstrained
     siblings: tuple[int, ...] | None = None  # every request id of one prompt's n samples (index order)
@@ -116,18 +118,25 @@ class RequestRecord:
 
     def update_text(self, tokenizer: object, finished: bool) -> bool:
         """Decodes the tokens so far (the whole list once ``finished``) and cuts the text at the
-        first stop string; True when a stop string was found (the request ends with ``stop``)."""
+        first stop string; True when a stop string was found (the request ends with ``stop``).
+        Tokens a round committed several at a time (a verify row, speculative decoding) are decoded
+        one more at a time, as rounds of one token each would have, and where the stop string was
+        found before the last of them ``stop_at`` is how many the request keeps."""
         if self.detok is None:
             self.detok = IncrementalText(tokenizer)  # type: ignore[arg-type]
-        out, stops = self.output, self.params.stop
-        seen = len(self.detok.text)  # no stop string was complete in this much text
-        out.text = self.detok.finish(out.token_ids) if finished else self.detok.update(out.token_ids)
-        starts = [0 if finished else max(0, seen - len(s) + 1) for s in stops]
-        hit = min((h for h in (out.text.find(s, a) for s, a in zip(stops, starts)) if h >= 0), default=-1)
-        if hit < 0:
-            return False
-        out.text = out.text[:hit]
-        return True
+        out, stops, ids = self.output, self.params.stop, self.output.token_ids
+        before, self.num_decoded = self.num_decoded, len(ids)  # tokens of earlier rounds
+        for n in range(min(before + 1, len(ids)), len(ids) + 1):
+            last = finished and n == len(ids)
+            seen = len(self.detok.text)  # no stop string was complete in this much text
+            out.text = self.detok.finish(ids[:n]) if last else self.detok.update(ids[:n])
+            starts = [0 if last else max(0, seen - len(s) + 1) for s in stops]
+            hit = min((h for h in (out.text.find(s, a) for s, a in zip(stops, starts)) if h >= 0), default=-1)
+            if hit >= 0:
+                out.text = out.text[:hit]
+                self.stop_at = n if n < len(ids) else None
+                return True
+        return False
 
     def finalize(self, req: Request, now: float, round_index: int) -> None:
         """The request ended (``req.finish_reason`` is set): final tokens, reason and time; nothing

@@ -10,9 +10,9 @@
      (``token_mask``, structured outputs; each skipped at run time in a round no row uses it), and
      sample on device (the last layer computes only those tokens past its mixers,
      ``HybridLM.__call__``'s ``row_last``);
-  4. speculative decoding (a variant with ``num_verify``): the greedy token after each verify point
-     (``verify_index``), returned beside the sampled tokens; verify rows are plain greedy rows
-     (no penalty, bias, mask or logprobs), so the argmax of the raw logits is their sample.
+  4. speculative decoding (a variant with ``num_verify``): the token after each verify point
+     (``verify_index``), drawn as the row's sample is (``_verify``), returned beside the sampled
+     tokens; verify rows carry no penalty, bias, mask or logprobs.
 
 Overlap (``engine/executor.py``): a row may take its input token from the previous round's sampled
 array *on the device*: ``splice_src[t] >= 0`` replaces input token ``t`` with
@@ -81,8 +81,8 @@ def make_step(graphdef: nnx.GraphDef, num_decode: int, num_out: int) -> Callable
         row_last = jnp.concatenate([inputs.logits_index, inputs.verify_index]) if prefill else None
         hidden, cache = model(input_ids, batch, cache, num_decode=num_decode, emits=emits, row_last=row_last)
         verified = jnp.zeros((0,), jnp.int32)
-        if inputs.verify_index.shape[0]:  # speculative decoding: the greedy successor of each verify point
-            verified = jnp.argmax(model.logits(hidden[rows:]).astype(jnp.float32), axis=-1).astype(jnp.int32)
+        if inputs.verify_index.shape[0]:  # speculative decoding: the token after each verify point
+            verified = _verify(model.logits(hidden[rows:]).astype(jnp.float32), inputs)
             hidden = hidden[:rows]
         logits = model.logits(hidden if prefill else hidden[inputs.logits_index]).astype(jnp.float32)
         logits = apply_penalties(
@@ -103,6 +103,19 @@ def make_step(graphdef: nnx.GraphDef, num_decode: int, num_out: int) -> Callable
         return cache, (padded, verified, *logprobs)
 
     return step
+
+
+def _verify(logits: jax.Array, inputs: StepInputs) -> jax.Array:
+    """The token after each verify point, drawn as a round without drafts draws the token at that
+    position: from the point's row's sampling parameters and ``key(seed)`` folded with the position
+    it samples (its token's position + 1). So a drafted token is kept with probability ``p(draft)``
+    (speculative sampling for a draft proposed with certainty, as an n-gram lookup proposes it) and
+    every committed token is the one a run without drafts draws with the same seed."""
+    idx, cu = inputs.verify_index, inputs.cu_seqlens
+    row = jnp.clip(jnp.searchsorted(cu[1:], idx, side="right"), 0, inputs.kv_lens.shape[0] - 1)
+    position = inputs.kv_lens[row] - (cu[row + 1] - idx) + 1
+    params = (inputs.temperature, inputs.top_k, inputs.top_p, inputs.min_p, inputs.seed)
+    return sample(logits, *(x[row] for x in params), position)
 
 
 def input_specs(

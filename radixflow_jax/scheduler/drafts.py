@@ -1,11 +1,14 @@
 """Speculative decoding, the host side: drafts, their verification, and what a verify row commits.
 
 A *verify row* (``RowPlan.num_draft``) feeds a request's known span followed by ``k`` drafted
-tokens and gets back, from one step, the greedy token after its last known token and after each
-drafted token (``StepResult.verified`` and ``sampled``). The standard greedy rule accepts the
-longest prefix of the draft that matches those tokens and appends one more token, the model's own
-(the correction at the first mismatch, or the bonus token after a fully accepted draft), so every
-accepted token is exactly the token plain greedy decoding would have produced.
+tokens and gets back, from one step, the model's token after its last known token and after each
+drafted token (``StepResult.verified`` and ``sampled``). The longest prefix of the draft that
+matches those tokens is accepted, and one more token appended, the model's own (the correction at
+the first mismatch, or the bonus token after a fully accepted draft). Greedy, every accepted token
+is exactly the token plain decoding would have produced; sampled, the step draws each verify
+token with the key a run without drafts uses at that position (``runner/step._verify``), so a
+drafted token is kept with probability ``p(draft)``, which is speculative sampling's rule for a
+draft proposed with certainty, and the committed tokens are those of a run without drafts.
 
 State (``docs/design.md``, "Speculative decoding"): a verify row of a hybrid model reads the
 request's state from its slot and writes the state after *all* its tokens into the request's

@@ -36,9 +36,9 @@ class RowPlan:
     ``epoch``: the request's epoch when the row was planned; a row of an earlier epoch (the request
     was preempted or rolled back after planning, overlap) is skipped at commit.
     ``num_draft`` (speculative decoding, a *verify row*): the last ``num_draft`` of ``tokens`` are
-    drafted, not known; the row samples (``sample`` is true) the greedy token after its last known
-    token and after each drafted one, the step returning the first ``num_draft`` of those as its
-    verify tokens and the last as the row's sample. A verify row reads its state from ``copy_from``
+    drafted, not known; the row samples (``sample`` is true) a token after its last known token and
+    after each drafted one, the step returning the first ``num_draft`` of those as its verify
+    tokens (``runner/sampling.verify_draws``) and the last as the row's sample. A verify row reads its state from ``copy_from``
     (the request's slot) and writes ``slot`` (its spare slot), so the request's state before the
     row survives a rejected draft; it emits no checkpoint (only accepted tokens are cached).
     ``twin_id`` (a *rider*, ``scheduler/riders.py``): the request id of the row whose prompt this

@@ -176,6 +176,15 @@ class Request:
         if self.first_token_round is None:
             self.first_token_round = round_index
 
+    def truncate_output(self, num_output: int) -> None:
+        """Keeps the first ``num_output`` output tokens (a stop string ended the request inside the
+        tokens a verify row committed; nothing of it is in flight). Where its state covered tokens
+        it drops, ``num_computed`` (and so ``state_depth``) exceeds its tokens, so its release keeps
+        no end (``Allocator.release``: only a state within the tokens is kept)."""
+        if self.unknown_tokens or not 0 < num_output <= len(self.output):
+            raise ValueError(f"request {self.request_id}: cannot keep {num_output} of {len(self.output)} output tokens")
+        del self.output[num_output:]
+
     def drop_uncommitted(self) -> None:
         """Forgets the uncommitted work (overlap): back to the last committed token."""
         if self.unknown_tokens:

@@ -349,6 +349,11 @@ class Scheduler:
         if not req.is_finished:
             self._finish(req, reason, keep_prefix=True)
 
+    def truncate_output(self, request_id: int, num_output: int) -> None:
+        """Keeps the first ``num_output`` output tokens of a request whose verify row committed
+        tokens past a stop string the engine found (``Request.truncate_output``)."""
+        self.requests[request_id].truncate_output(num_output)
+
     def amend_finish_reason(self, request_id: int, reason: str) -> None:
         """A request that finished in its last round (e.g. by length) ended another way too (the
         engine found a stop string or the grammar completed): ``reason`` replaces its reason."""

@@ -17,13 +17,18 @@ from radixflow_jax.sim.specs import DeviceSpec, ModelSpec
 
 
 def build_sim_engine(
-    spec: ModelSpec, device: DeviceSpec, ec: EngineConfig, *, overhead_s: float | None = None, noise: float = 0.0
+    spec: ModelSpec, device: DeviceSpec, ec: EngineConfig, *, overhead_s: float | None = None, noise: float = 0.0,
+    acceptance: tuple[float, ...] = (),
 ) -> EngineCore:
     """A simulated engine for ``spec`` on ``device``: pools from the device memory (unless ``ec``
     sets them), rounds padded to the runner's variants of ``ec.bucket_mode`` (as the model engine),
     round time from :class:`RooflineCost` (``overhead_s`` overrides the device spec's per-round
-    cost), with seeded relative ``noise`` (``SimExecutor``; seed ``ec.seed``)."""
+    cost), with seeded relative ``noise`` (``SimExecutor``; seed ``ec.seed``); ``acceptance``: per
+    drafted position, the probability a drafted token is accepted (speculative decoding, which
+    needs it)."""
     sc = ec.scheduler
+    if sc.speculative is not None and not acceptance:
+        raise ValueError("a simulated engine with speculative decoding needs the drafts' acceptance per position")
     pages, slots = device_pools(spec, device, sc.page_size)
     if ec.num_kv_pages is not None:
         pages = ec.num_kv_pages
@@ -40,7 +45,9 @@ def build_sim_engine(
     clock = VirtualClock()
     cost = RooflineCost(spec, device, overhead_s=overhead_s)
     return assemble_engine(
-        engine_spec, lambda shapes: SimExecutor(cost, clock, shapes, noise=noise, seed=ec.seed), clock=clock
+        engine_spec,
+        lambda shapes: SimExecutor(cost, clock, shapes, noise=noise, seed=ec.seed, acceptance=acceptance),
+        clock=clock,
     )
 
 

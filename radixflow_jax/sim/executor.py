@@ -19,6 +19,13 @@ to the rounds this executor reports (``engine/roundcost.py``), as on the model e
 (a relative standard deviation, seeded) makes the reported and charged round times vary like a
 measured executor's. Sampled tokens are a fixed id, so simulated requests end by ``max_tokens``
 (run with ``ignore_eos``).
+
+Speculative decoding (``acceptance``, per drafted position): a verify row costs its tokens like
+any row (every slot pays the dense work, the LM head included), and each drafted token is accepted
+with the probability of its position given every earlier one was (seeded draws); a rejected
+position's greedy token is another id. The n-gram drafter finds its suffix almost always in a
+stream of one repeated id, so nearly every decode row drafts ``num_draft`` tokens, as an MTP head
+or a draft model would.
 """
 
 from __future__ import annotations
@@ -101,9 +108,13 @@ class SimExecutor:
         overlap: bool = False,
         noise: float = 0.0,
         seed: int = 0,
+        acceptance: tuple[float, ...] = (),
     ):
         if noise < 0:
             raise ValueError(f"noise must be >= 0, got {noise}")
+        if not all(0 <= a <= 1 for a in acceptance):
+            raise ValueError(f"acceptance probabilities must lie in [0, 1], got {acceptance}")
+        self.acceptance = tuple(acceptance)
         self.cost = cost
         self.clock = clock
         self.shapes = shapes
@@ -113,7 +124,7 @@ class SimExecutor:
         # overlap=True: the engine plans round r+1 before round r commits, as with the model executor
         # (the mirror of an overlapped model engine); the clock still charges the rounds one after
         # the other and no host time. Default False: the synchronous engine.
-        self.capabilities = ExecutorCapabilities(overlap=overlap)
+        self.capabilities = ExecutorCapabilities(overlap=overlap, verify=bool(acceptance))
 
     def launch(self, plan: RoundPlan, sampling: Mapping[int, SamplingRow], prev: object = None) -> DeferredRound:
         return DeferredRound(plan, sampling)
@@ -137,7 +148,22 @@ class SimExecutor:
         seconds, token_slots, row_slots = self._time(plan)
         self.clock.advance(seconds)
         sampled = {row.request_id: self.token for row in plan.rows if row.sample}
-        return StepResult(sampled=sampled, token_slots=token_slots, row_slots=row_slots, build_s=0.0, step_s=seconds)
+        verified = {row.request_id: self._verify(row.tokens[-row.num_draft :]) for row in plan.rows if row.num_draft}
+        return StepResult(
+            sampled=sampled, token_slots=token_slots, row_slots=row_slots, build_s=0.0, step_s=seconds, verified=verified
+        )
+
+    def _verify(self, draft: tuple[int, ...]) -> tuple[int, ...]:
+        """The simulated greedy tokens after a draft's positions: each drafted token with the
+        acceptance probability of its position (the last one given for later positions) while
+        every earlier one was accepted, then another id."""
+        out = []
+        for i, token in enumerate(draft):
+            if self._rng.random() >= self.acceptance[min(i, len(self.acceptance) - 1)]:
+                other = self.token if token != self.token else self.token + 1
+                return tuple(out) + (other,) * (len(draft) - i)
+            out.append(token)
+        return tuple(out)
 
     def reset(self) -> None:
         """Nothing to rebuild: the simulated executor holds no device buffers."""

@@ -68,6 +68,9 @@ def test_greedy_outputs_with_drafts_equal_plain_decoding(model: str, monkeypatch
     # a stop token in the middle of each answer, which an accepted draft may run past
     stops = [SamplingParams(max_tokens=40, stop_token_ids=(c[len(c) // 2],)) for c in cold]
     cold_stop = _run(plain, stops)
+    tok = plain.replicas.engines[0].tokenizer  # a stop string inside each answer (a run may hit it earlier)
+    texts = [SamplingParams(max_tokens=30, ignore_eos=True, stop=(tok.decode(c[6:8]),)) for c in cold]
+    cold_text = plain.generate(PROMPTS, texts)
     vocab = plain.replicas.engines[0].vocab_size
     full = [tuple(p) + c for p, c in zip(PROMPTS, cold + cold_stop)]
     monkeypatch.setattr(running, "ngram_draft", _oracle(full, vocab))
@@ -77,6 +80,10 @@ def test_greedy_outputs_with_drafts_equal_plain_decoding(model: str, monkeypatch
         for _ in range(2):  # the second pass hits the cache the first one left
             assert _run(llm, long) == cold
             assert _run(llm, stops) == cold_stop
+            with_text = llm.generate(PROMPTS, texts)
+            assert [(o.token_ids, o.text, o.finish_reason) for o in with_text] == [
+                (o.token_ids, o.text, o.finish_reason) for o in cold_text
+            ]
         drafted = sum(r.drafted_tokens for r in engine.records)
         accepted = sum(r.accepted_tokens for r in engine.records)
         assert 0 < accepted < drafted  # both accepted and rejected drafts were verified
@@ -89,3 +96,24 @@ def test_speculative_needs_a_verifying_executor() -> None:
     clock = VirtualClock()
     with pytest.raises(ValueError, match="speculative decoding needs an executor"):
         assemble_engine(spec, lambda shapes: SimExecutor(LinearRoundCost((1e-3, 0, 0, 0, 0)), clock, shapes), clock=clock)
+
+
+def test_seeded_sampled_outputs_with_drafts_equal_plain_decoding(monkeypatch, tiny_model) -> None:
+    """Seeded sampled requests: each verify token is drawn with the key a run without drafts uses at
+    its position (``runner/step._verify``), so the outputs equal that run's, token for token, with
+    the cache on and off, and a drafted token is kept with probability ``p(draft)``."""
+    loaded = tiny_model("tiny-qwen3.5")
+    options = dict(max_num_seqs=4, max_num_batched_tokens=128)
+    plain = LLM(loaded, **options)
+    params = [SamplingParams(max_tokens=24, ignore_eos=True, temperature=0.3, seed=i) for i in range(len(PROMPTS))]
+    cold = _run(plain, params)
+    full = [tuple(p) + c for p, c in zip(PROMPTS, cold)]
+    monkeypatch.setattr(running, "ngram_draft", _oracle(full, plain.replicas.engines[0].vocab_size))
+    for policy in ("pair", "no-cache"):
+        llm = LLM(loaded, speculative={"num_draft": 3}, policy=policy, **options)
+        assert _run(llm, params) == cold
+        assert _run(llm, params) == cold  # from the cache the first pass left
+        engine = llm.replicas.engines[0]
+        drafted = sum(r.drafted_tokens for r in engine.records)
+        assert 0 < sum(r.accepted_tokens for r in engine.records) < drafted
+        assert_drained(engine)
