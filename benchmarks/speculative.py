@@ -16,39 +16,16 @@ be equal token for token (greedy), which the script checks.
 from __future__ import annotations
 
 import argparse
-import ast
-import importlib
-import inspect
 import os
 import statistics
 import time
 
 from radixflow_jax import LLM, SamplingParams
-
-MODULES = ("textwrap", "shlex", "fnmatch", "heapq", "bisect", "colorsys", "posixpath", "string", "glob", "calendar")
-
-
-def stdlib_functions(limit: int) -> list[tuple[str, str]]:
-    """``(name, source)`` of up to ``limit`` functions of 8-30 lines from :data:`MODULES`, in order."""
-    out = []
-    for mod in MODULES:
-        source = inspect.getsource(importlib.import_module(mod))
-        for node in ast.parse(source).body:
-            if isinstance(node, ast.FunctionDef) and 8 <= node.end_lineno - node.lineno + 1 <= 30:
-                out.append((node.name, ast.get_source_segment(source, node)))
-                if len(out) == limit:
-                    return out
-    return out
-
+from radixflow_jax.bench.codeedit import requests_text
 
 def prompts(llm: LLM, limit: int) -> list[list[int]]:
     tok = llm.engine.tokenizer
-    out = []
-    for i, (name, src) in enumerate(stdlib_functions(limit)):
-        ask = "Repeat this Python function exactly." if i % 2 == 0 else f"Rename the function to {name}_v2 and repeat it."
-        text = tok.apply_chat_template([{"role": "user", "content": f"{ask}\n\n```python\n{src}\n```"}])
-        out.append(tok.encode(text))
-    return out
+    return [tok.encode(tok.apply_chat_template([{"role": "user", "content": text}])) for text in requests_text(limit)]
 
 
 def run(llm: LLM, batch: list[list[int]], params: SamplingParams, size: int) -> tuple[float, int, list, list]:

@@ -31,6 +31,9 @@
     python benchmarks/vs_llamacpp.py --what parity --models tiny-qwen3.5
     python benchmarks/vs_llamacpp.py --what h2h --models hybrid-81m --repeats 3
     python benchmarks/vs_llamacpp.py --what h2h --dry-run     # the workloads' shapes, nothing run
+    python benchmarks/vs_llamacpp.py --what h2h --models smollm2-135m --workloads code-edit --requests 8 \
+        --output-tokens 96 --ours-args '--speculative ngram' --llama-args '--spec-type ngram-simple'
+        # speculative decoding on both sides (n-gram drafts), on stdlib functions to repeat or rename
     python benchmarks/vs_llamacpp.py --what h2h --ours-only --models tiny-qwen3.5 --repeats 1   # no llama.cpp
 
 Run it on an idle machine: the load average is printed before every timed run.
@@ -52,7 +55,15 @@ from typing import Any
 import numpy as np
 
 from radixflow_jax.bench import llamacpp
-from radixflow_jax.bench.h2h import AGENTIC_TURNS, H2H_WORKLOADS, IncompleteRun, describe, summary_table, timed_run
+from radixflow_jax.bench.h2h import (
+    AGENTIC_TURNS,
+    DEFAULT_WORKLOADS,
+    H2H_WORKLOADS,
+    IncompleteRun,
+    describe,
+    summary_table,
+    timed_run,
+)
 from radixflow_jax.paths import cache_root
 
 TINY = ("tiny-qwen3.5", "tiny-qwen3", "tiny-qwen3-next", "tiny-granite-4.0-h", "tiny-falcon-h1", "tiny-bamba",
@@ -258,7 +269,7 @@ def servers(name: str, path: str, args: argparse.Namespace, server_bin: str | No
     """Ours and, unless ``server_bin`` is None (``--ours-only``), llama-server on the same file."""
     ours_cmd = [sys.executable, "-m", "radixflow_jax.cli", "serve", "--model", path, "--port", str(args.port),
                 "--warmup", "background", "--compilation-cache-dir", os.path.join(cache_root(), "xla-cache-vs-llamacpp"),
-                "--max-num-seqs", str(args.slots * 2), "--log-level", "warning"]  # fmt: skip
+                "--max-num-seqs", str(args.slots * 2), "--log-level", "warning", *shlex.split(args.ours_args)]  # fmt: skip
     procs = {"ours": llamacpp.ChildServer("radixflow serve", ours_cmd, args.port, os.path.join(args.work, "ours.log"),
                                           ready=lambda h: h.get("phase") in ("ready", "lazy"))}  # fmt: skip
     if server_bin is not None:
@@ -330,7 +341,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--slots", type=int, default=8, help="llama-server -np (ours gets --max-num-seqs 2x this)")
     p.add_argument("--parity-tokens", type=int, default=16)
     p.add_argument("--near-tie", type=float, default=0.05, help="a top-1 margin (log-prob) below this is a near-tie")
-    p.add_argument("--workloads", default=",".join(H2H_WORKLOADS), help="of: " + ", ".join(H2H_WORKLOADS))
+    p.add_argument("--workloads", default=",".join(DEFAULT_WORKLOADS), help="of: " + ", ".join(H2H_WORKLOADS))
     p.add_argument("--requests", type=int, default=48, help="race and multiturn: requests per run")
     p.add_argument("--many-requests", type=int, default=128, help="chat-many: requests (4 turns each) per run")
     p.add_argument("--agentic-requests", type=int, default=64,
@@ -343,6 +354,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--llama-args", default="", help="more llama-server flags, e.g. '-ub 64' (its reuse flags are "
                    "its defaults otherwise: --cache-ram 8192, --ctx-checkpoints 32)")  # fmt: skip
+    p.add_argument("--ours-args", default="", help="more `radixflow serve` flags, e.g. '--speculative ngram'")
     p.add_argument("--h2h-file", default="f32", help="the file type the head to head serves (smollm2: its Q4_1)")
     p.add_argument("--port", type=int, default=18480)
     p.add_argument("--work", default=os.path.join(cache_root(), "vs-llamacpp"))

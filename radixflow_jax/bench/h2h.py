@@ -10,7 +10,10 @@ Kinds (:data:`H2H_WORKLOADS`):
   * ``agentic``: agent sessions (``bench/agentic.py``): one system prompt of
     ``AGENTIC_SYSTEM_TOKENS`` tokens of tool descriptions shared by every session, a task, then
     ``AGENTIC_TURNS - 1`` turns each appending a tool result of ``AGENTIC_RESULT_TOKENS`` tokens,
-    tokenised by the served file's own tokenizer (``encode``).
+    tokenised by the served file's own tokenizer (``encode``);
+  * ``code-edit``: ``requests`` standard-library functions to repeat or rename (``bench/codeedit.py``),
+    one ChatML turn each, all at once: the workload for speculative decoding (run both servers with
+    their n-gram drafts: the script's ``--ours-args`` / ``--llama-args``).
 
 :func:`summary_table` and :func:`round_line` summarise the script's rows (one per timed run and
 server: ``model``, ``workload``, ``run``, ``server``, the HTTP driver's summary and ``breakdown``).
@@ -29,15 +32,17 @@ from typing import Any
 
 import numpy as np
 
+from radixflow_jax.bench import codeedit
 from radixflow_jax.bench.agentic import Encode
 from radixflow_jax.bench.workloads import BenchRequest, WorkloadSpec, generate
 
-H2H_WORKLOADS = ("race", "multiturn", "chat-many", "agentic")
+H2H_WORKLOADS = ("race", "multiturn", "chat-many", "agentic", "code-edit")
+DEFAULT_WORKLOADS = H2H_WORKLOADS[:4]  # code-edit is asked for by name (speculative decoding)
 MANY_RATE_FACTOR = 4.0
 AGENTIC_TURNS = 4
 AGENTIC_SYSTEM_TOKENS = 1200
 AGENTIC_RESULT_TOKENS = 96
-_SEED_BASE = {"race": 1000, "multiturn": 2000, "chat-many": 3000, "agentic": 4000}
+_SEED_BASE = {"race": 1000, "multiturn": 2000, "chat-many": 3000, "agentic": 4000, "code-edit": 5000}
 
 
 def h2h_workload(
@@ -58,7 +63,11 @@ def h2h_workload(
                             max_tokens=output_tokens)  # fmt: skip
         return generate(spec)
     if encode is None:
-        raise ValueError("the agentic workload is text: it needs the served file's tokenizer (encode)")
+        raise ValueError(f"the {kind} workload is text: it needs the served file's tokenizer (encode)")
+    if kind == "code-edit":  # the same functions every run (a run of prompts cached by the warm-up)
+        texts = codeedit.requests_text(requests)
+        return [BenchRequest(prompt=tuple(encode(codeedit.chatml(t))), max_tokens=output_tokens, group=i)
+                for i, t in enumerate(texts)]  # fmt: skip
     spec = WorkloadSpec("agentic", requests, seed=seed, arrival="sessions", rate=rate, vocab=vocab,
                         max_tokens=output_tokens, turns=AGENTIC_TURNS, article_len=AGENTIC_SYSTEM_TOKENS,
                         question_len=AGENTIC_RESULT_TOKENS)  # fmt: skip

@@ -1,0 +1,41 @@
+"""A code-editing workload for speculative decoding: functions from the Python standard library's
+own sources on the machine, shown to a chat model that is asked to repeat one, or to repeat it
+renamed (``benchmarks/speculative.py``, the ``code-edit`` workload of ``benchmarks/vs_llamacpp.py``).
+Outputs copy their prompts, so drafts looked up in a request's own tokens are often right.
+
+The functions: those of 8-30 lines at the top level of :data:`MODULES`, in file order."""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import inspect
+
+MODULES = ("textwrap", "shlex", "fnmatch", "heapq", "bisect", "colorsys", "posixpath", "string", "glob", "calendar")
+
+
+def stdlib_functions(limit: int) -> list[tuple[str, str]]:
+    """``(name, source)`` of up to ``limit`` functions (the module docstring)."""
+    out = []
+    for mod in MODULES:
+        source = inspect.getsource(importlib.import_module(mod))
+        for node in ast.parse(source).body:
+            if isinstance(node, ast.FunctionDef) and 8 <= node.end_lineno - node.lineno + 1 <= 30:
+                out.append((node.name, ast.get_source_segment(source, node)))
+                if len(out) == limit:
+                    return out
+    return out
+
+
+def requests_text(limit: int) -> list[str]:
+    """The user turns: even ones ask for the function repeated, odd ones renamed (``<name>_v2``)."""
+    out = []
+    for i, (name, src) in enumerate(stdlib_functions(limit)):
+        ask = "Repeat this Python function exactly." if i % 2 == 0 else f"Rename the function to {name}_v2 and repeat it."
+        out.append(f"{ask}\n\n```python\n{src}\n```")
+    return out
+
+
+def chatml(user: str) -> str:
+    """``user`` as one ChatML turn awaiting the answer (SmolLM2's and Qwen's template, no system turn)."""
+    return f"<|im_start|>user\n{user}<|im_end|>\n<|im_start|>assistant\n"
