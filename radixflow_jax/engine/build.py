@@ -27,6 +27,7 @@ from radixflow_jax.engine.protocol import Executor
 from radixflow_jax.engine.roundcost import FittedRoundCost
 from radixflow_jax.engine.spec import EngineSpec
 from radixflow_jax.runner.shapes import ShapeConfig
+from radixflow_jax.runner.window import variant_for
 
 if TYPE_CHECKING:
     from radixflow_jax.models.api import LoadedModel
@@ -42,6 +43,9 @@ def assemble_engine(
     """An engine over ``make_executor(spec.shapes())``; ``engine.spec`` keeps ``spec``."""
     engine = EngineCore(make_executor(spec.shapes()), spec, clock=clock)
     # pairing and the fill rule judge by the round-cost estimator fitted to this engine's own rounds
+    if spec.config.scheduler.speculative is not None:  # drafts fill the padding of the variant a round runs in
+        shapes = spec.shapes()
+        engine.scheduler.pad_tokens = lambda plan: variant_for(plan, shapes)[0].num_tokens
     if engine.scheduler.policy.uses_round_cost:
         engine.scheduler.round_cost = FittedRoundCost(spec.shapes(), engine.records)
     return engine

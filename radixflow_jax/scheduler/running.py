@@ -36,10 +36,12 @@ with a leaving producer the same way until its round commits.
 from __future__ import annotations
 
 import collections
+import dataclasses
 
 from radixflow_jax.scheduler.allocator import Allocator
 from radixflow_jax.scheduler.builder import RoundBuilder
-from radixflow_jax.scheduler.drafts import ngram_draft
+from radixflow_jax.scheduler.drafts import SpeculativeConfig, ngram_draft
+from radixflow_jax.scheduler.plan import RoundPlan
 from radixflow_jax.scheduler.request import Request, RequestStatus
 from radixflow_jax.scheduler.riders import Riders
 
@@ -166,6 +168,29 @@ class RunningSet:
             else:
                 round_.add(req, span, None, draft=self._draft(req, span, round_))
                 scheduled.add(req.request_id)
+
+    def fill_drafts(self, plan: RoundPlan, slack: int, spec: SpeculativeConfig) -> RoundPlan:
+        """``plan`` with its verify rows' drafts lengthened, in row order, into ``slack`` padding
+        token slots of the variant it runs in (computed anyway): each up to ``num_draft`` and its
+        request's remaining tokens, where the same lookup offers more (a request's adapted draft
+        length is the share it gets of a round's paid slots; padding slots cost nothing more). The
+        token bucket, rows and verify points of the variant stay as they were."""
+        rows, members = list(plan.rows), {r.request_id: r for r in self.members}
+        for i, row in enumerate(rows):
+            req = members.get(row.request_id)
+            if slack <= 0 or not row.num_draft or req is None:
+                continue
+            k = min(spec.num_draft, row.num_draft + slack, req.max_tokens - len(req.output) - 1)
+            longer = ngram_draft(req.tokens, k, max_n=spec.ngram_max, min_n=spec.ngram_min)
+            extra = longer[row.num_draft :] if longer[: row.num_draft] == row.tokens[-row.num_draft :] else ()
+            end = row.start + len(row.tokens) + len(extra)
+            need = self._memory.config.pages_for(end) - len(req.pages)
+            if not extra or need > self._memory.pages.num_free or not self._memory.ensure_pages(req, end):
+                continue
+            rows[i] = dataclasses.replace(row, tokens=row.tokens + extra, pages=tuple(req.pages),
+                                          num_draft=row.num_draft + len(extra))  # fmt: skip
+            slack -= len(extra)
+        return dataclasses.replace(plan, rows=tuple(rows))
 
     def _draft(self, req: Request, span: int, round_: RoundBuilder) -> tuple[int, ...]:
         """Speculative decoding: the tokens drafted after ``req``'s sampling span of ``span``

@@ -63,6 +63,9 @@ class Scheduler:
         self._running = RunningSet(self.memory, self.waiting, self._riders)
         self._pairing = Pairing(config, self.memory)
         self._launched = LaunchedRounds(config, self.memory)
+        # speculative decoding: the token slots of the variant a plan runs in (engine/build.py sets
+        # it), whose padding drafts may fill (RunningSet.fill_drafts); None: drafts fill nothing
+        self.pad_tokens: Callable[[RoundPlan], int] | None = None
 
     # ----------------------------------------------------------------- views
     @property
@@ -133,7 +136,11 @@ class Scheduler:
         round_.stats.stopped_by_memory = round_.stats.waited_for_pages > 0
         admitted = self._admit(round_) if not round_.stats.stopped_by_memory else []
         self._running.plan_after_admission(round_, reserved)
-        return round_.build(admitted=sum(1 for req, epoch in admitted if req.epoch == epoch))
+        plan = round_.build(admitted=sum(1 for req, epoch in admitted if req.epoch == epoch))
+        spec = self.config.speculative
+        if spec is not None and self.pad_tokens is not None and plan.num_drafted:
+            plan = self._running.fill_drafts(plan, self.pad_tokens(plan) - plan.num_tokens, spec)
+        return plan
 
     def _order(self) -> list[Request]:
         queue = list(self.waiting)

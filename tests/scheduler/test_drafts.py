@@ -114,3 +114,18 @@ def test_max_tokens_cuts_the_draft() -> None:
     assert plan.rows[0].num_draft == 1  # room for one drafted token and the model's next
     sched.commit(plan, {req.request_id: 42}, {req.request_id: (5,)})
     assert req.output == [20, 3, 4, 5, 42] and req.finish_reason == "length"
+
+
+def test_drafts_fill_the_padding_of_the_variant() -> None:
+    """A request whose draft length dropped (a rejection) drafts that much into a round's paid
+    slots; where the variant the round runs in has padding slots, its draft grows into them, up
+    to ``num_draft`` (``RunningSet.fill_drafts``)."""
+    sched = _scheduler(hybrid=True)
+    req = Request(0, tuple(range(3, 20)) * 2, max_tokens=30, speculate=True)
+    sched.add(req)
+    sched.commit(sched.schedule(), {0: 3})  # "19 3" occurred in the prompt: drafts 4 5 6 next
+    req.draft_len = 1  # as after a rejected draft (next_draft_len)
+    assert sched.schedule().rows[0].tokens[-1:] == (4,)
+    sched.pad_tokens = lambda plan: 16  # the round runs in a variant of 16 token slots
+    row = sched.schedule().rows[0]
+    assert row.num_draft == 3 and row.tokens[-3:] == (4, 5, 6) and len(row.pages) * 16 >= row.start + len(row.tokens)
