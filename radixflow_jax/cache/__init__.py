@@ -6,9 +6,9 @@ Plain Python over integers: this package imports neither JAX nor numpy (docs/des
 from radixflow_jax.cache.config import CacheConfig
 from radixflow_jax.cache.eviction import EvictionPolicy, EvictTarget, FlopAwarePolicy, LRUPolicy
 from radixflow_jax.cache.placement import branch_point, checkpoint_positions, end_position, grid_positions
-from radixflow_jax.cache.pools import RESERVED_ID, InvariantError, PagePool, SlotPool
+from radixflow_jax.cache.pools import RESERVED_ID, HostPool, InvariantError, PagePool, SlotPool
 from radixflow_jax.cache.radix import RadixCache
-from radixflow_jax.cache.results import CacheStats, InsertResult, MatchResult
+from radixflow_jax.cache.results import CacheStats, InsertResult, MatchResult, StateMove
 from radixflow_jax.cache.tree import Checkpoint, CheckpointStatus, Node, PendingCheckpointError
 
 __all__ = [
@@ -20,6 +20,7 @@ __all__ = [
     "EvictTarget",
     "EvictionPolicy",
     "FlopAwarePolicy",
+    "HostPool",
     "InsertResult",
     "InvariantError",
     "LRUPolicy",
@@ -29,6 +30,7 @@ __all__ = [
     "PendingCheckpointError",
     "RadixCache",
     "SlotPool",
+    "StateMove",
     "branch_point",
     "checkpoint_positions",
     "end_position",

@@ -148,7 +148,8 @@ def _checkpoint_above(node: Node) -> int:
 
 
 def kv_evictable(node: Node) -> bool:
-    """An attached, unlocked leaf with committed KV and no pending checkpoint."""
+    """An attached, unlocked leaf with committed KV and no pending checkpoint (a committed or a
+    host one goes with it)."""
     ckpt = node.checkpoint
     return (
         node.attached
@@ -156,7 +157,7 @@ def kv_evictable(node: Node) -> bool:
         and not node.children
         and node.lock_count == 0
         and node.kv_producer is None
-        and (ckpt is None or ckpt.committed)
+        and (ckpt is None or not ckpt.pending)
     )
 
 

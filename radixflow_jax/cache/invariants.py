@@ -12,21 +12,29 @@ from __future__ import annotations
 from collections import Counter
 
 from radixflow_jax.cache.config import CacheConfig
-from radixflow_jax.cache.pools import InvariantError, PagePool, SlotPool
+from radixflow_jax.cache.pools import HostPool, InvariantError, PagePool, SlotPool
 from radixflow_jax.cache.tree import Node, iter_nodes
 
-__all__ = ["check_tree", "tree_references"]
+__all__ = ["check_tree", "host_references", "tree_references"]
 
 
 def tree_references(root: Node) -> tuple[Counter[int], Counter[int]]:
-    """How many references the tree holds on each page and each slot."""
+    """How many references the tree holds on each page and each device slot."""
     pages: Counter[int] = Counter()
     slots: Counter[int] = Counter()
     for node in iter_nodes(root):
         pages.update(node.pages)
-        if node.checkpoint is not None:
+        if node.checkpoint is not None and not node.checkpoint.on_host:
             slots[node.checkpoint.held_slot] += 1
     return pages, slots
+
+
+def host_references(root: Node) -> Counter[int]:
+    """How many references the tree holds on each host slot (``cache/tiers.py``)."""
+    return Counter(
+        node.checkpoint.host_slot for node in iter_nodes(root)
+        if node.checkpoint is not None and node.checkpoint.host_slot is not None
+    )  # fmt: skip
 
 
 def _fail(node: Node, msg: str) -> None:
@@ -54,6 +62,10 @@ def _check_node(node: Node, parent: Node, config: CacheConfig) -> None:
     if node.own_locks < 0 or node.lock_count != locks:
         _fail(node, f"lock_count {node.lock_count} != own {node.own_locks} + children")
     ckpt = node.checkpoint
+    if ckpt is not None and ckpt.on_host and (ckpt.host_slot is None or ckpt.held_slot != 0):
+        _fail(node, "a host checkpoint holds a host slot and no device slot")
+    if ckpt is not None and ckpt.restoring and ckpt.producer_id >= 0:
+        _fail(node, "a restoring checkpoint's producer is not a restore id")
     if node.kv_producer is not None:
         if parent.kv_producer not in (None, node.kv_producer):
             _fail(node, "pending KV under another producer's pending KV")
@@ -71,6 +83,7 @@ def check_tree(
     page_pool: PagePool,
     slot_pool: SlotPool,
     pending: dict[int, set[Node]],
+    host_pool: HostPool | None = None,
 ) -> None:
     """Raise ``InvariantError`` on the first violated invariant."""
     if not root.is_root or root.pages or root.checkpoint is not None or root.kv_producer is not None:
@@ -101,3 +114,11 @@ def check_tree(
                 raise InvariantError(f"tree references invalid {what} {i}")
             if pool.refcount(i) < n:
                 raise InvariantError(f"{what} {i} has refcount {pool.refcount(i)} < tree references {n}")
+    host_refs = host_references(root)
+    if host_refs and host_pool is None:
+        raise InvariantError(f"host checkpoints {sorted(host_refs)} without a host tier")
+    if host_pool is not None:
+        host_pool.check_invariants()
+        for i, n in host_refs.items():
+            if n > 1 or not 0 < i < host_pool.size or host_pool.refcount(i) < n:
+                raise InvariantError(f"host slot {i}: {n} tree references, refcount {host_pool.refcount(i)}")

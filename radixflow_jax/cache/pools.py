@@ -20,7 +20,7 @@ from __future__ import annotations
 import bisect
 from collections.abc import Iterable
 
-__all__ = ["InvariantError", "PagePool", "SlotPool", "RESERVED_ID"]
+__all__ = ["HostPool", "InvariantError", "PagePool", "SlotPool", "RESERVED_ID"]
 
 RESERVED_ID = 0
 
@@ -209,3 +209,10 @@ class SlotPool(_RefCountPool):
 
     def _put(self, i: int) -> None:
         bisect.insort(self._free, i)
+
+
+class HostPool(_RefCountPool):
+    """Host-memory checkpoint slots ``1 .. size - 1`` (0 reserved, as in every pool): the host
+    tier's capacity in checkpoints (``cache/tiers.py``; ``engine/build.py`` sizes it)."""
+
+    _what = "host slot"

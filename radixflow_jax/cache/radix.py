@@ -24,23 +24,20 @@ once per ``match``/``insert``/``lock``/``plant_pending``/``commit`` call, never 
 
 from __future__ import annotations
 
-import heapq
-import itertools
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 
-from radixflow_jax.cache.eviction import EvictionPolicy, EvictTarget, kv_evictable, state_evictable
 from radixflow_jax.cache.pools import InvariantError
 from radixflow_jax.cache.results import InsertResult, MatchResult
-from radixflow_jax.cache.store import TreeStore
-from radixflow_jax.cache.tree import Checkpoint, CheckpointStatus, Node, iter_nodes, iter_postorder, tails_along
+from radixflow_jax.cache.tiers import TieredStore
+from radixflow_jax.cache.tree import Checkpoint, CheckpointStatus, Node, tails_along
 
 __all__ = ["RadixCache"]
 
 
-class RadixCache(TreeStore):
-    """See the module docstring. Construct with ``RadixCache(config, page_pool, slot_pool, policy=...)``
-    (``slot_pool`` may be omitted for attention-only models). Not thread-safe: one scheduler thread
-    owns it."""
+class RadixCache(TieredStore):
+    """See the module docstring. Construct with ``RadixCache(config, page_pool, slot_pool, policy=...,
+    host_pool=...)`` (``slot_pool`` may be omitted for attention-only models; ``host_pool``: the host
+    tier, ``cache/tiers.py``). Not thread-safe: one scheduler thread owns it."""
 
     # ------------------------------------------------------------------ lookup
 
@@ -71,18 +68,21 @@ class RadixCache(TreeStore):
         kv_pages: list[int] = []
         ckpt_node: Node | None = None
         committed: Node | None = None
+        host: Node | None = None
         for node in path:
             if node.kv_producer is None:  # committed KV is a prefix of the path (tree.py)
                 kv_node = node
                 kv_pages.extend(node.pages)
-            if node.checkpoint is not None:
+            if node.checkpoint is not None and node.checkpoint.on_host:
+                host = node
+            elif node.checkpoint is not None:
                 ckpt_node = node
                 if node.checkpoint.committed:
                     committed = node
             if touch:
                 node.last_access = now
         if self._config.hybrid:
-            ckpt_node, committed = self._deepest_tails(path, toks, ckpt_node, committed)
+            ckpt_node, committed, host = self._deepest_tails(path, toks, ckpt_node, committed, host)
             hit_node = committed if committed is not None else self._root
         else:
             hit_node = next((t for t in tails_along(kv_node, toks, len(toks) - 1, p) if not t.kv_pending), kv_node)
@@ -93,6 +93,7 @@ class RadixCache(TreeStore):
         producer_id = ckpt.producer_id if ckpt is not None and pending else None
         deepest = path[-1] if path else self._root
         full = hit_node.parent.depth if hit_node.is_tail else hit_node.depth  # type: ignore[union-attr]
+        beaten = max(hit_node.depth, ckpt_node.depth if pending and ckpt_node is not None else 0)
         return MatchResult(
             checkpoint_node=ckpt_node,
             checkpoint_depth=ckpt_node.depth if ckpt_node is not None else 0,
@@ -104,15 +105,18 @@ class RadixCache(TreeStore):
             consumer_of=producer_id if self._config.hybrid else deepest.kv_producer,
             shared_len=self._shared_len(toks) if shared else deepest.depth,
             hit_tail_page=hit_node.pages[0] if hit_node.is_tail else None,
+            host_node=host if host is not None and host.depth > beaten else None,
         )
 
     def _deepest_tails(
-        self, path: list[Node], toks: tuple[int, ...], ckpt_node: Node | None, committed: Node | None
-    ) -> tuple[Node | None, Node | None]:
-        """Hybrid models: the deepest checkpoint and the deepest committed checkpoint along ``toks``
-        once tails count too. Only tails of path nodes at or below the deepest committed checkpoint
-        can be deeper than it (a tail lies less than a page below its parent)."""
-        floor = committed.depth if committed is not None else 0
+        self, path: list[Node], toks: tuple[int, ...], ckpt_node: Node | None, committed: Node | None,
+        host: Node | None,
+    ) -> tuple[Node | None, Node | None, Node | None]:
+        """Hybrid models: the deepest checkpoint, the deepest committed checkpoint and the deepest
+        host checkpoint along ``toks`` once tails count too. Only tails of path nodes at or below
+        the shallower of the deepest committed and host checkpoints can be deeper than those (a
+        tail lies less than a page below its parent)."""
+        floor = min(committed.depth if committed is not None else 0, host.depth if host is not None else 0)
         limit, p = len(toks) - 1, self._config.page_size
         for node in reversed([self._root, *path]):
             if node.depth < floor:
@@ -121,11 +125,14 @@ class RadixCache(TreeStore):
                 ckpt = tail.checkpoint
                 if ckpt is None:
                     continue
+                if ckpt.on_host:
+                    host = tail if host is None or tail.depth > host.depth else host
+                    continue
                 if ckpt_node is None or tail.depth > ckpt_node.depth:
                     ckpt_node = tail
                 if ckpt.committed and (committed is None or tail.depth > committed.depth):
                     committed = tail
-        return ckpt_node, committed
+        return ckpt_node, committed, host
 
     # ------------------------------------------------------------------ insert / lock
 
@@ -229,10 +236,11 @@ class RadixCache(TreeStore):
             if node.children.get(toks[base:depth]) is not None or (self._config.hybrid and slot is None):
                 return False
             node = self._new_tail(node, toks[base:depth], pages[base // p], None)
-        elif node.checkpoint is not None:
+        elif node.checkpoint is not None and not (node.checkpoint.on_host and slot is not None):
             return False
         if slot is None:
             return False
+        self._drop_checkpoint(node)  # a host copy of the same state: the device one replaces it
         self._slots.incref(slot)
         node.checkpoint = Checkpoint(slot, owner, generated=generated)
         node.checkpoint.status = CheckpointStatus.COMMITTED
@@ -258,6 +266,7 @@ class RadixCache(TreeStore):
             ckpt = node.checkpoint
             if ckpt is not None and ckpt.pending and ckpt.producer_id == producer_id:
                 ckpt.status = CheckpointStatus.COMMITTED
+                self._landed(node)  # a restore: its host slot goes back
                 done += 1
             node.last_access = now
             nodes.discard(node)
@@ -280,6 +289,9 @@ class RadixCache(TreeStore):
         dropped = 0
         for node in sorted(nodes, key=lambda n: n.depth, reverse=True):  # children first
             ckpt = node.checkpoint
+            if ckpt is not None and ckpt.restoring and ckpt.producer_id == producer_id:
+                self._revert(node)  # a void restore: back to the host tier, nothing else planted
+                continue
             if ckpt is not None and ckpt.pending and ckpt.producer_id == producer_id:
                 node.checkpoint = None
                 self._slots.decref(ckpt.held_slot)
@@ -330,71 +342,3 @@ class RadixCache(TreeStore):
     def pending_producers(self) -> tuple[int, ...]:
         """Producers with pending KV or checkpoints, ascending."""
         return tuple(sorted(self._pending))
-
-    # ------------------------------------------------------------------ eviction
-
-    def evict_kv(self, num_pages: int, policy: EvictionPolicy | None = None) -> int:
-        """Evict unlocked leaves (their pages and committed checkpoint) in policy order until
-        ``num_pages`` pages went back to the pool's free list or nothing is evictable.
-
-        Returns the pages actually freed (a page a request still references is not freed by
-        evicting its node). Never touches locked nodes, pending KV or pending checkpoints.
-        Cost: one tree walk plus a heap, O(nodes log nodes) per call.
-        """
-        start = self._pages.num_free
-        if num_pages <= 0:
-            return 0
-        heap = self._heap((n for n in iter_nodes(self._root) if kv_evictable(n)), "kv", policy)
-        tie = itertools.count(len(heap))
-        while heap and self._pages.num_free - start < num_pages:
-            node = heapq.heappop(heap)[-1]
-            if not kv_evictable(node):
-                continue
-            parent = node.parent
-            self._remove_leaf(node)
-            if parent is not None and kv_evictable(parent):
-                heapq.heappush(heap, self._entry(parent, "kv", policy, next(tie)))
-        return self._pages.num_free - start
-
-    def evict_states(self, num_slots: int, policy: EvictionPolicy | None = None) -> int:
-        """Drop unlocked committed checkpoints in policy order (keeping the nodes' KV) until
-        ``num_slots`` slots went back to the free list; returns the slots actually freed."""
-        start = self._slots.num_free
-        if num_slots <= 0:
-            return 0
-        heap = self._heap((n for n in iter_nodes(self._root) if state_evictable(n)), "state", policy)
-        while heap and self._slots.num_free - start < num_slots:
-            node = heapq.heappop(heap)[-1]
-            self._drop_checkpoint(node)
-            if node.is_tail and self._config.hybrid:  # a hybrid's tail is its checkpoint (tree.py)
-                self._remove_leaf(node)
-        return self._slots.num_free - start
-
-    def _entry(
-        self, node: Node, target: EvictTarget, policy: EvictionPolicy | None, seq: int
-    ) -> tuple[float, int, int, Node]:
-        """Heap key: the policy's score, then (ties, e.g. a path matched at once) KV leaves deepest
-        first but checkpoints *shallowest* first: under slot pressure the deep, most reusable
-        checkpoint of a path is the one kept."""
-        pol = policy if policy is not None else self._policy
-        tie = -node.depth if target == "kv" else node.depth
-        return (pol.score(node, self._clock, target), tie, seq, node)
-
-    def _heap(
-        self, nodes: Iterable[Node], target: EvictTarget, policy: EvictionPolicy | None
-    ) -> list[tuple[float, int, int, Node]]:
-        heap = [self._entry(n, target, policy, i) for i, n in enumerate(nodes)]
-        heapq.heapify(heap)
-        return heap
-
-    def flush(self) -> None:
-        """Drop every unlocked node and every committed checkpoint on one. Pending KV and pending checkpoints stay
-        (a round may be writing them): after every producer committed or un-published and every lock
-        was released, a flush leaves the tree empty and frees all pages and slots it held."""
-        for node in iter_postorder(self._root):
-            if state_evictable(node):
-                self._drop_checkpoint(node)
-        for node in iter_postorder(self._root):
-            if kv_evictable(node):
-                self._remove_leaf(node)
-

@@ -3,10 +3,23 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal, NamedTuple
 
 from radixflow_jax.cache.tree import Node
 
-__all__ = ["CacheStats", "InsertResult", "MatchResult"]
+__all__ = ["CacheStats", "InsertResult", "MatchResult", "StateMove"]
+
+
+class StateMove(NamedTuple):
+    """One copy of a recurrent state that a round makes before its step, in the order the cache
+    recorded them (each is right only after the ones before it): ``copy`` device slot ``src`` ->
+    device slot ``dst`` (a kept end leaving the request band, ``TreeStore.move_checkpoint_out``);
+    ``spill`` device slot -> host slot ``dst`` (a demotion, ``cache/tiers.py``); ``restore`` host
+    slot ``src`` -> device slot ``dst``."""
+
+    kind: Literal["copy", "spill", "restore"]
+    src: int
+    dst: int
 
 
 @dataclass(frozen=True)
@@ -29,7 +42,11 @@ class MatchResult:
         its first row (``RowPlan.copy_page_from``) and never writes; ``None`` for any other hit;
       * ``consumer_of``: the producer whose commit would extend the usable hit, i.e. the request is a
         *consumer*. Hybrid: the deepest checkpoint is pending (``producer_id``); attention-only: the
-        path continues into pending KV. ``None`` otherwise.
+        path continues into pending KV. ``None`` otherwise. A restore from the host tier is a
+        producer too (its id is negative, ``cache/tiers.py``);
+      * ``host_node``: the deepest host checkpoint on the path (``cache/tiers.py``) when it is deeper
+        than the usable hit and than a pending checkpoint: restoring it would give a deeper hit.
+        Host checkpoints are never ``checkpoint_node``.
     """
 
     checkpoint_node: Node | None
@@ -42,6 +59,7 @@ class MatchResult:
     consumer_of: int | None
     shared_len: int
     hit_tail_page: int | None
+    host_node: Node | None
 
     @property
     def is_consumer(self) -> bool:
@@ -79,3 +97,4 @@ class CacheStats:
     checkpoints_committed: int
     locked_nodes: int
     producers: int
+    checkpoints_host: int = 0

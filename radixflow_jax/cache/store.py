@@ -15,8 +15,8 @@ from radixflow_jax.cache.config import CacheConfig
 from radixflow_jax.cache.eviction import EvictionPolicy, LRUPolicy, state_evictable
 from radixflow_jax.cache.invariants import check_tree
 from radixflow_jax.cache.partners import Partners, discard_member
-from radixflow_jax.cache.pools import InvariantError, PagePool, SlotPool
-from radixflow_jax.cache.results import CacheStats
+from radixflow_jax.cache.pools import HostPool, InvariantError, PagePool, SlotPool
+from radixflow_jax.cache.results import CacheStats, StateMove
 from radixflow_jax.cache.tree import Node, attach, common_prefix_len, detach_leaf, iter_nodes, split
 
 __all__ = ["TreeStore"]
@@ -42,6 +42,7 @@ class TreeStore:
         self._paired = Partners()  # producer -> consumers paired with it in its uncommitted round
         self._clock = 0
         self._evicted_unused = 0
+        self._moves: list[StateMove] = []  # state copies the next launched plan makes, in order
 
     @property
     def config(self) -> CacheConfig:
@@ -118,7 +119,7 @@ class TreeStore:
 
     def stats(self) -> CacheStats:
         """Counts over the whole tree (O(nodes))."""
-        nodes = cached = pending_tokens = held = ck_pending = ck_committed = locked = 0
+        nodes = cached = pending_tokens = held = ck_pending = ck_committed = ck_host = locked = 0
         for node in iter_nodes(self._root):
             nodes += 1
             held += len(node.pages)
@@ -129,17 +130,24 @@ class TreeStore:
             if node.checkpoint is not None:
                 ck_pending += node.checkpoint.pending
                 ck_committed += node.checkpoint.committed
+                ck_host += node.checkpoint.on_host
             locked += node.lock_count > 0
-        return CacheStats(nodes, cached, pending_tokens, held, ck_pending, ck_committed, locked, len(self._pending))
+        return CacheStats(
+            nodes, cached, pending_tokens, held, ck_pending, ck_committed, locked, len(self._pending), ck_host
+        )
 
     def check_invariants(self) -> None:
         """Raise ``InvariantError`` unless the tree, the producer index and the pools are consistent."""
-        check_tree(self._root, self._config, self._pages, self._slots, self._pending)
+        check_tree(self._root, self._config, self._pages, self._slots, self._pending, self._host_tier())
         for producer, consumers in self._paired.as_dict().items():
             if producer not in self._pending:
                 raise InvariantError(f"paired consumers {sorted(consumers)} of producer {producer} with nothing pending")
 
     # ------------------------------------------------------------------ internals
+
+    def _host_tier(self) -> HostPool | None:
+        """The host tier's pool (``cache/tiers.py`` has one)."""
+        return None
 
     def _validate_pages(self, pages: Sequence[int], n: int) -> None:
         if len(pages) < n:
@@ -234,6 +242,11 @@ class TreeStore:
         discard_member(self._pending, producer_id, node)
 
     @property
+    def queued_moves(self) -> tuple[StateMove, ...]:
+        """The state copies queued for the next launched plan (read-only view of ``take_moves``'s)."""
+        return tuple(self._moves)
+
+    @property
     def evicted_unused(self) -> int:
         """Committed checkpoints dropped (evicted or flushed) before any request read them."""
         return self._evicted_unused
@@ -250,9 +263,9 @@ class TreeStore:
         """Moves one committed checkpoint held in a slot ``< below`` (the lowest such) of an unlocked
         node, whose only reference is the tree's, into slot ``to``, which the caller holds: the tree
         takes its own reference on ``to`` and frees the slot it left, which is returned (None: no
-        such checkpoint, nothing changes). The caller copies the state on the device before any
-        later round reads ``to`` (``RoundPlan.state_copies``); an unlocked node has no reader in the
-        round being planned. Walks the tree."""
+        such checkpoint, nothing changes). The copy is queued (``take_moves``) for the next launched
+        plan, which makes it before its step (``RoundPlan.state_moves``); an unlocked node has no
+        reader in the round being planned. Walks the tree."""
         movable = [
             node for node in iter_nodes(self._root)
             if state_evictable(node) and node.checkpoint.held_slot < below
@@ -265,6 +278,7 @@ class TreeStore:
         self._slots.incref(to)
         node.checkpoint.move(to)
         self._slots.decref(src)
+        self._moves.append(StateMove("copy", src, to))
         return src
 
     def _remove_leaf(self, node: Node) -> None:

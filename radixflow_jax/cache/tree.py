@@ -33,6 +33,7 @@ __all__ = ["Checkpoint", "CheckpointStatus", "Node", "PendingCheckpointError", "
 class CheckpointStatus(enum.Enum):
     PENDING = "pending"
     COMMITTED = "committed"
+    HOST = "host"  # demoted to the host tier: written, not on the device, restored before a read
 
 
 class PendingCheckpointError(RuntimeError):
@@ -49,9 +50,14 @@ class Checkpoint:
     ``generated``: its state has consumed tokens the model generated (a request's exact end past its
     prompt, ``RadixCache.keep_end``); clients often resend such tokens altered, so it never counts as
     superseding a checkpoint above it (``cache/eviction.is_shadowed``).
+
+    The host tier (``cache/tiers.py``): a *host* checkpoint (``on_host``) holds no device slot
+    (``held_slot`` is 0) and one host slot, ``host_slot``; it is neither pending nor committed, so
+    nothing reads it until a restore makes it pending again (by a restore id, a negative producer
+    id) in a device slot, still holding its host slot until the restore commits.
     """
 
-    __slots__ = ("_slot", "status", "producer_id", "reads", "wanted", "generated")
+    __slots__ = ("_slot", "status", "producer_id", "reads", "wanted", "generated", "host_slot")
 
     def __init__(self, slot: int, producer_id: int, *, generated: bool = False) -> None:
         self._slot = slot
@@ -60,6 +66,7 @@ class Checkpoint:
         self.reads = 0  # requests that copied this state (RadixCache.read_checkpoint)
         self.wanted = False  # planted because waiting requests will need it (look-ahead)
         self.generated = generated  # the state has consumed model-generated tokens (keep_end past a prompt)
+        self.host_slot: int | None = None  # the host tier's copy (on_host, or a restore in flight)
 
     @property
     def pending(self) -> bool:
@@ -68,6 +75,16 @@ class Checkpoint:
     @property
     def committed(self) -> bool:
         return self.status is CheckpointStatus.COMMITTED
+
+    @property
+    def on_host(self) -> bool:
+        """Demoted to the host tier: not readable until restored (``cache/tiers.py``)."""
+        return self.status is CheckpointStatus.HOST
+
+    @property
+    def restoring(self) -> bool:
+        """Pending by a restore from the host tier (its producer id is a restore id, negative)."""
+        return self.status is CheckpointStatus.PENDING and self.host_slot is not None
 
     @property
     def slot(self) -> int:
@@ -86,7 +103,8 @@ class Checkpoint:
 
     def __repr__(self) -> str:
         slot = self._slot if self.committed else "?"
-        return f"Checkpoint({self.status.value}, slot={slot}, producer={self.producer_id})"
+        host = f", host={self.host_slot}" if self.host_slot is not None else ""
+        return f"Checkpoint({self.status.value}, slot={slot}{host}, producer={self.producer_id})"
 
 
 class Node:

@@ -34,6 +34,11 @@ class EngineConfig:
     scheduler: SchedulerConfig = ENGINE_SCHEDULER
     num_kv_pages: int | None = None
     num_state_slots: int | None = None
+    # the host tier (cache/tiers.py): host memory for checkpoints evicted from the state slots, in
+    # GiB; None: an eighth of the host's RAM, at most 4 GiB (engine/build.host_slots); 0: none.
+    # num_host_slots, when given, sets its size in checkpoints instead
+    host_cache_gb: float | None = None
+    num_host_slots: int | None = None
     max_model_len: int | None = None
     kernels: str = "auto"
     seed: int = 0

@@ -22,6 +22,7 @@ import numpy as np
 from radixflow_jax.models.api import LoadedModel
 from radixflow_jax.models.batch import init_cache
 from radixflow_jax.runner.inputs import BIAS_WIDTH, SamplingRow, StepArrays, StepInputs, build_arrays
+from radixflow_jax.runner.hoststates import HostStates
 from radixflow_jax.runner.pagecopy import PageCopier, StateCopier
 from radixflow_jax.runner.scoring import PromptScorer
 from radixflow_jax.runner.shapes import ShapeConfig, Variant
@@ -39,7 +40,7 @@ class LaunchedStep:
     ``out_rows``, logprob arrays, not fetched yet), and host timings."""
 
     plan: RoundPlan
-    variant: Variant
+    variant: Variant | None  # None: a plan of state moves only (no step)
     plan_rows: np.ndarray
     tokens: jax.Array
     logprobs: tuple[jax.Array, ...]
@@ -92,6 +93,7 @@ class ModelExecutor:
         warmup: bool = True,
         penalty_window: int = 0,
         progress: Callable[[str], None] | None = None,
+        num_host_slots: int = 0,
     ):
         self.model = model
         self.shapes = shapes
@@ -133,6 +135,8 @@ class ModelExecutor:
         self.progress = progress
         self.page_copier = PageCopier(shapes.max_num_seqs)  # partial pages: riders' and tails' (RoundPlan)
         self.state_copier = StateCopier(shapes.max_num_seqs)  # kept ends leaving the request band (RoundPlan)
+        # the host tier's rows (runner/hoststates.py): spills and restores of RoundPlan.state_moves
+        self.host = HostStates(self.cache, num_host_slots, width=shapes.max_num_seqs) if num_host_slots else None
         self._copier_ready = False
         self.warmup_s = 0.0
         self._no_prev = jax.device_put(np.zeros(out_rows(shapes), np.int32))  # prev_tokens of a round that splices nothing
@@ -154,6 +158,8 @@ class ModelExecutor:
         if not self._copier_ready:  # the page and state copies, compiled with the first warm-up call
             self.cache = self.page_copier(self.cache, [])
             self.cache = self.state_copier(self.cache, [])
+            if self.host is not None:
+                self.cache = self.host.prime(self.cache)
             self._copier_ready = True
         if scorer and not self.scorer.is_compiled:
             t = time.perf_counter()
@@ -176,6 +182,9 @@ class ModelExecutor:
     def launch(self, plan: RoundPlan, sampling: Mapping[int, SamplingRow], prev: LaunchedStep | None = None) -> LaunchedStep:
         """Builds the round's arrays and dispatches the step; does not wait for the device."""
         t0 = time.perf_counter()
+        if not plan.rows:  # restores only (RoundPlan.is_empty): the moves, no step
+            self._move_states(plan)
+            return self._moves_only(plan, time.perf_counter() - t0)
         variant, decode = select_round(plan, self.shapes, self.num_slots)
         arrays = build_arrays(
             plan, variant, page_size=self.page_size, max_pages=self.shapes.max_pages_per_row, sampling=sampling,
@@ -200,8 +209,7 @@ class ModelExecutor:
             jax.block_until_ready(prev.tokens)
             prev.ready = time.perf_counter()
         t1, compiles = time.perf_counter(), self.step.num_compiles
-        if plan.state_copies:  # kept ends leaving the request band, before a row reuses their slots
-            self.cache = self.state_copier(self.cache, plan.state_copies)
+        self._move_states(plan)
         before = plan.copies_before(self.page_size)
         if before:  # rows starting at a tail: their own copy of its partial page, before they read it
             self.cache = self.page_copier(self.cache, before)
@@ -226,6 +234,27 @@ class ModelExecutor:
             build_s=t1 - t0,
             start=t1 + compile_s,
             compile_s=compile_s,
+        )
+
+    def _move_states(self, plan: RoundPlan) -> None:
+        """The plan's state moves, before its step (kept ends leaving the request band, spills to
+        and restores from the host tier, in the cache's order; ``RoundPlan.state_moves``)."""
+        if not plan.state_moves:
+            return
+        if self.host is not None:
+            self.cache = self.host.apply_moves(self.cache, plan.state_moves, self.state_copier)
+            return
+        if any(m.kind != "copy" for m in plan.state_moves):
+            raise ValueError("a plan spills or restores states, but this executor has no host tier")
+        self.cache = self.state_copier(self.cache, [(m.src, m.dst) for m in plan.state_moves])
+
+    def _moves_only(self, plan: RoundPlan, build_s: float) -> LaunchedStep:
+        """The handle of a plan with no rows (its moves were dispatched; nothing to sample)."""
+        now = time.perf_counter()
+        empty = np.zeros(0, np.int32)
+        return LaunchedStep(
+            plan=plan, variant=None, plan_rows=empty, tokens=self._no_prev, logprobs=(), want=[], verified=self._no_prev,
+            verify_points=(), build_s=build_s, start=now, compile_s=0.0,
         )
 
     def _keep_neutral(self, variant: Variant, arrays: StepArrays) -> StepInputs:
@@ -255,6 +284,8 @@ class ModelExecutor:
     def collect(self, handle: LaunchedStep) -> StepResult:
         """Waits for a launched round and returns its result. ``step_s``: from when the device could
         start it (its dispatch, or the previous round's result, whichever is later) to its result."""
+        if handle.variant is None:  # state moves only: nothing sampled, no step time
+            return StepResult(sampled={}, token_slots=0, row_slots=0, build_s=handle.build_s, step_s=0.0)
         tokens = np.asarray(jax.device_get(handle.tokens))
         logprobs = {}
         if handle.want:  # fetched only when a row asked for them

@@ -26,7 +26,8 @@ class EngineSpec:
     ``tokenizer``, ``vocab_size``: None when unknown; ``packed_rows_free``: the executor's
     prefill region costs a one-token row one token, as the native CPU kernels do, so
     ``mixed_layout="auto"`` packs) and its pools (``num_pages`` / ``num_slots``
-    include the reserved id 0 of each pool; ``max_model_len``: the longest request).
+    include the reserved id 0 of each pool; ``num_host_slots``: the host tier's checkpoints,
+    ``cache/tiers.py``, 0 for none; ``max_model_len``: the longest request).
 
     Invariant: everything below is derived from these fields alone, so two engines of equal specs
     make the same scheduling decisions."""
@@ -37,6 +38,7 @@ class EngineSpec:
     num_pages: int
     num_slots: int
     max_model_len: int
+    num_host_slots: int = 0
     eos_token_ids: tuple[int, ...] = ()
     tokenizer: object | None = None
     vocab_size: int | None = None

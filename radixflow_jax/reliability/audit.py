@@ -11,7 +11,9 @@ pools free xor owned, no negative refcount):
   * a waiting or finished request holds no page, slot or lock, and has no pending checkpoint;
     only running requests are producers (overlap: a finished request waiting for the commit fence
     of a round in flight still holds what it held, until that fence);
-:func:`assert_drained` checks that, with no work left, a flush frees every page and slot.
+  * every pending restore from the host tier (``cache/tiers.py``) is queued for the next plan or
+    carried by a launched round, so its commit (or void) is to come;
+:func:`assert_drained` checks that, with no work left, a flush frees every page, slot and host slot.
 """
 
 from __future__ import annotations
@@ -72,9 +74,13 @@ def audit_engine(core: EngineCore, pinned: Iterable[Node] = ()) -> None:
         if len(refs) != pool.num_used:
             raise InvariantError(f"{pool.num_used} {what}s are owned but only {len(refs)} have an owner")
     if mem.cache is not None:
-        stray = set(mem.cache.pending_producers()) - running - fenced
+        pending = set(mem.cache.pending_producers())
+        stray = {p for p in pending if p >= 0} - running - fenced
         if stray:
             raise InvariantError(f"requests {sorted(stray)} are not running but have pending checkpoints")
+        lost = {p for p in pending if p < 0} - set(mem.cache.queued_restores) - set(sched.restores_in_flight)
+        if lost:
+            raise InvariantError(f"restores {sorted(lost)} are pending but neither queued nor in a launched round")
 
 
 def assert_drained(core: EngineCore) -> None:
@@ -84,8 +90,11 @@ def assert_drained(core: EngineCore) -> None:
         raise InvariantError(f"{len(sched.waiting)} waiting and {len(sched.running)} running requests left")
     sched.memory.flush()
     used = sched.memory.pages.num_used, sched.memory.slots.num_used if sched.memory.slots is not None else 0
-    if any(used):
-        raise InvariantError(f"{used[0]} pages and {used[1]} slots leaked after a flush")
+    host = sched.memory.cache.host_pool if sched.memory.cache is not None else None
+    if any(used) or (host is not None and host.num_used):
+        raise InvariantError(
+            f"{used[0]} pages, {used[1]} slots and {host.num_used if host else 0} host slots leaked after a flush"
+        )
 
 
 def committed_slots(core: EngineCore) -> set[int]:

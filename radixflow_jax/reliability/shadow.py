@@ -18,8 +18,10 @@ never taken: the step does not read the pool there), then write like any row.
 Riders (``RowPlan.twin_id``) read and write nothing themselves: each samples ``token_for`` its
 producer's sequence, which must end this round at the rider's prompt length; the producer's emit
 wrote the rider's slot, and the plan's page copies (applied after every row) give it the partial
-page, so its next row's context and state checks cover both. A plan's state copies (finished
-requests' kept ends leaving the request band) are applied before every row, as the executor does.
+page, so its next row's context and state checks cover both. A plan's state moves (finished
+requests' kept ends leaving the request band, spills to the host tier's ``host`` and restores from
+it) are applied in order before every row, as the executor does, so a restored checkpoint that
+does not hold what was spilled fails the state check of the row that reads it.
 
 Checked on every row (a failure is recorded in ``violations`` and raised as :class:`ShadowMismatch`):
   * no real row runs in the reserved page 0 or slot 0;
@@ -80,6 +82,7 @@ class ShadowExecutor:
         self.round_s = round_s
         self.pages: dict[int, list[int | None]] = {}
         self.slots: dict[int, tuple[int, int]] = {}
+        self.host: dict[int, tuple[int, int]] = {}  # the host tier's rows (spills, restores)
         self.violations: list[str] = []
         self.rounds = 0
         self.rows_checked = 0
@@ -142,8 +145,12 @@ class ShadowExecutor:
         unpaired = [row for row in plan.rows if row.pair_slot is None and row.twin_id is None]
         paired = [row for row in plan.rows if row.pair_slot is not None]
         sequences: dict[int, tuple[int, ...]] = {}
-        for src, dst in plan.state_copies:  # before the step, as the executor copies them
-            self.slots[dst] = self.slots.get(src, (-1, -1))
+        for move in plan.state_moves:  # before the step, in order, as the executor makes them
+            if move.kind == "spill":
+                self.host[move.dst] = self.slots.get(move.src, (-1, -1))
+            else:
+                source = self.host if move.kind == "restore" else self.slots
+                self.slots[move.dst] = source.get(move.src, (-1, -1))
         for src, dst in plan.copies_before(self.page_size):  # before the step, as the executor copies them
             self.pages[dst] = list(self.pages.get(src, [None] * self.page_size))
         for phase in (unpaired, paired):  # the step's order: producers, then their partners

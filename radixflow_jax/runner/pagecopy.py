@@ -4,7 +4,7 @@
   ``RoundPlan.page_copies``, after the step) and a row's own copy of a tail's partial page
   (``RoundPlan.copies_before``, before the step).
 * States: a finished request's kept end moved out of the request band of the slot pool
-  (``cache/pools.SlotPool``, ``RoundPlan.state_copies``, before the step).
+  (``cache/pools.SlotPool``, ``RoundPlan.state_moves``, before the step).
 
 :class:`PageCopier` and :class:`StateCopier` each run one jitted program of a fixed width ``width``
 (pairs padded with ``(0, 0)``, the sink copied onto itself; more pairs than that run in several

@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from radixflow_jax.cache import CacheConfig, PagePool, RadixCache, SlotPool
+from radixflow_jax.cache import CacheConfig, PagePool, RadixCache, SlotPool, StateMove
 from radixflow_jax.cache.placement import Placement
 from radixflow_jax.scheduler.request import Request
 
@@ -36,9 +36,6 @@ class Allocator:
         self.cache = cache
         self.evicted_pages = 0
         self.evicted_slots = 0
-        # (band slot, slot above the band): checkpoints moved out of the request band, copied on the
-        # device before the step of the next plan (RoundPlan.state_copies)
-        self.state_copies: list[tuple[int, int]] = []
 
     def alloc_pages(self, n: int) -> list[int] | None:
         if n <= 0:
@@ -84,8 +81,8 @@ class Allocator:
 
     def _move_out(self, *, take: bool) -> list[int] | None:
         """Moves the committed checkpoint of an unlocked node held in the band (the tree's only
-        reference; the lowest such slot) into a free slot above the band, never evicting, and queues
-        its state copy (``state_copies``). ``take`` (a request's slot): only a slot below the band's
+        reference; the lowest such slot) into a free slot above the band, never evicting (the cache
+        queues its state copy, ``RoundPlan.state_moves``). ``take`` (a request's slot): only a slot below the band's
         lowest free one, which is then allocated and returned, so the running requests pack at the
         bottom of the band; otherwise (a request just released) any, left free. None when nothing
         moved."""
@@ -104,7 +101,6 @@ class Allocator:
         slots.decref(dst[0])  # the tree took its own reference (or nothing moved: free again)
         if src is None:
             return None
-        self.state_copies.append((src, dst[0]))
         return slots.alloc_low(1, band=True) if take else None
 
     def seat(
@@ -207,12 +203,32 @@ class Allocator:
         req.pages, req.own_pages, req.slot, req.spare_slot, req.hit_node = [], [], None, None, None
         self._move_out(take=False)  # its end, kept in the band: out of it while a slot above is free
 
-    def take_state_copies(self) -> tuple[tuple[int, int], ...]:
-        """The state copies queued since the last call, for the plan being built (``RoundPlan.state_copies``)."""
-        copies, self.state_copies = tuple(self.state_copies), []
-        return copies
+    def restore(self, node: Any) -> bool:
+        """Starts restoring ``node``'s host checkpoint (``cache/tiers.py``) into a checkpoint slot,
+        evicting (demoting) committed checkpoints for one as planting does; False when no slot
+        could be had, or the host checkpoint left while one was freed (the caller recomputes)."""
+        if self.cache is None:
+            return False
+        slot = self.alloc_slot(checkpoint=True)
+        if slot is None:
+            return False
+        ckpt = node.checkpoint
+        if ckpt is not None and ckpt.on_host and node.attached:
+            self.cache.restore(node, slot)
+        self.slots.decref(slot)  # the tree holds the only reference now (or none: nothing to restore)
+        return ckpt is not None and ckpt.restoring
+
+    @property
+    def restores_queued(self) -> bool:
+        """A restore waits for a plan to carry it (``RadixCache.restores_queued``)."""
+        return self.cache is not None and self.cache.restores_queued
+
+    def take_state_moves(self) -> tuple[tuple[StateMove, ...], tuple[int, ...]]:
+        """The state copies queued since the last call and the restore ids among them, for the
+        plan being built (``RoundPlan.state_moves``, ``RoundPlan.restores``)."""
+        return self.cache.take_moves() if self.cache is not None else ((), ())
 
     def flush(self) -> None:
-        self.state_copies = []  # their destinations leave the tree with everything else
+        """Empties the cache (``RadixCache.flush``: queued state moves and restores go with it)."""
         if self.cache is not None:
             self.cache.flush()

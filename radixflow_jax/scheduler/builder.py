@@ -212,8 +212,12 @@ class RoundBuilder:
         rows = sorted(rows, key=lambda r: 0 if r.is_decode else 2 if r.is_rider else 1)  # stable
         num_decode = sum(1 for r in rows if r.is_decode)
         copies = tuple(c for r in rows if r.twin_id is not None for c in self._rider_parts[r.request_id][2])
-        moves = memory.take_state_copies() if rows else ()  # an empty plan is not launched: they wait
-        return RoundPlan(rows=tuple(rows), num_decode=num_decode, stats=stats, page_copies=copies, state_copies=moves)
+        # a plan of neither rows nor restores is not launched: its moves wait for the next one
+        moves, restores = memory.take_state_moves() if rows or memory.restores_queued else ((), ())
+        return RoundPlan(
+            rows=tuple(rows), num_decode=num_decode, stats=stats, page_copies=copies, state_moves=moves,
+            restores=restores,
+        )
 
     def _drop_rider_parts(self, rows: list[RowPlan]) -> list[RowPlan]:
         """Riders whose row left the plan (preempted, or rolled back with their producer) take the

@@ -45,6 +45,11 @@ class LaunchedRounds:
         return len(self._rounds)
 
     @property
+    def restores(self) -> tuple[int, ...]:
+        """Restore ids (``cache/tiers.py``) of the rounds launched and not committed."""
+        return tuple(rid for plan in self._rounds for rid in plan.restores)
+
+    @property
     def fenced(self) -> tuple[Request, ...]:
         """Finished requests whose pages and slot wait for the commit fence of a round in flight."""
         return tuple(req for req, _ in self._fenced)

@@ -9,6 +9,8 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
+from radixflow_jax.cache import StateMove
+
 UNKNOWN_TOKEN = -1
 """Overlap: a token sampled by a round still in flight. A row whose input is this token takes it on the
 device from that round's sampled array (``engine/executor.py``); the commit fence replaces it in the
@@ -99,6 +101,7 @@ class RoundStats:
     checkpoints_planted: int = 0  # pending checkpoints this round will emit
     checkpoints_skipped: int = 0  # placements dropped for lack of a state slot
     checkpoints_evicted_unused: int = 0  # committed checkpoints dropped this round before any read
+    restores: int = 0  # host checkpoints this round's admission scan started restoring (cache/tiers.py)
     prefill_first: bool = False  # planned prefill before decode rows (the last round starved a prefill)
 
 
@@ -108,15 +111,19 @@ class RoundPlan:
     ``(source page, destination page)`` pairs the executor copies (every attention layer's K and V)
     after the round's step, so a rider owns the producer's partial last page as the step left it;
     :meth:`copies_before` the pairs it copies before the step (rows starting at a tail).
-    ``state_copies``: ``(source slot, destination slot)`` pairs the executor copies (every recurrent
-    layer's conv and SSM state) before the step: finished requests' kept ends leaving the request
-    band (``Allocator.take_state_copies``); no row of the round writes a source before the copy."""
+    ``state_moves``: the recurrent-state copies (every recurrent layer's conv and SSM state) the
+    executor makes before the step, in this order (``cache/results.StateMove``): kept ends leaving
+    the request band, spills of demoted checkpoints to the host tier and restores from it
+    (``cache/tiers.py``); no row of the round writes a slot a move reads.
+    ``restores``: the restore ids among them, committed with the round (a plan with restores runs
+    even without rows: a waiting consumer needs its commit)."""
 
     rows: tuple[RowPlan, ...]
     num_decode: int
     stats: RoundStats
     page_copies: tuple[tuple[int, int], ...] = ()
-    state_copies: tuple[tuple[int, int], ...] = ()
+    state_moves: tuple[StateMove, ...] = ()
+    restores: tuple[int, ...] = ()
 
     @property
     def num_tokens(self) -> int:
@@ -137,7 +144,8 @@ class RoundPlan:
 
     @property
     def is_empty(self) -> bool:
-        return not self.rows
+        """Nothing to launch: no rows and no restore (queued moves without either wait)."""
+        return not self.rows and not self.restores
 
     @property
     def num_riders(self) -> int:

@@ -32,7 +32,7 @@ from __future__ import annotations
 import collections
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
-from radixflow_jax.cache import PagePool, RadixCache, SlotPool
+from radixflow_jax.cache import HostPool, PagePool, RadixCache, SlotPool
 from radixflow_jax.scheduler.admission import Decision, get_policy
 from radixflow_jax.scheduler.allocator import Allocator
 from radixflow_jax.scheduler.builder import RoundBuilder, grid_span
@@ -47,14 +47,17 @@ from radixflow_jax.scheduler.running import RunningSet
 
 
 class Scheduler:
-    def __init__(self, config: SchedulerConfig, num_pages: int, num_slots: int):
+    """``num_host_slots``: the host tier's capacity in checkpoints (``cache/tiers.py``; 0: none)."""
+
+    def __init__(self, config: SchedulerConfig, num_pages: int, num_slots: int, *, num_host_slots: int = 0):
         self.config = config
         self.policy = get_policy(config.policy)
         cache_cfg = config.cache_config  # the model's geometry (derived once, EngineSpec.cache_config)
         pages = PagePool(num_pages)
         slots = SlotPool(num_slots, request_slots=config.max_num_seqs) if config.hybrid else None
         caching = self.policy.use_cache  # policy no-cache: no radix cache
-        cache = RadixCache(cache_cfg, pages, slots) if caching else None
+        host = HostPool(num_host_slots + 1) if num_host_slots > 0 and config.hybrid else None
+        cache = RadixCache(cache_cfg, pages, slots, host_pool=host) if caching else None
         self.memory = Allocator(cache_cfg, pages, slots, cache)
         self.waiting: collections.deque[Request] = collections.deque()
         self.requests: dict[int, Request] = {}
@@ -87,6 +90,11 @@ class Scheduler:
     def num_in_flight(self) -> int:
         """Rounds launched and not committed."""
         return len(self._launched)
+
+    @property
+    def restores_in_flight(self) -> tuple[int, ...]:
+        """Restores (``cache/tiers.py``) that launched rounds carry and whose commit is to come."""
+        return self._launched.restores
 
     @property
     def fenced(self) -> tuple[Request, ...]:
@@ -192,6 +200,9 @@ class Scheduler:
         if ride is not None:
             return ride
         match = cache.match(req.tokens, shared=False) if cache is not None else None
+        if match is not None and match.host_node is not None and memory.restore(match.host_node):
+            round_.stats.restores += 1  # its hit is in the host tier: a consumer of the restore now
+            match = cache.match(req.tokens, shared=False)
         # attention-only models see pending KV only from rounds in flight (overlap, see overlap.py)
         if match is not None and match.is_consumer:
             decision = self._consumer(req, match, round_)
@@ -281,6 +292,9 @@ class Scheduler:
         launched = self._launched.retire(plan)
         self._riders.committed(plan.rows)
         self.round_index += 1
+        for restore in plan.restores:  # the round copied them before its step: readable now
+            if self.memory.cache is not None:
+                self.memory.cache.commit(restore)
         finished = []
         for row in plan.rows:
             req = self.requests.get(row.request_id)

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from radixflow_jax.cache import (
     CacheConfig,
     EvictionPolicy,
+    HostPool,
     InsertResult,
     MatchResult,
     Node,
@@ -25,9 +26,12 @@ def make_cache(
     num_pages: int = 32,
     num_slots: int = 8,
     policy: EvictionPolicy | None = None,
+    host_slots: int = 0,
 ) -> RadixCache:
+    """``host_slots``: the host tier's capacity in checkpoints (0: no host tier)."""
     cfg = CacheConfig(page_size=page_size, grid=grid, hybrid=hybrid)
-    return RadixCache(cfg, PagePool(num_pages), SlotPool(num_slots), policy=policy)
+    host = HostPool(host_slots + 1) if host_slots else None
+    return RadixCache(cfg, PagePool(num_pages), SlotPool(num_slots), policy=policy, host_pool=host)
 
 
 def own_pages(cache: RadixCache, tokens: Sequence[int], table: Sequence[int] = ()) -> tuple[list[int], list[int]]:

@@ -60,10 +60,11 @@ def test_a_kept_end_leaves_the_request_band_by_a_state_copy() -> None:
     prompt = tuple(range(10, 23))
     s.add(Request(1, prompt, max_tokens=5, stop_token_ids=frozenset({STOP})))
     _run(s, 1, [5, 6, STOP])
-    ((src, dst),) = s.memory.state_copies  # the end moved above the band; its copy waits for a plan
+    ((kind, src, dst),) = s.memory.cache.queued_moves  # the end moved above the band; its copy waits for a plan
+    assert kind == "copy"
     assert src <= 4 < dst and s.memory.slots.refcount(dst) == 1 and s.memory.slots.is_free(src)
     row, plan = _first_row(s, Request(2, prompt + (5, 6, STOP, 1, 2), max_tokens=1))
-    assert plan.state_copies == ((src, dst),) and not s.memory.state_copies  # copied before this step
+    assert plan.state_moves == (("copy", src, dst),) and not s.memory.cache.queued_moves  # copied before this step
     assert row.copy_from == dst and row.slot == src and row.start == 15
 
 
@@ -73,9 +74,9 @@ def test_a_kept_end_stays_where_no_slot_above_the_band_is_left() -> None:
     prompt = tuple(range(10, 23))
     s.add(Request(1, prompt, max_tokens=5, stop_token_ids=frozenset({STOP})))
     _run(s, 1, [5, 6, STOP])
-    assert not s.memory.state_copies
+    assert not s.memory.cache.queued_moves
     row, plan = _first_row(s, Request(2, prompt + (5, 6, STOP, 1, 2), max_tokens=1))
-    assert not plan.state_copies and row.copy_from is not None and row.start == 15
+    assert not plan.state_moves and row.copy_from is not None and row.start == 15
 
 
 def test_a_round_in_flight_that_fed_the_stop_token_ends_the_state_after_it() -> None:

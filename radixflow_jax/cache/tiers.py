@@ -1,0 +1,246 @@
+"""Eviction and the host tier: where a checkpoint goes when the device slot pool needs its slot.
+
+Two tiers hold checkpoints (docs/design.md, "The host tier"): the device slot pool (``SlotPool``)
+and, below it, the host tier (:class:`HostPool`, host memory sized in checkpoints). Under slot
+pressure :meth:`TieredStore.evict_states` *demotes* a committed checkpoint: it takes a host slot
+(dropping the least valuable host checkpoint when the host pool is full), queues a *spill*
+``(device slot, host slot)`` and gives the device slot back. A host checkpoint (``on_host``) is
+never read; a request whose best hit is one asks :meth:`TieredStore.restore`, which makes it
+*pending* again under a fresh restore id (negative, so it never names a request) in a device slot
+the caller allocated, and queues a *restore* ``(restore id, host slot, device slot)``. The
+request waits as a consumer of that pending checkpoint, like a consumer of a producer's; the
+restore's ``commit`` (the round that carried the copy has finished) makes it readable and frees
+its host slot, its ``unpublish`` (that round was void) returns it to the host tier.
+
+Invariants (``invariants.check_tree`` checks the first three):
+  * a host checkpoint holds a host slot and no device slot; a restoring one holds both; the tree
+    holds exactly one reference on each host slot it names;
+  * host checkpoints lie on committed KV, like committed ones (only a committed one is demoted);
+  * a restore id is pending on exactly one node, its restoring checkpoint;
+  * the executor runs a round's spills before its restores and both before its step
+    (``RoundPlan.state_spills``): a device slot freed by a demotion is written by nobody before
+    its spill has read it, and a host slot is read by a restore only after its spill wrote it.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections.abc import Iterable
+
+from radixflow_jax.cache.eviction import EvictionPolicy, EvictTarget, kv_evictable, state_evictable
+from radixflow_jax.cache.pools import HostPool
+from radixflow_jax.cache.results import StateMove
+from radixflow_jax.cache.store import TreeStore
+from radixflow_jax.cache.tree import CheckpointStatus, Node, iter_nodes, iter_postorder
+
+__all__ = ["TieredStore"]
+
+
+class TieredStore(TreeStore):
+    """Eviction over both tiers (see the module docstring). ``host_pool=None``: no host tier, an
+    evicted checkpoint is dropped."""
+
+    def __init__(self, *args, host_pool: HostPool | None = None, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._host = host_pool if host_pool is not None and host_pool.capacity > 0 else None
+        self._restore_queue: list[int] = []  # restore ids whose copy is queued in _moves
+        self._restore_ids = itertools.count(-1, -1)
+        self.demoted = 0  # checkpoints demoted to the host tier
+        self.restored = 0  # restores committed
+        self.host_dropped = 0  # host checkpoints dropped for room (or with their node)
+
+    @property
+    def host_pool(self) -> HostPool | None:
+        return self._host
+
+    def _host_tier(self) -> HostPool | None:
+        return self._host
+
+    # ------------------------------------------------------------------ the host tier
+
+    def take_moves(self) -> tuple[tuple[StateMove, ...], tuple[int, ...]]:
+        """The state copies queued since the last call, in order, and the restore ids among them,
+        for the plan being built (``RoundPlan.state_moves``, ``RoundPlan.restores``): that plan
+        must be launched, and each restore committed (or un-published) with it."""
+        moves, restores = tuple(self._moves), tuple(self._restore_queue)
+        self._moves, self._restore_queue = [], []
+        return moves, restores
+
+    @property
+    def queued_restores(self) -> tuple[int, ...]:
+        """Restore ids whose copy waits for a plan (read-only view)."""
+        return tuple(self._restore_queue)
+
+    @property
+    def restores_queued(self) -> bool:
+        """A restore waits for a plan to carry it (an otherwise empty plan must then run)."""
+        return bool(self._restore_queue)
+
+    def restore(self, node: Node, slot: int) -> int:
+        """Starts restoring ``node``'s host checkpoint into device ``slot`` (the caller allocated it
+        and keeps its own reference to drop): the checkpoint becomes pending under a new restore
+        id, which is returned and queued with the copy. ``ValueError`` unless ``node`` is attached
+        and holds a host checkpoint, or when ``slot`` is free."""
+        ckpt = node.checkpoint
+        if ckpt is None or not ckpt.on_host or not node.attached:
+            raise ValueError(f"restore needs an attached host checkpoint: {node!r}")
+        if self._slots.refcount(slot) == 0:
+            raise ValueError(f"slot {slot} is free; allocate it before restoring into it")
+        rid = next(self._restore_ids)
+        self._slots.incref(slot)
+        ckpt.move(slot)
+        ckpt.status = CheckpointStatus.PENDING
+        ckpt.producer_id = rid
+        self._pending[rid] = {node}
+        assert ckpt.host_slot is not None
+        self._moves.append(StateMove("restore", ckpt.host_slot, slot))
+        self._restore_queue.append(rid)
+        return rid
+
+    def _landed(self, node: Node) -> None:
+        """A restore committed: its host slot goes back (the device copy is the checkpoint now)."""
+        ckpt = node.checkpoint
+        if ckpt is not None and ckpt.host_slot is not None and self._host is not None:
+            self._host.decref(ckpt.host_slot)
+            ckpt.host_slot = None
+            self.restored += 1
+
+    def _revert(self, node: Node) -> None:
+        """A restore's round was void: the checkpoint is a host checkpoint again."""
+        ckpt = node.checkpoint
+        assert ckpt is not None and ckpt.restoring
+        self._slots.decref(ckpt.held_slot)
+        ckpt.move(0)
+        ckpt.status = CheckpointStatus.HOST
+
+    def _demote(self, node: Node, policy: EvictionPolicy | None) -> bool:
+        """Moves ``node``'s committed checkpoint to the host tier (queueing its spill); False when
+        there is no host tier or no host slot could be had."""
+        if self._host is None:
+            return False
+        ids = self._host.alloc(1)
+        if ids is None:
+            self._drop_host(1, policy, keep=node)
+            ids = self._host.alloc(1)
+            if ids is None:
+                return False
+        ckpt = node.checkpoint
+        assert ckpt is not None and ckpt.committed
+        src = ckpt.held_slot
+        ckpt.host_slot = ids[0]
+        ckpt.status = CheckpointStatus.HOST
+        ckpt.move(0)
+        self._moves.append(StateMove("spill", src, ids[0]))
+        self._slots.decref(src)
+        self.demoted += 1
+        return True
+
+    def _drop_host(self, num: int, policy: EvictionPolicy | None, *, keep: Node | None = None) -> int:
+        """Drops up to ``num`` host checkpoints, lowest policy score first (a tail of a hybrid
+        model goes with its checkpoint when unlocked); returns how many."""
+        nodes = (n for n in iter_nodes(self._root) if n is not keep and n.checkpoint is not None and n.checkpoint.on_host)
+        heap = self._heap(nodes, "state", policy)
+        dropped = 0
+        while heap and dropped < num:
+            node = heapq.heappop(heap)[-1]
+            self._drop_checkpoint(node)
+            if node.is_tail and self._config.hybrid and node.lock_count == 0:
+                self._remove_leaf(node)
+            dropped += 1
+        return dropped
+
+    def _drop_checkpoint(self, node: Node) -> None:
+        ckpt = node.checkpoint
+        if ckpt is None:
+            return
+        if ckpt.host_slot is not None and self._host is not None:
+            self._host.decref(ckpt.host_slot)
+            self.host_dropped += 1
+        if ckpt.on_host:
+            node.checkpoint = None
+            return
+        super()._drop_checkpoint(node)
+
+    def host_checkpoints(self) -> int:
+        """Checkpoints held on the host tier (restoring ones included). O(nodes)."""
+        return sum(1 for n in iter_nodes(self._root) if n.checkpoint is not None and n.checkpoint.host_slot is not None)
+
+    # ------------------------------------------------------------------ eviction
+
+    def evict_kv(self, num_pages: int, policy: EvictionPolicy | None = None) -> int:
+        """Evict unlocked leaves (their pages and committed or host checkpoint) in policy order until
+        ``num_pages`` pages went back to the pool's free list or nothing is evictable.
+
+        Returns the pages actually freed (a page a request still references is not freed by
+        evicting its node). Never touches locked nodes, pending KV or pending checkpoints.
+        Cost: one tree walk plus a heap, O(nodes log nodes) per call.
+        """
+        start = self._pages.num_free
+        if num_pages <= 0:
+            return 0
+        heap = self._heap((n for n in iter_nodes(self._root) if kv_evictable(n)), "kv", policy)
+        tie = itertools.count(len(heap))
+        while heap and self._pages.num_free - start < num_pages:
+            node = heapq.heappop(heap)[-1]
+            if not kv_evictable(node):
+                continue
+            parent = node.parent
+            self._remove_leaf(node)
+            if parent is not None and kv_evictable(parent):
+                heapq.heappush(heap, self._entry(parent, "kv", policy, next(tie)))
+        return self._pages.num_free - start
+
+    def evict_states(self, num_slots: int, policy: EvictionPolicy | None = None) -> int:
+        """Frees device slots of unlocked committed checkpoints in policy order (keeping the nodes'
+        KV) until ``num_slots`` slots went back to the free list: each is demoted to the host tier
+        when there is one (:meth:`_demote`), else dropped. Returns the slots actually freed."""
+        start = self._slots.num_free
+        if num_slots <= 0:
+            return 0
+        heap = self._heap((n for n in iter_nodes(self._root) if state_evictable(n)), "state", policy)
+        while heap and self._slots.num_free - start < num_slots:
+            node = heapq.heappop(heap)[-1]
+            if not state_evictable(node):
+                continue  # a host-pool eviction just took it
+            if self._demote(node, policy):
+                continue
+            self._drop_checkpoint(node)
+            if node.is_tail and self._config.hybrid:  # a hybrid's tail is its checkpoint (tree.py)
+                self._remove_leaf(node)
+        return self._slots.num_free - start
+
+    def _entry(
+        self, node: Node, target: EvictTarget, policy: EvictionPolicy | None, seq: int
+    ) -> tuple[float, int, int, Node]:
+        """Heap key: the policy's score, then (ties, e.g. a path matched at once) KV leaves deepest
+        first but checkpoints *shallowest* first: under slot pressure the deep, most reusable
+        checkpoint of a path is the one kept."""
+        pol = policy if policy is not None else self._policy
+        tie = -node.depth if target == "kv" else node.depth
+        return (pol.score(node, self._clock, target), tie, seq, node)
+
+    def _heap(
+        self, nodes: Iterable[Node], target: EvictTarget, policy: EvictionPolicy | None
+    ) -> list[tuple[float, int, int, Node]]:
+        heap = [self._entry(n, target, policy, i) for i, n in enumerate(nodes)]
+        heapq.heapify(heap)
+        return heap
+
+    def flush(self) -> None:
+        """Drop every unlocked node, every committed checkpoint on one and every restore and host
+        checkpoint, with the state copies queued. Pending KV and producers' pending checkpoints stay
+        (a round may be writing them): after every producer committed or un-published and every
+        lock was released, a flush leaves the tree empty and frees all pages, slots and host slots
+        it held. A restore in a round still in flight is un-published too (its commit finds nothing;
+        its copy writes a slot that is free or that a later round overwrites)."""
+        for rid in [p for p in self._pending if p < 0]:
+            self.unpublish(rid)
+        self._moves, self._restore_queue = [], []
+        for node in iter_postorder(self._root):
+            ckpt = node.checkpoint
+            if state_evictable(node) or (ckpt is not None and ckpt.on_host):
+                self._drop_checkpoint(node)
+        for node in iter_postorder(self._root):
+            if kv_evictable(node):
+                self._remove_leaf(node)

@@ -1,0 +1,142 @@
+"""The host tier's memory: recurrent-state checkpoints spilled from the device pools and restored
+into them (``cache/tiers.py`` keeps the books; docs/design.md, "The host tier").
+
+:class:`HostStates` holds, per recurrent layer, one host array of conv states and one of SSM
+states with ``num_host_slots`` rows (host slot ``h`` is row ``h``; row 0 is never used, as in every
+pool). A round's ``state_moves`` reach it in order (``apply_moves``):
+
+* a *spill* gathers device slots into a fresh device array with one jitted program and starts its
+  copy to the host (``copy_to_host_async``) without waiting: the device keeps running rounds while
+  the bytes travel. The gathered array is *landing* until it is written into the host rows, which
+  happens once it is ready (checked at each later call, oldest first) or, at the latest, before a
+  restore reads host memory;
+* a *restore* lands every spill still in flight, then scatters host rows into device slots with one
+  jitted program over the donated pools (dispatched in order with the steps, so it runs after every
+  round launched before it and before every round launched after it).
+
+Invariants: after ``spill([(d, h)])`` and any later ``restore([(h, d2)])`` with no spill into ``h``
+between, slot ``d2`` holds what slot ``d`` held when the spill was dispatched (a spill reads the
+pools as the rounds dispatched before it left them); landings apply in dispatch order, so a host row
+spilled twice holds the later state. Padding entries (slot 0) write slot 0's own value back.
+Programs have a fixed width (``width`` pairs a call; more pairs run in several calls), so every
+round reuses the same two compiled programs.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from radixflow_jax.cache import StateMove
+from radixflow_jax.models.batch import ModelCache
+
+__all__ = ["HostStates"]
+
+
+def _gather(cache: ModelCache, idx: jax.Array) -> tuple[tuple[jax.Array, ...], tuple[jax.Array, ...]]:
+    return tuple(c[idx] for c in cache.conv), tuple(s[idx] for s in cache.ssm)
+
+
+def _scatter(
+    cache: ModelCache, idx: jax.Array, keep: jax.Array, conv: tuple[jax.Array, ...], ssm: tuple[jax.Array, ...]
+) -> ModelCache:
+    """Writes ``conv``/``ssm`` rows into slots ``idx`` where ``keep`` (padding rows rewrite their slot)."""
+
+    def put(pool: jax.Array, vals: jax.Array) -> jax.Array:
+        mask = keep.reshape((-1,) + (1,) * (vals.ndim - 1))
+        return pool.at[idx].set(jnp.where(mask, vals.astype(pool.dtype), pool[idx]))
+
+    return cache._replace(conv=tuple(map(put, cache.conv, conv)), ssm=tuple(map(put, cache.ssm, ssm)))
+
+
+class HostStates:
+    """Host rows for ``num_host_slots`` checkpoints of the model whose pools look like ``cache``
+    (see the module docstring). ``nbytes``: the host memory the rows take once written."""
+
+    def __init__(self, cache: ModelCache, num_host_slots: int, *, width: int) -> None:
+        if num_host_slots < 1 or width < 1:
+            raise ValueError(f"num_host_slots and width must be >= 1, got {num_host_slots}, {width}")
+        # np.zeros maps pages lazily: host memory is taken as rows are written, up to nbytes
+        self.conv = [np.zeros((num_host_slots, *c.shape[1:]), c.dtype) for c in cache.conv]
+        self.ssm = [np.zeros((num_host_slots, *s.shape[1:]), s.dtype) for s in cache.ssm]
+        self.width = width
+        self._gather = jax.jit(_gather)
+        self._scatter = jax.jit(_scatter, donate_argnums=0)
+        self._landing: list[tuple[np.ndarray, int, tuple[jax.Array, ...], tuple[jax.Array, ...]]] = []
+        self.bytes_out = 0  # device -> host, spilled
+        self.bytes_in = 0  # host -> device, restored
+
+    @property
+    def nbytes(self) -> int:
+        return sum(a.nbytes for a in (*self.conv, *self.ssm))
+
+    @property
+    def slot_bytes(self) -> int:
+        """Bytes of one checkpoint (one row of every array)."""
+        return sum(a[0].nbytes for a in (*self.conv, *self.ssm))
+
+    def prime(self, cache: ModelCache) -> ModelCache:
+        """Compiles both programs (a warm-up: slot 0 onto itself)."""
+        cache = self.restore(cache, [])
+        self.spill(cache, [])
+        self._land(block=True)
+        return cache
+
+    def apply_moves(self, cache: ModelCache, moves: Sequence[StateMove], copier) -> ModelCache:
+        """Applies a plan's ``state_moves`` in order (runs of one kind batched); ``copier`` makes
+        the device copies (``runner/pagecopy.StateCopier``)."""
+        self._land(block=False)
+        for kind, run in itertools.groupby(moves, key=lambda m: m.kind):
+            pairs = [(m.src, m.dst) for m in run]
+            if kind == "copy":
+                cache = copier(cache, pairs)
+            elif kind == "spill":
+                self.spill(cache, pairs)
+            else:
+                cache = self.restore(cache, pairs)
+        return cache
+
+    def spill(self, cache: ModelCache, pairs: Sequence[tuple[int, int]]) -> None:
+        """Starts copying device slots to host rows: ``(device slot, host slot)`` pairs."""
+        for i in range(0, max(len(pairs), 1), self.width):
+            chunk = pairs[i : i + self.width]
+            idx = np.zeros(self.width, np.int32)
+            rows = np.zeros(self.width, np.int64)
+            if chunk:
+                idx[: len(chunk)], rows[: len(chunk)] = zip(*chunk)
+            conv, ssm = self._gather(cache, idx)
+            for arr in (*conv, *ssm):
+                arr.copy_to_host_async()
+            self._landing.append((rows, len(chunk), conv, ssm))
+            self.bytes_out += len(chunk) * self.slot_bytes
+
+    def restore(self, cache: ModelCache, pairs: Sequence[tuple[int, int]]) -> ModelCache:
+        """Copies host rows into device slots: ``(host slot, device slot)`` pairs."""
+        self._land(block=True)
+        for i in range(0, max(len(pairs), 1), self.width):
+            chunk = pairs[i : i + self.width]
+            rows = np.zeros(self.width, np.int64)
+            idx = np.zeros(self.width, np.int32)
+            keep = np.zeros(self.width, bool)
+            if chunk:
+                rows[: len(chunk)], idx[: len(chunk)] = zip(*chunk)
+                keep[: len(chunk)] = True
+            conv = tuple(a[rows] for a in self.conv)
+            ssm = tuple(a[rows] for a in self.ssm)
+            cache = self._scatter(cache, idx, keep, conv, ssm)
+            self.bytes_in += len(chunk) * self.slot_bytes
+        return cache
+
+    def _land(self, *, block: bool) -> None:
+        """Writes arrived spills into the host rows, oldest first (all of them when ``block``)."""
+        while self._landing:
+            rows, n, conv, ssm = self._landing[0]
+            if not block and not all(a.is_ready() for a in (*conv, *ssm)):
+                return
+            for host, arr in zip((*self.conv, *self.ssm), (*conv, *ssm)):
+                host[rows[:n]] = np.asarray(arr)[:n]
+            self._landing.pop(0)

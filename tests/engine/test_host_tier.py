@@ -1,0 +1,75 @@
+"""The host tier on the model (``cache/tiers.py``, ``runner/hoststates.py``): many conversations
+whose checkpoints need several times the device state pool. With the tier, evicted checkpoints
+are spilled to host memory and restored when their conversation returns (each restore a pending
+checkpoint its consumer waits for); every greedy output equals the cold run's (cache off), far
+fewer prompt tokens are computed than without the tier, and the whole-engine audit finds nothing
+leaked, also when requests are aborted while their restore is in flight."""
+
+from __future__ import annotations
+
+import pytest
+
+from radixflow_jax.engine.params import SamplingParams
+from radixflow_jax.llm import LLM
+from radixflow_jax.reliability.audit import assert_drained, audit_engine
+
+SESSIONS, TURNS = 8, 3
+OPTIONS = dict(max_num_seqs=4, max_num_batched_tokens=128, num_state_slots=9)  # 4 running + 4 checkpoints
+
+
+def _conversations(llm: LLM, *, aborts: bool = False) -> tuple[list[tuple[int, ...]], int, int]:
+    """Every session's turns, each resending the history with the real answer (one turn of all
+    sessions at a time, so the others push a session's checkpoints out before it returns); returns
+    the outputs, the prompt tokens computed and the restores committed."""
+    engine = llm.replicas.engines[0]
+    history = {s: tuple(range(20 + 40 * s, 20 + 40 * s + 37)) for s in range(SESSIONS)}
+    outputs, computed = [], 0
+    for turn in range(TURNS):
+        prompts = [history[s] + (300 + turn, 301 + s) for s in range(SESSIONS)]
+        params = SamplingParams(max_tokens=6, ignore_eos=True)
+        results = llm.generate(prompts, [params] * SESSIONS)
+        for s, out in enumerate(results):
+            outputs.append(tuple(out.token_ids))
+            computed += out.prompt_tokens - out.cached_tokens
+            history[s] = prompts[s] + tuple(out.token_ids)
+        audit_engine(engine)
+    cache = engine.scheduler.memory.cache
+    restored = cache.restored if cache is not None else 0
+    return outputs, computed, restored
+
+
+@pytest.mark.parametrize("model", ["tiny-qwen3.5", "tiny-bamba"])
+def test_restored_checkpoints_give_cold_outputs_and_save_prompt_tokens(model: str, tiny_model) -> None:
+    loaded = tiny_model(model)
+    cold, cold_computed, _ = _conversations(LLM(loaded, policy="no-cache", **OPTIONS))
+    without, without_computed, none = _conversations(LLM(loaded, num_host_slots=0, **OPTIONS))
+    for policy in ("native", "radixflow", "pair"):
+        llm = LLM(loaded, policy=policy, num_host_slots=64, **OPTIONS)
+        tiered, computed, restored = _conversations(llm)
+        assert tiered == cold, policy
+        assert restored > 0 and computed * 2 <= without_computed, (policy, computed, without_computed, restored)
+        assert_drained(llm.replicas.engines[0])
+    assert without == cold and none == 0 and without_computed <= cold_computed
+
+
+def test_aborts_while_restores_are_in_flight_leak_nothing(tiny_model) -> None:
+    llm = LLM(tiny_model("tiny-qwen3.5"), num_host_slots=64, **OPTIONS)
+    engine = llm.replicas.engines[0]
+    cache = engine.scheduler.memory.cache
+    history = {s: tuple(range(20 + 40 * s, 57 + 40 * s)) for s in range(SESSIONS)}
+    params = SamplingParams(max_tokens=6, ignore_eos=True)
+    for s, out in enumerate(llm.generate([history[s] for s in range(SESSIONS)], [params] * SESSIONS)):
+        history[s] += tuple(out.token_ids)
+    assert cache.demoted > 0  # eight conversations' ends, four checkpoint slots
+    for s in range(SESSIONS):
+        engine.add_request(history[s] + (300, s), params)
+    aborted = 0
+    while engine.has_unfinished():
+        engine.step()
+        restoring = set(p for p in cache.pending_producers() if p < 0)
+        if restoring:  # abort every request still waiting (the consumers of those restores among them)
+            for req in list(engine.scheduler.waiting):
+                aborted += engine.abort(req.request_id) is not None
+        audit_engine(engine)
+    assert aborted > 0 and cache.restored > 0
+    assert_drained(engine)
