@@ -135,6 +135,9 @@ class RoundRecord:
     verify_rows: int = 0  # rows carrying drafted tokens (speculative decoding, scheduler/drafts.py)
     drafted_tokens: int = 0  # drafted tokens its verify rows carried
     accepted_tokens: int = 0  # of those, the ones the greedy rule accepted (scheduler/drafts.accepted_length)
+    restores: int = 0  # host checkpoints the admission scan started restoring (cache/tiers.py)
+    spilled: int = 0  # checkpoints the round copied to the host tier (RoundPlan.state_moves)
+    restored: int = 0  # checkpoints the round copied back from the host tier
 
     @classmethod
     def of(
@@ -156,6 +159,8 @@ class RoundRecord:
             attention_pairs=attention_pairs(plan.rows),
             pairing_tokens=sum(pairing_spans(plan.rows).values()),
             verify_rows=sum(1 for r in plan.rows if r.num_draft),
+            spilled=sum(1 for m in plan.state_moves if m.kind == "spill"),
+            restored=sum(1 for m in plan.state_moves if m.kind == "restore"),
             drafted_tokens=plan.num_drafted,
             accepted_tokens=sum(
                 accepted_length(r.tokens[len(r.tokens) - r.num_draft :], result.verified[r.request_id])

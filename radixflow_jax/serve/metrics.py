@@ -48,6 +48,8 @@ _PER_ROUND = {
     "verify_rows": ("spec_verify_rows", "Speculative decoding: rows that verified drafted tokens."),
     "drafted_tokens": ("spec_draft_tokens", "Speculative decoding: drafted tokens verified."),
     "accepted_tokens": ("spec_accepted_tokens", "Speculative decoding: drafted tokens the greedy rule accepted."),
+    "spilled": ("host_spills", "Host tier: checkpoints copied from the device state pool to host memory."),
+    "restored": ("host_restores", "Host tier: checkpoints copied back from host memory (each one a hit that would have been recomputed)."),
 }
 
 

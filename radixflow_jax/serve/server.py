@@ -58,6 +58,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--page-size", type=int, default=ENGINE_SCHEDULER.page_size)
     p.add_argument("--num-kv-pages", type=int, default=None)
     p.add_argument("--num-state-slots", type=int, default=None)
+    p.add_argument("--host-cache-gb", type=float, default=None,
+                   help="host memory for checkpoints evicted from the state slots (the host tier); "
+                        "default: an eighth of the host's RAM, at most 4 GiB; 0: none")
     p.add_argument("--no-prefix-cache", action="store_true", help="the same as --policy no-cache")
     p.add_argument("--speculative", default=None, choices=("ngram",),
                    help="speculative decoding of greedy requests: ngram drafts from the request's own tokens")
@@ -177,6 +180,7 @@ def build_state(args: argparse.Namespace) -> Any:
     ec = EngineConfig.from_options(
         max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens, page_size=args.page_size,
         num_kv_pages=args.num_kv_pages, num_state_slots=args.num_state_slots, max_model_len=args.max_model_len,
+        host_cache_gb=args.host_cache_gb,
         policy="no-cache" if args.no_prefix_cache else args.policy, queue_order=args.queue_order,
         kernels=args.kernels, seed=args.seed, warmup=warmup_mode(args) == "all",
         compilation_cache_dir=args.compilation_cache_dir or None, penalty_window=args.penalty_window, max_n=args.max_n,

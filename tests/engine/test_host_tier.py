@@ -48,6 +48,8 @@ def test_restored_checkpoints_give_cold_outputs_and_save_prompt_tokens(model: st
         tiered, computed, restored = _conversations(llm)
         assert tiered == cold, policy
         assert restored > 0 and computed * 2 <= without_computed, (policy, computed, without_computed, restored)
+        records = llm.replicas.engines[0].records  # what /metrics counts (host_restores, host_spills)
+        assert sum(r.restored for r in records) == restored and sum(r.spilled for r in records) > 0
         assert_drained(llm.replicas.engines[0])
     assert without == cold and none == 0 and without_computed <= cold_computed
 
