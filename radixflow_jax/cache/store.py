@@ -242,6 +242,12 @@ class TreeStore:
         discard_member(self._pending, producer_id, node)
 
     @property
+    def has_pending(self) -> bool:
+        """Some producer or restore has pending KV or checkpoints (they commit with a round in
+        flight or about to be planned, and their checkpoints become evictable)."""
+        return bool(self._pending)
+
+    @property
     def queued_moves(self) -> tuple[StateMove, ...]:
         """The state copies queued for the next launched plan (read-only view of ``take_moves``'s)."""
         return tuple(self._moves)

@@ -2,8 +2,8 @@
 into them (``cache/tiers.py`` keeps the books; docs/design.md, "The host tier").
 
 :class:`HostStates` holds, per recurrent layer, one host array of conv states and one of SSM
-states with ``num_host_slots`` rows (host slot ``h`` is row ``h``; row 0 is never used, as in every
-pool). A round's ``state_moves`` reach it in order (``apply_moves``):
+states with ``num_host_slots + 1`` rows (host slot ``h``, 1 .. ``num_host_slots``, is row ``h``; row
+0 is never used, as in every pool). A round's ``state_moves`` reach it in order (``apply_moves``):
 
 * a *spill* gathers device slots into a fresh device array with one jitted program and starts its
   copy to the host (``copy_to_host_async``) without waiting: the device keeps running rounds while
@@ -60,9 +60,11 @@ class HostStates:
     def __init__(self, cache: ModelCache, num_host_slots: int, *, width: int) -> None:
         if num_host_slots < 1 or width < 1:
             raise ValueError(f"num_host_slots and width must be >= 1, got {num_host_slots}, {width}")
-        # np.zeros maps pages lazily: host memory is taken as rows are written, up to nbytes
-        self.conv = [np.zeros((num_host_slots, *c.shape[1:]), c.dtype) for c in cache.conv]
-        self.ssm = [np.zeros((num_host_slots, *s.shape[1:]), s.dtype) for s in cache.ssm]
+        # host slots are 1 .. num_host_slots (HostPool(num_host_slots + 1)): row h is slot h, row 0
+        # unused; np.zeros maps pages lazily, so host memory is taken as rows are written
+        rows = num_host_slots + 1
+        self.conv = [np.zeros((rows, *c.shape[1:]), c.dtype) for c in cache.conv]
+        self.ssm = [np.zeros((rows, *s.shape[1:]), s.dtype) for s in cache.ssm]
         self.width = width
         self._gather = jax.jit(_gather)
         self._scatter = jax.jit(_scatter, donate_argnums=0)

@@ -48,12 +48,12 @@ class Allocator:
             ids = self.pages.alloc(n)
         return ids
 
-    def alloc_slot(self, *, checkpoint: bool = False) -> int | None:
+    def alloc_slot(self, *, checkpoint: bool = False, band: bool = True) -> int | None:
         """A request's slot or, with ``checkpoint``, a checkpoint's (``cache/pools.SlotPool``),
         evicting committed checkpoints (``capacity // 32`` at a time) only when no slot is free.
 
         A checkpoint takes the highest free slot above the request band, and one of the band only
-        when eviction freed none above it. A request takes the band's lowest free slot; when the
+        when eviction freed none above it (never with ``band=False``: None instead). A request takes the band's lowest free slot; when the
         band holds none, a committed checkpoint there (a finished request's kept end, which stays
         in that request's slot) moves to a free slot above the band (``_move_out``), and the
         request takes the slot it left; only when neither exists, the lowest free slot anywhere.
@@ -68,7 +68,7 @@ class Allocator:
             if ids is None and cache is not None:
                 self.evicted_slots += cache.evict_states(evict)
                 ids = slots.alloc_high(1, band=False)
-            ids = ids or slots.alloc_high(1)  # nothing above the band could be freed
+            ids = ids or (slots.alloc_high(1) if band else None)  # nothing above the band could be freed
             return ids[0] if ids else None
         for attempt in range(2):
             ids = self._move_out(take=True) or slots.alloc_low(1, band=True)
@@ -206,10 +206,15 @@ class Allocator:
     def restore(self, node: Any) -> bool:
         """Starts restoring ``node``'s host checkpoint (``cache/tiers.py``) into a checkpoint slot,
         evicting (demoting) committed checkpoints for one as planting does; False when no slot
-        could be had, or the host checkpoint left while one was freed (the caller recomputes)."""
+        could be had, or the host checkpoint left while one was freed (the caller recomputes, or
+        waits while something is pending). A slot of the request band only while nothing else is
+        pending: restores waiting for their round must leave the running and admitted requests
+        their slots (else a burst of returning conversations holds every slot, nothing can be
+        admitted, and the scan's liveness flush drops them all), and a lone one commits with the
+        next round."""
         if self.cache is None:
             return False
-        slot = self.alloc_slot(checkpoint=True)
+        slot = self.alloc_slot(checkpoint=True, band=not self.cache.has_pending)
         if slot is None:
             return False
         ckpt = node.checkpoint

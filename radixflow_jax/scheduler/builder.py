@@ -94,6 +94,25 @@ class RoundBuilder:
         if wanted > 1:
             self.starved = True
 
+    def count_bubble(self, queue: Iterable[Request]) -> None:
+        """Counts what non-consumers behind a consumer stop could have brought (the bubble). Looks at
+        no more than ``4 * max_num_seqs`` requests: an estimate, bounded so planning stays cheap."""
+        tokens, rows, stats = self.budget.tokens, self.budget.rows, self.stats
+        cache = self.memory.cache
+        for seen, req in enumerate(queue):
+            if rows == 0 or tokens == 0 or seen >= 4 * self.config.max_num_seqs:
+                break
+            match = cache.match(req.tokens, touch=False, shared=False) if cache is not None else None
+            if match is not None and match.is_consumer:
+                continue
+            hit = match.hit_len if match is not None else 0
+            span = grid_span(hit, req.num_tokens - hit, tokens, self.config.grid)
+            if span:
+                stats.shadow_tokens += span
+                stats.shadow_rows += 1
+                tokens -= span
+                rows -= 1
+
     def row_of(self, request_id: int) -> RowPlan | None:
         """The first row planned this round for ``request_id``."""
         return next((r for r in self.rows if r.request_id == request_id), None)

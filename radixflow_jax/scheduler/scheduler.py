@@ -30,12 +30,12 @@ Invariants (the admission scan's; the others are stated by the collaborator that
 from __future__ import annotations
 
 import collections
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from radixflow_jax.cache import HostPool, PagePool, RadixCache, SlotPool
 from radixflow_jax.scheduler.admission import Decision, get_policy
 from radixflow_jax.scheduler.allocator import Allocator
-from radixflow_jax.scheduler.builder import RoundBuilder, grid_span
+from radixflow_jax.scheduler.builder import RoundBuilder
 from radixflow_jax.scheduler.config import SchedulerConfig
 from radixflow_jax.scheduler.drafts import accepted_length, next_draft_len, verified_tokens
 from radixflow_jax.scheduler.overlap import LaunchedRounds
@@ -183,7 +183,7 @@ class Scheduler:
                 continue
             elif decision is Decision.STOP_ROUND:
                 if stats.stopped_by_consumer:
-                    self._count_bubble(queue[i + 1 :], round_)
+                    round_.count_bubble(queue[i + 1 :])
                 break
             else:
                 stats.stopped_by_memory = True
@@ -200,9 +200,14 @@ class Scheduler:
         if ride is not None:
             return ride
         match = cache.match(req.tokens, shared=False) if cache is not None else None
-        if match is not None and match.host_node is not None and memory.restore(match.host_node):
-            round_.stats.restores += 1  # its hit is in the host tier: a consumer of the restore now
-            match = cache.match(req.tokens, shared=False)
+        if match is not None and match.host_node is not None:
+            if memory.restore(match.host_node):
+                round_.stats.restores += 1  # its hit is in the host tier: a consumer of the restore now
+                match = cache.match(req.tokens, shared=False)
+            elif cache.has_pending:  # no checkpoint slot now: one can be had once the pending ones commit
+                decision = self._wait(req, round_)
+                if decision is not None:
+                    return decision
         # attention-only models see pending KV only from rounds in flight (overlap, see overlap.py)
         if match is not None and match.is_consumer:
             decision = self._consumer(req, match, round_)
@@ -235,6 +240,12 @@ class Scheduler:
             decision = self._pairing.pair(req, match, self.requests.get(match.producer_id), round_)
             if decision is not None:
                 return decision
+        return self._wait(req, round_)
+
+    def _wait(self, req: Request, round_: RoundBuilder) -> Decision | None:
+        """``req`` waits for state another round is producing or restoring, as the policy says
+        (``native`` stops the scan, ``radixflow`` and ``pair`` skip it); ``None`` once it waited
+        ``max_consumer_wait`` rounds (it is then admitted like any other request)."""
         if req.consumer_waits >= self.config.max_consumer_wait:
             return None
         req.count_consumer_wait()
@@ -244,25 +255,6 @@ class Scheduler:
         else:
             round_.stats.consumers_waiting += 1
         return self.policy.consumer
-
-    def _count_bubble(self, queue: Iterable[Request], round_: RoundBuilder) -> None:
-        """Counts what non-consumers behind a consumer stop could have brought (the bubble). Looks at
-        no more than ``4 * max_num_seqs`` requests: an estimate, bounded so planning stays cheap."""
-        tokens, rows, stats = round_.budget.tokens, round_.budget.rows, round_.stats
-        cache = self.memory.cache
-        for seen, req in enumerate(queue):
-            if rows == 0 or tokens == 0 or seen >= 4 * self.config.max_num_seqs:
-                break
-            match = cache.match(req.tokens, touch=False, shared=False) if cache is not None else None
-            if match is not None and match.is_consumer:
-                continue
-            hit = match.hit_len if match is not None else 0
-            span = grid_span(hit, req.num_tokens - hit, tokens, self.config.grid)
-            if span:
-                stats.shadow_tokens += span
-                stats.shadow_rows += 1
-                tokens -= span
-                rows -= 1
 
     # ----------------------------------------------------------------- overlap
     def launch(self, plan: RoundPlan) -> None:

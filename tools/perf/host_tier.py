@@ -23,7 +23,8 @@ from radixflow_jax.models.api import load
 
 
 def conversations(llm: LLM, sessions: int, turns: int) -> tuple[list[tuple[int, ...]], int, float]:
-    history = {s: tuple(range(20 + 40 * s, 57 + 40 * s)) for s in range(sessions)}
+    # each session's first token tells it apart; ids stay inside a tiny preset's 512-token vocabulary
+    history = {s: (3 + s,) + tuple((7 * s + 13 * i) % 480 + 20 for i in range(36)) for s in range(sessions)}
     params = SamplingParams(max_tokens=8, ignore_eos=True)
     outputs, computed = [], 0
     start = time.perf_counter()
@@ -47,7 +48,11 @@ def main() -> None:
     args = p.parse_args()
     model = load(args.model)
     seqs = 4
-    options = dict(max_num_seqs=seqs, max_num_batched_tokens=128, num_state_slots=1 + seqs + args.slots)
+    # KV pages for every conversation (the host tier holds states only: a node whose pages are
+    # evicted loses its checkpoint wherever it is), state slots for a few of them
+    pages = 1 + 2 * args.sessions * (40 + args.turns * 12) // 16 + 64
+    options = dict(max_num_seqs=seqs, max_num_batched_tokens=128, num_state_slots=1 + seqs + args.slots,
+                   num_kv_pages=pages, max_model_len=512)  # fmt: skip
     engines = {
         "cold": dict(policy="no-cache"),
         "no tier": dict(policy=args.policy, num_host_slots=0),
