@@ -71,6 +71,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-num-batched-tokens", type=int, default=None)
     p.add_argument("--max-tokens", type=int, default=None, help="override the workload's output length")
     p.add_argument("--turns", type=int, default=None, help="multiturn, agentic: turns per conversation (4, 5)")
+    p.add_argument("--think-time", type=float, default=0.0,
+                   help="multiturn, agentic: mean seconds from an answer to the next turn (exponential, seeded)")
+    p.add_argument("--num-state-slots", type=int, default=None,
+                   help="the device's recurrent-state slots (default: sized from memory)")
+    p.add_argument("--host-cache-gb", type=float, default=None,
+                   help="host tier for evicted checkpoints, GiB (default: model executor an eighth of RAM, "
+                        "at most 4; sim none; 0: off)")
     p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
     p.add_argument("--json", dest="json_out", default=None)
     p.add_argument("--plot", default=None, help="PNG path: slot occupancy per round and latency CDFs")
@@ -99,6 +106,7 @@ def _requests(args: argparse.Namespace, executor: str, encode: Any, rate: float 
         max_tokens=args.max_tokens,
         session_window=args.session_window,
         turns=args.turns,
+        think_time=args.think_time,
     )
     return generate(spec, encode)
 
@@ -235,6 +243,8 @@ def _checked(args: argparse.Namespace) -> tuple[tuple[str, ...], str, list[float
         raise ValueError(f"--repeats must be >= 1, got {args.repeats}")
     if args.warmup_runs < 0:
         raise ValueError(f"--warmup-runs must be >= 0, got {args.warmup_runs}")
+    if args.think_time < 0:
+        raise ValueError(f"--think-time must be >= 0, got {args.think_time}")
     if args.session_window < 0:
         raise ValueError(f"--session-window must be >= 0, got {args.session_window}")
     if args.round_overhead_ms is not None and args.round_overhead_ms < 0:
@@ -267,6 +277,7 @@ def _bench_config(args: argparse.Namespace, executor: str, policies: tuple[str, 
     engine = EngineConfig.from_options(
         max_num_seqs=seqs, max_num_batched_tokens=tokens, seed=args.seed, compilation_cache_dir=cache_dir,
         bucket_mode=args.buckets, mixed_layout=args.mixed_layout, speculative=args.speculative,
+        num_state_slots=args.num_state_slots, host_cache_gb=args.host_cache_gb,
     )
     overhead = args.round_overhead_ms / 1e3 if args.round_overhead_ms is not None else None
     acceptance = tuple(float(a) for a in args.spec_acceptance.split(",")) if args.spec_acceptance else ()
@@ -284,6 +295,9 @@ def _run_config(args: argparse.Namespace, executor: str, cfg: BenchConfig, seqs:
         "workload": args.workload,
         "arrival": args.arrival,
         "session_window": args.session_window,
+        "think_time": args.think_time,
+        "num_state_slots": args.num_state_slots,
+        "host_cache_gb": args.host_cache_gb,
         "seed": args.seed,
         "max_num_seqs": seqs,
         "max_num_batched_tokens": tokens,
@@ -304,6 +318,8 @@ def _run_config(args: argparse.Namespace, executor: str, cfg: BenchConfig, seqs:
             overhead_source=dev.overhead_source if overhead is None else "--round-overhead-ms",
             mfu=dev.mfu,
             mbu=dev.mbu,
+            host_link_bytes_s=dev.host_link_bandwidth,
+            host_link_latency_s=dev.host_link_latency_s,
         )
     return config
 

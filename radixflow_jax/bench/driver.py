@@ -2,7 +2,7 @@
 
 One driver serves both executors: with the model executor time is the wall clock (idle gaps are
 slept), with the simulated executor it is the virtual clock (idle gaps are skipped). Multi-turn
-conversations submit turn k+1 when turn k finished, with the real answer appended.
+conversations submit turn k+1 when turn k finished (``think_s`` later), with the real answer appended.
 """
 
 from __future__ import annotations
@@ -60,6 +60,8 @@ class RunResult:
     consumers_paired: int = 0  # consumers run in their producer's round (policy pair)
     drafted_tokens: int = 0  # speculative decoding: drafted tokens verified, and those accepted
     accepted_tokens: int = 0
+    host_spills: int = 0  # checkpoints copied to the host tier, and back (cache/tiers.py)
+    host_restores: int = 0
     # model executor: step programs compiled during the run (the model's store grew by these), and the
     # seconds the engine's clock stood still for first-use compiles and primes (not in the latencies)
     compiles: int = 0
@@ -101,12 +103,12 @@ def drive(
         while pending and pending[0].arrival_s <= now:
             r = pending.popleft()
             prompt = history.get(r.group, ()) + r.prompt
-            submit(r, prompt, t0 + max(r.arrival_s, 0.0) if r.turn == 0 else clock())
+            submit(r, prompt, t0 + max(r.arrival_s, 0.0))
         if not engine.has_unfinished():
             if pending:  # idle until the head arrives, then submit it: a clock of floats may read
                 r = pending.popleft()  # a hair before its arrival after the wait (then spin for ever)
                 wait(max(r.arrival_s - (clock() - t0), 0.0))
-                submit(r, history.get(r.group, ()) + r.prompt, t0 + max(r.arrival_s, 0.0) if r.turn == 0 else clock())
+                submit(r, history.get(r.group, ()) + r.prompt, t0 + max(r.arrival_s, 0.0))
             continue
         for out in engine.step():
             if not out.finished:
@@ -118,8 +120,10 @@ def drive(
             if follow[r.group]:
                 history[r.group] = tuple(out.prompt_token_ids) + tuple(out.token_ids)
                 nxt = follow[r.group].popleft()
-                pending.appendleft(dataclasses.replace(nxt, arrival_s=clock() - t0))
-                order[id(pending[0])] = order[id(nxt)]
+                due = dataclasses.replace(nxt, arrival_s=clock() - t0 + nxt.think_s)
+                order[id(due)] = order[id(nxt)]
+                at = next((i for i, p in enumerate(pending) if p.arrival_s > due.arrival_s), len(pending))
+                pending.insert(at, due)
     return [outputs[i] for i in sorted(outputs)]
 
 
@@ -161,5 +165,7 @@ def summarize(policy: str, engine: EngineCore, outputs: list[RequestOutput], num
         consumers_paired=sum(r.consumers_paired for r in recs),
         drafted_tokens=sum(r.drafted_tokens for r in recs),
         accepted_tokens=sum(r.accepted_tokens for r in recs),
+        host_spills=sum(r.spilled for r in recs),
+        host_restores=sum(r.restored for r in recs),
         latencies=tuple(float(x) for x in lat),
     )

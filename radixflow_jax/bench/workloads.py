@@ -11,7 +11,10 @@ Statistics follow docs/design.md, "Workloads and model sizes":
     turn a tool result (``question_len``, default 96) after the model's real answer
     (``max_tokens``, default 24); tokenised by the model's tokenizer when ``generate`` gets one.
 In both conversational workloads turn k is stored without the history: the driver sends it after
-turn k-1 finished, with turn k-1's prompt and its real answer in front (``turns`` per conversation).
+turn k-1 finished, with turn k-1's prompt and its real answer in front (``turns`` per conversation),
+``think_s`` seconds later (``think_time``: a mean, exponential draws, seeded; 0 by default). With
+many conversations and a think time, the others push a conversation's state out of the device pool
+before it returns (the host tier's case, ``cache/tiers.py``).
 Arrivals: ``burst`` (each article's questions together, articles spaced by ``1 / rate``), ``all``
 (everything at t=0), ``poisson`` (requests shuffled, exponential gaps at ``rate`` requests/s),
 ``sessions`` (articles or conversations arrive as a Poisson process at ``rate`` per second; an
@@ -41,6 +44,7 @@ class BenchRequest:
     arrival_s: float = 0.0
     group: int = 0  # article / conversation id
     turn: int = 0  # multiturn: the turn index (turn k+1 depends on turn k's answer)
+    think_s: float = 0.0  # conversations: seconds from turn k-1's answer to this turn's arrival
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,6 +60,7 @@ class WorkloadSpec:
     question_len: int | None = None
     max_tokens: int | None = None
     turns: int | None = None  # conversational workloads: turns per conversation (multiturn 4, agentic 5)
+    think_time: float = 0.0  # conversational workloads: mean seconds between an answer and the next turn
 
     def __post_init__(self) -> None:
         if self.name not in WORKLOADS:
@@ -68,6 +73,8 @@ class WorkloadSpec:
             raise ValueError(f"rate must be > 0, got {self.rate}")
         if not self.session_window >= 0:
             raise ValueError(f"session_window must be >= 0, got {self.session_window}")
+        if not self.think_time >= 0:
+            raise ValueError(f"think_time must be >= 0, got {self.think_time}")
         if self.turns is not None and self.turns < 1:
             raise ValueError(f"turns must be >= 1, got {self.turns}")
 
@@ -184,4 +191,7 @@ def generate(spec: WorkloadSpec, encode: Encode | None = None) -> list[BenchRequ
     else:
         reqs = _multiturn(spec, rng)
     reqs = _arrivals(spec, reqs, rng)
+    if spec.think_time and spec.name in CONVERSATIONS:  # drawn after the rest: same requests otherwise
+        think = np.random.default_rng([spec.seed, 1]).exponential(spec.think_time, len(reqs))
+        reqs = [dataclasses.replace(r, think_s=float(t)) if r.turn else r for r, t in zip(reqs, think)]
     return sorted(reqs, key=lambda r: r.arrival_s)

@@ -6,9 +6,10 @@ pools free xor owned, no negative refcount):
   * exact ownership: every page's refcount equals the tree's references plus the running requests
     that allocated it; every slot's equals the tree's plus the running request that runs in it
     or holds it as its spare (speculative decoding);
-  * every lock on a node belongs to a running request's hit (or a test's pin), and every such hit
-    is locked;
-  * a waiting or finished request holds no page, slot or lock, and has no pending checkpoint;
+  * every lock on a node belongs to a running request's hit, a waiting request's restore
+    (``Request.restore_node``) or a test's pin, and every such hit and restore is locked;
+  * a waiting or finished request holds no page, slot or lock (but its restore's), and has no
+    pending checkpoint;
     only running requests are producers (overlap: a finished request waiting for the commit fence
     of a round in flight still holds what it held, until that fence);
   * every pending restore from the host tier (``cache/tiers.py``) is queued for the next plan or
@@ -61,9 +62,15 @@ def audit_engine(core: EngineCore, pinned: Iterable[Node] = ()) -> None:
             locks[id(req.hit_node)] -= 1
         if not 0 <= req.num_computed <= req.num_tokens:
             raise InvariantError(f"request {req.request_id} computed {req.num_computed} of {req.num_tokens} tokens")
+        if req.restore_node is not None:
+            raise InvariantError(f"request {req.request_id} runs but still holds a restore")
     for req in sched.waiting:
         if req.pages or req.own_pages or req.slot is not None or req.spare_slot is not None or req.hit_node is not None:
             raise InvariantError(f"waiting request {req.request_id} holds pages, a slot or a lock")
+        if req.restore_node is not None:  # the node it had restored, locked until it is seated
+            if not req.restore_node.attached:
+                raise InvariantError(f"waiting request {req.request_id} holds a restore on a node that left the tree")
+            locks[id(req.restore_node)] -= 1
     if +locks or -locks:
         raise InvariantError(f"node locks do not match the running requests' hits: {dict(locks)}")
     pools = [(mem.pages, page_refs, "page")] + ([(mem.slots, slot_refs, "slot")] if mem.slots is not None else [])

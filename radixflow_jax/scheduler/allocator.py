@@ -17,7 +17,7 @@ Invariants:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from radixflow_jax.cache import CacheConfig, PagePool, RadixCache, SlotPool, StateMove
@@ -136,6 +136,7 @@ class Allocator:
             self.release(req, keep_prefix=False)
             return False
         req.num_computed = req.cached_tokens = computed
+        self.drop_restore(req)
         return True
 
     def ensure_spare(self, req: Request) -> bool:
@@ -195,6 +196,7 @@ class Allocator:
                                     generated=req.state_depth > len(req.prompt))  # fmt: skip
             if req.hit_node is not None:
                 self.cache.unlock(req.hit_node)
+            self.drop_restore(req)
         self.pages.release(req.own_pages)
         if req.slot is not None and self.slots is not None:
             self.slots.decref(req.slot)
@@ -223,6 +225,20 @@ class Allocator:
         self.slots.decref(slot)  # the tree holds the only reference now (or none: nothing to restore)
         return ckpt is not None and ckpt.restoring
 
+    def hold_restore(self, req: Request, node: Any) -> None:
+        """Waiting ``req`` had ``node``'s host checkpoint restored: a lock keeps the restored state
+        from eviction (a later restore would demote it again before ``req`` read it) until ``req``
+        is seated or released (one hold per request; the audit counts it)."""
+        self.drop_restore(req)
+        self.cache.lock(node)
+        req.restore_node = node
+
+    def drop_restore(self, req: Request) -> None:
+        """Undoes :meth:`hold_restore` (nothing without a hold)."""
+        if req.restore_node is not None:
+            self.cache.unlock(req.restore_node)
+            req.restore_node = None
+
     @property
     def restores_queued(self) -> bool:
         """A restore waits for a plan to carry it (``RadixCache.restores_queued``)."""
@@ -233,7 +249,10 @@ class Allocator:
         plan being built (``RoundPlan.state_moves``, ``RoundPlan.restores``)."""
         return self.cache.take_moves() if self.cache is not None else ((), ())
 
-    def flush(self) -> None:
-        """Empties the cache (``RadixCache.flush``: queued state moves and restores go with it)."""
+    def flush(self, waiting: Iterable[Request] = ()) -> None:
+        """Empties the cache (``RadixCache.flush``: queued state moves and restores go with it),
+        first dropping the ``waiting`` requests' restore holds."""
         if self.cache is not None:
+            for req in waiting:
+                self.drop_restore(req)
             self.cache.flush()

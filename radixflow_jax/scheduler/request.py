@@ -56,6 +56,7 @@ class Request:
     num_computed: int = 0
     cached_tokens: int = 0
     hit_node: Any = None
+    restore_node: Any = None  # waiting: the node it had restored, locked until it is seated (Allocator.hold_restore)
     consumer_waits: int = 0
     twin_waits: int = 0  # rounds it waited to ride a twin that computed nothing (scheduler/riders.py)
     num_preemptions: int = 0

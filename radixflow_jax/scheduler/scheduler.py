@@ -188,7 +188,7 @@ class Scheduler:
             else:
                 stats.stopped_by_memory = True
                 if not round_.rows and not self.running:
-                    self.memory.flush()  # nothing runs and the head cannot get memory: admit it next round
+                    self.memory.flush(self.waiting)  # nothing runs, the head gets no memory: admit it next
                 break
         return admitted
 
@@ -203,11 +203,10 @@ class Scheduler:
         if match is not None and match.host_node is not None:
             if memory.restore(match.host_node):
                 round_.stats.restores += 1  # its hit is in the host tier: a consumer of the restore now
+                memory.hold_restore(req, match.host_node)
                 match = cache.match(req.tokens, shared=False)
             elif cache.has_pending:  # no checkpoint slot now: one can be had once the pending ones commit
-                decision = self._wait(req, round_)
-                if decision is not None:
-                    return decision
+                return self._hold(round_)
         # attention-only models see pending KV only from rounds in flight (overlap, see overlap.py)
         if match is not None and match.is_consumer:
             decision = self._consumer(req, match, round_)
@@ -243,12 +242,18 @@ class Scheduler:
         return self._wait(req, round_)
 
     def _wait(self, req: Request, round_: RoundBuilder) -> Decision | None:
-        """``req`` waits for state another round is producing or restoring, as the policy says
-        (``native`` stops the scan, ``radixflow`` and ``pair`` skip it); ``None`` once it waited
-        ``max_consumer_wait`` rounds (it is then admitted like any other request)."""
+        """``req`` waits for state another round is producing or restoring (:meth:`_hold`); ``None``
+        once it waited ``max_consumer_wait`` rounds (it is then admitted like any other request)."""
         if req.consumer_waits >= self.config.max_consumer_wait:
             return None
         req.count_consumer_wait()
+        return self._hold(round_)
+
+    def _hold(self, round_: RoundBuilder) -> Decision:
+        """A request waits as the policy says (``native`` stops the scan, ``radixflow`` and ``pair``
+        skip it). Unbounded when it waits for a slot to restore into, in queue order: that wait
+        ends (something pending commits and frees one), and a bound would make a burst of
+        returning conversations wait it out and recompute every history."""
         if self.policy.consumer is Decision.STOP_ROUND:
             round_.stats.consumers_blocked += 1
             round_.stats.stopped_by_consumer = True

@@ -13,6 +13,7 @@ from radixflow_jax.engine.core import EngineCore
 from radixflow_jax.engine.roundcost import LinearRoundCost
 from radixflow_jax.engine.spec import EngineSpec
 from radixflow_jax.sim.executor import RooflineCost, SimExecutor, VirtualClock
+from radixflow_jax.sim.hostlink import HostLink, HostLinkTimeline
 from radixflow_jax.sim.specs import DeviceSpec, ModelSpec
 
 
@@ -25,7 +26,8 @@ def build_sim_engine(
     round time from :class:`RooflineCost` (``overhead_s`` overrides the device spec's per-round
     cost), with seeded relative ``noise`` (``SimExecutor``; seed ``ec.seed``); ``acceptance``: per
     drafted position, the probability a drafted token is accepted (speculative decoding, which
-    needs it)."""
+    needs it). A host tier only when ``ec`` asks for one (:func:`sim_host_slots`), its copies over
+    the device's host link (``sim/hostlink.py``)."""
     sc = ec.scheduler
     if sc.speculative is not None and not acceptance:
         raise ValueError("a simulated engine with speculative decoding needs the drafts' acceptance per position")
@@ -34,21 +36,46 @@ def build_sim_engine(
         pages = ec.num_kv_pages
     if ec.num_state_slots is not None:
         slots = ec.num_state_slots
+    num_host = sim_host_slots(spec, device, ec)
     engine_spec = EngineSpec(
         config=ec,
         hybrid=spec.is_hybrid,
         chunk_sizes=tuple(spec.chunk_sizes),
         num_pages=pages,
         num_slots=slots,
+        num_host_slots=num_host,
         max_model_len=ec.max_model_len or 32768,
     )
     clock = VirtualClock()
     cost = RooflineCost(spec, device, overhead_s=overhead_s)
-    return assemble_engine(
-        engine_spec,
-        lambda shapes: SimExecutor(cost, clock, shapes, noise=noise, seed=ec.seed, acceptance=acceptance),
-        clock=clock,
-    )
+    link = HostLink(device.host_link_bandwidth, device.host_link_latency_s, spec.state_bytes) if num_host else None
+
+    def executor(shapes: Any) -> SimExecutor:
+        host = HostLinkTimeline(link) if link is not None else None
+        return SimExecutor(cost, clock, shapes, noise=noise, seed=ec.seed, acceptance=acceptance, host=host)
+
+    return assemble_engine(engine_spec, executor, clock=clock)
+
+
+def sim_host_slots(spec: ModelSpec, device: DeviceSpec, ec: EngineConfig) -> int:
+    """The simulated host tier's checkpoints: ``ec.num_host_slots``, else ``ec.host_cache_gb`` GiB of
+    ``spec``'s checkpoints; none by default (a simulated host has no RAM to take an eighth of) and
+    always none for a model without recurrent layers. ``ValueError`` for a tier on a device whose
+    host link is not published (``sim/specs.py``)."""
+    if not spec.is_hybrid:
+        return 0
+    if ec.num_host_slots is not None:
+        n = ec.num_host_slots
+    else:
+        gb = ec.host_cache_gb or 0.0
+        if gb < 0:
+            raise ValueError(f"host_cache_gb must be >= 0, got {gb}")
+        n = int(gb * 2**30 // spec.state_bytes)
+    if n < 0:
+        raise ValueError(f"num_host_slots must be >= 0, got {n}")
+    if n and device.host_link_bandwidth is None:
+        raise ValueError(f"host_cache_gb: device {device.name!r} has no published host link to simulate a host tier on")
+    return n
 
 
 def calibrate(engine: EngineCore) -> LinearRoundCost:
@@ -59,7 +86,14 @@ def calibrate(engine: EngineCore) -> LinearRoundCost:
 def mirror_sim_engine(engine: EngineCore, cost: Any) -> EngineCore:
     """A simulated engine built from ``engine``'s spec (same configuration, pools, step shapes and
     overlap mode, so the same decisions), with ``cost`` as its round time; without the model's
-    tokenizer and EOS ids (simulated samples are a fixed id)."""
+    tokenizer and EOS ids (simulated samples are a fixed id). Its host tier's copies cost nothing
+    beyond ``cost``: a line fitted to measured rounds holds their restores already."""
     clock = VirtualClock()
     spec = dataclasses.replace(engine.spec, eos_token_ids=(), tokenizer=None, vocab_size=None)
-    return assemble_engine(spec, lambda shapes: SimExecutor(cost, clock, shapes, overlap=engine.overlap), clock=clock)
+    free = HostLink(bandwidth=float("inf"), latency_s=0.0, state_bytes=1) if spec.num_host_slots else None
+
+    def executor(shapes: Any) -> SimExecutor:
+        host = HostLinkTimeline(free) if free is not None else None
+        return SimExecutor(cost, clock, shapes, overlap=engine.overlap, host=host)
+
+    return assemble_engine(spec, executor, clock=clock)

@@ -20,6 +20,11 @@ to the rounds this executor reports (``engine/roundcost.py``), as on the model e
 measured executor's. Sampled tokens are a fixed id, so simulated requests end by ``max_tokens``
 (run with ``ignore_eos``).
 
+The host tier's copies (``RoundPlan.state_moves``: spills and restores) cost what the device's host
+link charges (``sim/hostlink.py``): spills overlap later rounds, a restore holds its round's step
+back; a plan of restores only is their transfer time. An executor built without a link refuses
+them, as the model executor without a host tier does.
+
 Speculative decoding (``acceptance``, per drafted position): a verify row costs its tokens like
 any row (every slot pays the dense work, the LM head included), and each drafted token is accepted
 with the probability of its position given every earlier one was (seeded draws); a rejected
@@ -36,6 +41,7 @@ import random
 from typing import Mapping, Protocol
 
 from radixflow_jax.engine.protocol import DeferredRound, ExecutorCapabilities, StepResult
+from radixflow_jax.sim.hostlink import HostLinkTimeline
 from radixflow_jax.sim.pairing_cost import pairing_pass_s
 from radixflow_jax.sim.specs import DeviceSpec, ModelSpec
 from radixflow_jax.runner.inputs import SamplingRow
@@ -95,7 +101,8 @@ class RooflineCost:
 class SimExecutor:
     """Advances ``clock`` by the cost model's round time (times ``exp(N(0, noise))`` when ``noise``
     is set, from a generator seeded with ``seed``); pads like the model executor would: to the
-    runner's ``ShapeConfig`` variants (``shapes``), or not at all (None). Capabilities: overlap
+    runner's ``ShapeConfig`` variants (``shapes``), or not at all (None); charges the host tier's
+    copies on ``host`` (None: a plan that spills or restores is refused). Capabilities: overlap
     when built with ``overlap``; no logprobs, no penalties, no round cost (see the module doc)."""
 
     def __init__(
@@ -109,12 +116,14 @@ class SimExecutor:
         noise: float = 0.0,
         seed: int = 0,
         acceptance: tuple[float, ...] = (),
+        host: HostLinkTimeline | None = None,
     ):
         if noise < 0:
             raise ValueError(f"noise must be >= 0, got {noise}")
         if not all(0 <= a <= 1 for a in acceptance):
             raise ValueError(f"acceptance probabilities must lie in [0, 1], got {acceptance}")
         self.acceptance = tuple(acceptance)
+        self.host = host
         self.cost = cost
         self.clock = clock
         self.shapes = shapes
@@ -145,13 +154,22 @@ class SimExecutor:
         return seconds, token_slots, row_slots
 
     def execute(self, plan: RoundPlan, sampling: Mapping[int, SamplingRow]) -> StepResult:
-        seconds, token_slots, row_slots = self._time(plan)
+        delay = self._host_delay(plan)
+        seconds, token_slots, row_slots = self._time(plan) if plan.rows else (0.0, 0, 0)
+        seconds += delay
         self.clock.advance(seconds)
         sampled = {row.request_id: self.token for row in plan.rows if row.sample}
         verified = {row.request_id: self._verify(row.tokens[-row.num_draft :]) for row in plan.rows if row.num_draft}
         return StepResult(
             sampled=sampled, token_slots=token_slots, row_slots=row_slots, build_s=0.0, step_s=seconds, verified=verified
         )
+
+    def _host_delay(self, plan: RoundPlan) -> float:
+        if not any(m.kind != "copy" for m in plan.state_moves):
+            return 0.0
+        if self.host is None:
+            raise ValueError("a plan spills or restores states, but this simulated executor has no host link")
+        return self.host.round_delay(plan.state_moves, self.clock.now)
 
     def _verify(self, draft: tuple[int, ...]) -> tuple[int, ...]:
         """The simulated greedy tokens after a draft's positions: each drafted token with the

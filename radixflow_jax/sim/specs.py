@@ -163,6 +163,14 @@ MODEL_SPECS: dict[str, ModelSpec] = {
 #    Both enter only rounds with paired consumers.
 #  * SM_COUNT: H200 has 132 SMs (NVIDIA H100/H200 SXM datasheet); a GPU program (one row, head and
 #    column block of the chunked scan) runs on one SM, so a serial chunk chain runs at 1/132 of peak.
+#  * The host link (the host tier's spills and restores, sim/hostlink.py): H200 connects to its host
+#    over PCIe Gen5 x16, 128 GB/s counting both directions (NVIDIA H200 datasheet), so 64 GB/s per
+#    direction, the nominal peak (pinned-memory copies reach less; no measurement of this project
+#    yet). HOST_LINK_LATENCY_S, the fixed cost of one copy, is an assumption of the order of a
+#    CUDA copy launch. No TPU generation publishes its host link (the v5e / v6e pages list HBM, ICI
+#    and the hosts' NICs only): their specs have none, and a simulated host tier on them is refused.
+HOST_LINK_LATENCY_S = 10e-6
+PCIE5_X16_BYTES_S = 64e9
 KERNEL_LAUNCH_S = 2.5e-6
 GRID_STEP_S = 0.35e-6
 ROUND_OVERHEAD_GRAPH_S = 1.0e-3
@@ -176,7 +184,8 @@ class DeviceSpec:
     ``overhead_source`` saying where it comes from; ``mfu`` / ``mbu``: achieved fractions of peak
     FLOP/s and HBM bandwidth; ``backend``: which lowering of the Pallas scans runs (``"gpu"``: a
     pre-pass over producers for paired rounds; ``"tpu"``: a second full scan), with
-    ``kernel_launch_s``, ``grid_step_s`` and ``sm_count`` (see the notes above
+    ``kernel_launch_s``, ``grid_step_s`` and ``sm_count``; ``host_link_bandwidth`` (bytes/s per
+    direction, None: not published) and ``host_link_latency_s`` (see the notes above
     ``ROUND_OVERHEAD_GRAPH_S``)."""
 
     name: str
@@ -191,13 +200,18 @@ class DeviceSpec:
     sm_count: int = 132
     kernel_launch_s: float = KERNEL_LAUNCH_S
     grid_step_s: float = GRID_STEP_S
+    host_link_bandwidth: float | None = None
+    host_link_latency_s: float = HOST_LINK_LATENCY_S
 
 
 DEVICE_SPECS: dict[str, DeviceSpec] = {
-    "h200": DeviceSpec(name="h200", peak_flops=989e12, hbm_bandwidth=4.8e12, memory_bytes=141e9),
+    "h200": DeviceSpec(
+        name="h200", peak_flops=989e12, hbm_bandwidth=4.8e12, memory_bytes=141e9, host_link_bandwidth=PCIE5_X16_BYTES_S
+    ),
     # two H200 with tensor parallelism, communication not modelled (for models that need 2 GPUs)
     "h200x2": DeviceSpec(
-        name="h200x2", peak_flops=2 * 989e12, hbm_bandwidth=2 * 4.8e12, memory_bytes=2 * 141e9, sm_count=2 * 132
+        name="h200x2", peak_flops=2 * 989e12, hbm_bandwidth=2 * 4.8e12, memory_bytes=2 * 141e9, sm_count=2 * 132,
+        host_link_bandwidth=2 * PCIE5_X16_BYTES_S,  # a link per GPU, each holding half of every state
     ),
     "tpu-v5e": DeviceSpec(
         name="tpu-v5e", peak_flops=197e12, hbm_bandwidth=0.819e12, memory_bytes=16e9, backend="tpu", sm_count=1

@@ -106,7 +106,7 @@ def test_stale_state_after_a_failed_step_is_caught_without_the_flush(monkeypatch
     h = Harness(engine("radixflow", faults=(Fault(6, "donated"),)))
     mem = h.core.scheduler.memory
     monkeypatch.setattr(h.core.executor, "reset", lambda: None)  # the pools are not rebuilt...
-    monkeypatch.setattr(mem, "flush", lambda: None)  # ...and the cache is not flushed
+    monkeypatch.setattr(mem, "flush", lambda waiting=(): None)  # ...and the cache is not flushed
     monkeypatch.setattr(h.core.scheduler, "requeue_running", lambda: [])  # ...and nothing recomputes
     for i, p in enumerate(_shared_prefix(13, 6)):
         h.submit(p, GREEDY, at_round=i)

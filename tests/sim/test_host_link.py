@@ -1,0 +1,68 @@
+"""The host tier on the simulator (``sim/hostlink.py``, ``sim/engines.sim_host_slots``): spills travel
+while later rounds run, a restore waits for the spills booked before it and holds its round back
+by its own transfer; conversations that return after think times restore their checkpoints and
+reuse far more than without the tier, under every policy, with no bubble under radixflow and pair;
+a device without a published host link refuses a tier."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from radixflow_jax.bench.run import BenchConfig, sim_runner
+from radixflow_jax.bench.workloads import WorkloadSpec, generate
+from radixflow_jax.cache import StateMove
+from radixflow_jax.engine.config import EngineConfig
+from radixflow_jax.sim.engines import build_sim_engine, sim_host_slots
+from radixflow_jax.sim.hostlink import HostLink, HostLinkTimeline
+from radixflow_jax.sim.specs import DEVICE_SPECS, MODEL_SPECS
+
+LINK = HostLink(bandwidth=1e9, latency_s=1e-3, state_bytes=10**6)  # 2 ms a checkpoint with its latency
+
+
+def test_spills_overlap_and_restores_wait_for_them() -> None:
+    line = HostLinkTimeline(LINK)
+    spill, restore = StateMove("spill", 5, 1), StateMove("restore", 1, 6)
+    assert line.round_delay([spill, spill], now=0.0) == 0.0  # spills hold nothing back
+    assert line.spills_done_at == pytest.approx(3e-3)
+    # a restore at 1 ms waits for the spills (until 3 ms), then takes 2 ms: its round starts at 5 ms
+    assert line.round_delay([restore], now=1e-3) == pytest.approx(4e-3)
+    assert line.round_delay([restore, restore], now=10e-3) == pytest.approx(3e-3)  # one transfer of two
+    assert line.round_delay([StateMove("copy", 5, 7)], now=20e-3) == 0.0
+    assert (line.bytes_out, line.bytes_in) == (2 * 10**6, 3 * 10**6)
+    with pytest.raises(ValueError, match="bandwidth"):
+        HostLink(bandwidth=0.0, latency_s=0.0, state_bytes=1)
+
+
+def _returning(host_gb: float, policies: tuple[str, ...]) -> dict:
+    requests = generate(WorkloadSpec("multiturn", 96, seed=2, turns=3, arrival="all", think_time=0.5, article_len=1500))
+    ec = EngineConfig.from_options(
+        max_num_seqs=8, max_num_batched_tokens=2048, num_state_slots=1 + 8 + 3, host_cache_gb=host_gb
+    )
+    run = sim_runner(MODEL_SPECS["qwen3.5-9b"], DEVICE_SPECS["h200"], requests, BenchConfig(policies, ec))
+    return {p: run(p)[0] for p in policies}
+
+
+def test_returning_conversations_restore_their_checkpoints() -> None:
+    policies = ("native", "radixflow", "pair")
+    without, tiered = _returning(0.0, policies), _returning(8.0, policies)
+    for p in policies:
+        off, on = without[p], tiered[p]
+        assert off.host_restores == off.host_spills == 0 and on.completed == off.completed == 96
+        assert on.host_restores > 0 and on.host_spills >= on.host_restores
+        assert on.reuse > off.reuse + 0.2, (p, on.reuse, off.reuse)  # 32 conversations, 3 checkpoint slots
+        assert on.mean_ttft_s < off.mean_ttft_s, p
+    assert tiered["radixflow"].bubble_tokens == tiered["pair"].bubble_tokens == 0
+
+
+def test_tier_sizes_and_devices_without_a_link() -> None:
+    spec, h200 = MODEL_SPECS["qwen3.5-9b"], DEVICE_SPECS["h200"]
+    assert sim_host_slots(spec, h200, EngineConfig()) == 0  # a simulated host has no RAM to size from
+    assert sim_host_slots(spec, h200, EngineConfig(host_cache_gb=1.0)) == 2**30 // spec.state_bytes
+    assert sim_host_slots(spec, h200, EngineConfig(num_host_slots=7)) == 7
+    assert sim_host_slots(MODEL_SPECS["qwen3-8b"], h200, EngineConfig(host_cache_gb=1.0)) == 0  # no states
+    with pytest.raises(ValueError, match="host_cache_gb.*tpu-v6e"):
+        build_sim_engine(MODEL_SPECS["qwen3.5-4b"], DEVICE_SPECS["tpu-v6e"], EngineConfig(host_cache_gb=1.0))
+    with pytest.raises(ValueError, match="host_cache_gb"):
+        sim_host_slots(spec, h200, dataclasses.replace(EngineConfig(), host_cache_gb=-1.0))
