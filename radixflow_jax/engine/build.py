@@ -158,6 +158,7 @@ def build_engine(model: LoadedModel, ec: EngineConfig) -> EngineCore:
     """The model engine of ``model`` under ``ec``: pools sized by :func:`pool_sizes`, a
     :class:`~radixflow_jax.engine.executor.ModelExecutor` over the wired step shapes."""
     from radixflow_jax.engine.executor import ModelExecutor, stderr_progress
+    from radixflow_jax.models.batch import pool_unit_bytes
 
     cfg = model.config
     if ec.compilation_cache_dir:
@@ -173,6 +174,7 @@ def build_engine(model: LoadedModel, ec: EngineConfig) -> EngineCore:
         num_pages=num_pages,
         num_slots=num_slots,
         num_host_slots=num_host,
+        state_bytes=pool_unit_bytes(cfg, model.dtype, ec.scheduler.page_size)[1],
         max_model_len=max_model_len,
         eos_token_ids=tuple(cfg.eos_token_ids) + (model.tokenizer.eos_token_ids if model.tokenizer else ()),
         tokenizer=model.tokenizer,

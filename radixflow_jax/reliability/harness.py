@@ -259,9 +259,12 @@ def shadow_engine(
     vocab: int = 1000,
     faults: tuple[Fault, ...] = (),
     fail_reset: bool = False,
+    num_host_slots: int = 0,
 ) -> EngineCore:
     """An engine assembled like the model engine (``assemble_engine``) over a :class:`ShadowExecutor`
-    that checks every context against the request's real tokens; wrapped in a :class:`FaultyExecutor`."""
+    that checks every context against the request's real tokens; wrapped in a :class:`FaultyExecutor`.
+    ``num_host_slots``: a host tier of that many checkpoints (its spills and restores replayed by
+    the shadow executor)."""
     clock = VirtualClock()
     spec = EngineSpec(
         config=config,
@@ -269,6 +272,7 @@ def shadow_engine(
         chunk_sizes=(chunk,) if hybrid else (),
         num_pages=num_pages,
         num_slots=num_slots,
+        num_host_slots=num_host_slots,
         max_model_len=max_model_len,
     )
     shadow = ShadowExecutor(spec.cache_config.page_size, hybrid=hybrid, vocab=vocab, clock=clock)

@@ -43,6 +43,7 @@ class SoakConfig:
     max_tokens: tuple[int, int] = (1, 12)
     num_pages: int = 112
     num_slots: int = 40
+    num_host_slots: int = 24  # the host tier: demoted checkpoints come back by restores
     max_num_seqs: int = 8
     max_num_batched_tokens: int = 128
     page_size: int = 8
@@ -74,7 +75,7 @@ def _soak_engine(cfg: SoakConfig, rng: random.Random, expected_rounds: int) -> E
     )  # a fault is counted in step calls; calls past the last planned fault simply succeed
     return shadow_engine(
         ec, num_pages=cfg.num_pages, num_slots=cfg.num_slots, max_model_len=cfg.max_model_len, vocab=cfg.vocab,
-        faults=faults,
+        faults=faults, num_host_slots=cfg.num_host_slots,
     )
 
 
@@ -191,5 +192,7 @@ def run_soak(cfg: SoakConfig) -> dict[str, Any]:
         "reuse": counts["cached_tokens"] / max(1, counts["prompt_tokens"]),
         "leaked_pages": core.scheduler.memory.pages.num_used,
         "leaked_slots": core.scheduler.memory.slots.num_used if core.scheduler.memory.slots else 0,
+        "host_spills": sum(r.spilled for r in core.records),
+        "host_restores": sum(r.restored for r in core.records),
         "wall_s": wall,
     }

@@ -98,6 +98,9 @@ class _Gauges(Collector):
         )
         yield self._gauge("state_slots_total", "Recurrent-state slots that can be handed out.", total)
         yield self._gauge("state_slots_free", "Recurrent-state slots on the free list.", free)
+        hosts = [m.cache.host_pool for m in mems if m.cache is not None and m.cache.host_pool is not None]
+        yield self._gauge("host_slots_total", "Host tier: checkpoints host memory can hold.", sum(h.capacity for h in hosts))
+        yield self._gauge("host_slots_free", "Host tier: checkpoint rows free.", sum(h.num_free for h in hosts))
         alive = all(r.is_running and r.error is None for r in self.replicas)  # the thread outlives its error briefly
         yield self._gauge("engine_alive", "1 while the engine thread (every replica's) runs.", 1.0 if alive else 0.0)
 
@@ -133,6 +136,7 @@ class ServerMetrics:
         self.e2e = histogram("e2e_request_latency_seconds", "End-to-end request latency.", _E2E)
         self.queue = histogram("request_queue_time_seconds", "Time from arrival to the first round.", _E2E)
         self.round_time = histogram("round_duration_seconds", "Plan + build + step time of one round.", _ROUND)
+        self.host_bytes = counter("host_transfer_bytes", "Host tier: checkpoint bytes copied, by direction.", ["direction"])
         self.http_errors = counter("http_errors", "Error responses sent, by HTTP status.", ["status"])
 
     def attach(self, engine: BackgroundEngine | ReplicatedEngine) -> None:
@@ -160,6 +164,9 @@ class ServerMetrics:
             for field, count in self.per_round.items():
                 count.labels(m).inc(getattr(rec, field))
             self.preemptions.labels(m).inc(rec.preempted)
+            if core is not None and (rec.spilled or rec.restored):
+                self.host_bytes.labels(m, "device_to_host").inc(rec.spilled * core.spec.state_bytes)
+                self.host_bytes.labels(m, "host_to_device").inc(rec.restored * core.spec.state_bytes)
         if records and core is not None:
             for req in core.scheduler.running:
                 self._started((replica, req.request_id), req.arrival_time, round_start)

@@ -44,6 +44,7 @@ def build_sim_engine(
         num_pages=pages,
         num_slots=slots,
         num_host_slots=num_host,
+        state_bytes=spec.state_bytes if spec.is_hybrid else 0,
         max_model_len=ec.max_model_len or 32768,
     )
     clock = VirtualClock()

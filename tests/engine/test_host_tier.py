@@ -7,6 +7,8 @@ leaked, also when requests are aborted while their restore is in flight."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from radixflow_jax.engine.params import SamplingParams
@@ -52,6 +54,23 @@ def test_restored_checkpoints_give_cold_outputs_and_save_prompt_tokens(model: st
         assert sum(r.restored for r in records) == restored and sum(r.spilled for r in records) > 0
         assert_drained(llm.replicas.engines[0])
     assert without == cold and none == 0 and without_computed <= cold_computed
+
+
+# CI runs the Gated DeltaNet and the Mamba2 preset above; RADIXFLOW_TEST_ALL_PRESETS=1 the others too
+# (about a minute each, most of it compiling their step variants)
+OTHERS = ["tiny-qwen3-next", "tiny-nemotron-h", "tiny-granite-4.0-h", "tiny-falcon-h1"]
+
+
+@pytest.mark.skipif(os.environ.get("RADIXFLOW_TEST_ALL_PRESETS") != "1", reason="RADIXFLOW_TEST_ALL_PRESETS=1 runs them")
+@pytest.mark.parametrize("model", OTHERS)
+def test_every_other_hybrid_preset_restores_to_cold_outputs(model: str, tiny_model) -> None:
+    """Greedy cache on (with demotions and restores) equals cache off on the other hybrid presets."""
+    loaded = tiny_model(model)
+    cold, _, _ = _conversations(LLM(loaded, policy="no-cache", **OPTIONS))
+    llm = LLM(loaded, policy="radixflow", num_host_slots=64, **OPTIONS)
+    tiered, computed, restored = _conversations(llm)
+    assert tiered == cold and restored > 0, (model, restored)
+    assert_drained(llm.replicas.engines[0])
 
 
 def test_aborts_while_restores_are_in_flight_leak_nothing(tiny_model) -> None:

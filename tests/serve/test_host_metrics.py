@@ -1,0 +1,56 @@
+"""The host tier on ``/metrics`` (in-process server on the simulated executor): conversations that
+come back after others pushed their checkpoints out of a small state pool are restored; the spill
+and restore counters, the bytes each way (checkpoints times one checkpoint's bytes) and the host
+pool gauges say so."""
+
+from __future__ import annotations
+
+import re
+
+from fastapi.testclient import TestClient
+
+from radixflow_jax.engine.config import EngineConfig
+from radixflow_jax.replicas.background import BackgroundEngine
+from radixflow_jax.serve.app import ServerConfig, ServerState, create_app
+from radixflow_jax.serve.metrics import ServerMetrics
+from radixflow_jax.sim.engines import build_sim_engine
+from radixflow_jax.sim.specs import get_device_spec, get_model_spec
+
+EC = EngineConfig.from_options(max_num_seqs=2, max_num_batched_tokens=256, max_model_len=512, num_state_slots=5,
+                               num_host_slots=16)  # fmt: skip
+
+
+def _value(text: str, name: str, labels: str = "") -> float:
+    m = re.search(rf"^radixflow:{name}\{{[^}}]*{labels}[^}}]*\}} (\S+)$", text, re.M)
+    assert m, name
+    return float(m.group(1))
+
+
+def test_spills_restores_and_bytes_on_metrics() -> None:
+    metrics = ServerMetrics("sim", hybrid=True)
+    core = build_sim_engine(get_model_spec("qwen3.5-4b"), get_device_spec("h200"), EC)
+    engine = BackgroundEngine(core, observer=metrics.observe, trim_records=True)
+    metrics.attach(engine)
+    state = ServerState(engine=engine, tokenizer=None, metrics=metrics, config=ServerConfig("sim"), max_model_len=512,
+                        vocab_size=None)  # fmt: skip
+    first = [[10 + s] + [20 + (7 * s + i) % 400 for i in range(127)] for s in range(6)]
+    try:
+        with TestClient(create_app(state)) as c:
+            for turn in range(2):
+                for s, prompt in enumerate(first):  # the simulator samples token 1: the answer is known
+                    body = {"prompt": prompt + [1] * 4 * turn + [5] * turn, "max_tokens": 4, "ignore_eos": True}
+                    r = c.post("/v1/completions", json=body)
+                    assert r.status_code == 200, r.text
+                    if turn:
+                        assert r.json()["usage"]["prompt_tokens_details"]["cached_tokens"] >= 128, s
+            text = c.get("/metrics").text
+    finally:
+        engine.shutdown()
+    spills, restores = _value(text, "host_spills_total"), _value(text, "host_restores_total")
+    assert spills >= 4 and restores >= 4  # six conversations' ends, two checkpoint slots
+    state_bytes = core.spec.state_bytes
+    assert state_bytes == get_model_spec("qwen3.5-4b").state_bytes
+    assert _value(text, "host_transfer_bytes_total", 'direction="device_to_host"') == spills * state_bytes
+    assert _value(text, "host_transfer_bytes_total", 'direction="host_to_device"') == restores * state_bytes
+    assert _value(text, "host_slots_total") == 16
+    assert 0 <= _value(text, "host_slots_free") < 16
