@@ -94,6 +94,10 @@ class RadixCache(TieredStore):
         deepest = path[-1] if path else self._root
         full = hit_node.parent.depth if hit_node.is_tail else hit_node.depth  # type: ignore[union-attr]
         beaten = max(hit_node.depth, ckpt_node.depth if pending and ckpt_node is not None else 0)
+        host = host if host is not None and host.depth > beaten else None
+        host_full = 0 if host is None else host.parent.depth if host.is_tail else host.depth  # type: ignore[union-attr]
+        if host_full > len(kv_pages) * p:  # its KV is not all committed: nothing to restore onto
+            host, host_full = None, 0
         return MatchResult(
             checkpoint_node=ckpt_node,
             checkpoint_depth=ckpt_node.depth if ckpt_node is not None else 0,
@@ -105,7 +109,9 @@ class RadixCache(TieredStore):
             consumer_of=producer_id if self._config.hybrid else deepest.kv_producer,
             shared_len=self._shared_len(toks) if shared else deepest.depth,
             hit_tail_page=hit_node.pages[0] if hit_node.is_tail else None,
-            host_node=host if host is not None and host.depth > beaten else None,
+            host_node=host,
+            host_pages=tuple(kv_pages[: host_full // p]),
+            host_tail_page=host.pages[0] if host is not None and host.is_tail else None,
         )
 
     def _deepest_tails(

@@ -46,7 +46,9 @@ class MatchResult:
         producer too (its id is negative, ``cache/tiers.py``);
       * ``host_node``: the deepest host checkpoint on the path (``cache/tiers.py``) when it is deeper
         than the usable hit and than a pending checkpoint: restoring it would give a deeper hit.
-        Host checkpoints are never ``checkpoint_node``.
+        Host checkpoints are never ``checkpoint_node``. ``host_pages`` / ``host_tail_page``: the
+        committed KV above it, as ``hit_pages`` / ``hit_tail_page`` are for the hit (empty / None
+        without a host node).
     """
 
     checkpoint_node: Node | None
@@ -60,6 +62,8 @@ class MatchResult:
     shared_len: int
     hit_tail_page: int | None
     host_node: Node | None
+    host_pages: tuple[int, ...]
+    host_tail_page: int | None
 
     @property
     def is_consumer(self) -> bool:

@@ -77,6 +77,17 @@ class TieredStore(TreeStore):
         """A restore waits for a plan to carry it (an otherwise empty plan must then run)."""
         return bool(self._restore_queue)
 
+    def read_restoring(self, node: Node) -> int:
+        """The device slot that a restore queued for the plan being built writes ``node``'s
+        checkpoint into, counted as a read: a row of that plan may read it, since the plan's state
+        moves land before its step (and the restore and the row commit or fail together).
+        ``ValueError`` unless such a restore of ``node`` is queued."""
+        ckpt = node.checkpoint
+        if ckpt is None or not ckpt.restoring or ckpt.producer_id not in self._restore_queue:
+            raise ValueError(f"no restore of {node!r} is queued for the plan being built")
+        ckpt.reads += 1
+        return ckpt.held_slot
+
     def restore(self, node: Node, slot: int) -> int:
         """Starts restoring ``node``'s host checkpoint into device ``slot`` (the caller allocated it
         and keeps its own reference to drop): the checkpoint becomes pending under a new restore

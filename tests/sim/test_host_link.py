@@ -66,3 +66,28 @@ def test_tier_sizes_and_devices_without_a_link() -> None:
         build_sim_engine(MODEL_SPECS["qwen3.5-4b"], DEVICE_SPECS["tpu-v6e"], EngineConfig(host_cache_gb=1.0))
     with pytest.raises(ValueError, match="host_cache_gb"):
         sim_host_slots(spec, h200, dataclasses.replace(EngineConfig(), host_cache_gb=-1.0))
+
+
+def test_a_returning_request_runs_in_the_round_that_restores_it() -> None:
+    from radixflow_jax.engine.params import SamplingParams
+
+    ec = EngineConfig.from_options(max_num_seqs=2, max_num_batched_tokens=512, max_model_len=1024,
+                                   num_state_slots=4, num_host_slots=32)  # fmt: skip
+    core = build_sim_engine(MODEL_SPECS["qwen3.5-9b"], DEVICE_SPECS["h200"], ec)
+    plans = []
+    execute = core.executor.execute  # the synchronous engine
+    core.executor.execute = lambda plan, sampling: plans.append(plan) or execute(plan, sampling)
+    params = SamplingParams(max_tokens=2, ignore_eos=True)
+    prompts = [[10 + s] + [20 + (5 * s + i) % 400 for i in range(127)] for s in range(4)]
+    for p in prompts:  # one at a time: each end is kept, then demoted by the next ones (one free slot)
+        core.add_request(p, params)
+        core.run_until_done()
+    assert core.scheduler.memory.cache.demoted > 0
+    rid = core.add_request(prompts[0] + [1, 1, 7], params)  # the simulator samples token 1
+    plans.clear()
+    core.run_until_done()
+    first = plans[0]
+    (row,) = [r for r in first.rows if r.request_id == rid]
+    restored = {m.dst for m in first.state_moves if m.kind == "restore"}
+    assert first.restores and row.copy_from in restored and row.start >= 128  # no round of waiting
+    assert sum(r.consumers_waiting + r.consumers_blocked for r in core.records[-len(plans):]) == 0
