@@ -136,3 +136,22 @@ def test_cli_malformed_jsonl_names_the_line(tmp_path, capsys) -> None:
     path.write_text('{"prompt_token_ids": [1, 2, 3]}\n{"prompt_token_ids": "x"}\n')
     assert cli.main(["bench", "--model", "qwen3.5-4b", "--workload", str(path), "--no-progress"]) == 2
     assert "w.jsonl:2: prompt_token_ids must be" in capsys.readouterr().err
+
+
+def test_cli_host_tier_on_the_simulator(tmp_path, capsys) -> None:
+    out = str(tmp_path / "h.json")
+    args = ["bench", "--model", "qwen3.5-4b", "--workload", "multiturn", "--num-requests", "96", "--turns", "3",
+            "--arrival", "all", "--think-time", "0.5", "--max-num-seqs", "8", "--num-state-slots", "12",
+            "--policies", "radixflow", "--no-progress", "--json", out]  # fmt: skip
+    assert cli.main([*args, "--host-cache-gb", "4"]) == 0
+    tiered = json.load(open(out))
+    assert cli.main(args) == 0  # the simulator has no host tier unless asked
+    plain = json.load(open(out))
+    capsys.readouterr()
+    assert tiered["config"]["host_cache_gb"] == 4.0 and tiered["config"]["think_time"] == 0.5
+    assert tiered["config"]["host_link_bytes_s"] == 64e9
+    on, off = tiered["runs"][0], plain["runs"][0]
+    assert on["host_restores"] > 0 and off["host_restores"] == off["host_spills"] == 0
+    assert on["reuse"] > off["reuse"]
+    assert cli.main(["bench", "--model", "qwen3.5-4b", "--think-time", "-1", "--no-progress"]) == 2
+    assert "--think-time must be >= 0" in capsys.readouterr().err
