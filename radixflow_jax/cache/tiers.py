@@ -47,7 +47,7 @@ class TieredStore(TreeStore):
         self._restore_queue: list[int] = []  # restore ids whose copy is queued in _moves
         self._restore_ids = itertools.count(-1, -1)
         self.demoted = 0  # checkpoints demoted to the host tier
-        self.restored = 0  # restores committed
+        self.restored = 0  # checkpoints copied back: restores committed and host reads
         self.host_dropped = 0  # host checkpoints dropped for room (or with their node)
 
     @property
@@ -77,16 +77,19 @@ class TieredStore(TreeStore):
         """A restore waits for a plan to carry it (an otherwise empty plan must then run)."""
         return bool(self._restore_queue)
 
-    def read_restoring(self, node: Node) -> int:
-        """The device slot that a restore queued for the plan being built writes ``node``'s
-        checkpoint into, counted as a read: a row of that plan may read it, since the plan's state
-        moves land before its step (and the restore and the row commit or fail together).
-        ``ValueError`` unless such a restore of ``node`` is queued."""
+    def read_host(self, node: Node, slot: int) -> None:
+        """Queues a copy of ``node``'s host checkpoint into device ``slot``, a request's own slot
+        (the caller holds it and a lock on ``node``), for the plan being built: the request's row
+        of that plan starts at ``node``'s depth from its slot, which the plan's state moves fill
+        before its step. Counted as a read and a restore; the host copy stays, and ``node`` gets no
+        device checkpoint. ``ValueError`` unless ``node`` is attached and holds a host checkpoint."""
         ckpt = node.checkpoint
-        if ckpt is None or not ckpt.restoring or ckpt.producer_id not in self._restore_queue:
-            raise ValueError(f"no restore of {node!r} is queued for the plan being built")
+        if ckpt is None or not ckpt.on_host or not node.attached:
+            raise ValueError(f"read_host needs an attached host checkpoint: {node!r}")
+        assert ckpt.host_slot is not None
         ckpt.reads += 1
-        return ckpt.held_slot
+        self.restored += 1
+        self._moves.append(StateMove("restore", ckpt.host_slot, slot))
 
     def restore(self, node: Node, slot: int) -> int:
         """Starts restoring ``node``'s host checkpoint into device ``slot`` (the caller allocated it

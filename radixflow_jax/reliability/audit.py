@@ -105,8 +105,7 @@ def assert_drained(core: EngineCore) -> None:
 
 
 def committed_slots(core: EngineCore) -> set[int]:
-    """The state slots of the tree's committed checkpoints (a round reads only these, and the slots its
-    own state moves restore before its step)."""
+    """The state slots of the tree's committed checkpoints (the only ones a round may read)."""
     cache = core.scheduler.memory.cache
     if cache is None:
         return set()

@@ -156,13 +156,11 @@ class Harness:
 
     def _during_round(self, plan: RoundPlan) -> None:
         if self.audit and any(row.copy_from is not None for row in plan.rows):
-            # committed checkpoints, and those the round's own moves restore before its step
-            readable = committed_slots(self.core) | {m.dst for m in plan.state_moves if m.kind == "restore"}
+            readable = committed_slots(self.core)
             for row in plan.rows:
                 if row.copy_from is not None:
                     if row.copy_from not in readable:
-                        what = (f"request {row.request_id} reads slot {row.copy_from}: not a committed checkpoint "
-                                "nor restored by the round")  # fmt: skip
+                        what = f"request {row.request_id} reads slot {row.copy_from}: not a committed checkpoint"
                         self.violations.append(what)
                         raise InvariantError(self.violations[-1])
                     self.checkpoint_reads += 1

@@ -95,19 +95,20 @@ class RoundBuilder:
         if wanted > 1:
             self.starved = True
 
-    def add_restored(self, req: Request, match: Any) -> bool:
-        """Admits waiting ``req`` at the depth of ``match.host_node``, whose restore the scan just
-        queued, in the round that carries it: the row reads the restored slot, which the round's
-        state moves fill before its step (``RadixCache.read_restoring``). False, holding nothing,
-        when the budget or memory cannot take it now (it then waits for the restore's commit)."""
+    def add_from_host(self, req: Request, match: Any) -> bool:
+        """Admits waiting ``req`` at the depth of ``match.host_node``, a host checkpoint: its own
+        slot gets the host copy before this round's step (``RadixCache.read_host``) and its row
+        starts there, as a running request's does. False, holding nothing, when the budget or
+        memory cannot take it now."""
         memory, node = self.memory, match.host_node
         hit = node.depth
         span = self.span(hit, req.num_tokens - hit)
         if span == 0 or not memory.seat(req, computed=hit, end=hit + span, hit_node=node, hit_pages=match.host_pages,
                                         slot=True):  # fmt: skip
             return False
+        memory.cache.read_host(node, req.slot)
         branch = memory.cache.shared_len(req.tokens) if self.config.branch_checkpoints else None
-        self.add(req, span, memory.cache.read_restoring(node), branch, copy_page_from=match.host_tail_page)
+        self.add(req, span, None, branch, copy_page_from=match.host_tail_page)
         return True
 
     def count_bubble(self, queue: Iterable[Request]) -> None:

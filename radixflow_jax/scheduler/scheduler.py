@@ -201,11 +201,12 @@ class Scheduler:
             return ride
         match = cache.match(req.tokens, shared=False) if cache is not None else None
         if match is not None and match.host_node is not None:
-            if memory.restore(match.host_node):
-                round_.stats.restores += 1  # its hit is in the host tier: it runs in the round carrying it
-                if round_.add_restored(req, match):
-                    return Decision.ADMIT
-                memory.hold_restore(req, match.host_node)  # else a consumer of the restore
+            if round_.add_from_host(req, match):  # its hit is in the host tier: straight into its slot
+                round_.stats.restores += 1
+                return Decision.ADMIT
+            if memory.restore(match.host_node):  # it cannot run now: restored for a later round
+                round_.stats.restores += 1
+                memory.hold_restore(req, match.host_node)  # a consumer of the restore
                 match = cache.match(req.tokens, shared=False)
             elif cache.has_pending:  # no checkpoint slot now: one can be had once the pending ones commit
                 return self._hold(round_)

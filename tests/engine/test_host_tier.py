@@ -61,7 +61,7 @@ def test_restored_checkpoints_give_cold_outputs_and_save_prompt_tokens(model: st
 OTHERS = ["tiny-qwen3-next", "tiny-nemotron-h", "tiny-granite-4.0-h", "tiny-falcon-h1"]
 
 
-@pytest.mark.skipif(os.environ.get("RADIXFLOW_TEST_ALL_PRESETS") != "1", reason="RADIXFLOW_TEST_ALL_PRESETS=1 runs them")
+@pytest.mark.skipif(os.environ.get("RADIXFLOW_TEST_ALL_PRESETS") != "1", reason="RADIXFLOW_TEST_ALL_PRESETS=1 runs it")
 @pytest.mark.parametrize("model", OTHERS)
 def test_every_other_hybrid_preset_restores_to_cold_outputs(model: str, tiny_model) -> None:
     """Greedy cache on (with demotions and restores) equals cache off on the other hybrid presets."""
@@ -82,15 +82,42 @@ def test_aborts_while_restores_are_in_flight_leak_nothing(tiny_model) -> None:
     for s, out in enumerate(llm.generate([history[s] for s in range(SESSIONS)], [params] * SESSIONS)):
         history[s] += tuple(out.token_ids)
     assert cache.demoted > 0  # eight conversations' ends, four checkpoint slots
+    # a fresh prompt first takes the round's whole token budget: the returning sessions cannot run
+    # in it, so their checkpoints are restored for a later round and they wait as consumers
+    engine.add_request(tuple(range(300, 500)), params)
     for s in range(SESSIONS):
         engine.add_request(history[s] + (300, s), params)
-    aborted = 0
+    launch = engine.executor.launch  # the engine launches every round (overlap on or off)
+    aborted: list[int] = []
+
+    def abort_consumers_mid_round(plan, sampling, prev=None):
+        if plan.restores:  # the round carries restores: abort every request waiting for one
+            waiting = [r.request_id for r in engine.scheduler.waiting if r.restore_node is not None]
+            aborted.extend(rid for rid in waiting if engine.abort(rid) is not None)
+        return launch(plan, sampling, prev)
+
+    engine.executor.launch = abort_consumers_mid_round
     while engine.has_unfinished():
         engine.step()
-        restoring = set(p for p in cache.pending_producers() if p < 0)
-        if restoring:  # abort every request still waiting (the consumers of those restores among them)
-            for req in list(engine.scheduler.waiting):
-                aborted += engine.abort(req.request_id) is not None
         audit_engine(engine)
-    assert aborted > 0 and cache.restored > 0
+    assert aborted and cache.restored > 0
+    assert_drained(engine)
+
+
+def test_sessions_behind_a_full_round_wait_for_their_restores(tiny_model) -> None:
+    """Returning sessions that cannot run in the round their restore is found (a fresh prompt took
+    its token budget) get a pending restore and wait as its consumers; outputs equal cold."""
+    loaded = tiny_model("tiny-qwen3.5")
+    params = SamplingParams(max_tokens=6, ignore_eos=True)
+    first = [tuple(range(20 + 40 * s, 57 + 40 * s)) for s in range(SESSIONS)]
+    outs = {}
+    for name, kw in (("cold", dict(policy="no-cache")), ("tier", dict(policy="radixflow", num_host_slots=64))):
+        llm = LLM(loaded, **kw, **OPTIONS)
+        answers = llm.generate(first, [params] * SESSIONS)
+        turns = [p + tuple(a.token_ids) + (300, s) for s, (p, a) in enumerate(zip(first, answers))]
+        again = [tuple(range(300, 500))] + turns  # the fresh prompt takes the first round's budget
+        outs[name] = [tuple(o.token_ids) for o in llm.generate(again, [params] * len(again))]
+        engine = llm.replicas.engines[0]
+    assert outs["tier"] == outs["cold"]
+    assert sum(r.consumers_waiting for r in engine.records) > 0 and any(r.restores for r in engine.records)
     assert_drained(engine)

@@ -68,7 +68,7 @@ def test_tier_sizes_and_devices_without_a_link() -> None:
         sim_host_slots(spec, h200, dataclasses.replace(EngineConfig(), host_cache_gb=-1.0))
 
 
-def test_a_returning_request_runs_in_the_round_that_restores_it() -> None:
+def test_a_returning_request_restores_into_its_own_slot() -> None:
     from radixflow_jax.engine.params import SamplingParams
 
     ec = EngineConfig.from_options(max_num_seqs=2, max_num_batched_tokens=512, max_model_len=1024,
@@ -89,5 +89,6 @@ def test_a_returning_request_runs_in_the_round_that_restores_it() -> None:
     first = plans[0]
     (row,) = [r for r in first.rows if r.request_id == rid]
     restored = {m.dst for m in first.state_moves if m.kind == "restore"}
-    assert first.restores and row.copy_from in restored and row.start >= 128  # no round of waiting
+    assert row.slot in restored and row.copy_from is None and row.start >= 128  # straight into its slot
+    assert not first.restores  # no pending restore, no checkpoint slot: the host copy stays
     assert sum(r.consumers_waiting + r.consumers_blocked for r in core.records[-len(plans):]) == 0
