@@ -88,7 +88,28 @@ def ceilings(table: Table, dry: bool, reps: int) -> tuple[float, float]:
     t = median_time(lambda: mm(a, b), reps)
     rate = 2 * m**3 / t
     table.row("ceilings", "matmul_bf16", n=m, s=t, tflop_per_s=rate / 1e12)
+    host_link(table, dry, reps)
     return bandwidth, rate
+
+
+def host_link(table: Table, dry: bool, reps: int) -> None:
+    """The host tier's link (``sim/specs.py`` assumes 64 GB/s per direction on an H200): one
+    checkpoint-sized copy each way (49 MiB, one Qwen3.5-9B checkpoint), from pageable host memory
+    as ``runner/hoststates.py`` holds it."""
+    h = np.ones(((1 << 16) if dry else (49 << 18),), np.float32)
+    t = median_time(lambda: jax.device_put(h), reps)
+    table.row("ceilings", "host_to_device", bytes=h.nbytes, s=t, gb_per_s=h.nbytes / t / 1e9)
+    d = jax.device_put(h)
+    fresh = jax.jit(lambda a: a * 1)  # a new device array each time (a fetched one caches its host copy)
+    times = []
+    for i in range(reps + 2):
+        src = jax.block_until_ready(fresh(d))
+        start = time.perf_counter()
+        np.asarray(src)
+        if i >= 2:
+            times.append(time.perf_counter() - start)
+    t = statistics.median(times)
+    table.row("ceilings", "device_to_host", bytes=h.nbytes, s=t, gb_per_s=h.nbytes / t / 1e9)
 
 
 def _rel_err(got: Any, want: Any) -> float:

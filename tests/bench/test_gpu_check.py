@@ -20,7 +20,8 @@ def test_dry_run_prints_every_row(tmp_path: pathlib.Path) -> None:
     assert "FAILED" not in proc.stdout
     rows = (tmp_path / "gpu_check.tsv").read_text().splitlines()
     names = [line.split("\t")[1] for line in rows]
-    assert names == ["jax", "copy", "matmul_bf16", "gated_delta_chunked", "ssd_chunked", "paged_attention",
+    assert names == ["jax", "copy", "matmul_bf16", "host_to_device", "device_to_host",
+                     "gated_delta_chunked", "ssd_chunked", "paged_attention",
                      "decode", "prefill", "decode_1_row"]  # fmt: skip
     kernels = [line for line in rows if line.startswith("kernels")]
     for line in kernels:  # interpret-mode Pallas against the float32 reference on bf16 inputs
