@@ -151,15 +151,19 @@ class TieredStore(TreeStore):
         return True
 
     def _drop_host(self, num: int, policy: EvictionPolicy | None, *, keep: Node | None = None) -> int:
-        """Drops up to ``num`` host checkpoints, lowest policy score first (a tail of a hybrid
-        model goes with its checkpoint when unlocked); returns how many."""
-        nodes = (n for n in iter_nodes(self._root) if n is not keep and n.checkpoint is not None and n.checkpoint.on_host)
+        """Drops up to ``num`` host checkpoints of unlocked nodes (a request that read one holds its
+        node, whose tail must keep it), lowest policy score first (a tail of a hybrid model goes
+        with its checkpoint); returns how many."""
+        nodes = (
+            n for n in iter_nodes(self._root)
+            if n is not keep and n.lock_count == 0 and n.checkpoint is not None and n.checkpoint.on_host
+        )  # fmt: skip
         heap = self._heap(nodes, "state", policy)
         dropped = 0
         while heap and dropped < num:
             node = heapq.heappop(heap)[-1]
             self._drop_checkpoint(node)
-            if node.is_tail and self._config.hybrid and node.lock_count == 0:
+            if node.is_tail and self._config.hybrid:
                 self._remove_leaf(node)
             dropped += 1
         return dropped
@@ -242,8 +246,9 @@ class TieredStore(TreeStore):
         return heap
 
     def flush(self) -> None:
-        """Drop every unlocked node, every committed checkpoint on one and every restore and host
-        checkpoint, with the state copies queued. Pending KV and producers' pending checkpoints stay
+        """Drop every unlocked node, every committed or host checkpoint on one and every restore,
+        with the state copies queued (a locked node's host checkpoint stays: a running request read
+        it and its tail must keep it). Pending KV and producers' pending checkpoints stay
         (a round may be writing them): after every producer committed or un-published and every
         lock was released, a flush leaves the tree empty and frees all pages, slots and host slots
         it held. A restore in a round still in flight is un-published too (its commit finds nothing;
@@ -253,7 +258,7 @@ class TieredStore(TreeStore):
         self._moves, self._restore_queue = [], []
         for node in iter_postorder(self._root):
             ckpt = node.checkpoint
-            if state_evictable(node) or (ckpt is not None and ckpt.on_host):
+            if state_evictable(node) or (ckpt is not None and ckpt.on_host and node.lock_count == 0):
                 self._drop_checkpoint(node)
         for node in iter_postorder(self._root):
             if kv_evictable(node):

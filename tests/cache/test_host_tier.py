@@ -96,6 +96,32 @@ def test_a_full_host_pool_drops_its_least_recent_checkpoint():
     _all_free(cache)
 
 
+def test_a_host_read_queues_a_copy_and_its_locked_node_keeps_the_host_checkpoint():
+    cache = _cache(host_slots=1)
+    committed_checkpoint(cache, A, 8, producer=1)
+    cache.evict_states(1)
+    ((_, _, host_slot),), _ = cache.take_moves()
+    m = cache.match(A + [1])
+    node = m.host_node
+    assert node is not None and m.host_pages == m.hit_pages + tuple(node.pages) and m.host_tail_page is None
+    cache.lock(node)  # the request that reads it (Allocator.seat)
+    slot = cache.slot_pool.alloc(1)[0]
+    cache.read_host(node, slot)
+    assert cache.take_moves() == ((StateMove("restore", host_slot, slot),), ())  # no restore id: nothing pending
+    assert node.checkpoint.on_host and cache.restored == 1 and not cache.has_pending
+    committed_checkpoint(cache, B, 8, producer=2)
+    assert cache.evict_states(1) == 1  # the host pool is full and its only checkpoint is locked: B is dropped
+    assert node.checkpoint.on_host and cache.match(B + [1]).hit_len == 0
+    cache.flush()  # a locked node keeps its host checkpoint through a flush too
+    assert node.checkpoint.on_host
+    cache.check_invariants()
+    cache.unlock(node)
+    cache.slot_pool.decref(slot)
+    with pytest.raises(ValueError, match="host checkpoint"):
+        cache.read_host(cache.root, slot)
+    _all_free(cache)
+
+
 def test_kv_eviction_takes_a_host_checkpoint_with_its_node():
     cache = _cache()
     committed_checkpoint(cache, A, 12 - 4)

@@ -10,9 +10,9 @@ import random
 
 import pytest
 
-from radixflow_jax.reliability.harness import Harness
+from radixflow_jax.reliability.harness import Harness, shadow_engine
 from radixflow_jax.reliability.soak import cold_tokens
-from tests.reliability.scenarios import CACHING_POLICIES, GREEDY, check_run, engine, tokens
+from tests.reliability.scenarios import BASE, CACHING_POLICIES, GREEDY, check_run, engine, tokens
 
 SESSIONS, TURNS = 6, 4
 
@@ -45,3 +45,40 @@ def test_each_turn_starts_at_the_exact_end_of_the_one_before(policy: str) -> Non
     check_run(h, report, cold)
     assert len(starts) == SESSIONS * (TURNS - 1)
     assert all(cached == end for cached, end in starts), starts
+
+
+@pytest.mark.parametrize("policy", CACHING_POLICIES)
+def test_turns_come_back_from_the_host_tier_across_failed_steps(policy: str) -> None:
+    """A state pool of two checkpoints below a host tier: most turns find their exact end demoted
+    and read it back from host memory. The first two rounds that carry host copies fail (before the
+    step, as a device error would): recovery voids them and flushes both tiers (their spills never
+    landed), the turns recompute, every read is still checked and every output equals cold."""
+    rng = random.Random(5)
+    core = shadow_engine(BASE.with_options(policy=policy), num_pages=200, num_slots=1 + 4 + 2,
+                         max_model_len=BASE.max_model_len, num_host_slots=32)  # fmt: skip
+    failed: list[int] = []
+    for name in ("execute", "launch"):  # the synchronous and the overlapped engine
+        real = getattr(core.executor, name)
+
+        def fail_host_rounds(plan, *args, real=real):
+            if len(failed) < 2 and any(m.kind == "restore" for m in plan.state_moves):
+                failed.append(len(core.records))
+                raise RuntimeError("injected: a round with host copies failed")
+            return real(plan, *args)
+
+        setattr(core.executor, name, fail_host_rounds)
+    h = Harness(core)
+    turn_of: dict[int, int] = {}
+
+    def finished(key: int, out) -> None:
+        if turn_of[key] + 1 < TURNS:
+            nxt = h.follow_up(h.subs[key].prompt + out.token_ids + tokens(rng, rng.choice([1, 5, 19])), GREEDY)
+            turn_of[nxt] = turn_of[key] + 1
+
+    h.on_finished.append(finished)
+    for s in range(SESSIONS):
+        turn_of[h.submit(tokens(rng, rng.randint(20, 40)), GREEDY, at_round=s)] = 0
+    report = h.run()
+    check_run(h, report, [cold_tokens(sub.prompt, GREEDY.max_tokens, 1000) for sub in h.subs])
+    assert len(failed) == 2 and report.step_failures == 2 and report.by_reason()["length"] == SESSIONS * TURNS
+    assert sum(r.restored for r in core.records) > 5  # host copies read back after the failures too
