@@ -9,10 +9,11 @@ states with ``num_host_slots + 1`` rows (host slot ``h``, 1 .. ``num_host_slots`
   copy to the host (``copy_to_host_async``) without waiting: the device keeps running rounds while
   the bytes travel. The gathered array is *landing* until it is written into the host rows, which
   happens once it is ready (checked at each later call, oldest first) or, at the latest, before a
-  restore reads host memory;
-* a *restore* lands every spill still in flight, then scatters host rows into device slots with one
-  jitted program over the donated pools (dispatched in order with the steps, so it runs after every
-  round launched before it and before every round launched after it).
+  restore reads one of its rows;
+* a *restore* lands the spills still in flight up to the last one that wrote a row it reads (the
+  ones before it first: landings keep dispatch order), then scatters host rows into device slots
+  with one jitted program over the donated pools (dispatched in order with the steps, so it runs
+  after every round launched before it and before every round launched after it).
 
 Invariants: after ``spill([(d, h)])`` and any later ``restore([(h, d2)])`` with no spill into ``h``
 between, slot ``d2`` holds what slot ``d`` held when the spill was dispatched (a spill reads the
@@ -117,8 +118,11 @@ class HostStates:
             self.bytes_out += len(chunk) * self.slot_bytes
 
     def restore(self, cache: ModelCache, pairs: Sequence[tuple[int, int]]) -> ModelCache:
-        """Copies host rows into device slots: ``(host slot, device slot)`` pairs."""
-        self._land(block=True)
+        """Copies host rows into device slots: ``(host slot, device slot)`` pairs, once the spills
+        that wrote those rows have landed (and every spill dispatched before them)."""
+        wanted = {h for h, _ in pairs}
+        writes = [i for i, (rows, n, _, _) in enumerate(self._landing) if wanted & set(rows[:n].tolist())]
+        self._land(block=True, count=max(writes, default=-1) + 1)
         for i in range(0, max(len(pairs), 1), self.width):
             chunk = pairs[i : i + self.width]
             rows = np.zeros(self.width, np.int64)
@@ -133,12 +137,16 @@ class HostStates:
             self.bytes_in += len(chunk) * self.slot_bytes
         return cache
 
-    def _land(self, *, block: bool) -> None:
-        """Writes arrived spills into the host rows, oldest first (all of them when ``block``)."""
+    def _land(self, *, block: bool, count: int | None = None) -> None:
+        """Writes arrived spills into the host rows, oldest first; with ``block``, the oldest
+        ``count`` (all when None) whether or not they arrived, then the arrived ones after them."""
+        forced = len(self._landing) if count is None else count
         while self._landing:
             rows, n, conv, ssm = self._landing[0]
-            if not block and not all(a.is_ready() for a in (*conv, *ssm)):
+            must = block and forced > 0
+            if not must and not all(a.is_ready() for a in (*conv, *ssm)):
                 return
+            forced -= 1
             for host, arr in zip((*self.conv, *self.ssm), (*conv, *ssm)):
                 host[rows[:n]] = np.asarray(arr)[:n]
             self._landing.pop(0)

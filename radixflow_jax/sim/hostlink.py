@@ -1,12 +1,13 @@
 """The host link of a simulated device: what the host tier's copies (``cache/tiers.py``) cost a round.
 
 The model executor (``runner/hoststates.py``) starts a round's spills (device -> host) without
-waiting: they travel while later rounds run. A restore (host -> device) first lands every spill
-still in flight, then copies its rows, all before the round's step. :class:`HostLinkTimeline`
-charges exactly that on the virtual clock: each direction of the link is one queue of transfers
-(``latency_s + bytes / bandwidth`` each, a round's run of moves of one kind being one transfer), the
-two directions independent (a PCIe link is full duplex); spills delay nothing but later restores,
-and a restore delays its round by the wait for the spills booked before it plus its own transfer.
+waiting: they travel while later rounds run. A restore (host -> device) first lands the spills
+that wrote the rows it reads (and those before them), then copies its rows, all before the round's
+step. :class:`HostLinkTimeline` charges exactly that on the virtual clock: each direction of the
+link is one queue of transfers (``latency_s + bytes / bandwidth`` each, a round's run of moves of
+one kind being one transfer), the two directions independent (a PCIe link is full duplex); spills
+delay nothing but the restores of their rows, and a restore delays its round by the wait for the
+spills of its rows plus its own transfer.
 The device-side gather and scatter (a few MiB of HBM traffic per checkpoint) are not charged.
 """
 
@@ -37,24 +38,28 @@ class HostLink:
 
 
 class HostLinkTimeline:
-    """The device -> host queue of one simulated executor (see the module docstring). Invariant:
-    ``spills_done_at`` is when the last spill booked so far has landed in host memory."""
+    """The device -> host queue of one simulated executor (see the module docstring). Invariants:
+    ``spills_done_at`` is when the last spill booked so far has landed in host memory, and
+    ``landed_at[h]`` when the last spill into host slot ``h`` has (queue order: no later)."""
 
     def __init__(self, link: HostLink) -> None:
         self.link = link
         self.spills_done_at = 0.0
+        self.landed_at: dict[int, float] = {}
         self.bytes_out = 0
         self.bytes_in = 0
 
     def round_delay(self, moves: Sequence[StateMove], now: float) -> float:
         """Books a round's ``moves`` dispatched at ``now``; returns how long they hold its step back."""
         t = now
-        for kind, run in itertools.groupby(moves, key=lambda m: m.kind):
-            n = sum(1 for _ in run)
+        for kind, group in itertools.groupby(moves, key=lambda m: m.kind):
+            run = list(group)
             if kind == "spill":
-                self.spills_done_at = max(self.spills_done_at, t) + self.link.transfer_s(n)
-                self.bytes_out += n * self.link.state_bytes
+                self.spills_done_at = max(self.spills_done_at, t) + self.link.transfer_s(len(run))
+                self.landed_at.update((m.dst, self.spills_done_at) for m in run)
+                self.bytes_out += len(run) * self.link.state_bytes
             elif kind == "restore":
-                t = max(t, self.spills_done_at) + self.link.transfer_s(n)
-                self.bytes_in += n * self.link.state_bytes
+                ready = max((self.landed_at.get(m.src, 0.0) for m in run), default=0.0)
+                t = max(t, ready) + self.link.transfer_s(len(run))
+                self.bytes_in += len(run) * self.link.state_bytes
         return t - now

@@ -1,6 +1,6 @@
 """The host tier on the simulator (``sim/hostlink.py``, ``sim/engines.sim_host_slots``): spills travel
-while later rounds run, a restore waits for the spills booked before it and holds its round back
-by its own transfer; conversations that return after think times restore their checkpoints and
+while later rounds run, a restore waits for the spills of the rows it reads and holds its round
+back by its own transfer; conversations that return after think times restore their checkpoints and
 reuse far more than without the tier, under every policy, with no bubble under radixflow and pair;
 a device without a published host link refuses a tier."""
 
@@ -31,6 +31,10 @@ def test_spills_overlap_and_restores_wait_for_them() -> None:
     assert line.round_delay([restore, restore], now=10e-3) == pytest.approx(3e-3)  # one transfer of two
     assert line.round_delay([StateMove("copy", 5, 7)], now=20e-3) == 0.0
     assert (line.bytes_out, line.bytes_in) == (2 * 10**6, 3 * 10**6)
+    # a restore waits only for the spills of the rows it reads: not for a queue of others
+    assert line.round_delay([StateMove("spill", 4, 2)] * 5, now=30e-3) == 0.0  # lands at 30 + 1 + 5 = 36 ms
+    assert line.round_delay([restore], now=31e-3) == pytest.approx(2e-3)  # row 1 landed long ago
+    assert line.round_delay([StateMove("restore", 2, 6)], now=31e-3) == pytest.approx(7e-3)  # 36 ms + 2
     with pytest.raises(ValueError, match="bandwidth"):
         HostLink(bandwidth=0.0, latency_s=0.0, state_bytes=1)
 
