@@ -135,7 +135,7 @@ class RoundRecord:
     verify_rows: int = 0  # rows carrying drafted tokens (speculative decoding, scheduler/drafts.py)
     drafted_tokens: int = 0  # drafted tokens its verify rows carried
     accepted_tokens: int = 0  # of those, the ones the greedy rule accepted (scheduler/drafts.accepted_length)
-    restores: int = 0  # host checkpoints the admission scan started restoring (cache/tiers.py)
+    restores: int = 0  # host checkpoints the scan read into a request slot or started restoring
     spilled: int = 0  # checkpoints the round copied to the host tier (RoundPlan.state_moves)
     restored: int = 0  # checkpoints the round copied back from the host tier
 

@@ -101,7 +101,7 @@ class RoundStats:
     checkpoints_planted: int = 0  # pending checkpoints this round will emit
     checkpoints_skipped: int = 0  # placements dropped for lack of a state slot
     checkpoints_evicted_unused: int = 0  # committed checkpoints dropped this round before any read
-    restores: int = 0  # host checkpoints this round's admission scan started restoring (cache/tiers.py)
+    restores: int = 0  # host checkpoints the scan read into a request slot or started restoring
     prefill_first: bool = False  # planned prefill before decode rows (the last round starved a prefill)
 
 
