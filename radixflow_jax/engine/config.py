@@ -136,6 +136,7 @@ class RoundRecord:
     drafted_tokens: int = 0  # drafted tokens its verify rows carried
     accepted_tokens: int = 0  # of those, the ones the greedy rule accepted (scheduler/drafts.accepted_length)
     restores: int = 0  # host checkpoints the scan read into a request slot or started restoring
+    restore_waits: int = 0  # requests that waited this round for a pending restore they started
     spilled: int = 0  # checkpoints the round copied to the host tier (RoundPlan.state_moves)
     restored: int = 0  # checkpoints the round copied back from the host tier
 

@@ -236,8 +236,9 @@ class Scheduler:
         return Decision.ADMIT
 
     def _consumer(self, req: Request, match, round_: RoundBuilder) -> Decision | None:
-        """The policy's answer for consumer ``req`` (policy pair first tries to pair it); ``None``:
-        it waited long enough (``max_consumer_wait``) and is admitted like any other request."""
+        """The policy's answer for consumer ``req`` (pair first tries to pair it); ``None``: it
+        waited long enough (``max_consumer_wait``) and is admitted like any other request."""
+        round_.stats.restore_waits += req.restore_node is not None
         if self.policy.pair:
             decision = self._pairing.pair(req, match, self.requests.get(match.producer_id), round_)
             if decision is not None:
@@ -253,10 +254,9 @@ class Scheduler:
         return self._hold(round_)
 
     def _hold(self, round_: RoundBuilder) -> Decision:
-        """A request waits as the policy says (``native`` stops the scan, ``radixflow`` and ``pair``
-        skip it). Unbounded when it waits for a slot to restore into, in queue order: that wait
-        ends (something pending commits and frees one), and a bound would make a burst of
-        returning conversations wait it out and recompute every history."""
+        """A request waits as the policy says (``native`` stops, ``radixflow`` and ``pair`` skip it).
+        Unbounded for a slot to restore into (queue order; it ends once something pending commits):
+        a bound would make a burst of returning conversations wait it out and recompute it all."""
         if self.policy.consumer is Decision.STOP_ROUND:
             round_.stats.consumers_blocked += 1
             round_.stats.stopped_by_consumer = True
