@@ -242,3 +242,38 @@ def test_two_requests_in_a_short_pool_finish_under_overlap(policy: str) -> None:
     assert report.by_reason()["length"] == 2, report.by_reason()
     for key, out in report.completed().items():
         assert out == cold[key], key
+
+
+@pytest.mark.parametrize("policy", CACHING_POLICIES)
+def test_overlap_conversations_return_through_the_host_tier(policy: str) -> None:
+    """Overlapped rounds over a host tier: turns find their exact ends demoted and read them back
+    (host reads into their slots, or restores), a fault voids rounds in flight; every read checks
+    out against the launch-order shadow and every output equals the cold run."""
+    from radixflow_jax.reliability.soak import cold_tokens
+
+    config = BASE.with_options(policy=policy, overlap=True)
+    clock = VirtualClock()
+    adapter = LaunchOrderShadow(ShadowExecutor(config.scheduler.page_size, hybrid=True, vocab=1000, clock=clock))
+    spec = dataclasses.replace(_spec(config, hybrid=True, num_pages=200, num_slots=1 + 4 + 2), num_host_slots=32)
+    core = assemble_engine(spec, lambda shapes: FaultyExecutor(adapter, (Fault(12, "donated"),)), clock=clock)
+    adapter.core = core
+    rng = random.Random(11)
+    h = Harness(core)
+    turn_of: dict[int, int] = {}
+    params = SamplingParams(max_tokens=6, ignore_eos=True)
+
+    def finished(key: int, out) -> None:
+        if turn_of[key] + 1 < 4:
+            nxt = h.follow_up(h.subs[key].prompt + out.token_ids + tokens(rng, rng.choice([1, 5, 19])), params)
+            turn_of[nxt] = turn_of[key] + 1
+
+    h.on_finished.append(finished)
+    for s in range(6):
+        turn_of[h.submit(tokens(rng, rng.randint(20, 40)), params, at_round=s)] = 0
+    report = h.run()
+    assert adapter.inner.violations == [] and h.violations == [] and report.step_failures == 1
+    assert report.by_reason()["length"] == 24
+    for key, out in report.completed().items():
+        assert out == cold_tokens(h.subs[key].prompt, 6, 1000), key
+    assert sum(r.restored for r in core.records) > 5
+    assert sum(r.overlapped for r in core.records) > len(core.records) // 2
