@@ -3,23 +3,29 @@
 Two tiers hold checkpoints (docs/design.md, "The host tier"): the device slot pool (``SlotPool``)
 and, below it, the host tier (:class:`HostPool`, host memory sized in checkpoints). Under slot
 pressure :meth:`TieredStore.evict_states` *demotes* a committed checkpoint: it takes a host slot
-(dropping the least valuable host checkpoint when the host pool is full), queues a *spill*
-``(device slot, host slot)`` and gives the device slot back. A host checkpoint (``on_host``) is
-never read; a request whose best hit is one asks :meth:`TieredStore.restore`, which makes it
-*pending* again under a fresh restore id (negative, so it never names a request) in a device slot
-the caller allocated, and queues a *restore* ``(restore id, host slot, device slot)``. The
-request waits as a consumer of that pending checkpoint, like a consumer of a producer's; the
-restore's ``commit`` (the round that carried the copy has finished) makes it readable and frees
-its host slot, its ``unpublish`` (that round was void) returns it to the host tier.
+(dropping the least valuable unlocked host checkpoint when the host pool is full), queues a
+*spill* ``(device slot, host slot)`` and gives the device slot back. A host checkpoint
+(``on_host``) comes back in one of two ways:
 
-Invariants (``invariants.check_tree`` checks the first three):
+* :meth:`TieredStore.read_host`: its row is copied straight into the slot of the request that
+  runs from it in the plan being built (a ``restore`` move to that slot); the host copy stays and
+  the node gets no device checkpoint;
+* :meth:`TieredStore.restore`: it becomes *pending* again under a fresh restore id (negative, so it
+  never names a request) in a device slot the caller allocated, with a ``restore`` move queued;
+  requests wait as consumers of that pending checkpoint, like consumers of a producer's; the
+  restore's ``commit`` (the round that carried the copy has finished) makes it readable and frees
+  its host slot, its ``unpublish`` (that round was void) returns it to the host tier.
+
+Invariants (``invariants.check_tree`` checks the first two):
   * a host checkpoint holds a host slot and no device slot; a restoring one holds both; the tree
     holds exactly one reference on each host slot it names;
-  * host checkpoints lie on committed KV, like committed ones (only a committed one is demoted);
-  * a restore id is pending on exactly one node, its restoring checkpoint;
-  * the executor runs a round's spills before its restores and both before its step
-    (``RoundPlan.state_spills``): a device slot freed by a demotion is written by nobody before
-    its spill has read it, and a host slot is read by a restore only after its spill wrote it.
+  * a restoring checkpoint's producer is a restore id, pending on exactly that node;
+  * host checkpoints lie on committed KV, like committed ones (only a committed one is demoted),
+    and a locked node keeps its host checkpoint (a request that read it holds the node);
+  * every copy is queued in ``_moves`` in booking order and the executor makes them in that order
+    before the step of the plan that takes them (``RoundPlan.state_moves``): a device slot freed by
+    a demotion is written by nobody before its spill has read it, and a host row is read only
+    after the spill that wrote it.
 """
 
 from __future__ import annotations
@@ -179,10 +185,6 @@ class TieredStore(TreeStore):
             node.checkpoint = None
             return
         super()._drop_checkpoint(node)
-
-    def host_checkpoints(self) -> int:
-        """Checkpoints held on the host tier (restoring ones included). O(nodes)."""
-        return sum(1 for n in iter_nodes(self._root) if n.checkpoint is not None and n.checkpoint.host_slot is not None)
 
     # ------------------------------------------------------------------ eviction
 

@@ -84,27 +84,29 @@ def pool_sizes(cfg: ModelConfig, ec: EngineConfig, max_model_len: int) -> tuple[
 DEFAULT_HOST_CACHE_GB = 4.0  # the host tier's default ceiling (cache/tiers.py)
 
 
-def host_slots(cfg: ModelConfig, dtype: Any, ec: EngineConfig, ram_bytes: int | None = None) -> int:
-    """The host tier's size in checkpoints (``cache/tiers.py``; 0: none, and always for a model
-    without recurrent layers): ``ec.num_host_slots`` when given, else ``ec.host_cache_gb`` GiB of
-    checkpoints, by default an eighth of the host's RAM (``ram_bytes``, read from the OS when None)
-    and at most ``DEFAULT_HOST_CACHE_GB``. Host rows are mapped lazily: an unused tier costs no RAM."""
-    if not cfg.is_hybrid:
+def default_host_cache_gb(ram_bytes: int | None = None) -> float:
+    """The model engine's default host tier: an eighth of the host's RAM (``ram_bytes``, read from
+    the OS when None), at most ``DEFAULT_HOST_CACHE_GB``. Host rows are mapped lazily: an unused
+    tier costs no RAM."""
+    ram = ram_bytes if ram_bytes is not None else os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return min(DEFAULT_HOST_CACHE_GB, ram / 8 / 2**30)
+
+
+def host_slots(slot_bytes: int, ec: EngineConfig, default_gb: float) -> int:
+    """The host tier's size in checkpoints of ``slot_bytes`` each (``cache/tiers.py``; 0: none, and
+    always for a model without recurrent state, whose ``slot_bytes`` is 0): ``ec.num_host_slots``
+    when given, else ``ec.host_cache_gb`` GiB, else ``default_gb`` GiB. ``ValueError`` naming the
+    field for a negative size."""
+    if ec.num_host_slots is not None and ec.num_host_slots < 0:
+        raise ValueError(f"num_host_slots must be >= 0, got {ec.num_host_slots}")
+    if ec.host_cache_gb is not None and ec.host_cache_gb < 0:
+        raise ValueError(f"host_cache_gb must be >= 0, got {ec.host_cache_gb}")
+    if not slot_bytes:
         return 0
     if ec.num_host_slots is not None:
-        if ec.num_host_slots < 0:
-            raise ValueError(f"num_host_slots must be >= 0, got {ec.num_host_slots}")
         return ec.num_host_slots
-    gb = ec.host_cache_gb
-    if gb is None:
-        ram = ram_bytes if ram_bytes is not None else os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-        gb = min(DEFAULT_HOST_CACHE_GB, ram / 8 / 2**30)
-    if gb < 0:
-        raise ValueError(f"host_cache_gb must be >= 0, got {gb}")
-    from radixflow_jax.models.batch import pool_unit_bytes
-
-    slot_bytes = pool_unit_bytes(cfg, dtype, ec.scheduler.page_size)[1]
-    return int(gb * 2**30 // slot_bytes) if slot_bytes else 0
+    gb = ec.host_cache_gb if ec.host_cache_gb is not None else default_gb
+    return int(gb * 2**30 // slot_bytes)
 
 
 def enable_compilation_cache(directory: str) -> None:
@@ -165,7 +167,8 @@ def build_engine(model: LoadedModel, ec: EngineConfig) -> EngineCore:
         enable_compilation_cache(ec.compilation_cache_dir)
     max_model_len = ec.max_model_len or min(cfg.max_position_embeddings, 8192)
     num_pages, num_slots = pool_sizes(cfg, ec, max_model_len)
-    num_host = host_slots(cfg, model.dtype, ec)
+    slot_bytes = pool_unit_bytes(cfg, model.dtype, ec.scheduler.page_size)[1]
+    num_host = host_slots(slot_bytes, ec, default_host_cache_gb())
     kernels = step_kernels(model, ec.kernels)
     spec = EngineSpec(
         config=ec,
@@ -174,7 +177,7 @@ def build_engine(model: LoadedModel, ec: EngineConfig) -> EngineCore:
         num_pages=num_pages,
         num_slots=num_slots,
         num_host_slots=num_host,
-        state_bytes=pool_unit_bytes(cfg, model.dtype, ec.scheduler.page_size)[1],
+        state_bytes=slot_bytes,
         max_model_len=max_model_len,
         eos_token_ids=tuple(cfg.eos_token_ids) + (model.tokenizer.eos_token_ids if model.tokenizer else ()),
         tokenizer=model.tokenizer,

@@ -34,6 +34,7 @@ import numpy as np
 
 from radixflow_jax.cache import StateMove
 from radixflow_jax.models.batch import ModelCache
+from radixflow_jax.runner.pagecopy import padded_chunks
 
 __all__ = ["HostStates"]
 
@@ -56,7 +57,7 @@ def _scatter(
 
 class HostStates:
     """Host rows for ``num_host_slots`` checkpoints of the model whose pools look like ``cache``
-    (see the module docstring). ``nbytes``: the host memory the rows take once written."""
+    (see the module docstring)."""
 
     def __init__(self, cache: ModelCache, num_host_slots: int, *, width: int) -> None:
         if num_host_slots < 1 or width < 1:
@@ -70,17 +71,6 @@ class HostStates:
         self._gather = jax.jit(_gather)
         self._scatter = jax.jit(_scatter, donate_argnums=0)
         self._landing: list[tuple[np.ndarray, int, tuple[jax.Array, ...], tuple[jax.Array, ...]]] = []
-        self.bytes_out = 0  # device -> host, spilled
-        self.bytes_in = 0  # host -> device, restored
-
-    @property
-    def nbytes(self) -> int:
-        return sum(a.nbytes for a in (*self.conv, *self.ssm))
-
-    @property
-    def slot_bytes(self) -> int:
-        """Bytes of one checkpoint (one row of every array)."""
-        return sum(a[0].nbytes for a in (*self.conv, *self.ssm))
 
     def prime(self, cache: ModelCache) -> ModelCache:
         """Compiles both programs (a warm-up: slot 0 onto itself)."""
@@ -105,17 +95,11 @@ class HostStates:
 
     def spill(self, cache: ModelCache, pairs: Sequence[tuple[int, int]]) -> None:
         """Starts copying device slots to host rows: ``(device slot, host slot)`` pairs."""
-        for i in range(0, max(len(pairs), 1), self.width):
-            chunk = pairs[i : i + self.width]
-            idx = np.zeros(self.width, np.int32)
-            rows = np.zeros(self.width, np.int64)
-            if chunk:
-                idx[: len(chunk)], rows[: len(chunk)] = zip(*chunk)
+        for idx, rows, n in padded_chunks(pairs, self.width):
             conv, ssm = self._gather(cache, idx)
             for arr in (*conv, *ssm):
                 arr.copy_to_host_async()
-            self._landing.append((rows, len(chunk), conv, ssm))
-            self.bytes_out += len(chunk) * self.slot_bytes
+            self._landing.append((rows, n, conv, ssm))
 
     def restore(self, cache: ModelCache, pairs: Sequence[tuple[int, int]]) -> ModelCache:
         """Copies host rows into device slots: ``(host slot, device slot)`` pairs, once the spills
@@ -123,18 +107,11 @@ class HostStates:
         wanted = {h for h, _ in pairs}
         writes = [i for i, (rows, n, _, _) in enumerate(self._landing) if wanted & set(rows[:n].tolist())]
         self._land(block=True, count=max(writes, default=-1) + 1)
-        for i in range(0, max(len(pairs), 1), self.width):
-            chunk = pairs[i : i + self.width]
-            rows = np.zeros(self.width, np.int64)
-            idx = np.zeros(self.width, np.int32)
-            keep = np.zeros(self.width, bool)
-            if chunk:
-                rows[: len(chunk)], idx[: len(chunk)] = zip(*chunk)
-                keep[: len(chunk)] = True
+        for rows, idx, n in padded_chunks(pairs, self.width):
+            keep = np.arange(self.width) < n
             conv = tuple(a[rows] for a in self.conv)
             ssm = tuple(a[rows] for a in self.ssm)
             cache = self._scatter(cache, idx, keep, conv, ssm)
-            self.bytes_in += len(chunk) * self.slot_bytes
         return cache
 
     def _land(self, *, block: bool, count: int | None = None) -> None:

@@ -20,7 +20,7 @@ sink as it was). Destinations are distinct and no destination is a source of the
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import jax
 import numpy as np
@@ -44,6 +44,18 @@ def copy_states(cache: ModelCache, src: jax.Array, dst: jax.Array) -> ModelCache
     return cache._replace(conv=conv, ssm=ssm)
 
 
+def padded_chunks(pairs: Sequence[tuple[int, int]], width: int) -> Iterator[tuple[np.ndarray, np.ndarray, int]]:
+    """``pairs`` as ``(first, second, n)`` int32 columns of ``width`` entries each, ``n`` of them
+    real and the rest 0 (the reserved id); an empty list still gives one all-padding chunk (the
+    warm-up call of a fixed-width program)."""
+    for i in range(0, max(len(pairs), 1), width):
+        chunk = pairs[i : i + width]
+        first, second = np.zeros(width, np.int32), np.zeros(width, np.int32)
+        if chunk:
+            first[: len(chunk)], second[: len(chunk)] = zip(*chunk)
+        yield first, second, len(chunk)
+
+
 class _Copier:
     """One compiled copy of ``width`` pairs over an executor's pools (donated)."""
 
@@ -60,12 +72,7 @@ class _Copier:
         """``cache`` after the copies ``pairs`` (an empty list still runs once: the warm-up)."""
         if self._empty(cache):
             return cache  # no layer of this kind: nothing to copy
-        for i in range(0, max(len(pairs), 1), self.width):
-            chunk = pairs[i : i + self.width]
-            src = np.zeros(self.width, np.int32)
-            dst = np.zeros(self.width, np.int32)
-            if chunk:
-                src[: len(chunk)], dst[: len(chunk)] = zip(*chunk)
+        for src, dst, _ in padded_chunks(pairs, self.width):
             cache = self._fn(cache, src, dst)
         return cache
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from radixflow_jax.engine.build import assemble_engine, device_pools
+from radixflow_jax.engine.build import assemble_engine, device_pools, host_slots
 from radixflow_jax.engine.config import EngineConfig
 from radixflow_jax.engine.core import EngineCore
 from radixflow_jax.engine.roundcost import LinearRoundCost
@@ -59,21 +59,10 @@ def build_sim_engine(
 
 
 def sim_host_slots(spec: ModelSpec, device: DeviceSpec, ec: EngineConfig) -> int:
-    """The simulated host tier's checkpoints: ``ec.num_host_slots``, else ``ec.host_cache_gb`` GiB of
-    ``spec``'s checkpoints; none by default (a simulated host has no RAM to take an eighth of) and
-    always none for a model without recurrent layers. ``ValueError`` for a tier on a device whose
+    """The simulated host tier's checkpoints (``engine/build.host_slots``), none by default: a
+    simulated host has no RAM to take an eighth of. ``ValueError`` for a tier on a device whose
     host link is not published (``sim/specs.py``)."""
-    if not spec.is_hybrid:
-        return 0
-    if ec.num_host_slots is not None:
-        n = ec.num_host_slots
-    else:
-        gb = ec.host_cache_gb or 0.0
-        if gb < 0:
-            raise ValueError(f"host_cache_gb must be >= 0, got {gb}")
-        n = int(gb * 2**30 // spec.state_bytes)
-    if n < 0:
-        raise ValueError(f"num_host_slots must be >= 0, got {n}")
+    n = host_slots(spec.state_bytes if spec.is_hybrid else 0, ec, default_gb=0.0)
     if n and device.host_link_bandwidth is None:
         raise ValueError(f"host_cache_gb: device {device.name!r} has no published host link to simulate a host tier on")
     return n

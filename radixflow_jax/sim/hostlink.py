@@ -46,8 +46,6 @@ class HostLinkTimeline:
         self.link = link
         self.spills_done_at = 0.0
         self.landed_at: dict[int, float] = {}
-        self.bytes_out = 0
-        self.bytes_in = 0
 
     def round_delay(self, moves: Sequence[StateMove], now: float) -> float:
         """Books a round's ``moves`` dispatched at ``now``; returns how long they hold its step back."""
@@ -57,9 +55,7 @@ class HostLinkTimeline:
             if kind == "spill":
                 self.spills_done_at = max(self.spills_done_at, t) + self.link.transfer_s(len(run))
                 self.landed_at.update((m.dst, self.spills_done_at) for m in run)
-                self.bytes_out += len(run) * self.link.state_bytes
             elif kind == "restore":
                 ready = max((self.landed_at.get(m.src, 0.0) for m in run), default=0.0)
                 t = max(t, ready) + self.link.transfer_s(len(run))
-                self.bytes_in += len(run) * self.link.state_bytes
         return t - now

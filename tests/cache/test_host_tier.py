@@ -24,6 +24,22 @@ def _all_free(cache) -> None:
     assert cache.host_pool is None or cache.host_pool.num_used == 0
 
 
+def _demoted(cache):
+    """A's checkpoint at depth 8, demoted (its spill taken); returns its node and host slot."""
+    committed_checkpoint(cache, A, 8)
+    cache.evict_states(1)
+    ((_, _, host_slot),), _ = cache.take_moves()
+    return cache.match(A + [1]).host_node, host_slot
+
+
+def _restoring(cache, node):
+    """Starts restoring ``node`` into a fresh slot (the tree keeps the only reference)."""
+    slot = cache.slot_pool.alloc(1)[0]
+    rid = cache.restore(node, slot)
+    cache.slot_pool.decref(slot)
+    return rid, slot
+
+
 def test_eviction_demotes_and_queues_the_spill():
     cache = _cache()
     slot = committed_checkpoint(cache, A, 8)
@@ -45,13 +61,8 @@ def test_eviction_demotes_and_queues_the_spill():
 
 def test_a_restore_is_a_pending_checkpoint_until_its_commit():
     cache = _cache()
-    committed_checkpoint(cache, A, 8)
-    cache.evict_states(1)
-    ((_, _, host_slot),), _ = cache.take_moves()
-    m = cache.match(A + [1])
-    slot = cache.slot_pool.alloc(1)[0]
-    rid = cache.restore(m.host_node, slot)
-    cache.slot_pool.decref(slot)
+    node, host_slot = _demoted(cache)
+    rid, slot = _restoring(cache, node)
     assert rid < 0 and cache.restores_queued
     assert cache.take_moves() == ((StateMove("restore", host_slot, slot),), (rid,))
     m2 = cache.match(A + [1])
@@ -68,12 +79,8 @@ def test_a_restore_is_a_pending_checkpoint_until_its_commit():
 
 def test_a_void_restore_goes_back_to_the_host():
     cache = _cache()
-    committed_checkpoint(cache, A, 8)
-    cache.evict_states(1)
-    node = cache.match(A + [1]).host_node
-    slot = cache.slot_pool.alloc(1)[0]
-    rid = cache.restore(node, slot)
-    cache.slot_pool.decref(slot)
+    node, _ = _demoted(cache)
+    rid, slot = _restoring(cache, node)
     assert cache.unpublish(rid) == 0
     assert node.checkpoint.on_host and cache.slot_pool.is_free(slot)
     assert cache.match(A + [1]).host_node is node
@@ -98,11 +105,8 @@ def test_a_full_host_pool_drops_its_least_recent_checkpoint():
 
 def test_a_host_read_queues_a_copy_and_its_locked_node_keeps_the_host_checkpoint():
     cache = _cache(host_slots=1)
-    committed_checkpoint(cache, A, 8, producer=1)
-    cache.evict_states(1)
-    ((_, _, host_slot),), _ = cache.take_moves()
+    node, host_slot = _demoted(cache)
     m = cache.match(A + [1])
-    node = m.host_node
     assert node is not None and m.host_pages == m.hit_pages + tuple(node.pages) and m.host_tail_page is None
     cache.lock(node)  # the request that reads it (Allocator.seat)
     slot = cache.slot_pool.alloc(1)[0]
@@ -134,9 +138,7 @@ def test_kv_eviction_takes_a_host_checkpoint_with_its_node():
 
 def test_keep_end_replaces_a_host_copy_of_the_same_state():
     cache = _cache()
-    committed_checkpoint(cache, A, 8)
-    cache.evict_states(1)
-    node = cache.match(A + [1]).host_node
+    node, _ = _demoted(cache)
     table, own = own_pages(cache, A)
     slot = cache.slot_pool.alloc(1)[0]
     assert cache.keep_end(A, 8, slot, table, owner=5)
@@ -166,10 +168,8 @@ def test_host_tail_checkpoints_are_restored_at_exact_depth():
     cache.evict_states(1)
     m = cache.match(turn + [5])
     assert m.host_node is not None and m.host_node.is_tail and m.host_node.depth == 11 and m.hit_len == 0
-    new = cache.slot_pool.alloc(1)[0]
-    rid = cache.restore(m.host_node, new)
-    cache.slot_pool.decref(new)
-    cache.commit(rid)
+    assert m.host_tail_page == table[2] and m.host_pages == tuple(table[:2])
+    cache.commit(_restoring(cache, m.host_node)[0])
     m = cache.match(turn + [5])
     assert m.hit_len == 11 and m.hit_tail_page == table[2]
     cache.check_invariants()
@@ -181,9 +181,6 @@ def test_flush_reverts_restores_and_frees_the_host_tier():
     committed_checkpoint(cache, A, 8, producer=1)
     committed_checkpoint(cache, B, 8, producer=2)
     cache.evict_states(2)
-    node = cache.match(A + [1]).host_node
-    slot = cache.slot_pool.alloc(1)[0]
-    cache.restore(node, slot)
-    cache.slot_pool.decref(slot)
+    _restoring(cache, cache.match(A + [1]).host_node)
     _all_free(cache)
     assert cache.take_moves() == ((), ())

@@ -13,6 +13,7 @@ import pytest
 from radixflow_jax.bench.run import BenchConfig, sim_runner
 from radixflow_jax.bench.workloads import WorkloadSpec, generate
 from radixflow_jax.cache import StateMove
+from radixflow_jax.engine.build import default_host_cache_gb, host_slots
 from radixflow_jax.engine.config import EngineConfig
 from radixflow_jax.sim.engines import build_sim_engine, sim_host_slots
 from radixflow_jax.sim.hostlink import HostLink, HostLinkTimeline
@@ -30,7 +31,6 @@ def test_spills_overlap_and_restores_wait_for_them() -> None:
     assert line.round_delay([restore], now=1e-3) == pytest.approx(4e-3)
     assert line.round_delay([restore, restore], now=10e-3) == pytest.approx(3e-3)  # one transfer of two
     assert line.round_delay([StateMove("copy", 5, 7)], now=20e-3) == 0.0
-    assert (line.bytes_out, line.bytes_in) == (2 * 10**6, 3 * 10**6)
     # a restore waits only for the spills of the rows it reads: not for a queue of others
     assert line.round_delay([StateMove("spill", 4, 2)] * 5, now=30e-3) == 0.0  # lands at 30 + 1 + 5 = 36 ms
     assert line.round_delay([restore], now=31e-3) == pytest.approx(2e-3)  # row 1 landed long ago
@@ -70,6 +70,13 @@ def test_tier_sizes_and_devices_without_a_link() -> None:
         build_sim_engine(MODEL_SPECS["qwen3.5-4b"], DEVICE_SPECS["tpu-v6e"], EngineConfig(host_cache_gb=1.0))
     with pytest.raises(ValueError, match="host_cache_gb"):
         sim_host_slots(spec, h200, dataclasses.replace(EngineConfig(), host_cache_gb=-1.0))
+    # the rule both engines share (engine/build.py): the model engine's default is RAM / 8, at most 4 GiB
+    assert default_host_cache_gb(ram_bytes=16 * 2**30) == 2.0 and default_host_cache_gb(ram_bytes=2**40) == 4.0
+    assert host_slots(2**20, EngineConfig(), default_gb=2.0) == 2048
+    assert host_slots(2**20, EngineConfig(host_cache_gb=0.5), default_gb=2.0) == 512
+    assert host_slots(0, EngineConfig(num_host_slots=9), default_gb=2.0) == 0  # no recurrent state
+    with pytest.raises(ValueError, match="num_host_slots"):
+        host_slots(2**20, EngineConfig(num_host_slots=-1), default_gb=2.0)
 
 
 def test_a_returning_request_restores_into_its_own_slot() -> None:
