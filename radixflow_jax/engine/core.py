@@ -45,7 +45,7 @@ from radixflow_jax.engine.grammar import GrammarCompiler, GrammarState, has_gram
 from radixflow_jax.engine.intake import CheckedRequest, RequestLimits
 from radixflow_jax.engine.params import RequestOutput, SamplingParams
 from radixflow_jax.engine.protocol import Executor, LaunchHandle, OverlapExecutor, PromptLogprob, StepResult
-from radixflow_jax.engine.record import RequestRecord, SamplingRows
+from radixflow_jax.engine.record import RequestRecord, SamplingRows, attach_logprobs, logprob_owners
 from radixflow_jax.engine.recovery import FailedRounds, LaunchFailed, is_fatal
 from radixflow_jax.engine.siblings import expand, is_group
 from radixflow_jax.engine.spec import EngineSpec
@@ -186,7 +186,7 @@ class EngineCore:
         arrival = self.clock() if arrival_time is None else arrival_time
         req = Request(
             rid, prompt, params.max_tokens, frozenset(stops), arrival_time=arrival,
-            speculate=self.scheduler.config.speculative is not None and params.speculable,
+            speculate=self.scheduler.config.speculative is not None,
         )
         rec = RequestRecord.open(
             req,
@@ -323,14 +323,9 @@ class EngineCore:
         """Commits a round whose result came back (the scheduler's commit fence, then the outputs);
         returns the outputs that changed."""
         self.failures.committed(plan, self._records)
-        if result.logprobs:
-            reqs = self.scheduler.requests
-            live = {r.request_id for r in plan.rows if r.request_id in reqs and reqs[r.request_id].epoch == r.epoch}
-            for rid, lp in result.logprobs.items():
-                rec = self._records.get(rid)
-                if rid in live and rec is not None:  # not for a stale row (preempted after planning, overlap)
-                    rec.add_logprobs(lp)
+        owners = logprob_owners(plan, result, self.scheduler.requests)
         finished = self.scheduler.commit(plan, result.sampled, result.verified)
+        attach_logprobs(owners, result, self._records)
         self.records.append(
             RoundRecord.of(
                 self.num_rounds - 1, plan, result, plan_s=times.plan_s, host_s=times.host_s, overlapped=times.overlapped
@@ -367,6 +362,8 @@ class EngineCore:
         req, rec = self.scheduler.requests[rid], self._records[rid]
         rec.progress(req, now, self.num_rounds)
         verdict = rec.follow_grammar(req)
+        if rec.stop_at is not None:  # the grammar completed before the last token a verify row committed
+            self.scheduler.truncate_output(rid, rec.stop_at)
         if self.tokenizer is not None and rec.update_text(self.tokenizer, req.is_finished):
             verdict = "stop"
             if rec.stop_at is not None:  # a verify row committed tokens past the stop string

@@ -45,7 +45,7 @@ class LaunchedStep:
     tokens: jax.Array
     logprobs: tuple[jax.Array, ...]
     want: list[tuple[int, int, int]]  # (array row, request id, top-k) of rows that asked for logprobs
-    verified: jax.Array  # the greedy token after each verify point (speculative decoding; empty: none)
+    verified: jax.Array  # the token sampled after each verify point (speculative decoding; empty: none)
     verify_points: tuple[tuple[int, int, int], ...]  # (request id, first point, drafted tokens) per verify row
     build_s: float
     start: float  # perf_counter when the step was dispatched
@@ -287,10 +287,15 @@ class ModelExecutor:
         if handle.variant is None:  # state moves only: nothing sampled, no step time
             return StepResult(sampled={}, token_slots=0, row_slots=0, build_s=handle.build_s, step_s=0.0)
         tokens = np.asarray(jax.device_get(handle.tokens))
-        logprobs = {}
+        logprobs, point_logprobs = {}, {}
         if handle.want:  # fetched only when a row asked for them
-            chosen, top_ids, top_lp = (np.asarray(x) for x in jax.device_get(handle.logprobs))
-            logprobs = {rid: (float(chosen[i]), top_ids[i, :k].tolist(), top_lp[i, :k].tolist()) for i, rid, k in handle.want}
+            arrays = [np.asarray(x) for x in jax.device_get(handle.logprobs)]
+            logprobs = {rid: _logprob(arrays[:3], i, k) for i, rid, k in handle.want}
+            wanted = {rid: k for _, rid, k in handle.want}
+            point_logprobs = {  # verify rows: the token after each verify point (speculative decoding)
+                rid: [_logprob(arrays[3:], j, wanted[rid]) for j in range(first, first + n)]
+                for rid, first, n in handle.verify_points if rid in wanted
+            }
         done = time.perf_counter() if handle.ready is None else handle.ready
         step_s = done - max(handle.start, self._last_done)
         self._last_done = done
@@ -308,6 +313,7 @@ class ModelExecutor:
             build_s=handle.build_s,
             step_s=step_s,
             logprobs=logprobs,
+            verify_logprobs=point_logprobs,
             decode_slots=variant.num_decode,
             compile_s=handle.compile_s,
         )
@@ -340,3 +346,9 @@ class ModelExecutor:
 
 def stderr_progress(message: str) -> None:
     print(f"[radixflow] {message}", file=sys.stderr, flush=True)
+
+
+def _logprob(arrays: list[np.ndarray], i: int, k: int) -> tuple[float, list[int], list[float]]:
+    """Entry ``i`` of the step's ``(chosen logprob, top ids, top logprobs)`` arrays, ``k`` alternatives."""
+    chosen, top_ids, top_lp = arrays
+    return float(chosen[i]), top_ids[i, :k].tolist(), top_lp[i, :k].tolist()

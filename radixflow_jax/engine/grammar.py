@@ -244,12 +244,21 @@ class GrammarState:
         self.consumed = 0
         self.failed = False
 
-    def advance(self, output: Sequence[int]) -> None:
-        """Feeds the tokens of ``output`` (the request's committed output) past ``consumed``."""
-        new = list(output[self.consumed :])
+    def advance(self, output: Sequence[int]) -> int | None:
+        """Feeds the tokens of ``output`` (the request's committed output) past ``consumed``. When
+        the grammar completes before the last of them (a verify row committed several), feeds no
+        more and returns how many of ``output`` it kept (``consumed``); else None."""
+        start, new = self.consumed, list(output[self.consumed :])
         self.consumed = len(output)
-        if new and not self.failed and not self._matcher.consume_tokens(new):
-            self.failed = True
+        for j, token in enumerate(new):
+            if self.failed:
+                break
+            if not self._matcher.consume_tokens([token]):
+                self.failed = True
+            elif j + 1 < len(new) and self._matcher.is_stopped():
+                self.consumed = start + j + 1
+                return self.consumed
+        return None
 
     @property
     def error(self) -> str:
@@ -260,6 +269,24 @@ class GrammarState:
     def stopped(self) -> bool:
         """The grammar is complete and allows no further token (besides EOS)."""
         return self._matcher.is_stopped() and not self.failed
+
+    def draft_masks(self, draft: Sequence[int], points: "np.ndarray", after: "np.ndarray") -> None:
+        """Speculative decoding (``runner/verify.py``): ``points[j]`` gets the mask after the
+        ``consumed`` tokens and ``draft[:j]``, ``after`` the mask after the whole draft. From the
+        first drafted token the grammar does not allow on, the masks are all ones (that point
+        rejects it, so nothing after it is committed). The matcher is left as it was."""
+        fed = 0
+        for j, token in enumerate(draft):
+            self.mask_into(points[j])
+            if self.failed or not self._matcher.try_consume_tokens([int(token)]):
+                points[j + 1 :] = -1
+                after[:] = -1
+                break
+            fed += 1
+        else:
+            self.mask_into(after)
+        if fed:
+            self._matcher.rollback(fed)
 
     def mask_into(self, row: "np.ndarray") -> None:
         """Writes the allowed next tokens into ``row`` (int32 ``[ceil(V/32)]``, bit ``v % 32`` of word

@@ -104,16 +104,6 @@ class SamplingParams:
     def has_penalty(self) -> bool:
         return self.presence_penalty != 0 or self.frequency_penalty != 0 or self.repetition_penalty != 1
 
-    @property
-    def speculable(self) -> bool:
-        """Whether its decode rows may carry drafted tokens (speculative decoding,
-        ``scheduler/drafts.py``): greedy or sampled (temperature, top-k, top-p, min-p, seed:
-        ``runner/step._verify``), with no penalty, ``logit_bias``, ``min_tokens``, logprobs
-        or structured outputs (stop strings are cut after the commit, ``RequestRecord.update_text``).
-        Other requests decode one token a round beside speculating ones."""
-        plain = not (self.has_penalty or self.logit_bias or self.min_tokens)
-        return plain and self.logprobs is None and self.structured_outputs is None
-
     def __post_init__(self) -> None:
         """Every value is checked here against the range that needs no engine facts (the vocabulary
         and the engine's limits are ``engine/intake.py``'s); each refusal is an

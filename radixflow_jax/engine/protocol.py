@@ -19,8 +19,10 @@ class StepResult:
     decode region), and timings (``compile_s``: compiling a variant on first use, which is not part
     of ``step_s`` and not on the engine's clock). ``logprobs``: for rows that asked for them,
     ``(logprob of the sampled token, top ids, top logprobs)``. ``verified`` (speculative decoding):
-    per verify row (``RowPlan.num_draft``), the greedy token after its last known token and after
-    each of its drafted tokens but the last; ``sampled`` holds the one after the last."""
+    per verify row (``RowPlan.num_draft``), the token after its last known token and after each of
+    its drafted tokens but the last; ``sampled`` holds the one after the last. ``verify_logprobs``:
+    for verify rows that asked for logprobs, those of each of ``verified``'s tokens, in order
+    (``logprobs`` has the row's sample's)."""
 
     sampled: dict[int, int]
     token_slots: int
@@ -31,6 +33,7 @@ class StepResult:
     decode_slots: int = 0
     compile_s: float = 0.0
     verified: dict[int, tuple[int, ...]] = dataclasses.field(default_factory=dict)
+    verify_logprobs: dict[int, list[tuple[float, list[int], list[float]]]] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,7 +53,7 @@ class ExecutorCapabilities:
     ``prompt_logprobs``: ``(prompt ids, k) -> per prompt token (logprob, top k ids, their logprobs)``,
     the first token None, computed cold; None: the engine refuses ``prompt_logprobs``.
     ``grammar_mask``: the step applies each sampled row's ``SamplingRow.grammar`` mask (structured
-    outputs); False: the engine refuses requests with ``structured_outputs``.``verify``: results carry the greedy tokens of verify rows (``StepResult.verified``), so the
+    outputs); False: the engine refuses requests with ``structured_outputs``.``verify``: results carry the tokens sampled at verify rows (``StepResult.verified``), so the
     engine may schedule drafted tokens (speculative decoding, ``scheduler/drafts.py``).
     """
 

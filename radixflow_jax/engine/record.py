@@ -31,7 +31,9 @@ from typing import Iterator, Mapping
 from radixflow_jax.engine.detok import IncrementalText
 from radixflow_jax.engine.grammar import GrammarState
 from radixflow_jax.engine.params import RequestOutput, SamplingParams
+from radixflow_jax.engine.protocol import StepResult
 from radixflow_jax.runner.inputs import SamplingRow, check_row
+from radixflow_jax.scheduler.plan import RoundPlan
 from radixflow_jax.scheduler.request import Request
 
 
@@ -43,7 +45,7 @@ class RequestRecord:
     output: RequestOutput
     sampling: SamplingRow | None
     detok: IncrementalText | None = None
-    stop_at: int | None = None  # set by update_text: the tokens the request keeps (a stop string before the last)
+    stop_at: int | None = None  # the tokens the request keeps: a stop string or its grammar ended it before the last
     num_decoded: int = 0  # output tokens at the last update_text (those of earlier rounds)
     failures: int = 0
     grammar: GrammarState | None = None  # per-request structured-output matcher; None: unconstrained
@@ -108,7 +110,13 @@ class RequestRecord:
         allowed; ``error``: a token it did not allow was committed, noted in ``output.error``), else None."""
         if self.grammar is None:
             return None
-        self.grammar.advance(req.committed_output)
+        cut = self.grammar.advance(req.committed_output)
+        if cut is not None:  # complete inside a verify row's tokens: the request keeps ``stop_at``
+            self.stop_at = cut
+            del self.output.token_ids[cut:]
+            if self.output.logprobs is not None:
+                del self.output.logprobs[cut:]
+            return "stop"
         if req.is_finished:
             return "stop" if req.finish_reason == "length" and self.grammar.stopped else None
         if self.grammar.failed:
@@ -135,6 +143,8 @@ class RequestRecord:
             if hit >= 0:
                 out.text = out.text[:hit]
                 self.stop_at = n if n < len(ids) else None
+                if self.stop_at is not None and out.logprobs is not None:
+                    del out.logprobs[n:]  # those of the tokens the request does not keep
                 return True
         return False
 
@@ -151,6 +161,40 @@ class RequestRecord:
         """The request ended: nothing samples it any more and its incremental text is done."""
         self.sampling = None
         self.detok = None
+
+
+def logprob_owners(
+    plan: RoundPlan, result: StepResult, requests: Mapping[int, Request]
+) -> list[tuple[int, Request, int]]:
+    """Before a round commits: ``(request id, request, committed output length)`` of each row whose logprobs
+    came back, leaving out stale rows (preempted after planning, overlap)."""
+    if not result.logprobs:
+        return []
+    live = {r.request_id for r in plan.rows if r.request_id in requests and requests[r.request_id].epoch == r.epoch}
+    return [(rid, requests[rid], _committed(requests[rid])) for rid in result.logprobs if rid in live]
+
+
+def _committed(req: Request) -> int:
+    """Output tokens committed (a launched round's placeholders left out)."""
+    return len(req.output) - req.unknown_tokens
+
+
+def attach_logprobs(
+    owners: list[tuple[int, Request, int]], result: StepResult, records: Mapping[int, RequestRecord]
+) -> None:
+    """After the commit: each row's logprobs go to its record, one entry per committed token. A
+    verify row committed the tokens after its first verify points, then perhaps its sample
+    (``StepResult.verify_logprobs``, then ``logprobs``), as many as its output grew."""
+    for rid, req, before in owners:
+        rec = records.get(rid)
+        if rec is None:
+            continue
+        points = result.verify_logprobs.get(rid)
+        entries = [result.logprobs[rid]]
+        if points is not None:
+            entries = (points + entries)[: _committed(req) - before]
+        for entry in entries:
+            rec.add_logprobs(entry)
 
 
 class SamplingRows(Mapping[int, SamplingRow]):

@@ -22,7 +22,8 @@ from typing import Mapping, NamedTuple, Protocol, Sequence
 import numpy as np
 
 from radixflow_jax.runner.shapes import Variant
-from radixflow_jax.runner.verify import fill_verify
+from radixflow_jax.runner.emits import fill_emits
+from radixflow_jax.runner.verify import fill_verify, fill_verify_sampling
 from radixflow_jax.runner.window import DecodePlacement, place_decode
 from radixflow_jax.scheduler.plan import RoundPlan, RoundStats, RowPlan
 
@@ -31,6 +32,8 @@ class RowMask(Protocol):
     """A request's grammar (``engine/grammar.GrammarState``): writes its allowed next tokens."""
 
     def mask_into(self, row: np.ndarray) -> None: ...
+
+    def draft_masks(self, draft: Sequence[int], points: np.ndarray, after: np.ndarray) -> None: ...
 
 
 @dataclasses.dataclass(frozen=True)
@@ -104,7 +107,9 @@ class StepInputs(NamedTuple):
     token_mask: np.ndarray  # int32 [R, ceil(V/32)]: grammar mask, bit v%32 of word v//32; all ones (-1): none
     splice_src: np.ndarray  # int32 [T]: overlap, input token t is prev_tokens[splice_src[t]] when >= 0
     prev_tokens: np.ndarray  # int32 [O]: the previous round's sampled array (overlap; zeros: none)
-    verify_index: np.ndarray  # int32 [V]: speculative decoding, the tokens whose greedy successor the step returns
+    verify_index: np.ndarray  # int32 [V]: speculative decoding, the tokens whose successor the step samples
+    verify_ctx_end: np.ndarray  # int32 [V]: a verify point's penalty context, its row's first entries (runner/verify)
+    verify_mask: np.ndarray  # int32 [V, mask words]: a verify point's grammar mask (all ones: none)
 
 
 @dataclasses.dataclass
@@ -161,8 +166,10 @@ def build_arrays(
     )
     _fill_tokens(inputs, rows, page_size)
     verify_points = fill_verify(inputs.verify_index, inputs.cu_seqlens, rows)
-    _fill_emits(inputs, rows, variant.num_decode)
+    fill_emits(inputs, rows, variant.num_decode)
     masked_rows = _fill_sampling(inputs, rows, sampling, penalty_window)
+    if verify_points:
+        fill_verify_sampling(inputs, rows, sampling, penalty_window)
     plan_rows = np.zeros(len(plan.rows), np.int64)
     for i in decode.rows:
         plan_rows[i] = plan.rows[i].slot - decode.base
@@ -246,6 +253,8 @@ def empty_inputs(
         splice_src=np.full(t, -1, np.int32),
         prev_tokens=np.zeros(max(num_out, r), np.int32),
         verify_index=np.zeros(variant.num_verify, np.int32),
+        verify_ctx_end=np.zeros(variant.num_verify, np.int32),
+        verify_mask=np.full((variant.num_verify, mask_words), -1, np.int32),
     )
 
 
@@ -295,30 +304,6 @@ def _fill_riders(inputs: StepInputs, rows: Sequence[RowPlan]) -> None:
         inputs.page_table[i] = inputs.page_table[producer]
         inputs.position[i] = row.start
         inputs.logits_index[i] = inputs.logits_index[producer]
-
-
-def _fill_emits(inputs: StepInputs, rows: Sequence[RowPlan], num_decode: int) -> None:
-    """Checkpoint emits in row order, and each paired row's emit index. A decode row (the first
-    ``num_decode``) emits only after its one token and never pairs; a row pairs with the emit of an
-    unpaired row of the same round."""
-    emits = [(i, offset, slot) for i, row in enumerate(rows) for offset, slot in row.emits]
-    for i, offset, _ in emits:
-        if i < num_decode and offset != 1:  # the model reads only a decode row's new state
-            raise ValueError(
-                f"request {rows[i].request_id}: a decode row emits after its one token, not at offset {offset}"
-            )
-    if emits:
-        inputs.emit_rows[: len(emits)], inputs.emit_offsets[: len(emits)], inputs.emit_slots[: len(emits)] = zip(*emits)
-    emit_of = {slot: j for j, (_, _, slot) in enumerate(emits)}
-    for i, row in enumerate(rows):
-        if row.pair_slot is not None:
-            j = emit_of.get(row.pair_slot)
-            if j is None or rows[emits[j][0]].pair_slot is not None or i < num_decode:
-                raise ValueError(
-                    f"request {row.request_id} pairs with checkpoint slot {row.pair_slot}, which no unpaired "
-                    "prefill row of the round emits"
-                )
-            inputs.pair_emit[i] = j
 
 
 def _fill_sampling(

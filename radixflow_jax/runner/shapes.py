@@ -91,7 +91,7 @@ def _first_at_least(buckets: tuple[int, ...], n: int) -> int:
 @dataclasses.dataclass(frozen=True)
 class Variant:
     """A compiled step's shape. ``num_verify`` (speculative decoding, ``ShapeConfig.max_draft``):
-    the step's verify points, where it also computes the greedy token (0: none); a variant with
+    the step's verify points, where it also samples the next token (0: none); a variant with
     them has ``prefill_rows * max_draft`` (the most drafted tokens its prefill rows can hold)."""
 
     num_tokens: int

@@ -80,9 +80,9 @@ def make_step(graphdef: nnx.GraphDef, num_decode: int, num_out: int) -> Callable
         prefill = inputs.tokens.shape[0] > rows or inputs.verify_index.shape[0] > 0
         row_last = jnp.concatenate([inputs.logits_index, inputs.verify_index]) if prefill else None
         hidden, cache = model(input_ids, batch, cache, num_decode=num_decode, emits=emits, row_last=row_last)
-        verified = jnp.zeros((0,), jnp.int32)
+        verified, point_logits = jnp.zeros((0,), jnp.int32), None
         if inputs.verify_index.shape[0]:  # speculative decoding: the token after each verify point
-            verified = _verify(model.logits(hidden[rows:]).astype(jnp.float32), inputs)
+            verified, point_logits = _verify(model.logits(hidden[rows:]).astype(jnp.float32), inputs)
             hidden = hidden[:rows]
         logits = model.logits(hidden if prefill else hidden[inputs.logits_index]).astype(jnp.float32)
         logits = apply_penalties(
@@ -94,28 +94,49 @@ def make_step(graphdef: nnx.GraphDef, num_decode: int, num_out: int) -> Callable
         tokens = sample(
             logits, inputs.temperature, inputs.top_k, inputs.top_p, inputs.min_p, inputs.seed, inputs.position
         )
+
         k = min(MAX_LOGPROBS, logits.shape[-1])
-        skipped = (jnp.zeros(rows, jnp.float32), jnp.zeros((rows, k), jnp.int32), jnp.zeros((rows, k), jnp.float32))
-        logprobs = jax.lax.cond(
-            jnp.any(inputs.want_logprobs), lambda: token_logprobs(logits, tokens, k), lambda: skipped
-        )  # a round where no row asked for logprobs does not pay for the log-softmax and top-k
+
+        def logprobs() -> tuple[jax.Array, ...]:
+            out = token_logprobs(logits, tokens, k)
+            return out + (() if point_logits is None else token_logprobs(point_logits, verified, k))
+
+        skipped = jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), jax.eval_shape(logprobs))
+        # a round where no row asked for logprobs does not pay for the log-softmax and top-k
+        lp = jax.lax.cond(jnp.any(inputs.want_logprobs), logprobs, lambda: skipped)
         padded = jnp.zeros((num_out,), jnp.int32).at[:rows].set(tokens.astype(jnp.int32))
-        return cache, (padded, verified, *logprobs)
+        return cache, (padded, verified, *lp)
 
     return step
 
 
-def _verify(logits: jax.Array, inputs: StepInputs) -> jax.Array:
-    """The token after each verify point, drawn as a round without drafts draws the token at that
-    position: from the point's row's sampling parameters and ``key(seed)`` folded with the position
-    it samples (its token's position + 1). So a drafted token is kept with probability ``p(draft)``
-    (speculative sampling for a draft proposed with certainty, as an n-gram lookup proposes it) and
-    every committed token is the one a run without drafts draws with the same seed."""
+def _verify(logits: jax.Array, inputs: StepInputs) -> tuple[jax.Array, jax.Array]:
+    """The token after each verify point and the logits it was drawn from, drawn as a round without
+    drafts draws the token at that position (``runner/verify.py``): with the point's row's sampling
+    parameters, penalties over its context and the drafted tokens before it (``verify_ctx_end``),
+    the row's bias entries at the point's position (``logit_bias``, ``min_tokens``), the point's
+    grammar mask, and ``key(seed)`` folded with the position it samples (its token's position + 1).
+    So a drafted token is kept with probability ``p(draft)`` (speculative sampling for a draft
+    proposed with certainty, as an n-gram lookup proposes it) and every committed token is the one
+    a run without drafts draws with the same seed."""
     idx, cu = inputs.verify_index, inputs.cu_seqlens
     row = jnp.clip(jnp.searchsorted(cu[1:], idx, side="right"), 0, inputs.kv_lens.shape[0] - 1)
     position = inputs.kv_lens[row] - (cu[row + 1] - idx) + 1
+    if inputs.ctx_ids.shape[-1]:
+        penalties = (inputs.presence[row], inputs.frequency[row], inputs.repetition[row])
+
+        def penalised() -> jax.Array:  # the contexts are gathered only in rounds with a penalised point
+            within = jnp.arange(inputs.ctx_ids.shape[-1])[None, :] < inputs.verify_ctx_end[:, None]
+            ctx_ids = jnp.where(within, inputs.ctx_ids[row], -1)
+            return apply_penalties(logits, ctx_ids, inputs.ctx_out[row] & within, *penalties)
+
+        any_penalty = jnp.any((penalties[0] != 0) | (penalties[1] != 0) | (penalties[2] != 1))
+        logits = jax.lax.cond(any_penalty, penalised, lambda: logits)
+    logits = apply_bias(logits, inputs.bias_ids[row], inputs.bias_vals[row], inputs.bias_until[row], position)
+    if inputs.verify_mask.shape[-1]:
+        logits = apply_mask(logits, inputs.verify_mask)
     params = (inputs.temperature, inputs.top_k, inputs.top_p, inputs.min_p, inputs.seed)
-    return sample(logits, *(x[row] for x in params), position)
+    return sample(logits, *(x[row] for x in params), position), logits
 
 
 def input_specs(

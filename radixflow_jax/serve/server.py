@@ -63,7 +63,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "default: an eighth of the host's RAM, at most 4 GiB; 0: none")
     p.add_argument("--no-prefix-cache", action="store_true", help="the same as --policy no-cache")
     p.add_argument("--speculative", default=None, choices=("ngram",),
-                   help="speculative decoding of greedy requests: ngram drafts from the request's own tokens")
+                   help="speculative decoding: ngram drafts from each request's own tokens, verified in one row")
     p.add_argument("--num-draft", type=int, default=4, help="the most drafted tokens a verify row carries")
     p.add_argument("--penalty-window", type=int, default=None,
                    help="longest context (tokens) a request with penalties may have (default min(max-model-len, 4096))")
