@@ -13,7 +13,7 @@ from typing import Any, Callable
 from radixflow_jax.engine.params import DEFAULT_MAX_N
 from radixflow_jax.engine.protocol import StepResult
 from radixflow_jax.scheduler.config import MODEL_DERIVED, SchedulerConfig
-from radixflow_jax.scheduler.drafts import accepted_length
+from radixflow_jax.scheduler.drafts import accepted_length, position_counts
 from radixflow_jax.scheduler.plan import RoundPlan, RoundStats, attention_pairs, pairing_spans
 
 
@@ -134,7 +134,9 @@ class RoundRecord:
     pairing_tokens: int = 0  # producer span tokens a paired round scans first (scheduler/plan.pairing_spans)
     verify_rows: int = 0  # rows carrying drafted tokens (speculative decoding, scheduler/drafts.py)
     drafted_tokens: int = 0  # drafted tokens its verify rows carried
-    accepted_tokens: int = 0  # of those, the ones the greedy rule accepted (scheduler/drafts.accepted_length)
+    accepted_tokens: int = 0  # of those, the ones accepted (scheduler/drafts.accepted_length)
+    drafted_at: tuple[int, ...] = ()  # per drafted position: verify rows that drafted a token there
+    accepted_at: tuple[int, ...] = ()  # per drafted position: verify rows accepted through it (drafts.position_counts)
     restores: int = 0  # host checkpoints the scan read into a request slot or started restoring
     restore_waits: int = 0  # requests that waited this round for a pending restore they started
     spilled: int = 0  # checkpoints the round copied to the host tier (RoundPlan.state_moves)
@@ -146,6 +148,12 @@ class RoundRecord:
     ) -> RoundRecord:
         """The record of round ``index``: ``plan``'s counts and stats, ``result``'s slots and times."""
         stats, num_tokens = plan.stats, plan.num_tokens
+        drafts = [
+            (r.tokens[len(r.tokens) - r.num_draft :], result.verified[r.request_id])
+            for r in plan.rows
+            if r.num_draft and r.request_id in result.verified
+        ]
+        drafted_at, accepted_at = position_counts(drafts)
         return cls(
             index=index,
             num_tokens=num_tokens,
@@ -163,11 +171,9 @@ class RoundRecord:
             spilled=sum(1 for m in plan.state_moves if m.kind == "spill"),
             restored=sum(1 for m in plan.state_moves if m.kind == "restore"),
             drafted_tokens=plan.num_drafted,
-            accepted_tokens=sum(
-                accepted_length(r.tokens[len(r.tokens) - r.num_draft :], result.verified[r.request_id])
-                for r in plan.rows
-                if r.num_draft and r.request_id in result.verified
-            ),
+            accepted_tokens=sum(accepted_length(d, v) for d, v in drafts),
+            drafted_at=drafted_at,
+            accepted_at=accepted_at,
             **{name: getattr(stats, name) for name in _FROM_STATS},
             **{name: getattr(result, name) for name in _FROM_RESULT},
         )

@@ -59,7 +59,9 @@ class SpeculativeConfig:
 
 def ngram_draft(tokens: Sequence[int], k: int, *, max_n: int, min_n: int) -> tuple[int, ...]:
     """Up to ``k`` tokens that followed the most recent earlier occurrence of the longest suffix of
-    ``tokens`` (``max_n`` down to ``min_n`` tokens long) found in them; empty when none occurs."""
+    ``tokens`` (``max_n`` down to ``min_n`` tokens long) found in them that ``k`` known tokens
+    follow, else its most recent occurrence (fewer tokens follow: in a run of one repeated token
+    the most recent occurrence has one); empty when none occurs."""
     if k < 1 or len(tokens) <= min_n:
         return ()
     arr = np.asarray(tokens, dtype=np.int64)
@@ -68,7 +70,8 @@ def ngram_draft(tokens: Sequence[int], k: int, *, max_n: int, min_n: int) -> tup
         windows = np.lib.stride_tricks.sliding_window_view(arr[:-1], n)
         hits = np.flatnonzero((windows == arr[-n:]).all(axis=1))
         if hits.size:
-            at = int(hits[-1]) + n
+            full = hits[hits + n + k <= len(arr)]
+            at = int(full[-1] if full.size else hits[-1]) + n
             return tuple(int(t) for t in arr[at : at + k])
     return ()
 
@@ -93,3 +96,19 @@ def next_draft_len(drafted: int, accepted: int, limit: int) -> int:
     """A request's next draft length: up to ``limit`` after a fully accepted draft, else one more
     than it accepted (a rejected position costs a verify slot each round it is drafted)."""
     return limit if accepted >= drafted else max(1, min(limit, accepted + 1))
+
+
+def position_counts(
+    drafts: Sequence[tuple[Sequence[int], Sequence[int]]],
+) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """Per drafted position (index 0: the first drafted token), over ``(draft, verified)`` pairs of
+    verify rows: ``(rows that drafted a token there, rows whose draft was accepted through it)``;
+    position ``j``'s acceptance rate is the second over the first."""
+    longest = max((len(d) for d, _ in drafts), default=0)
+    drafted, accepted = [0] * longest, [0] * longest
+    for draft, verified in drafts:
+        for j in range(len(draft)):
+            drafted[j] += 1
+        for j in range(accepted_length(draft, verified)):
+            accepted[j] += 1
+    return tuple(drafted), tuple(accepted)

@@ -47,7 +47,7 @@ _PER_ROUND = {
     "attention_pairs": ("attention_pairs", "Query-key pairs the rounds' attention read over their real rows."),
     "verify_rows": ("spec_verify_rows", "Speculative decoding: rows that verified drafted tokens."),
     "drafted_tokens": ("spec_draft_tokens", "Speculative decoding: drafted tokens verified."),
-    "accepted_tokens": ("spec_accepted_tokens", "Speculative decoding: drafted tokens the greedy rule accepted."),
+    "accepted_tokens": ("spec_accepted_tokens", "Speculative decoding: drafted tokens accepted."),
     "spilled": ("host_spills", "Host tier: checkpoints copied from the device state pool to host memory."),
     "restored": ("host_restores", "Host tier: checkpoints copied back from host memory (each one a hit that would have been recomputed)."),
     "restores": ("host_hits", "Host tier: requests whose match resumed from a host checkpoint (read into their slot, or restored for a later round)."),
@@ -139,6 +139,16 @@ class ServerMetrics:
         self.queue = histogram("request_queue_time_seconds", "Time from arrival to the first round.", _E2E)
         self.round_time = histogram("round_duration_seconds", "Plan + build + step time of one round.", _ROUND)
         self.host_bytes = counter("host_transfer_bytes", "Host tier: checkpoint bytes copied, by direction.", ["direction"])
+        self.drafted_at = counter(
+            "spec_draft_positions", "Speculative decoding: verify rows that drafted a token at a position (1: the first).",
+            ["position"],
+        )
+        self.accepted_at = counter(
+            "spec_accepted_positions",
+            "Speculative decoding: verify rows whose draft was accepted through a position (over spec_draft_positions: "
+            "the acceptance rate there).",
+            ["position"],
+        )
         self.http_errors = counter("http_errors", "Error responses sent, by HTTP status.", ["status"])
 
     def attach(self, engine: BackgroundEngine | ReplicatedEngine) -> None:
@@ -166,6 +176,9 @@ class ServerMetrics:
             for field, count in self.per_round.items():
                 count.labels(m).inc(getattr(rec, field))
             self.preemptions.labels(m).inc(rec.preempted)
+            for j, (drafted, accepted) in enumerate(zip(rec.drafted_at, rec.accepted_at), start=1):
+                self.drafted_at.labels(m, str(j)).inc(drafted)
+                self.accepted_at.labels(m, str(j)).inc(accepted)
             if core is not None and (rec.spilled or rec.restored):
                 self.host_bytes.labels(m, "device_to_host").inc(rec.spilled * core.spec.state_bytes)
                 self.host_bytes.labels(m, "host_to_device").inc(rec.restored * core.spec.state_bytes)

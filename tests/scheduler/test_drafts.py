@@ -27,6 +27,13 @@ def test_ngram_draft_takes_the_most_recent_longest_match() -> None:
     assert ngram_draft((7, 7), 2, max_n=2, min_n=2) == ()  # the suffix itself is no earlier match
 
 
+def test_ngram_draft_prefers_an_occurrence_that_k_tokens_follow() -> None:
+    assert ngram_draft((1,) * 6, 3, max_n=3, min_n=2) == (1, 1, 1)  # not the one token after the latest
+    tokens = (5, 6, 1, 2, 3, 9, 5, 6, 7, 5, 6)
+    assert ngram_draft(tokens, 4, max_n=2, min_n=2) == (1, 2, 3, 9)  # 3 tokens follow the latest "5 6"
+    assert ngram_draft(tokens, 3, max_n=2, min_n=2) == (7, 5, 6)  # the latest, when k tokens follow it
+
+
 def test_greedy_rule() -> None:
     assert accepted_length((5, 6, 7), (5, 6, 7)) == 3
     assert accepted_length((5, 6, 7), (5, 9, 7)) == 1
