@@ -139,6 +139,11 @@ class ServerMetrics:
         self.queue = histogram("request_queue_time_seconds", "Time from arrival to the first round.", _E2E)
         self.round_time = histogram("round_duration_seconds", "Plan + build + step time of one round.", _ROUND)
         self.host_bytes = counter("host_transfer_bytes", "Host tier: checkpoint bytes copied, by direction.", ["direction"])
+        self.restore_wait_s = counter(
+            "host_restore_wait_seconds",
+            "Host tier: time requests waited for a pending restore they started (each waiting request, the rounds' "
+            "plan + build + step time).",
+        )
         self.drafted_at = counter(
             "spec_draft_positions", "Speculative decoding: verify rows that drafted a token at a position (1: the first).",
             ["position"],
@@ -176,6 +181,7 @@ class ServerMetrics:
             for field, count in self.per_round.items():
                 count.labels(m).inc(getattr(rec, field))
             self.preemptions.labels(m).inc(rec.preempted)
+            self.restore_wait_s.labels(m).inc(rec.restore_waits * dur)
             for j, (drafted, accepted) in enumerate(zip(rec.drafted_at, rec.accepted_at), start=1):
                 self.drafted_at.labels(m, str(j)).inc(drafted)
                 self.accepted_at.labels(m, str(j)).inc(accepted)

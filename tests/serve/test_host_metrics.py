@@ -54,5 +54,6 @@ def test_spills_restores_and_bytes_on_metrics() -> None:
     assert _value(text, "host_transfer_bytes_total", 'direction="host_to_device"') == restores * state_bytes
     assert _value(text, "host_hits_total") >= 4
     assert _value(text, "host_restore_waits_total") == 0  # one request at a time: each read its host copy at once
+    assert _value(text, "host_restore_wait_seconds_total") == 0
     assert _value(text, "host_slots_total") == 16
     assert 0 <= _value(text, "host_slots_free") < 16
