@@ -3,7 +3,8 @@ layers' MLP matrices of hybrid-81m's width, in the HF layout ``[out, in]`` that 
 ``M`` rows, in one jitted program per ``M`` and path:
 
   * ``xla``: ``x @ w.T``, XLA:CPU's matmul;
-  * ``native``: ``kernels/native/small_matmul.cc`` (what ``ops.linear`` picks for 2 to 8 rows).
+  * ``native``: ``kernels/native/small_matmul.cc`` (what ``ops.linear`` picks for the rows in
+    ``native.SMALL_MATMUL_ROWS``).
 
 The two paths alternate call by call (interleaved repeats); it prints the medians of 15 calls each,
 their ratio, the weights read per second (the floor: about 30 GB/s on the development machine,
@@ -16,6 +17,7 @@ setting to compare XLA:CPU's matmul paths, e.g. with and without its YNNPACK fus
 
 from __future__ import annotations
 
+import argparse
 import os
 import statistics as st
 import time
@@ -30,6 +32,9 @@ K, N, COUNT = 768, 2048, 36
 
 
 def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rows", default="1,2,4,8,16,20,32,40,48,64,96", help="the row counts M, comma-separated")
+    args = ap.parse_args()
     rng = np.random.default_rng(0)
     ws = [jnp.asarray(rng.standard_normal((N, K)), jnp.float32) for _ in range(COUNT)]
     mb = COUNT * K * N * 4 / 1e6
@@ -40,7 +45,7 @@ def main() -> None:
     x = jnp.asarray(rng.standard_normal((5, K)), jnp.float32)
     err = float(jnp.max(jnp.abs(jax.jit(native.small_matmul)(x, ws[0]) - x @ ws[0].T)))
     print("load", os.getloadavg(), "XLA_FLAGS", repr(os.environ.get("XLA_FLAGS", "")), f"max |native - xla| {err:.1e}")
-    for m in (1, 2, 4, 8, 16, 20, 32, 40, 48, 64, 96):
+    for m in (int(r) for r in args.rows.split(",")):
         x = jnp.asarray(rng.standard_normal((m, K)), jnp.float32)
         ts: dict[str, list[float]] = {name: [] for name in paths}
         for run in paths.values():

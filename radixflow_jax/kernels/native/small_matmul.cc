@@ -1,4 +1,4 @@
-// y = x @ w^T for a few rows of x, reading each weight once per 16 rows, for XLA:CPU.
+// y = x @ w^T for a few dozen rows of x, reading each weight once per tile of columns, for XLA:CPU.
 //
 // Operands (the XLA FFI handler "radixflow_small_matmul"):
 //   x  f32[M, K]   the rows (a decode or lean mixed round's tokens)
@@ -8,18 +8,21 @@
 // XLA:CPU's matmul reads the weights at the memory floor for one row but takes about three times as
 // long for four, and runs at a third of the cores' rate up to a few dozen rows (docs/perf-log.md,
 // 2026-12-05, tools/perf/small_dot.py). Here y^T = w x^T is computed the way a GEMM micro-kernel
-// does, with x^T packed [K, Mp] (Mp: M rounded up to the vector width, zeros past M): a register
-// tile holds R weight rows by V vectors of x^T columns; per step of K it loads V vectors of x^T,
-// broadcasts R weights and issues R * V multiply-adds into R * V accumulators, so no horizontal sum
-// is needed and each weight is read once per V * 8 rows of x. A task owns kBlock output features;
-// it walks x's columns in blocks of up to 24, its weights staying in L2 after the first block.
+// does, with x^T packed [K, Mp] (Mp: M rounded up to the wide vector width, zeros past M): a
+// register tile holds R weight rows by V vectors of x^T columns; per step of K it loads V vectors of
+// x^T, broadcasts R weights and issues R * V multiply-adds into R * V accumulators, so no horizontal
+// sum is needed and each weight is read once per V vectors of x's rows. A task owns kBlock output
+// features; it walks x's columns in blocks of up to 3 narrow or 4 wide vectors, its weights staying
+// in L2 after the first block.
 //
 // Invariants: every y[m, n] (m < M, n < N) is written exactly once, by the task owning n; the
 // packed columns past M are zeros and never stored.
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "common.h"
@@ -29,12 +32,30 @@ namespace ffi = xla::ffi;
 
 namespace {
 
-typedef float Vec __attribute__((vector_size(32)));  // 8 floats (GCC/Clang vector extension)
-constexpr int64_t kLanes = 8;
-// weight rows of a tile over V = 1, 2, 3 vectors of x^T columns: 12 accumulators each
-constexpr int kTileRows[3] = {12, 6, 4};
-constexpr int64_t kBlock = 48;  // output features per task: a multiple of every kTileRows
+// Tiles of R weight rows by V vectors of L floats. Narrow (L = 8, the 16 vector registers of AVX2):
+// R = 12, 6, 4 for V = 1-3, 12 accumulators each. Wide (L = 16, only where AVX-512 gives 32
+// registers): R = 12, 12, 8, 6 for V = 1-4, up to 24 accumulators; rounds of more than
+// kNarrowCols rows take them (at 2-24 rows the wide tiles read the weights slower, at 32-96 they
+// compute faster: docs/perf-log.md, 2026-12-06).
+constexpr int64_t kNarrow = 8;
+constexpr int kNarrowRows[3] = {12, 6, 4};
+#if defined(__AVX512F__)
+constexpr int64_t kWide = 16;
+constexpr int kWideRows[4] = {12, 12, 8, 6};
+#else
+constexpr int64_t kWide = kNarrow;  // no wide tiles: every round takes the narrow ones
+constexpr int kWideRows[3] = {12, 6, 4};
+#endif
+constexpr int kWideVecs = sizeof(kWideRows) / sizeof(int);
+constexpr int64_t kNarrowCols = 24;
+constexpr int64_t kBlock = 48;  // output features per task: a multiple of every tile's R
 
+template <int L>
+struct Lanes {
+  typedef float Vec __attribute__((vector_size(L * 4)));  // GCC/Clang vector extension
+};
+
+template <class Vec>
 inline Vec Load(const float* p) {
   Vec v;
   std::memcpy(&v, p, sizeof v);
@@ -43,25 +64,29 @@ inline Vec Load(const float* p) {
 
 // Keeps v in a vector register: without it the compiler may fold each use of a loaded vector into a
 // multiply-add as a memory operand, loading it once per use instead of once per step.
+template <class Vec>
 inline void Pin(Vec& v) {
-#if defined(__x86_64__)
+#if defined(__AVX512F__)
+  asm("" : "+v"(v));  // any of the 32 vector registers
+#elif defined(__x86_64__)
   asm("" : "+x"(v));
 #elif defined(__aarch64__)
   asm("" : "+w"(v));
 #endif
 }
 
-// For weight rows w[0..R) (stride k) and packed columns xt[0 .. V * 8) (stride mp): acc = w xt over
+// For weight rows w[0..R) (stride k) and packed columns xt[0 .. V * L) (stride mp): acc = w xt over
 // all of K; then y[c * n + r] = acc[r][c] for the columns c < cols (the rest are x's zero padding).
-template <int R, int V>
+template <int L, int R, int V>
 void Tile(const float* w, const float* xt, int64_t k, int64_t mp, float* y, int64_t n, int64_t cols) {
+  using Vec = typename Lanes<L>::Vec;
   Vec acc[R][V];
   for (int r = 0; r < R; ++r)
     for (int v = 0; v < V; ++v) acc[r][v] = Vec{};
   for (int64_t i = 0; i < k; ++i) {
     Vec xv[V];
     for (int v = 0; v < V; ++v) {
-      xv[v] = Load(xt + i * mp + v * kLanes);
+      xv[v] = Load<Vec>(xt + i * mp + v * L);
       Pin(xv[v]);
     }
     for (int r = 0; r < R; ++r) {
@@ -71,16 +96,29 @@ void Tile(const float* w, const float* xt, int64_t k, int64_t mp, float* y, int6
   }
   for (int r = 0; r < R; ++r)
     for (int v = 0; v < V; ++v)
-      for (int64_t l = 0; l < kLanes && v * kLanes + l < cols; ++l) y[(v * kLanes + l) * n + r] = acc[r][v][l];
+      for (int64_t l = 0; l < L && v * L + l < cols; ++l) y[(v * L + l) * n + r] = acc[r][v][l];
 }
 
 using TileFn = void (*)(const float*, const float*, int64_t, int64_t, float*, int64_t, int64_t);
-// kTiles[V - 1][R - 1]: R weight rows by V vectors of columns (a block's edge uses a smaller R)
-constexpr TileFn kTiles[3][12] = {
-    {Tile<1, 1>, Tile<2, 1>, Tile<3, 1>, Tile<4, 1>, Tile<5, 1>, Tile<6, 1>, Tile<7, 1>, Tile<8, 1>, Tile<9, 1>,
-     Tile<10, 1>, Tile<11, 1>, Tile<12, 1>},
-    {Tile<1, 2>, Tile<2, 2>, Tile<3, 2>, Tile<4, 2>, Tile<5, 2>, Tile<6, 2>},
-    {Tile<1, 3>, Tile<2, 3>, Tile<3, 3>, Tile<4, 3>},
+using TileRow = std::array<TileFn, 12>;  // [R - 1]: a block's edge uses a smaller R
+
+template <int L, int V, int... R>
+constexpr TileRow TilesOf(std::integer_sequence<int, R...>) {
+  return {{Tile<L, R + 1, V>...}};
+}
+// kNarrowTiles[V - 1][R - 1], kWideTiles[V - 1][R - 1]: R weight rows by V vectors of columns
+constexpr TileRow kNarrowTiles[3] = {
+    TilesOf<kNarrow, 1>(std::make_integer_sequence<int, kNarrowRows[0]>{}),
+    TilesOf<kNarrow, 2>(std::make_integer_sequence<int, kNarrowRows[1]>{}),
+    TilesOf<kNarrow, 3>(std::make_integer_sequence<int, kNarrowRows[2]>{}),
+};
+constexpr TileRow kWideTiles[kWideVecs] = {
+    TilesOf<kWide, 1>(std::make_integer_sequence<int, kWideRows[0]>{}),
+    TilesOf<kWide, 2>(std::make_integer_sequence<int, kWideRows[1]>{}),
+    TilesOf<kWide, 3>(std::make_integer_sequence<int, kWideRows[2]>{}),
+#if defined(__AVX512F__)
+    TilesOf<kWide, 4>(std::make_integer_sequence<int, kWideRows[3]>{}),
+#endif
 };
 
 struct SmallMatmul {
@@ -93,14 +131,18 @@ struct SmallMatmul {
 
   void Run(int64_t task) const {
     const int64_t o0 = task * kBlock, o1 = std::min(n, o0 + kBlock);
+    const bool narrow = m <= kNarrowCols;
+    const int64_t lanes = narrow ? kNarrow : kWide, max_vecs = narrow ? 3 : kWideVecs;
     for (int64_t c = 0; c < m;) {
-      // as many vectors (up to 3) as the columns left fill: 1-8 columns take 1, 9-16 take 2, more 3
-      const int64_t vecs = std::min<int64_t>(3, (m - c + kLanes - 1) / kLanes), rows = kTileRows[vecs - 1];
+      // as many vectors as the columns left fill (narrow: 1-8 columns take 1, 9-16 take 2)
+      const int64_t vecs = std::min<int64_t>(max_vecs, (m - c + lanes - 1) / lanes);
+      const int64_t rows = narrow ? kNarrowRows[vecs - 1] : kWideRows[vecs - 1];
+      const TileRow& tiles = narrow ? kNarrowTiles[vecs - 1] : kWideTiles[vecs - 1];
       for (int64_t o = o0; o < o1; o += rows) {
-        kTiles[vecs - 1][std::min(rows, o1 - o) - 1](w + o * k, xt.data() + c, k, mp, y + c * n + o, n,
-                                                     std::min(vecs * kLanes, m - c));
+        tiles[std::min(rows, o1 - o) - 1](w + o * k, xt.data() + c, k, mp, y + c * n + o, n,
+                                          std::min(vecs * lanes, m - c));
       }
-      c += vecs * kLanes;
+      c += vecs * lanes;
     }
   }
 };
@@ -113,7 +155,7 @@ ffi::Error Impl(ffi::ThreadPool threads, ffi::Buffer<ffi::F32> x, ffi::Buffer<ff
   }
   auto job = std::make_shared<SmallMatmul>((wd[0] + kBlock - 1) / kBlock);
   job->m = xd[0], job->k = xd[1], job->n = wd[0];
-  job->mp = (job->m + kLanes - 1) / kLanes * kLanes;  // tiles read whole vectors: columns up to mp
+  job->mp = (job->m + kWide - 1) / kWide * kWide;  // tiles read whole vectors: columns up to mp
   job->xt.assign(job->k * job->mp, 0.f);
   const float* xs = x.typed_data();
   for (int64_t r = 0; r < job->m; ++r)
