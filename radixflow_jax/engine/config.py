@@ -137,7 +137,7 @@ class RoundRecord:
     accepted_tokens: int = 0  # of those, the ones accepted (scheduler/drafts.accepted_length)
     drafted_at: tuple[int, ...] = ()  # per drafted position: verify rows that drafted a token there
     accepted_at: tuple[int, ...] = ()  # per drafted position: verify rows accepted through it (drafts.position_counts)
-    restores: int = 0  # host checkpoints the scan read into a request slot or started restoring
+    host_hits: int = 0  # requests whose match resumed from a host checkpoint (read into their slot, or restoring)
     restore_waits: int = 0  # requests that waited this round for a pending restore they started
     spilled: int = 0  # checkpoints the round copied to the host tier (RoundPlan.state_moves)
     restored: int = 0  # checkpoints the round copied back from the host tier

@@ -101,7 +101,7 @@ class RoundStats:
     checkpoints_planted: int = 0  # pending checkpoints this round will emit
     checkpoints_skipped: int = 0  # placements dropped for lack of a state slot
     checkpoints_evicted_unused: int = 0  # committed checkpoints dropped this round before any read
-    restores: int = 0  # host checkpoints the scan read into a request slot or started restoring
+    host_hits: int = 0  # requests whose match resumed from a host checkpoint (read into their slot, or restoring)
     restore_waits: int = 0  # requests that waited this round for a pending restore they started
     prefill_first: bool = False  # planned prefill before decode rows (the last round starved a prefill)
 

@@ -202,10 +202,10 @@ class Scheduler:
         match = cache.match(req.tokens, shared=False) if cache is not None else None
         if match is not None and match.host_node is not None:
             if round_.add_from_host(req, match):  # its hit is in the host tier: straight into its slot
-                round_.stats.restores += 1
+                round_.stats.host_hits += 1
                 return Decision.ADMIT
             if memory.restore(match.host_node):  # it cannot run now: restored for a later round
-                round_.stats.restores += 1
+                round_.stats.host_hits += 1
                 memory.hold_restore(req, match.host_node)  # a consumer of the restore
                 match = cache.match(req.tokens, shared=False)
             elif cache.has_pending:  # no checkpoint slot now: one can be had once the pending ones commit

@@ -50,7 +50,7 @@ _PER_ROUND = {
     "accepted_tokens": ("spec_accepted_tokens", "Speculative decoding: drafted tokens accepted."),
     "spilled": ("host_spills", "Host tier: checkpoints copied from the device state pool to host memory."),
     "restored": ("host_restores", "Host tier: checkpoints copied back from host memory (each one a hit that would have been recomputed)."),
-    "restores": ("host_hits", "Host tier: requests whose match resumed from a host checkpoint (read into their slot, or restored for a later round)."),
+    "host_hits": ("host_hits", "Host tier: requests whose match resumed from a host checkpoint (read into their slot, or restored for a later round)."),
     "restore_waits": ("host_restore_waits", "Host tier: rounds requests waited for a pending restore (one per request per round)."),
 }
 

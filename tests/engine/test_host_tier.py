@@ -117,6 +117,6 @@ def test_sessions_behind_a_full_round_wait_for_their_restores(tiny_model) -> Non
         outs[name] = [tuple(o.token_ids) for o in llm.generate(again, [params] * len(again))]
         engine = llm.replicas.engines[0]
     assert outs["tier"] == outs["cold"]
-    assert sum(r.consumers_waiting for r in engine.records) > 0 and any(r.restores for r in engine.records)
+    assert sum(r.consumers_waiting for r in engine.records) > 0 and any(r.host_hits for r in engine.records)
     assert sum(r.restore_waits for r in engine.records) > 0  # what /metrics counts as host_restore_waits
     assert_drained(engine)
