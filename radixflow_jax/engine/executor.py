@@ -167,6 +167,13 @@ class ModelExecutor:
             if self.progress is not None:
                 self.progress(f"warm-up: prompt scoring program in {time.perf_counter() - t:.1f}s")
         for i, v in enumerate(todo, first):
+            if not self.step.has_room():  # another compile would pass vm.max_map_count (runner/mapbudget.py)
+                if self.progress is not None:
+                    self.progress(
+                        f"warm-up stopped at {i}/{total or len(todo)}: {self.step.budget.describe()}; the rest "
+                        "compile on first use, dropping the least recently run (raise vm.max_map_count to keep all)"
+                    )
+                break
             t = time.perf_counter()
             self.cache = self.step.prime(v, self.model.params, self.cache)
             if self.progress is not None:

@@ -52,6 +52,10 @@ class BackgroundWarmup:
                 self.failed = f"{type(exc).__name__}: {exc}"
                 logging.getLogger(__name__).error("background warm-up stopped at %s: %s", variant, self.failed)
                 return False
+            if not step.is_compiled(variant):  # another compile would pass vm.max_map_count (runner/mapbudget.py)
+                self.failed = f"stopped: {step.budget.describe()}"
+                logging.getLogger(__name__).error("background warm-up stopped at %s: %s", variant, self.failed)
+                return False
             self._todo.pop(0)
         self.compiled = self.total - len(self._todo)
         if self._todo:

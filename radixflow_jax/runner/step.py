@@ -30,7 +30,9 @@ after it compiles, so first-execution costs never land in a timed round.
 from __future__ import annotations
 
 import contextlib
+import gc
 import time
+from collections import OrderedDict
 from typing import Any, Callable
 
 import jax
@@ -42,6 +44,7 @@ from radixflow_jax.kernels import ops
 from radixflow_jax.models.batch import Batch, ModelCache
 from radixflow_jax.models.mixers.recurrent import Emits
 from radixflow_jax.runner.inputs import StepInputs, empty_inputs, padding_inputs
+from radixflow_jax.runner.mapbudget import MapBudget, MapBudgetError
 from radixflow_jax.runner.sampling import apply_bias, apply_mask, apply_penalties, sample, token_logprobs
 from radixflow_jax.runner.shapes import ShapeConfig, Variant
 
@@ -198,8 +201,11 @@ class CompiledStep:
         sharded = any(isinstance(x.sharding, NamedSharding) for x in jax.tree.leaves(cache))
         self._cache_shardings = jax.tree.map(lambda x: x.sharding, cache) if sharded else None
         self.single_device = not sharded  # inputs may be kept on the (one) device between rounds
-        self._compiled: dict[Variant, Callable] = {}
+        self._compiled: OrderedDict[Variant, Callable] = OrderedDict()  # least recently run first
+        self._keys: dict[Variant, tuple] = {}  # each compiled variant's key in ``shared``
         self._shared = shared
+        self.budget = MapBudget()  # vm.max_map_count against the compiled variants (runner/mapbudget.py)
+        self.evicted = 0  # executables dropped to stay under it
         self._signature = (
             out_rows(shapes),
             shapes.max_pages_per_row,
@@ -223,9 +229,12 @@ class CompiledStep:
         if variant.num_rows > out_rows(self.shapes):
             raise ValueError(f"variant {variant} has more rows than the sampled output holds ({out_rows(self.shapes)})")
         key = (variant, *self._signature, ops.trace_flags())
+        self._keys[variant] = key
         if self._shared is not None and key in self._shared:
             self._compiled[variant] = self._shared[key]
             return self._shared[key]
+        self._make_room(variant)
+        self.budget.compiling()
         step = make_step(self.graphdef, variant.num_decode, out_rows(self.shapes))
         if self._cache_shardings is not None:
             step = _pin_cache(step, self._cache_shardings)
@@ -236,12 +245,38 @@ class CompiledStep:
             )
             lowered = fn.lower(self._params_spec, self._cache_spec, specs)
         compiled = lowered.compile()
+        self.budget.compiled()
         self.num_compiles += 1
         self.compile_seconds += time.perf_counter() - start
         self._compiled[variant] = compiled
         if self._shared is not None:
             self._shared[key] = compiled
         return compiled
+
+    def _make_room(self, variant: Variant) -> None:
+        """Drops the least recently run executables (never ``variant``'s) while another compile
+        would pass ``vm.max_map_count`` (``runner/mapbudget.py``: past it LLVM aborts the process);
+        a dropped variant compiles again on its next use (from the persistent compilation cache
+        where one is set). Raises :class:`MapBudgetError` when nothing is left to drop."""
+        while not self.budget.room():
+            victim = next((v for v in self._compiled if v != variant), None)
+            if victim is None:
+                raise MapBudgetError(
+                    f"compiling step variant {variant} would pass vm.max_map_count ({self.budget.describe()}): raise "
+                    "it (sysctl -w vm.max_map_count=262144) or serve fewer variants (a smaller --max-num-seqs, no "
+                    "--speculative)"
+                )
+            fn = self._compiled.pop(victim)
+            key = self._keys.pop(victim, None)
+            if self._shared is not None and key is not None and self._shared.get(key) is fn:
+                del self._shared[key]
+            del fn
+            gc.collect()  # the executable's mappings go with its last reference
+            self.evicted += 1
+
+    def has_room(self) -> bool:
+        """Whether one more variant compiles under ``vm.max_map_count`` without dropping another."""
+        return self.budget.room()
 
     def is_compiled(self, variant: Variant) -> bool:
         return variant in self._compiled
@@ -268,6 +303,7 @@ class CompiledStep:
             start = time.perf_counter()
             cache = self.prime(variant, params, cache)
             self.last_compile_s = time.perf_counter() - start
+        self._compiled.move_to_end(variant)
         return self._compiled[variant](params, cache, inputs)
 
 
