@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 
+import pytest
 from fastapi.testclient import TestClient
 
 from radixflow_jax.engine.config import EngineConfig
@@ -57,3 +58,20 @@ def test_spills_restores_and_bytes_on_metrics() -> None:
     assert _value(text, "host_restore_wait_seconds_total") == 0
     assert _value(text, "host_slots_total") == 16
     assert 0 <= _value(text, "host_slots_free") < 16
+
+
+def test_restore_wait_seconds_count_each_waiting_request_for_its_round() -> None:
+    """``host_restore_wait_seconds``: a round of 0.5 s (plan + build + step) in which two requests
+    waited for their restores adds 1 s; one with none adds nothing."""
+    from radixflow_jax.engine.config import RoundRecord
+
+    metrics = ServerMetrics("m", hybrid=True)
+    zero = dict(index=0, num_tokens=8, num_rows=1, token_slots=8, row_slots=1, padding_tokens=0, bubble_tokens=0,
+                bubble_rows=0, admitted=1, consumers_blocked=0, consumers_waiting=2, preempted=0,
+                checkpoints_planted=0, checkpoints_skipped=0, checkpoints_evicted_unused=0)  # fmt: skip
+    waited = RoundRecord(**zero, plan_s=0.1, build_s=0.1, step_s=0.3, restore_waits=2)
+    plain = RoundRecord(**zero, plan_s=0.2, build_s=0.2, step_s=0.6)
+    metrics.observe([], [waited, plain])
+    text = metrics.render().decode()
+    assert _value(text, "host_restore_wait_seconds_total") == pytest.approx(1.0)
+    assert _value(text, "host_restore_waits_total") == 2
