@@ -109,7 +109,7 @@ class ModelExecutor:
         self.penalty_window = penalty_window
         self._neutral_ctx: dict[object, tuple[jax.Array, jax.Array]] = {}  # per variant: unpenalised context arrays
         self._neutral_bias: dict[object, tuple[jax.Array, ...]] = {}  # per variant: bias arrays of no entry
-        self._neutral_mask: dict[object, jax.Array] = {}  # per variant: the grammar mask of no constrained row
+        self._neutral_mask: dict[object, tuple[jax.Array, jax.Array]] = {}  # per variant: the masks of no constrained row
         self.mask_words = (model.config.vocab_size + 31) // 32  # grammar mask width (structured outputs)
         self.step = CompiledStep(
             graphdef=model.graphdef,
@@ -266,7 +266,7 @@ class ModelExecutor:
 
     def _keep_neutral(self, variant: Variant, arrays: StepArrays) -> StepInputs:
         """The round's inputs, where those that are the same every round while no row uses them
-        (penalty context, bias entries, grammar mask) are the copies kept on the device instead of
+        (penalty context, bias entries, grammar masks) are the copies kept on the device instead of
         copied each round (one device)."""
         inputs = arrays.inputs
         if not self.step.single_device:
@@ -282,10 +282,10 @@ class ModelExecutor:
                 bias = (inputs.bias_ids, inputs.bias_vals, inputs.bias_until)
                 self._neutral_bias[variant] = tuple(jax.device_put(x) for x in bias)
             kept["bias_ids"], kept["bias_vals"], kept["bias_until"] = self._neutral_bias[variant]
-        if not arrays.masked_rows:
+        if not arrays.masked_rows:  # nor a verify point's (a constrained verify row is a masked row)
             if variant not in self._neutral_mask:
-                self._neutral_mask[variant] = jax.device_put(inputs.token_mask)
-            kept["token_mask"] = self._neutral_mask[variant]
+                self._neutral_mask[variant] = (jax.device_put(inputs.token_mask), jax.device_put(inputs.verify_mask))
+            kept["token_mask"], kept["verify_mask"] = self._neutral_mask[variant]
         return inputs._replace(**kept)
 
     def collect(self, handle: LaunchedStep) -> StepResult:
