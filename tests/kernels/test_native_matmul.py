@@ -30,7 +30,8 @@ def _rand(shape: tuple[int, ...], seed: int) -> jax.Array:
 @pytest.mark.parametrize("out_features", [1, 31, 50, 96])
 def test_small_matmul_matches_the_dot(rows: int, out_features: int) -> None:
     """Every tile width (narrow: 1-3 vectors of rows up to 24, wide: 1-4 above, a partial last
-    vector, more than one column block at 70) and block edge (50 = 48 + 2)."""
+    vector, a last block of up to 8 columns in a narrow tile at 33, 40, 49 and 70) and block edge
+    (50 = 48 + 2)."""
     x, w = _rand((rows, 70), 1), _rand((out_features, 70), 2)
     got = jax.jit(native.small_matmul)(x, w)
     assert got.shape == (rows, out_features) and got.dtype == jnp.float32

@@ -131,10 +131,10 @@ HEADERS = tuple(sorted(Path(__file__).parent.glob("*.h")))
 FLAGS = ("-O3", "-march=native", "-fopenmp-simd", "-std=c++17", "-shared", "-fPIC", "-w")
 MAX_VALUE_DIM = 512  # the kernel's per-head scratch (kMaxValueDim in the source)
 # rows small_matmul.cc serves: where it beat XLA:CPU's matmul on hybrid-81m's MLP weights (36 x 2048 x
-# 768 f32, tools/perf/small_dot.py, 2026-12-06, with its wide AVX-512 tiles above 24 rows): 0.54-0.66x
-# at 2-16 rows, 0.74-0.83x at 20-32, 0.91-1.01x at 40-48; 1.07x at 56, 1.01x at 64 and 1.38x at 1 row
-# stay XLA's (docs/perf-log.md)
-SMALL_MATMUL_ROWS = (2, 48)
+# 768 f32, tools/perf/small_dot.py, 2026-12-06, with its wide AVX-512 tiles above 24 rows and a
+# last block of up to 8 columns in a narrow tile): 0.54-0.66x at 2-16 rows, 0.74-0.86x at 20-40,
+# 0.90-0.95x at 48-56; 0.98x at 64 and 1.38x at 1 row stay XLA's (docs/perf-log.md)
+SMALL_MATMUL_ROWS = (2, 56)
 BLOCK_Q = 16  # query tokens per block of paged_attention_blocks.cc (measured: docs/perf-log.md)
 MODES = ("auto", "1", "0")
 

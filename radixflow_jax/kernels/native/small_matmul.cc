@@ -131,16 +131,20 @@ struct SmallMatmul {
 
   void Run(int64_t task) const {
     const int64_t o0 = task * kBlock, o1 = std::min(n, o0 + kBlock);
-    const bool narrow = m <= kNarrowCols;
-    const int64_t lanes = narrow ? kNarrow : kWide, max_vecs = narrow ? 3 : kWideVecs;
     for (int64_t c = 0; c < m;) {
-      // as many vectors as the columns left fill (narrow: 1-8 columns take 1, 9-16 take 2)
-      const int64_t vecs = std::min<int64_t>(max_vecs, (m - c + lanes - 1) / lanes);
+      // rounds of up to kNarrowCols rows, and a last block of up to kNarrow columns, take narrow
+      // tiles (1-8 columns take 1 vector, 9-16 take 2); otherwise wide ones, leaving a remainder of
+      // up to kNarrow columns to a narrow tile rather than padding it to a wide vector
+      const int64_t left = m - c;
+      const bool narrow = m <= kNarrowCols || left <= kNarrow;
+      const int64_t lanes = narrow ? kNarrow : kWide;
+      int64_t vecs = std::min<int64_t>(narrow ? 3 : kWideVecs, (left + lanes - 1) / lanes);
+      if (!narrow && vecs > 1 && vecs * lanes >= left && left % kWide != 0 && left % kWide <= kNarrow) --vecs;
       const int64_t rows = narrow ? kNarrowRows[vecs - 1] : kWideRows[vecs - 1];
       const TileRow& tiles = narrow ? kNarrowTiles[vecs - 1] : kWideTiles[vecs - 1];
       for (int64_t o = o0; o < o1; o += rows) {
         tiles[std::min(rows, o1 - o) - 1](w + o * k, xt.data() + c, k, mp, y + c * n + o, n,
-                                          std::min(vecs * lanes, m - c));
+                                          std::min(vecs * lanes, left));
       }
       c += vecs * lanes;
     }
