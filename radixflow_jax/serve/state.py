@@ -83,16 +83,21 @@ class ServerState:
 
     def warmup_status(self) -> dict[str, Any]:
         """``/health``'s warm-up fields: ``phase`` (``warming``, ``ready``, ``failed``, or ``lazy``
-        when nothing warms in the background) and the variants compiled of all replicas'."""
+        when nothing warms in the background), the variants compiled of all replicas', and with
+        ``failed`` the first replica's reason (``warmup_error``: a compile error, or a warm-up
+        stopped short of ``vm.max_map_count``; serving goes on with lazy compiles either way)."""
         if not self.warmups:
             return {"phase": "lazy"}
         phases = {w.phase for w in self.warmups}
         phase = "failed" if "failed" in phases else "warming" if "warming" in phases else "ready"
-        return {
+        status: dict[str, Any] = {
             "phase": phase,
             "variants_compiled": sum(w.compiled for w in self.warmups),
             "variants": sum(w.total for w in self.warmups),
         }
+        if phase == "failed":
+            status["warmup_error"] = next(w.failed for w in self.warmups if w.failed is not None)
+        return status
 
     @property
     def replicas(self) -> list[BackgroundEngine]:

@@ -48,3 +48,42 @@ def test_serves_while_warming_then_guards(tiny_model) -> None:
         assert step.num_compiles == compiles and scorer.num_compiles == 1
     finally:
         engine.shutdown()
+
+
+def test_a_warmup_short_of_the_mapping_cap_stops_and_serving_goes_on(tiny_model) -> None:
+    """A budget (``runner/mapbudget.py``, counted here: 100 mappings per live executable) that
+    holds three variants: the background warm-up stops with the reason, the guard stays off, and
+    requests are still served (compiling what they need, dropping the least recently run)."""
+    from radixflow_jax.runner.mapbudget import MARGIN, MapBudget
+
+    model = tiny_model("tiny-qwen3.5")
+    model.compiled_variants.clear()
+    core = build_engine(model, EC)
+    step = core.executor.step
+    step.budget = MapBudget(count=lambda: 100 * len(step._compiled), limit=300 + MARGIN, per_compile=100,
+                            measured=True)  # fmt: skip
+    warmup = BackgroundWarmup(core.executor)
+    engine = BackgroundEngine(core, idle=warmup)
+    try:
+        deadline = time.monotonic() + 600
+        while warmup.phase == "warming" and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert warmup.phase == "failed" and "vm.max_map_count" in (warmup.failed or "")
+        assert warmup.compiled == 3 < warmup.total and not step.strict
+        outs = [engine.submit(p, GREEDY).result(timeout=300) for p in PROMPTS]
+        assert all(len(o.token_ids) == 4 for o in outs) and len(step._compiled) <= 3
+    finally:
+        engine.shutdown()
+
+
+def test_health_names_the_warmup_error() -> None:
+    from types import SimpleNamespace
+
+    from radixflow_jax.serve.state import ServerState
+
+    ready = SimpleNamespace(phase="ready", failed=None, compiled=9, total=9)
+    stopped = SimpleNamespace(phase="failed", failed="stopped: 61000 of vm.max_map_count 65530", compiled=3, total=9)
+    status = ServerState.warmup_status(SimpleNamespace(warmups=[ready, stopped]))  # type: ignore[arg-type]
+    assert status == {"phase": "failed", "variants_compiled": 12, "variants": 18,
+                      "warmup_error": "stopped: 61000 of vm.max_map_count 65530"}  # fmt: skip
+    assert "warmup_error" not in ServerState.warmup_status(SimpleNamespace(warmups=[ready]))  # type: ignore[arg-type]
