@@ -157,7 +157,10 @@ class Harness:
     def _during_round(self, plan: RoundPlan) -> None:
         if self.audit and any(row.copy_from is not None for row in plan.rows):
             readable = committed_slots(self.core)
+            requests = self.core.scheduler.requests
             for row in plan.rows:
+                if row.num_draft and row.request_id in requests and row.copy_from == requests[row.request_id].slot:
+                    continue  # a verify row reads its own slot and writes its spare (scheduler/drafts.py)
                 if row.copy_from is not None:
                     if row.copy_from not in readable:
                         what = f"request {row.request_id} reads slot {row.copy_from}: not a committed checkpoint"
@@ -275,7 +278,8 @@ def shadow_engine(
         num_host_slots=num_host_slots,
         max_model_len=max_model_len,
     )
-    shadow = ShadowExecutor(spec.cache_config.page_size, hybrid=hybrid, vocab=vocab, clock=clock)
+    verify = config.scheduler.speculative is not None
+    shadow = ShadowExecutor(spec.cache_config.page_size, hybrid=hybrid, vocab=vocab, clock=clock, verify=verify)
     core = assemble_engine(spec, lambda shapes: FaultyExecutor(shadow, faults, fail_reset=fail_reset), clock=clock)
     shadow.truth = lambda rid: core.scheduler.requests[rid].tokens
     return core

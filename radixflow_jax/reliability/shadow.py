@@ -23,6 +23,12 @@ requests' kept ends leaving the request band, spills to the host tier's ``host``
 it) are applied in order before every row, as the executor does, so a restored checkpoint that
 does not hold what was spilled fails the state check of the row that reads it.
 
+A verify row (speculative decoding, ``RowPlan.num_draft``, with ``verify=True``) runs like any row
+over its known tokens and its drafted ones (only the known ones are checked against the request's
+real tokens) and returns, besides its sample after the whole draft, the model's token after its
+last known token and after each drafted token but the last (``StepResult.verified``); its state
+after every token goes to its slot (the spare slot the scheduler gave it), as the step writes it.
+
 Checked on every row (a failure is recorded in ``violations`` and raised as :class:`ShadowMismatch`):
   * no real row runs in the reserved page 0 or slot 0;
   * the context is fully written and (with ``truth``) equals the request's real tokens;
@@ -57,10 +63,9 @@ def token_for(sequence: Sequence[int], vocab: int) -> int:
 
 class ShadowExecutor:
     """See the module docstring. ``truth(request_id)``: the request's real tokens (prompt + output
-    so far), to check contexts against; ``round_s``: the virtual time a round takes on ``clock``.
-    No capabilities: synchronous, no logprobs, no penalties, no round cost model."""
-
-    capabilities = ExecutorCapabilities()
+    so far), to check contexts against; ``round_s``: the virtual time a round takes on ``clock``;
+    ``verify``: return verify tokens (speculative decoding). No other capabilities: synchronous,
+    no logprobs, no penalties, no round cost model."""
 
     def __init__(
         self,
@@ -71,7 +76,9 @@ class ShadowExecutor:
         truth: Callable[[int], Sequence[int]] | None = None,
         clock: object | None = None,
         round_s: float = 1e-3,
+        verify: bool = False,
     ):
+        self.capabilities = ExecutorCapabilities(verify=verify)
         if vocab <= FIRST_TOKEN:
             raise ValueError(f"vocab must exceed {FIRST_TOKEN}, got {vocab}")
         self.page_size = page_size
@@ -142,6 +149,7 @@ class ShadowExecutor:
         written: set[tuple[int, int]] = set()  # KV positions written in this round
         emitted: set[int] = set()  # checkpoint slots unpaired rows emitted in this round
         sampled: dict[int, int] = {}
+        verified: dict[int, tuple[int, ...]] = {}
         unpaired = [row for row in plan.rows if row.pair_slot is None and row.twin_id is None]
         paired = [row for row in plan.rows if row.pair_slot is not None]
         sequences: dict[int, tuple[int, ...]] = {}
@@ -158,6 +166,10 @@ class ShadowExecutor:
             for row, seq in zip(phase, reads):
                 self._write(row, seq, written, emitted if phase is unpaired else None, sampled)
                 sequences[row.request_id] = seq
+                if row.num_draft and row.sample:  # the model's token after the last known and each drafted one
+                    known = len(seq) - row.num_draft
+                    after = (token_for(seq[: known + j], self.vocab) for j in range(row.num_draft))
+                    verified[row.request_id] = tuple(after)
         for row in plan.rows:
             if row.twin_id is not None:
                 self._ride(row, plan, sequences, sampled)
@@ -167,7 +179,8 @@ class ShadowExecutor:
         if self.clock is not None:
             self.clock.advance(self.round_s)  # type: ignore[attr-defined]
         return StepResult(
-            sampled=sampled, token_slots=plan.num_tokens, row_slots=len(plan.rows), build_s=0.0, step_s=self.round_s
+            sampled=sampled, token_slots=plan.num_tokens, row_slots=len(plan.rows), build_s=0.0, step_s=self.round_s,
+            verified=verified,
         )
 
     def _ride(self, row: RowPlan, plan: RoundPlan, sequences: Mapping[int, tuple[int, ...]], sampled: dict[int, int]) -> None:
@@ -189,7 +202,8 @@ class ShadowExecutor:
         if any(page == 0 for page in row.pages[: -(-end // p)]) or (self.hybrid and row.slot == 0):
             self._fail(f"request {row.request_id} runs in the reserved page 0 or slot 0")
         ctx = self._context(row)
-        if self.truth is not None and tuple(self.truth(row.request_id)[:end]) != ctx + row.tokens:
+        known = end - row.num_draft  # drafted tokens are guesses, not yet the request's
+        if self.truth is not None and tuple(self.truth(row.request_id)[:known]) != (ctx + row.tokens)[:known]:
             self._fail(f"request {row.request_id}: the context of its span [{row.start}, {end}) is not its tokens")
         if self.hybrid:
             self._initial_state(row, ctx, emitted)

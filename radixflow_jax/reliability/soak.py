@@ -53,6 +53,7 @@ class SoakConfig:
     conversation_share: float = 0.2  # share of requests that open a conversation
     more_turns: tuple[int, int] = (1, 4)  # further turns of a conversation, each sent when the one before finished
     message_len: tuple[int, int] = (1, 12)  # new tokens a turn appends after the answer before it
+    speculative: bool = False  # n-gram drafts verified in one row (the shadow executor verifies them)
 
 
 def cold_tokens(prompt: list[int], max_tokens: int, vocab: int) -> list[int]:
@@ -69,6 +70,7 @@ def _soak_engine(cfg: SoakConfig, rng: random.Random, expected_rounds: int) -> E
     ec = EngineConfig.from_options(
         max_num_seqs=cfg.max_num_seqs, max_num_batched_tokens=cfg.max_num_batched_tokens, page_size=cfg.page_size,
         max_model_len=cfg.max_model_len, policy=cfg.policy, warmup=False,
+        speculative="ngram" if cfg.speculative else None,
     )
     faults = tuple(
         Fault(r, rng.choice(FAULT_KINDS)) for r in range(expected_rounds) if rng.random() < cfg.fault_rate
@@ -194,5 +196,7 @@ def run_soak(cfg: SoakConfig) -> dict[str, Any]:
         "leaked_slots": core.scheduler.memory.slots.num_used if core.scheduler.memory.slots else 0,
         "host_spills": sum(r.spilled for r in core.records),
         "host_restores": sum(r.restored for r in core.records),
+        "drafted_tokens": sum(r.drafted_tokens for r in core.records),
+        "accepted_tokens": sum(r.accepted_tokens for r in core.records),
         "wall_s": wall,
     }
