@@ -167,7 +167,7 @@ class ModelExecutor:
             if self.progress is not None:
                 self.progress(f"warm-up: prompt scoring program in {time.perf_counter() - t:.1f}s")
         for i, v in enumerate(todo, first):
-            if not self.step.has_room():  # another compile would pass vm.max_map_count (runner/mapbudget.py)
+            if not self.step.budget.room():  # another compile would pass vm.max_map_count (runner/mapbudget.py)
                 if self.progress is not None:
                     self.progress(
                         f"warm-up stopped at {i}/{total or len(todo)}: {self.step.budget.describe()}; the rest "

@@ -9,8 +9,10 @@ first call also compiles the prompt scoring program (``ModelExecutor.warmup``; t
 sure of it). When the last variant is done the compile guard turns on (``CompiledStep.strict``): from then on a
 compile would be a bug, and the engine refuses it.
 
-Invariants: runs only on the engine thread (the executor's pools are the engine's); ``compiled``
-and ``total`` only grow, so another thread may read them for ``/health``.
+Invariants: runs only on the engine thread (the executor's pools are the engine's); ``total`` is
+fixed and ``compiled`` counts the variants compiled after the last call (fewer when a round's
+compile dropped some under ``vm.max_map_count``: the guard then never turns on), so another thread
+may read them for ``/health``.
 """
 
 from __future__ import annotations
@@ -57,9 +59,13 @@ class BackgroundWarmup:
                 logging.getLogger(__name__).error("background warm-up stopped at %s: %s", variant, self.failed)
                 return False
             self._todo.pop(0)
-        self.compiled = self.total - len(self._todo)
+        self.compiled = sum(step.is_compiled(v) for v in self.executor.shapes.variants())
         if self._todo:
             return True
+        if self.compiled < self.total:  # a round's compile dropped ones warmed before (vm.max_map_count)
+            self.failed = f"stopped: {self.total - self.compiled} variants dropped, {step.budget.describe()}"
+            logging.getLogger(__name__).error("background warm-up ends without the guard: %s", self.failed)
+            return False
         try:  # the page copy and prompt scoring programs (compiled already unless rounds compiled every variant)
             self.executor.warmup([])
         except Exception as exc:

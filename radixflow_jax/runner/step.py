@@ -257,26 +257,27 @@ class CompiledStep:
         """Drops the least recently run executables (never ``variant``'s) while another compile
         would pass ``vm.max_map_count`` (``runner/mapbudget.py``: past it LLVM aborts the process);
         a dropped variant compiles again on its next use (from the persistent compilation cache
-        where one is set). Raises :class:`MapBudgetError` when nothing is left to drop."""
+        where one is set). Raises :class:`MapBudgetError` when nothing is left to drop, or when a
+        drop gave no mapping back (another step still holds the executable: dropping more would
+        only empty this step)."""
         while not self.budget.room():
             victim = next((v for v in self._compiled if v != variant), None)
-            if victim is None:
+            before = self.budget.count()
+            if victim is not None:
+                fn = self._compiled.pop(victim)
+                key = self._keys.pop(victim, None)
+                if self._shared is not None and key is not None and self._shared.get(key) is fn:
+                    del self._shared[key]
+                del fn
+                gc.collect()  # the executable's mappings go with its last reference
+                self.evicted += 1
+            after = self.budget.count()
+            if victim is None or (before is not None and after is not None and after >= before):
                 raise MapBudgetError(
                     f"compiling step variant {variant} would pass vm.max_map_count ({self.budget.describe()}): raise "
                     "it (sysctl -w vm.max_map_count=262144) or serve fewer variants (a smaller --max-num-seqs, no "
                     "--speculative)"
                 )
-            fn = self._compiled.pop(victim)
-            key = self._keys.pop(victim, None)
-            if self._shared is not None and key is not None and self._shared.get(key) is fn:
-                del self._shared[key]
-            del fn
-            gc.collect()  # the executable's mappings go with its last reference
-            self.evicted += 1
-
-    def has_room(self) -> bool:
-        """Whether one more variant compiles under ``vm.max_map_count`` without dropping another."""
-        return self.budget.room()
 
     def is_compiled(self, variant: Variant) -> bool:
         return variant in self._compiled

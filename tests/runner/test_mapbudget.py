@@ -64,3 +64,21 @@ def test_warmup_stops_short_and_a_compile_with_nothing_to_drop_fails(tiny_model)
     assert not step._compiled and any("warm-up stopped at 1/" in s for s in said)
     with pytest.raises(MapBudgetError, match="vm.max_map_count"):
         step.prime(executor.shapes.variants()[0], executor.model.params, executor.cache)
+
+
+@pytest.mark.skipif(mapbudget.map_count() is None, reason="needs /proc/self/maps (Linux)")
+def test_the_process_count_falls_when_a_step_drops_an_executable(tiny_model) -> None:
+    """With the real count: a budget with no room before a compile drops an executable, which gives
+    mappings back, and the compile goes on (a drop that gave nothing back would raise)."""
+    llm = LLM(tiny_model("tiny-qwen3.5"), **OPTIONS)
+    executor = llm.replicas.engines[0].executor
+    step = executor.step
+    step._compiled.clear()
+    step._shared = None
+    first, second, third = executor.shapes.variants()[:3]
+    for v in (first, second):
+        executor.cache = step.prime(v, executor.model.params, executor.cache)
+    grew = step.budget.per_compile
+    step.budget.limit = mapbudget.map_count() + MARGIN + grew - grew // 8  # one drop of ~an eighth makes room
+    executor.cache = step.prime(third, executor.model.params, executor.cache)
+    assert step.evicted >= 1 and step.is_compiled(third) and not step.is_compiled(first)

@@ -7,9 +7,10 @@ layers' MLP matrices of hybrid-81m's width, in the HF layout ``[out, in]`` that 
     ``native.SMALL_MATMUL_ROWS``).
 
 The two paths alternate call by call (interleaved repeats); it prints the medians of 15 calls each,
-their ratio, the weights read per second (the floor: about 30 GB/s on the development machine,
-``round_floor.py``) and the largest difference between the two results. Run it once per ``XLA_FLAGS``
-setting to compare XLA:CPU's matmul paths, e.g. with and without its YNNPACK fusions:
+the median of the 15 per-pair ratios with its interquartile range, the weights read per second (the
+floor: about 30 GB/s on the development machine, ``round_floor.py``) and the largest difference
+between the two results. Run it once per ``XLA_FLAGS`` setting to compare XLA:CPU's matmul paths,
+e.g. with and without its YNNPACK fusions:
 
     python tools/perf/small_dot.py
     XLA_FLAGS=--xla_cpu_experimental_ynn_fusion_type= python tools/perf/small_dot.py
@@ -57,7 +58,9 @@ def main() -> None:
                 ts[name].append(time.perf_counter() - t)
         s = {name: st.median(v) for name, v in ts.items()}
         cols = ", ".join(f"{name} {1e3 * v:6.1f} ms ({mb / v / 1e3:4.1f} GB/s)" for name, v in s.items())
-        print(f"M={m:3d}: {cols}; native/xla {s['native'] / s['xla']:.2f}", flush=True)
+        ratios = sorted(n / x for n, x in zip(ts["native"], ts["xla"]))  # per interleaved pair of calls
+        q1, q3 = ratios[len(ratios) // 4], ratios[(3 * len(ratios)) // 4]
+        print(f"M={m:3d}: {cols}; native/xla {st.median(ratios):.2f} (IQR {q1:.2f}-{q3:.2f})", flush=True)
     print("load", os.getloadavg())
 
 
