@@ -94,6 +94,6 @@ class LLM:
         empty = True
         for engine in self.replicas.engines:
             memory = engine.scheduler.memory
-            memory.flush(engine.scheduler.waiting)
+            memory.flush()
             empty &= memory.pages.num_used == 0 and (memory.slots is None or memory.slots.num_used == 0)
         return empty

@@ -106,7 +106,7 @@ def rebuild(scheduler: Scheduler, executor: Executor, exc: Exception) -> None:
     try:
         scheduler.drop_in_flight()  # overlap: the rounds launched after the failed one are void too
         scheduler.requeue_running()  # their device state is gone: recompute from the tokens so far
-        scheduler.memory.flush(scheduler.waiting)
+        scheduler.memory.flush()
         executor.reset()
         memory = scheduler.memory
         used = memory.pages.num_used, memory.slots.num_used if memory.slots else 0

@@ -7,7 +7,8 @@ pools free xor owned, no negative refcount):
     that allocated it; every slot's equals the tree's plus the running request that runs in it
     or holds it as its spare (speculative decoding);
   * every lock on a node belongs to a running request's hit, a waiting request's restore
-    (``Request.restore_node``) or a test's pin, and every such hit and restore is locked;
+    (``Request.restore_node``, registered in ``Allocator.holds``, which a flush drops) or a test's
+    pin, and every such hit and restore is locked;
   * a waiting or finished request holds no page, slot or lock (but its restore's), and has no
     pending checkpoint;
     only running requests are producers (overlap: a finished request waiting for the commit fence
@@ -71,6 +72,9 @@ def audit_engine(core: EngineCore, pinned: Iterable[Node] = ()) -> None:
             if not req.restore_node.attached:
                 raise InvariantError(f"waiting request {req.request_id} holds a restore on a node that left the tree")
             locks[id(req.restore_node)] -= 1
+    holders = {r.request_id for r in sched.waiting if r.restore_node is not None}
+    if set(mem.holds) != holders:
+        raise InvariantError(f"restore holds {sorted(mem.holds)} are not the waiting holders {sorted(holders)}")
     if +locks or -locks:
         raise InvariantError(f"node locks do not match the running requests' hits: {dict(locks)}")
     pools = [(mem.pages, page_refs, "page")] + ([(mem.slots, slot_refs, "slot")] if mem.slots is not None else [])

@@ -17,7 +17,7 @@ Invariants:
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from radixflow_jax.cache import CacheConfig, PagePool, RadixCache, SlotPool, StateMove
@@ -36,6 +36,7 @@ class Allocator:
         self.cache = cache
         self.evicted_pages = 0
         self.evicted_slots = 0
+        self.holds: dict[int, Request] = {}  # request id -> the waiting request holding a restore (hold_restore)
 
     def alloc_pages(self, n: int) -> list[int] | None:
         if n <= 0:
@@ -232,12 +233,14 @@ class Allocator:
         self.drop_restore(req)
         self.cache.lock(node)
         req.restore_node = node
+        self.holds[req.request_id] = req
 
     def drop_restore(self, req: Request) -> None:
         """Undoes :meth:`hold_restore` (nothing without a hold)."""
         if req.restore_node is not None:
             self.cache.unlock(req.restore_node)
             req.restore_node = None
+        self.holds.pop(req.request_id, None)
 
     @property
     def restores_queued(self) -> bool:
@@ -249,10 +252,10 @@ class Allocator:
         plan being built (``RoundPlan.state_moves``, ``RoundPlan.restores``)."""
         return self.cache.take_moves() if self.cache is not None else ((), ())
 
-    def flush(self, waiting: Iterable[Request] = ()) -> None:
+    def flush(self) -> None:
         """Empties the cache (``RadixCache.flush``: queued state moves and restores go with it),
-        first dropping the ``waiting`` requests' restore holds."""
+        first dropping every restore hold (``holds``)."""
         if self.cache is not None:
-            for req in waiting:
+            for req in list(self.holds.values()):
                 self.drop_restore(req)
             self.cache.flush()

@@ -188,7 +188,7 @@ class Scheduler:
             else:
                 stats.stopped_by_memory = True
                 if not round_.rows and not self.running:
-                    self.memory.flush(self.waiting)  # nothing runs, the head gets no memory: admit it next
+                    self.memory.flush()  # nothing runs, the head gets no memory: admit it next
                 break
         return admitted
 

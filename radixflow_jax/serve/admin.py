@@ -28,7 +28,7 @@ from radixflow_jax.serve.state import RouteGroup
 def flush_cache(core: Any) -> dict[str, int]:
     """Empties one engine's prefix cache (engine thread) and reports its pools' free and total."""
     mem = core.scheduler.memory
-    mem.flush(core.scheduler.waiting)
+    mem.flush()
     slots = mem.slots
     return {
         "kv_pages_free": mem.pages.num_free,
