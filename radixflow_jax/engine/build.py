@@ -95,12 +95,8 @@ def default_host_cache_gb(ram_bytes: int | None = None) -> float:
 def host_slots(slot_bytes: int, ec: EngineConfig, default_gb: float) -> int:
     """The host tier's size in checkpoints of ``slot_bytes`` each (``cache/tiers.py``; 0: none, and
     always for a model without recurrent state, whose ``slot_bytes`` is 0): ``ec.num_host_slots``
-    when given, else ``ec.host_cache_gb`` GiB, else ``default_gb`` GiB. ``ValueError`` naming the
-    field for a negative size."""
-    if ec.num_host_slots is not None and ec.num_host_slots < 0:
-        raise ValueError(f"num_host_slots must be >= 0, got {ec.num_host_slots}")
-    if ec.host_cache_gb is not None and ec.host_cache_gb < 0:
-        raise ValueError(f"host_cache_gb must be >= 0, got {ec.host_cache_gb}")
+    when given, else ``ec.host_cache_gb`` GiB, else ``default_gb`` GiB (``EngineConfig`` refuses a
+    negative size)."""
     if not slot_bytes:
         return 0
     if ec.num_host_slots is not None:

@@ -13,7 +13,7 @@ from typing import Any, Callable
 from radixflow_jax.engine.params import DEFAULT_MAX_N
 from radixflow_jax.engine.protocol import StepResult
 from radixflow_jax.scheduler.config import MODEL_DERIVED, SchedulerConfig
-from radixflow_jax.scheduler.drafts import accepted_length, position_counts
+from radixflow_jax.scheduler.drafts import position_counts
 from radixflow_jax.scheduler.plan import RoundPlan, RoundStats, attention_pairs, pairing_spans
 
 
@@ -65,6 +65,10 @@ class EngineConfig:
             raise ValueError(f"mixed_layout={self.mixed_layout!r}: expected 'auto', 'window' or 'packed'")
         if self.max_n < 1:
             raise ValueError(f"max_n={self.max_n}: must be >= 1")
+        if self.num_host_slots is not None and self.num_host_slots < 0:
+            raise ValueError(f"num_host_slots must be >= 0, got {self.num_host_slots}")
+        if self.host_cache_gb is not None and self.host_cache_gb < 0:
+            raise ValueError(f"host_cache_gb must be >= 0, got {self.host_cache_gb}")
 
     @property
     def warmup_all(self) -> bool:
@@ -171,7 +175,7 @@ class RoundRecord:
             spilled=sum(1 for m in plan.state_moves if m.kind == "spill"),
             restored=sum(1 for m in plan.state_moves if m.kind == "restore"),
             drafted_tokens=plan.num_drafted,
-            accepted_tokens=sum(accepted_length(d, v) for d, v in drafts),
+            accepted_tokens=sum(accepted_at),
             drafted_at=drafted_at,
             accepted_at=accepted_at,
             **{name: getattr(stats, name) for name in _FROM_STATS},

@@ -159,9 +159,8 @@ class Harness:
             readable = committed_slots(self.core)
             requests = self.core.scheduler.requests
             for row in plan.rows:
-                if row.num_draft and row.request_id in requests and row.copy_from == requests[row.request_id].slot:
-                    continue  # a verify row reads its own slot and writes its spare (scheduler/drafts.py)
-                if row.copy_from is not None:
+                own = requests[row.request_id].slot if row.num_draft and row.request_id in requests else None
+                if row.copy_from is not None and row.copy_from != own:  # a verify row reads its own slot
                     if row.copy_from not in readable:
                         what = f"request {row.request_id} reads slot {row.copy_from}: not a committed checkpoint"
                         self.violations.append(what)

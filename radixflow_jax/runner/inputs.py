@@ -326,7 +326,8 @@ def _fill_sampling(
         if p.grammar is not None and rows[i].sample:
             if not inputs.token_mask.shape[1]:
                 raise ValueError(f"request {rows[i].request_id} has a grammar; this step has no grammar mask")
-            p.grammar.mask_into(inputs.token_mask[i])
+            if not rows[i].num_draft:  # a verify row's mask follows its draft (runner/verify.py)
+                p.grammar.mask_into(inputs.token_mask[i])
             masked_rows += 1
         if p.has_penalty:
             n_prompt, n_out = len(p.prompt), len(p.output)

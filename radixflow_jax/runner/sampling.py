@@ -70,6 +70,11 @@ def sample(
     return jax.lax.cond(jnp.any(temperature > 0), sampled, lambda: greedy)
 
 
+def penalised_rows(presence: jax.Array, frequency: jax.Array, repetition: jax.Array) -> jax.Array:
+    """``bool [R]``: the rows with any penalty set."""
+    return (presence != 0) | (frequency != 0) | (repetition != 1.0)
+
+
 def apply_penalties(
     logits: jax.Array,
     ctx_ids: jax.Array,
@@ -79,7 +84,7 @@ def apply_penalties(
     repetition: jax.Array,
 ) -> jax.Array:
     """``logits [R, V]`` float32 with the penalties of each row applied (see the module docstring)."""
-    penalised = (presence != 0) | (frequency != 0) | (repetition != 1.0)
+    penalised = penalised_rows(presence, frequency, repetition)
     return jax.lax.cond(
         jnp.any(penalised),
         lambda: _penalise(logits, ctx_ids, ctx_out, presence, frequency, repetition, penalised),

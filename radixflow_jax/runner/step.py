@@ -45,7 +45,14 @@ from radixflow_jax.models.batch import Batch, ModelCache
 from radixflow_jax.models.mixers.recurrent import Emits
 from radixflow_jax.runner.inputs import StepInputs, empty_inputs, padding_inputs
 from radixflow_jax.runner.mapbudget import MapBudget, MapBudgetError
-from radixflow_jax.runner.sampling import apply_bias, apply_mask, apply_penalties, sample, token_logprobs
+from radixflow_jax.runner.sampling import (
+    apply_bias,
+    apply_mask,
+    apply_penalties,
+    penalised_rows,
+    sample,
+    token_logprobs,
+)
 from radixflow_jax.runner.shapes import ShapeConfig, Variant
 
 MAX_LOGPROBS = 20  # top alternatives computed per sampled token (the OpenAI API's maximum)
@@ -133,8 +140,7 @@ def _verify(logits: jax.Array, inputs: StepInputs) -> tuple[jax.Array, jax.Array
             ctx_ids = jnp.where(within, inputs.ctx_ids[row], -1)
             return apply_penalties(logits, ctx_ids, inputs.ctx_out[row] & within, *penalties)
 
-        any_penalty = jnp.any((penalties[0] != 0) | (penalties[1] != 0) | (penalties[2] != 1))
-        logits = jax.lax.cond(any_penalty, penalised, lambda: logits)
+        logits = jax.lax.cond(jnp.any(penalised_rows(*penalties)), penalised, lambda: logits)
     logits = apply_bias(logits, inputs.bias_ids[row], inputs.bias_vals[row], inputs.bias_until[row], position)
     if inputs.verify_mask.shape[-1]:
         logits = apply_mask(logits, inputs.verify_mask)

@@ -20,7 +20,8 @@ launch order), finishes and releases requests.
 
 Invariants (the admission scan's; the others are stated by the collaborator that enforces them):
   * A request never reads a pending checkpoint: ``copy_from`` is always a committed slot of a node
-    the request locked.
+    the request locked, or (a verify row, ``scheduler/drafts.py``) the request's own slot, which its
+    row does not write (it writes the spare slot).
   * Liveness: with nothing running, the head of the queue is admitted from its committed hit or a
     cold prefill, or failed with a clear reason if it can never fit (``add`` refuses what cannot;
     a head that cannot get memory flushes the cache). No admission takes the pages a running

@@ -44,7 +44,7 @@ def build_sim_engine(
         num_pages=pages,
         num_slots=slots,
         num_host_slots=num_host,
-        state_bytes=spec.state_bytes if spec.is_hybrid else 0,
+        state_bytes=spec.state_bytes,
         max_model_len=ec.max_model_len or 32768,
     )
     clock = VirtualClock()
@@ -62,7 +62,7 @@ def sim_host_slots(spec: ModelSpec, device: DeviceSpec, ec: EngineConfig) -> int
     """The simulated host tier's checkpoints (``engine/build.host_slots``), none by default: a
     simulated host has no RAM to take an eighth of. ``ValueError`` for a tier on a device whose
     host link is not published (``sim/specs.py``)."""
-    n = host_slots(spec.state_bytes if spec.is_hybrid else 0, ec, default_gb=0.0)
+    n = host_slots(spec.state_bytes, ec, default_gb=0.0)  # 0 bytes without recurrent layers
     if n and device.host_link_bandwidth is None:
         raise ValueError(f"host_cache_gb: device {device.name!r} has no published host link to simulate a host tier on")
     return n

@@ -6,8 +6,6 @@ a device without a published host link refuses a tier."""
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 
 from radixflow_jax.bench.run import BenchConfig, sim_runner
@@ -54,7 +52,7 @@ def test_returning_conversations_restore_their_checkpoints() -> None:
     for p in policies:
         off, on = without[p], tiered[p]
         assert off.host_restores == off.host_spills == 0 and on.completed == off.completed == 96
-        assert on.host_restores > 0 and on.host_spills >= on.host_restores
+        assert on.host_restores > 0 and on.host_spills > 0  # a host copy may be read more than once
         assert on.reuse > off.reuse + 0.2, (p, on.reuse, off.reuse)  # 32 conversations, 3 checkpoint slots
         assert on.mean_ttft_s < off.mean_ttft_s, p
     assert tiered["radixflow"].bubble_tokens == tiered["pair"].bubble_tokens == 0
@@ -69,14 +67,14 @@ def test_tier_sizes_and_devices_without_a_link() -> None:
     with pytest.raises(ValueError, match="host_cache_gb.*tpu-v6e"):
         build_sim_engine(MODEL_SPECS["qwen3.5-4b"], DEVICE_SPECS["tpu-v6e"], EngineConfig(host_cache_gb=1.0))
     with pytest.raises(ValueError, match="host_cache_gb"):
-        sim_host_slots(spec, h200, dataclasses.replace(EngineConfig(), host_cache_gb=-1.0))
+        EngineConfig(host_cache_gb=-1.0)
     # the rule both engines share (engine/build.py): the model engine's default is RAM / 8, at most 4 GiB
     assert default_host_cache_gb(ram_bytes=16 * 2**30) == 2.0 and default_host_cache_gb(ram_bytes=2**40) == 4.0
     assert host_slots(2**20, EngineConfig(), default_gb=2.0) == 2048
     assert host_slots(2**20, EngineConfig(host_cache_gb=0.5), default_gb=2.0) == 512
     assert host_slots(0, EngineConfig(num_host_slots=9), default_gb=2.0) == 0  # no recurrent state
     with pytest.raises(ValueError, match="num_host_slots"):
-        host_slots(2**20, EngineConfig(num_host_slots=-1), default_gb=2.0)
+        EngineConfig(num_host_slots=-1)
 
 
 def test_a_returning_request_restores_into_its_own_slot() -> None:
