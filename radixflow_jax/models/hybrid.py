@@ -23,6 +23,7 @@ from radixflow_jax.models.layers import Embedding, Linear, Mlp, Relu2Mlp, RMSNor
 from radixflow_jax.models.mixers.attention import Attention, KvPages
 from radixflow_jax.models.mixers.gdn import GatedDeltaNet
 from radixflow_jax.models.mixers.mamba2 import Mamba2
+from radixflow_jax.models.mixers.lanes import VerifyLanes
 from radixflow_jax.models.mixers.recurrent import Emits
 
 RecState = tuple[jax.Array, jax.Array]
@@ -128,36 +129,39 @@ class DecoderLayer(nnx.Module):
         num_decode: int,
         emits: Emits | None = None,
         row_last: jax.Array | None = None,
-    ) -> tuple[jax.Array, KvPages | None, RecState | None]:
+        lane_steps: int = 0,
+    ) -> tuple[jax.Array, KvPages | None, RecState | None, VerifyLanes | None]:
         """``kv``: this layer's ``(k_pages, v_pages)`` iff ``has_kv``; ``rec``: its ``(conv, ssm)``
         pools iff ``has_state``. Returns the new hidden states and the updated entries. With
         ``row_last [R]`` (each row's last token; rows without tokens: any index) only those tokens'
         hidden states come back, ``[R, hidden]``, equal to the full result's rows ``row_last`` for
         rows with tokens: the pools still get every token's KV and state, attention queries and
-        everything after the mixers (projections out, the MLP) run on the ``R`` tokens only."""
+        everything after the mixers (projections out, the MLP) run on the ``R`` tokens only. The
+        last entry: a recurrent layer's verify lanes with ``lane_steps`` (``models/mixers/lanes.py``)."""
         if self.block:
             assert self.norm is not None and self.mixer is not None
             if row_last is not None and not (self.has_kv or self.has_state):  # an MLP block: token by token
                 x, row_last = _rows(x, row_last), None
             h = self.norm(x)
+            lanes = None
             if self.has_kv:
                 h, kv = self.mixer(h, positions, batch, kv, num_decode, row_last)
-                return _rows(x, row_last) + h, kv, rec
+                return _rows(x, row_last) + h, kv, rec, None
             if self.has_state:
                 assert rec is not None
-                h, conv, ssm = self.mixer(h, batch, rec[0], rec[1], num_decode, emits)
+                h, conv, ssm, lanes = self.mixer(h, batch, rec[0], rec[1], num_decode, emits, lane_steps)
                 rec = (conv, ssm)
             else:
                 h = self.mixer(h)
-            return _rows(x + h, row_last), kv, rec
+            return _rows(x + h, row_last), kv, rec, lanes
         mult = self.mult
         assert self.input_layernorm is not None
         h = self.input_layernorm(x)
-        mixed = None
+        mixed = lanes = None
         recurrent = self.linear_attn if self.linear_attn is not None else self.mamba
         if recurrent is not None:
             assert rec is not None
-            out, conv, ssm = recurrent(h, batch, rec[0], rec[1], num_decode, emits)
+            out, conv, ssm, lanes = recurrent(h, batch, rec[0], rec[1], num_decode, emits, lane_steps)
             rec = (conv, ssm)
             mixed = _scaled(_rows(out, row_last), mult.ssm_out)
         if self.self_attn is not None:
@@ -173,7 +177,7 @@ class DecoderLayer(nnx.Module):
             if self.block_sparse_moe is not None:
                 out = self.block_sparse_moe(h) + out
             x = x + _scaled(out, mult.residual)
-        return x, kv, rec
+        return x, kv, rec, lanes
 
 
 class Backbone(nnx.Module):
@@ -214,16 +218,35 @@ class HybridLM(nnx.Module):
         queries, output projections and MLP on ``R`` tokens instead of ``T``: a prefill round
         samples one token per row, and in ``benchmarks/vs_transformers.py``'s model the last
         layer's MLP alone is about 9 % of a token's matmul FLOPs."""
+        hidden, cache, _ = self.forward(tokens, batch, cache, num_decode=num_decode, emits=emits, row_last=row_last)
+        return hidden, cache
+
+    def forward(
+        self,
+        tokens: jax.Array,
+        batch: Batch,
+        cache: ModelCache,
+        *,
+        num_decode: int = 0,
+        emits: Emits | None = None,
+        row_last: jax.Array | None = None,
+        lane_steps: int = 0,
+    ) -> tuple[jax.Array, ModelCache, tuple[VerifyLanes, ...]]:
+        """:meth:`__call__`, and with ``lane_steps`` every recurrent layer's verify lanes in layer
+        order (``models/mixers/lanes.py``; empty without)."""
         _, positions, _ = positions_from_batch(batch.cu_seqlens, batch.kv_lens, tokens.shape[0])
         x = _scaled(self.model.embed_tokens(tokens), self.config.multipliers.embedding)
         kv, conv, ssm = list(cache.kv), list(cache.conv), list(cache.ssm)
         att_i = rec_i = 0
         last = len(self.model.layers) - 1
+        lanes: list[VerifyLanes] = []
         for i, layer in enumerate(self.model.layers):
             layer_kv = kv[att_i] if layer.has_kv else None
             layer_rec = (conv[rec_i], ssm[rec_i]) if layer.has_state else None
             narrow = row_last if i == last else None
-            x, layer_kv, layer_rec = layer(x, positions, batch, layer_kv, layer_rec, num_decode, emits, narrow)
+            x, layer_kv, layer_rec, layer_lanes = layer(
+                x, positions, batch, layer_kv, layer_rec, num_decode, emits, narrow, lane_steps
+            )
             if layer.has_kv:
                 assert layer_kv is not None
                 kv[att_i] = layer_kv
@@ -232,7 +255,9 @@ class HybridLM(nnx.Module):
                 assert layer_rec is not None
                 conv[rec_i], ssm[rec_i] = layer_rec
                 rec_i += 1
-        return self.model.norm(x), ModelCache(kv=tuple(kv), conv=tuple(conv), ssm=tuple(ssm))
+                if layer_lanes is not None:
+                    lanes.append(layer_lanes)
+        return self.model.norm(x), ModelCache(kv=tuple(kv), conv=tuple(conv), ssm=tuple(ssm)), tuple(lanes)
 
     def logits(self, hidden: jax.Array) -> jax.Array:
         """Float32 logits of ``hidden [..., hidden_size]``, times ``lm_head`` and divided by

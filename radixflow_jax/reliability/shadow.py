@@ -26,8 +26,9 @@ does not hold what was spilled fails the state check of the row that reads it.
 A verify row (speculative decoding, ``RowPlan.num_draft``, with ``verify=True``) runs like any row
 over its known tokens and its drafted ones (only the known ones are checked against the request's
 real tokens) and returns, besides its sample after the whole draft, the model's token after its
-last known token and after each drafted token but the last (``StepResult.verified``); its state
-after every token goes to its slot (the spare slot the scheduler gave it), as the step writes it.
+last known token and after each drafted token but the last (``StepResult.verified``); the state
+after its last accepted token (the greedy rule over those tokens, uncut) goes to its slot (the
+spare slot the scheduler gave it), as the step keeps it (``runner/rollback.py``).
 
 Checked on every row (a failure is recorded in ``violations`` and raised as :class:`ShadowMismatch`):
   * no real row runs in the reserved page 0 or slot 0;
@@ -47,6 +48,7 @@ from typing import Callable, Mapping, Sequence
 
 from radixflow_jax.engine.protocol import ExecutorCapabilities, StepResult
 from radixflow_jax.runner.inputs import SamplingRow
+from radixflow_jax.scheduler.drafts import accepted_length
 from radixflow_jax.scheduler.plan import RoundPlan, RowPlan
 
 FIRST_TOKEN = 3  # sampled ids are >= this (0..2 stay free for stop tokens in tests)
@@ -164,12 +166,14 @@ class ShadowExecutor:
         for phase in (unpaired, paired):  # the step's order: producers, then their partners
             reads = [self._read(row, emitted) for row in phase]  # every read of a phase before its writes
             for row, seq in zip(phase, reads):
-                self._write(row, seq, written, emitted if phase is unpaired else None, sampled)
-                sequences[row.request_id] = seq
+                depth = len(seq)
                 if row.num_draft and row.sample:  # the model's token after the last known and each drafted one
                     known = len(seq) - row.num_draft
-                    after = (token_for(seq[: known + j], self.vocab) for j in range(row.num_draft))
-                    verified[row.request_id] = tuple(after)
+                    after = tuple(token_for(seq[: known + j], self.vocab) for j in range(row.num_draft))
+                    verified[row.request_id] = after
+                    depth = known + accepted_length(seq[known:], after)  # the state kept (runner/rollback.py)
+                self._write(row, seq, written, emitted if phase is unpaired else None, sampled, depth)
+                sequences[row.request_id] = seq
         for row in plan.rows:
             if row.twin_id is not None:
                 self._ride(row, plan, sequences, sampled)
@@ -217,6 +221,7 @@ class ShadowExecutor:
         written: set[tuple[int, int]],
         emitted: set[int] | None,
         sampled: dict[int, int],
+        depth: int,
     ) -> None:
         p = self.page_size
         for pos in range(row.start, len(seq)):
@@ -226,7 +231,7 @@ class ShadowExecutor:
             written.add((page_id, pos % p))
             self.pages.setdefault(page_id, [None] * p)[pos % p] = seq[pos]
         if self.hybrid:
-            self.slots[row.slot] = (len(seq), hash(seq))
+            self.slots[row.slot] = (depth, hash(seq[:depth]))
             for offset, slot in row.emits:
                 depth = row.start + offset
                 self.slots[slot] = (depth, hash(seq[:depth]))

@@ -110,6 +110,7 @@ class StepInputs(NamedTuple):
     verify_index: np.ndarray  # int32 [V]: speculative decoding, the tokens whose successor the step samples
     verify_ctx_end: np.ndarray  # int32 [V]: a verify point's penalty context, its row's first entries (runner/verify)
     verify_mask: np.ndarray  # int32 [V, mask words]: a verify point's grammar mask (all ones: none)
+    verify_drafts: np.ndarray  # int32 [R]: a verify row's drafted tokens (0: not one; runner/rollback)
 
 
 @dataclasses.dataclass
@@ -165,7 +166,7 @@ def build_arrays(
         decode_base=decode.base,
     )
     _fill_tokens(inputs, rows, page_size)
-    verify_points = fill_verify(inputs.verify_index, inputs.cu_seqlens, rows)
+    verify_points = fill_verify(inputs.verify_index, inputs.verify_drafts, inputs.cu_seqlens, rows)
     fill_emits(inputs, rows, variant.num_decode)
     masked_rows = _fill_sampling(inputs, rows, sampling, penalty_window)
     if verify_points:
@@ -255,6 +256,7 @@ def empty_inputs(
         verify_index=np.zeros(variant.num_verify, np.int32),
         verify_ctx_end=np.zeros(variant.num_verify, np.int32),
         verify_mask=np.full((variant.num_verify, mask_words), -1, np.int32),
+        verify_drafts=np.zeros(r, np.int32),
     )
 
 

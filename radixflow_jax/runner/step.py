@@ -11,8 +11,9 @@
      sample on device (the last layer computes only those tokens past its mixers,
      ``HybridLM.__call__``'s ``row_last``);
   4. speculative decoding (a variant with ``num_verify``): the token after each verify point
-     (``verify_index``), drawn as the row's sample is (``_verify``), returned beside the sampled
-     tokens; verify rows carry no penalty, bias, mask or logprobs.
+     (``verify_index``), drawn as a round without drafts draws it (``_verify``), returned beside
+     the sampled tokens; a hybrid verify row's slot then gets the state after its last accepted
+     token (``runner/rollback.py``, from the recurrent layers' verify lanes).
 
 Overlap (``engine/executor.py``): a row may take its input token from the previous round's sampled
 array *on the device*: ``splice_src[t] >= 0`` replaces input token ``t`` with
@@ -45,6 +46,7 @@ from radixflow_jax.models.batch import Batch, ModelCache
 from radixflow_jax.models.mixers.recurrent import Emits
 from radixflow_jax.runner.inputs import StepInputs, empty_inputs, padding_inputs
 from radixflow_jax.runner.mapbudget import MapBudget, MapBudgetError
+from radixflow_jax.runner.rollback import accepted_steps, keep_accepted
 from radixflow_jax.runner.sampling import (
     apply_bias,
     apply_mask,
@@ -89,11 +91,18 @@ def make_step(graphdef: nnx.GraphDef, num_decode: int, num_out: int) -> Callable
         rows = inputs.logits_index.shape[0]
         prefill = inputs.tokens.shape[0] > rows or inputs.verify_index.shape[0] > 0
         row_last = jnp.concatenate([inputs.logits_index, inputs.verify_index]) if prefill else None
-        hidden, cache = model(input_ids, batch, cache, num_decode=num_decode, emits=emits, row_last=row_last)
+        points = inputs.verify_index.shape[0]
+        lane_steps = points // (rows - num_decode) if points else 0  # a verify variant: the drafts' states
+        hidden, cache, lanes = model.forward(
+            input_ids, batch, cache, num_decode=num_decode, emits=emits, row_last=row_last, lane_steps=lane_steps
+        )
         verified, point_logits = jnp.zeros((0,), jnp.int32), None
-        if inputs.verify_index.shape[0]:  # speculative decoding: the token after each verify point
+        if points:  # speculative decoding: the token after each verify point
             verified, point_logits = _verify(model.logits(hidden[rows:]).astype(jnp.float32), inputs)
             hidden = hidden[:rows]
+            if lanes:  # a verify row's slot keeps the state after its last accepted token
+                cache = keep_accepted(cache, lanes, inputs, accepted_steps(inputs, input_ids, verified, num_decode),
+                                      num_decode)  # fmt: skip
         logits = model.logits(hidden if prefill else hidden[inputs.logits_index]).astype(jnp.float32)
         logits = apply_penalties(
             logits, inputs.ctx_ids, inputs.ctx_out, inputs.presence, inputs.frequency, inputs.repetition

@@ -26,12 +26,15 @@ if TYPE_CHECKING:
 
 
 def fill_verify(
-    verify_index: np.ndarray, cu_seqlens: np.ndarray, rows: Sequence[RowPlan]
+    verify_index: np.ndarray, verify_drafts: np.ndarray, cu_seqlens: np.ndarray, rows: Sequence[RowPlan]
 ) -> tuple[tuple[int, int, int], ...]:
     """The verify points of every verify row: its last known token and each drafted token but the
-    last (whose successor is the row's sample), in row order; padding points read token 0."""
+    last (whose successor is the row's sample), in row order; padding points read token 0. Each
+    row's drafted tokens go to ``verify_drafts`` (the step keeps a verify row's state at its last
+    accepted token from them, ``runner/rollback.py``)."""
     points, out = [], []
     for i, row in enumerate(rows):
+        verify_drafts[i] = row.num_draft
         if row.num_draft:
             last_known = int(cu_seqlens[i + 1]) - 1 - row.num_draft
             out.append((row.request_id, len(points), row.num_draft))

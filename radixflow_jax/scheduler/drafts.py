@@ -10,12 +10,14 @@ token with the key a run without drafts uses at that position (``runner/step._ve
 drafted token is kept with probability ``p(draft)``, which is speculative sampling's rule for a
 draft proposed with certainty, and the committed tokens are those of a run without drafts.
 
-State (``docs/design.md``, "Speculative decoding"): a verify row of a hybrid model reads the
-request's state from its slot and writes the state after *all* its tokens into the request's
-spare slot. Fully accepted, the slots swap; otherwise the request keeps the state from before the
-row and its next row recomputes the accepted tokens (a recurrent state cannot be un-appended, and
-the step emits states only on the chunk grid). KV of rejected positions is never read (attention
-reads ``kv_lens`` positions) and is overwritten by the next row. Attention-only models keep the KV
+State (``docs/design.md``, "Speculative decoding"): a verify row of a hybrid model feeds one
+known token and its draft; it reads the request's state from its slot and the step leaves the
+state after its last *accepted* token in the request's spare slot (``runner/rollback.py``: a
+recurrent state cannot be un-appended, so the step keeps it per drafted position). The slots then
+swap, and the next row feeds only the token the verify row sampled. Where a stop token or
+``max_tokens`` cut accepted tokens, the request finishes with its state from before the row. KV
+of rejected positions is never read (attention reads ``kv_lens`` positions) and is overwritten
+by the next row. Attention-only models keep the KV
 of the accepted tokens and need no spare slot. Verify rows emit no checkpoint, so the cache holds
 no state of a drafted token.
 
@@ -27,7 +29,7 @@ most recent earlier occurrence.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 import numpy as np
 
@@ -112,3 +114,14 @@ def position_counts(
         for j in range(accepted_length(draft, verified)):
             accepted[j] += 1
     return tuple(drafted), tuple(accepted)
+
+
+def kept_tokens(new: Sequence[int], room: int, stop_token_ids: Collection[int]) -> tuple[int, ...]:
+    """What a verify row commits of ``new`` (:func:`verified_tokens`): at most ``room`` tokens (what
+    ``max_tokens`` leaves), through the first stop token."""
+    kept: list[int] = []
+    for token in new[: max(room, 0)]:
+        kept.append(token)
+        if token in stop_token_ids:
+            break
+    return tuple(kept)

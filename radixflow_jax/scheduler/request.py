@@ -160,7 +160,7 @@ class Request:
     ) -> None:
         """A verify row of ``tokens[start:end]`` (drafts included) committed (``scheduler/drafts.py``):
         it appends ``tokens``, its state covers ``computed`` tokens, and with ``swap`` the spare slot
-        (holding the state after the whole row) becomes the request's slot. A launched row's
+        (holding the state after the row's last accepted token) becomes the request's slot. A launched row's
         ``UNKNOWN_TOKEN`` (the last entry: nothing is launched behind a verify row) is dropped first."""
         if launched:
             self.uncommitted_tokens -= end - start

@@ -197,9 +197,13 @@ class RunningSet:
         tokens (``scheduler/drafts.py``), within its draft length, the tokens it may still sample
         after the span's own and the round's token budget; empty where it does not speculate, no
         draft was found, or its spare slot or the draft's pages could not be had (never preempting
-        or evicting KV for a draft). No draft behind a token a round in flight samples."""
+        or evicting KV for a draft). No draft behind a token a round in flight samples, and on a
+        hybrid model none behind a span of more than one token (the step keeps a verify row's state
+        at its last accepted token only within its first drafted positions, ``runner/rollback.py``)."""
         spec = round_.config.speculative
         if spec is None or not req.speculate or span != req.remaining or req.unknown_tokens:
+            return ()
+        if round_.config.hybrid and span != 1:
             return ()
         k = min(req.draft_len or spec.num_draft, req.max_tokens - len(req.output) - 1, round_.budget.tokens - span)
         draft = ngram_draft(req.tokens, k, max_n=spec.ngram_max, min_n=spec.ngram_min) if k > 0 else ()

@@ -38,7 +38,7 @@ from radixflow_jax.scheduler.admission import Decision, get_policy
 from radixflow_jax.scheduler.allocator import Allocator
 from radixflow_jax.scheduler.builder import RoundBuilder
 from radixflow_jax.scheduler.config import SchedulerConfig
-from radixflow_jax.scheduler.drafts import accepted_length, next_draft_len, verified_tokens
+from radixflow_jax.scheduler.drafts import accepted_length, kept_tokens, next_draft_len, verified_tokens
 from radixflow_jax.scheduler.overlap import LaunchedRounds
 from radixflow_jax.scheduler.pairing import Pairing
 from radixflow_jax.scheduler.plan import RoundPlan, RowPlan
@@ -331,27 +331,26 @@ class Scheduler:
     def _commit_verify(self, req: Request, row: RowPlan, bonus: int, verified: tuple[int, ...], launched: bool) -> bool:
         """Commits ``req``'s verify row (``scheduler/drafts.py``): the accepted drafted tokens and
         the model's next token, cut at a stop token or ``max_tokens``; whether it finished. A
-        hybrid request keeps its spare slot's state only when every drafted token was accepted and
-        kept, else its state from before the row (the next row recomputes the accepted tokens);
-        an attention-only request keeps the KV of every kept token it fed."""
+        hybrid request's spare slot holds the state after its last accepted token
+        (``runner/rollback.py``): it becomes the request's slot unless a cut dropped accepted
+        tokens (the request then finishes with its state from before the row); an attention-only
+        request keeps the KV of every kept token it fed."""
         draft = row.tokens[len(row.tokens) - row.num_draft :]
         accepted = accepted_length(draft, verified)
         new = verified_tokens(draft, verified, bonus)
-        room = req.max_tokens - (len(req.output) - req.unknown_tokens)
-        kept: list[int] = []
-        for token in new[:room]:
-            kept.append(token)
-            if token in req.stop_token_ids:
-                break
-        whole = len(kept) == len(new) and accepted == row.num_draft
+        kept = kept_tokens(new, req.max_tokens - (len(req.output) - req.unknown_tokens), req.stop_token_ids)
+        whole = len(kept) == len(new)
         if self.config.hybrid:
-            computed = row.start + len(row.tokens) if whole else row.start
+            if len(row.tokens) != row.num_draft + 1:
+                raise RuntimeError(f"request {req.request_id}: a hybrid verify row feeds one known token, not "
+                                   f"{len(row.tokens) - row.num_draft}")  # fmt: skip
+            computed = row.known_end + accepted if whole else row.start
         else:
             computed = row.known_end + min(accepted, len(kept) - 1)
         spec = self.config.speculative
         limit = spec.num_draft if spec is not None else row.num_draft
         req.commit_verify(
-            start=row.start, end=row.start + len(row.tokens), tokens=tuple(kept), computed=computed,
+            start=row.start, end=row.start + len(row.tokens), tokens=kept, computed=computed,
             swap=whole and req.spare_slot is not None, drafted=row.num_draft, accepted=accepted,
             draft_len=next_draft_len(row.num_draft, accepted, limit), launched=launched, round_index=self.round_index,
         )

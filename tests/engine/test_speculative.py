@@ -77,6 +77,7 @@ def test_greedy_outputs_with_drafts_equal_plain_decoding(model: str, monkeypatch
     for policy in ("pair", "no-cache"):
         llm = LLM(loaded, speculative={"num_draft": 3}, policy=policy, **options)
         engine = llm.replicas.engines[0]
+        plans = _spy_plans(engine, monkeypatch)
         for _ in range(2):  # the second pass hits the cache the first one left
             assert _run(llm, long) == cold
             assert _run(llm, stops) == cold_stop
@@ -88,6 +89,32 @@ def test_greedy_outputs_with_drafts_equal_plain_decoding(model: str, monkeypatch
         accepted = sum(r.accepted_tokens for r in engine.records)
         assert 0 < accepted < drafted  # both accepted and rejected drafts were verified
         assert_drained(engine)
+        _assert_nothing_recomputed(plans)
+
+
+def _spy_plans(engine, monkeypatch) -> list:
+    """Every plan the engine's executor runs, in order."""
+    plans, executor = [], engine.executor
+    for name in ("execute", "launch"):
+        run = getattr(executor, name)
+        monkeypatch.setattr(executor, name, lambda plan, *a, _run=run, **k: (plans.append(plan), _run(plan, *a, **k))[1])
+    return plans
+
+
+def _assert_nothing_recomputed(plans) -> None:
+    """Exact roll-back: once a request has verified a draft, each of its rows feeds one known token
+    (the one its last row sampled), on hybrids too, whose state after a partly accepted draft is the
+    state at its last accepted token (``runner/rollback.py``), not one to recompute from."""
+    verified, rows = set(), 0
+    for plan in plans:
+        for row in plan.rows:
+            key = (row.request_id, row.epoch)
+            if key in verified:
+                assert len(row.tokens) - row.num_draft == 1, row
+                rows += 1
+            if row.num_draft:
+                verified.add(key)
+    assert rows > 0
 
 
 def test_speculative_needs_a_verifying_executor() -> None:

@@ -58,7 +58,7 @@ def _run(mixer, x, spans, slots, num_decode, base, emits=None, sources=None):
     if emits is not None:
         emits = Emits(*(jnp.asarray(e, jnp.int32) for e in emits))
     fn = nnx.jit(lambda m, x, b, c, s, e: m(x, b, c, s, num_decode, e))
-    out, conv, ssm = fn(mixer, x, batch, conv, ssm, emits)
+    out, conv, ssm, _ = fn(mixer, x, batch, conv, ssm, emits)
     return np.asarray(out), np.asarray(conv), np.asarray(ssm)
 
 

@@ -60,7 +60,7 @@ def test_shapes_depend_only_on_the_variant(arrays) -> None:
         "token_mask": (4, 0),  # no grammar mask unless mask_words is given
         "splice_src": (16,), "prev_tokens": (4,),  # no splice; prev_tokens as long as num_out, at least R
         "verify_index": (0,),  # no verify points outside a verify variant (speculative decoding)
-        "verify_ctx_end": (0,), "verify_mask": (0, 0),
+        "verify_ctx_end": (0,), "verify_mask": (0, 0), "verify_drafts": (4,),
     }  # fmt: skip
     assert {k: v.shape for k, v in d.items()} == expected
     assert d["seed"].dtype == np.uint32

@@ -89,16 +89,16 @@ def test_a_verify_row_commits_the_greedy_tokens_and_the_right_state(hybrid: bool
     expected = {"all": [5, 6, 7, 42], "one": [5, 9], "none": [2]}[answer]
     assert req.output == [20, 3, 4] + expected
     accepted = {"all": 3, "one": 1, "none": 0}[answer]
-    if hybrid and answer != "all":  # the state from before the row: its tokens are recomputed
-        assert req.num_computed == start and req.slot == slot
-    elif hybrid:
-        assert req.num_computed == row.start + len(row.tokens) and (req.slot, req.spare_slot) == (spare, slot)
-    else:  # attention only: the KV of every accepted token stays
-        assert req.num_computed == row.known_end + accepted
+    # hybrid: the spare slot holds the state after the last accepted token (runner/rollback.py);
+    # attention only: the KV of every accepted token stays
+    assert req.num_computed == row.known_end + accepted == start + 1 + accepted
+    if hybrid:
+        assert (req.slot, req.spare_slot) == (spare, slot)
     assert req.num_computed <= req.num_tokens - 1
     assert (req.num_drafted, req.num_accepted) == (3, accepted)
     nxt = sched.schedule().rows[0]
     assert nxt.start == req.num_computed and nxt.known_end == req.num_tokens
+    assert nxt.known_end - nxt.start == 1  # only the token the verify row sampled: nothing recomputed
 
 
 def test_a_stop_token_inside_the_accepted_draft_ends_the_request_there() -> None:
@@ -108,7 +108,7 @@ def test_a_stop_token_inside_the_accepted_draft_ends_the_request_there() -> None
     plan = _decode_until_verify(sched, req, [20, 3, 4])
     finished = sched.commit(plan, {req.request_id: 42}, {req.request_id: (5, 6, 7)})
     assert finished == [req] and req.output == [20, 3, 4, 5, 6] and req.finish_reason == "stop"
-    assert req.state_depth == plan.rows[0].start  # not the state after the dropped draft tokens
+    assert req.state_depth == plan.rows[0].start  # a cut: not the state after the dropped draft tokens
     sched.memory.flush()
     assert sched.memory.slots.num_used == 0 and sched.memory.pages.num_used == 0
 
@@ -136,3 +136,16 @@ def test_drafts_fill_the_padding_of_the_variant() -> None:
     sched.pad_tokens = lambda plan: 16  # the round runs in a variant of 16 token slots
     row = sched.schedule().rows[0]
     assert row.num_draft == 3 and row.tokens[-3:] == (4, 5, 6) and len(row.pages) * 16 >= row.start + len(row.tokens)
+
+
+def test_a_hybrid_request_drafts_only_behind_one_known_token() -> None:
+    """The step keeps a verify row's state per drafted position only for a row that feeds one known
+    token (``runner/rollback.py``): a hybrid prompt's last chunk samples without a draft, where an
+    attention-only model's drafts behind it."""
+    prompt = tuple(range(10, 80)) + (3, 4, 5, 6, 7, 3, 4)  # "3 4" occurred: 5 6 7 drafts behind it
+    for hybrid, drafts in ((True, 0), (False, 3)):
+        sched = _scheduler(hybrid)
+        sched.add(Request(0, prompt, max_tokens=20, speculate=True))
+        sched.commit(sched.schedule(), {})  # the prompt's first 64 tokens (the round's budget)
+        row = sched.schedule().rows[0]
+        assert len(row.tokens) - row.num_draft == len(prompt) - 64 and row.num_draft == drafts

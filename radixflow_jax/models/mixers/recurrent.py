@@ -24,6 +24,7 @@ from radixflow_jax.kernels.layout import chunk_ending_at, effective_initial
 from radixflow_jax.models.batch import Batch
 from radixflow_jax.models.config import GdnConfig, MambaConfig
 from radixflow_jax.models.layers import Linear
+from radixflow_jax.models.mixers.lanes import VerifyLanes, verify_lanes
 
 
 class DepthwiseConv1d(nnx.Module):
@@ -264,7 +265,8 @@ def recurrent_mix(
     chunk_size: int,
     prepare: Callable[[jax.Array], Inputs],
     kernels: RecurrentKernels,
-) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
+    lane_steps: int = 0,
+) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array, VerifyLanes | None]:
     """One recurrent layer's state traffic around its kernels.
 
     ``conv_in [T, C]``: the conv inputs; ``prepare(conv_out [T, C])`` -> per-token kernel inputs
@@ -274,7 +276,7 @@ def recurrent_mix(
     prefill row the chunk whose end state it starts from, see ``kernels/layout.scan_chunks``);
     ``decode_in_place`` (optional): the same one-step update, writing the real decode rows' window
     of the state pool itself, for decode-only calls (``ops.gated_delta_decode_window``).
-    Returns ``(core_out [T, ...] (the kernels' dtype), conv_out [T, C], conv_pool, ssm_pool)``:
+    Returns ``(core_out [T, ...] (the kernels' dtype), conv_out [T, C], conv_pool, ssm_pool, lanes)``:
     every row's state after its span goes to its slot (:class:`DecodeWindow` says how: the
     decode rows' window, the prefill rows' ``state_slots[r]``; padding rows change nothing but the
     sink slot 0), then every emit's state to its slot. Padding tokens of the prefill region get a
@@ -282,7 +284,8 @@ def recurrent_mix(
     happens here, as a read of the source, before any write); paired consumer rows
     (``batch.pair_emit``) from their producer's in-call state (:class:`_Pairing`), in the same
     single pass: a consumer never pairs with another paired row (the scheduler and
-    ``build_arrays`` refuse it), so its producer's state exists when the scan reaches it."""
+    ``build_arrays`` refuse it), so its producer's state exists when the scan reaches it. ``lanes``:
+    :func:`~radixflow_jax.models.mixers.lanes.verify_lanes` with ``lane_steps`` > 0, else None."""
     num_tokens, num_rows, d = conv_in.shape[0], batch.state_slots.shape[0], num_decode
     window = DecodeWindow.read(conv_pool, ssm_pool, batch, d) if d else None
     conv0_p = ssm_p = None
@@ -295,22 +298,23 @@ def recurrent_mix(
         conv0 = pairing.conv_initial(conv_in, batch, conv0)
     conv_out, conv_new = run_conv(conv, conv_in, batch, conv0, d)
     inputs = prepare(conv_out)
-    outs = []
-    decode_new = None
+    outs, decode_new, lanes, prefill_src = [], None, None, None
     if window is not None and num_rows == d and kernels.decode_in_place is not None:
         o, ssm_pool = kernels.decode_in_place(tuple(x[:d] for x in inputs), ssm_pool, window.base, window.real)
         outs.append(o)
     elif window is not None:
         o, decode_new = kernels.decode(tuple(x[:d] for x in inputs), window.ssm)
         outs.append(o)
-    prefill_src = None
     if num_rows > d:
         cu = batch.cu_seqlens[d:] - d
         pair_chunk = None
         if pairing is not None:
             ssm_p, pair_chunk = pairing.ssm_initial(ssm_p, decode_new, d, chunk_size, cu)
-        o, final, chunk_states = kernels.chunked(tuple(x[d:] for x in inputs), cu, ssm_p, pair_chunk)
+        own = tuple(x[d:] for x in inputs)
+        o, final, chunk_states = kernels.chunked(own, cu, ssm_p, pair_chunk)
         outs.append(o)
+        if lane_steps:  # a verify variant: the rows' states after each of their first tokens
+            lanes = verify_lanes(conv_in[d:], cu, conv0[d:], ssm_p, own, kernels.decode, lane_steps)
         # emits at offset 0 of a paired row read the state it started from
         prefill_src = (conv_in[d:], cu, conv0[d:], effective_initial(ssm_p, chunk_states, pair_chunk), chunk_states)
     elif num_tokens > d:
@@ -328,7 +332,7 @@ def recurrent_mix(
         decode_src = (conv_new[:d], decode_new) if window is not None else None
         emitted = emitted_states(emits, d, chunk_size, decode_src, prefill_src)
         conv_pool, ssm_pool = write_emits(conv_pool, ssm_pool, emits, emitted)
-    return core, conv_out, conv_pool, ssm_pool
+    return core, conv_out, conv_pool, ssm_pool, lanes
 
 
 class MixSpec(NamedTuple):
@@ -363,10 +367,13 @@ class RecurrentMixer(nnx.Module):
         ssm_pool: jax.Array,
         num_decode: int,
         emits: Emits | None = None,
-    ) -> tuple[jax.Array, jax.Array, jax.Array]:
-        """``(out [T, hidden], conv_pool, ssm_pool)``; rows ``[:num_decode]`` are decode rows."""
+        lane_steps: int = 0,
+    ) -> tuple[jax.Array, jax.Array, jax.Array, VerifyLanes | None]:
+        """``(out [T, hidden], conv_pool, ssm_pool, lanes)``; rows ``[:num_decode]`` are decode rows;
+        ``lanes``: :func:`recurrent_mix`'s verify lanes (None without ``lane_steps``)."""
         spec, chunk = self.spec(x), self.cfg.chunk_size
-        core, conv_out, conv_pool, ssm_pool = recurrent_mix(
-            self.conv1d, spec.conv_in, batch, conv_pool, ssm_pool, num_decode, emits, chunk, spec.prepare, spec.kernels
+        core, conv_out, conv_pool, ssm_pool, lanes = recurrent_mix(
+            self.conv1d, spec.conv_in, batch, conv_pool, ssm_pool, num_decode, emits, chunk, spec.prepare, spec.kernels,
+            lane_steps,
         )
-        return self.out_proj(spec.finish(core, conv_out)), conv_pool, ssm_pool
+        return self.out_proj(spec.finish(core, conv_out)), conv_pool, ssm_pool, lanes
