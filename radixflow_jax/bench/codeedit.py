@@ -10,6 +10,12 @@ from __future__ import annotations
 import ast
 import importlib
 import inspect
+import time
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from radixflow_jax.engine.params import SamplingParams
+    from radixflow_jax.llm import LLM
 
 MODULES = ("textwrap", "shlex", "fnmatch", "heapq", "bisect", "colorsys", "posixpath", "string", "glob", "calendar")
 
@@ -39,3 +45,22 @@ def requests_text(limit: int) -> list[str]:
 def chatml(user: str) -> str:
     """``user`` as one ChatML turn awaiting the answer (SmolLM2's and Qwen's template, no system turn)."""
     return f"<|im_start|>user\n{user}<|im_end|>\n<|im_start|>assistant\n"
+
+
+def run_batches(llm: LLM, prompts: list[list[int]], params: SamplingParams, size: int) -> tuple[float, int, list, list]:
+    """``(seconds, output tokens, token ids per prompt, round records)`` of generating ``prompts``
+    ``size`` at a time, in order."""
+    engine = llm.replicas.engines[0]
+    first = len(engine.records)
+    start = time.perf_counter()
+    outs = []
+    for i in range(0, len(prompts), size):
+        outs += llm.generate(prompts[i : i + size], params)
+    secs = time.perf_counter() - start
+    return secs, sum(len(o.token_ids) for o in outs), [tuple(o.token_ids) for o in outs], engine.records[first:]
+
+
+def chat_prompts(llm: LLM, limit: int) -> list[list[int]]:
+    """:func:`requests_text` through the model's chat template, as token ids."""
+    tok = llm.replicas.engines[0].tokenizer
+    return [tok.encode(tok.apply_chat_template([{"role": "user", "content": text}])) for text in requests_text(limit)]

@@ -4,8 +4,8 @@ A hybrid request's verify row (``RowPlan.num_draft = k``, its span its last know
 drafted tokens) reads the request's slot and writes its spare slot (``state_slots``). The model
 writes the state after the whole span there; once the step has sampled the token after each
 verify point, :func:`keep_accepted` overwrites it, in every recurrent layer's conv and SSM pool,
-with the state after the last accepted token, taken from the layer's verify lanes
-(``models/mixers/lanes.py``).
+with the state after the last accepted token, written from the layer's verify lanes
+(``models/mixers/lanes.lane_state``).
 
 Invariant (what ``Scheduler._commit_verify`` relies on): after the step, a verify row's slot holds
 the state after ``span - k + a`` tokens of its span, where ``a`` is the number of leading drafted
@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 
 from radixflow_jax.models.batch import ModelCache
-from radixflow_jax.models.mixers.lanes import VerifyLanes
+from radixflow_jax.models.mixers.lanes import VerifyLanes, lane_state
 from radixflow_jax.runner.inputs import StepInputs
 
 
@@ -46,12 +46,12 @@ def accepted_steps(inputs: StepInputs, input_ids: jax.Array, verified: jax.Array
 
 def keep_accepted(cache: ModelCache, lanes: tuple[VerifyLanes, ...], inputs: StepInputs, step: jax.Array,
                   num_decode: int) -> ModelCache:  # fmt: skip
-    """``cache`` with each prefill row whose ``step`` is set holding its lane state at that step in
-    its slot, in every recurrent layer (rows without write the sink slot 0). The written values are
-    the lanes, not reads of the pools, so the pools stay in place."""
-    rows = jnp.arange(step.shape[0], dtype=jnp.int32)
+    """``cache`` with each prefill row whose ``step`` is set holding its state after ``step + 1``
+    tokens in its slot, in every recurrent layer (rows without write the sink slot 0). The written
+    values come from the lanes, not from reads of the pools, so the pools stay in place."""
     at = jnp.maximum(step, 0)
     dst = jnp.where(step >= 0, inputs.state_slots[num_decode:], 0)
-    conv = tuple(p.at[dst].set(lane.conv[at, rows].astype(p.dtype)) for p, lane in zip(cache.conv, lanes))
-    ssm = tuple(p.at[dst].set(lane.ssm[at, rows].astype(p.dtype)) for p, lane in zip(cache.ssm, lanes))
+    states = [lane_state(lane, at) for lane in lanes]
+    conv = tuple(p.at[dst].set(c.astype(p.dtype)) for p, (c, _) in zip(cache.conv, states))
+    ssm = tuple(p.at[dst].set(s.astype(p.dtype)) for p, (_, s) in zip(cache.ssm, states))
     return cache._replace(conv=conv, ssm=ssm)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import pytest
 
+from radixflow_jax.bench.oracle import oracle_drafter
 from radixflow_jax.engine.build import assemble_engine
 from radixflow_jax.engine.config import EngineConfig
 from radixflow_jax.engine.roundcost import LinearRoundCost
@@ -31,24 +32,6 @@ PROMPTS = [
     list(range(5, 45)),  # a twin of the first: rides its last prompt round
     [300, 301],
 ]
-
-
-def _oracle(full: list[tuple[int, ...]], vocab: int):
-    """A drafter that proposes each request's true continuation, one token of it altered where
-    the request's length is a multiple of 3 (at a position that moves with the length)."""
-
-    def draft(tokens, k, *, max_n, min_n):  # noqa: ARG001 - ngram_draft's signature
-        tokens = tuple(tokens)
-        seq = next((f for f in full if f[: len(tokens)] == tokens), None)
-        if seq is None:
-            return ()
-        true = list(seq[len(tokens) : len(tokens) + k])
-        if true and len(tokens) % 3 == 0:
-            at = (len(tokens) // 3) % len(true)
-            true[at] = (true[at] + 1) % vocab
-        return tuple(true)
-
-    return draft
 
 
 def _run(llm: LLM, params: list[SamplingParams]) -> list[tuple[int, ...]]:
@@ -73,7 +56,7 @@ def test_greedy_outputs_with_drafts_equal_plain_decoding(model: str, monkeypatch
     cold_text = plain.generate(PROMPTS, texts)
     vocab = plain.replicas.engines[0].vocab_size
     full = [tuple(p) + c for p, c in zip(PROMPTS, cold + cold_stop)]
-    monkeypatch.setattr(running, "ngram_draft", _oracle(full, vocab))
+    monkeypatch.setattr(running, "ngram_draft", oracle_drafter(full, vocab))
     for policy in ("pair", "no-cache"):
         llm = LLM(loaded, speculative={"num_draft": 3}, policy=policy, **options)
         engine = llm.replicas.engines[0]
@@ -90,6 +73,7 @@ def test_greedy_outputs_with_drafts_equal_plain_decoding(model: str, monkeypatch
         assert 0 < accepted < drafted  # both accepted and rejected drafts were verified
         assert_drained(engine)
         _assert_nothing_recomputed(plans)
+        _assert_no_pool_copies(engine)
 
 
 def _spy_plans(engine, monkeypatch) -> list:
@@ -135,7 +119,7 @@ def test_seeded_sampled_outputs_with_drafts_equal_plain_decoding(monkeypatch, ti
     params = [SamplingParams(max_tokens=24, ignore_eos=True, temperature=0.3, seed=i) for i in range(len(PROMPTS))]
     cold = _run(plain, params)
     full = [tuple(p) + c for p, c in zip(PROMPTS, cold)]
-    monkeypatch.setattr(running, "ngram_draft", _oracle(full, plain.replicas.engines[0].vocab_size))
+    monkeypatch.setattr(running, "ngram_draft", oracle_drafter(full, plain.replicas.engines[0].vocab_size))
     for policy in ("pair", "no-cache"):
         llm = LLM(loaded, speculative={"num_draft": 3}, policy=policy, **options)
         assert _run(llm, params) == cold
@@ -144,3 +128,17 @@ def test_seeded_sampled_outputs_with_drafts_equal_plain_decoding(monkeypatch, ti
         drafted = sum(r.drafted_tokens for r in engine.records)
         assert 0 < sum(r.accepted_tokens for r in engine.records) < drafted
         assert_drained(engine)
+
+
+def _assert_no_pool_copies(engine) -> None:
+    """The verify variants, with their lanes and the accepted state's write after sampling, update
+    the donated state pools in place: no compiled program holds a copy of one (as
+    ``tests/engine/test_compile_guard.py`` checks for the other variants)."""
+    ex = engine.executor
+    pools = {f"{x.dtype}[{','.join(map(str, x.shape))}]".replace("float32", "f32") for x in ex.cache.conv + ex.cache.ssm}
+    verify = [(v, c) for v, c in ex.step._compiled.items() if v.num_verify]
+    assert verify or not pools
+    for variant, compiled in verify:
+        entry = compiled.as_text().split("\nENTRY ", 1)[1]
+        copies = [line for line in entry.splitlines() if " copy(" in line and any(f"= {p}" in line for p in pools)]
+        assert not copies, (variant, copies[:2])

@@ -17,7 +17,8 @@ from radixflow_jax.engine.params import SamplingParams
 from radixflow_jax.llm import LLM
 from radixflow_jax.reliability.audit import assert_drained, audit_engine
 from radixflow_jax.scheduler import running
-from tests.engine.test_speculative import PROMPTS, _oracle
+from radixflow_jax.bench.oracle import oracle_drafter
+from tests.engine.test_speculative import PROMPTS
 
 OPTIONS = dict(max_num_seqs=4, max_num_batched_tokens=128)
 
@@ -51,7 +52,7 @@ def test_outputs_and_logprobs_with_drafts_equal_plain_decoding(model: str, monke
     assert cold[4].text.endswith("!") and cold[4].finish_reason == "stop"  # the grammar completed
     vocab = plain.replicas.engines[0].vocab_size
     full = [tuple(p) + tuple(o.token_ids) for p, o in zip(PROMPTS, cold)]
-    monkeypatch.setattr(running, "ngram_draft", _oracle(full, vocab))
+    monkeypatch.setattr(running, "ngram_draft", oracle_drafter(full, vocab))
     policies = ("pair", "no-cache") if model == "tiny-qwen3.5" else ("pair",)
     for policy in policies:
         llm = LLM(loaded, speculative={"num_draft": 3}, policy=policy, **OPTIONS)

@@ -1,7 +1,8 @@
 """Verify lanes (``models/mixers/lanes.py``): a prefill row's recurrent state after each of its
-first tokens, for the step to keep a verify row's state at its last accepted token. Oracle: the
-state a call over just those tokens of the row writes to its slot (the chunked scan), for both
-recurrent mixers; rows start from their slot's state, as a verify row does."""
+first tokens (:func:`lane_state` over the lanes' rank-one terms), for the step to keep a verify
+row's state at its last accepted token. Oracle: the state a call over just those tokens of the row
+writes to its slot (the chunked scan), for both recurrent mixers, across a chunk boundary; rows
+start from their slot's state, as a verify row does."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import pytest
 from flax import nnx
 
 from radixflow_jax.models.batch import Batch
+from radixflow_jax.models.mixers.lanes import lane_state
 from tests.models.test_decode_window import HIDDEN, _mixer, _pools
 
 
@@ -35,13 +37,15 @@ def test_lanes_hold_each_prefix_state(kind: str) -> None:
     spans, slots, steps = [6, 3, 2], [3, 5, 7], 5
     x = jnp.asarray(np.random.default_rng(3).normal(size=(sum(spans), HIDDEN)).astype(np.float32))
     _, _, lanes = _call(mixer, x, spans, slots, lane_steps=steps)
-    assert lanes.ssm.shape[:2] == (steps, 3) and lanes.conv.shape[:2] == (steps, 3)
+    assert lanes.conv.shape[:2] == (steps, 3) and lanes.left.shape[:2] == (3, steps)
     starts = np.concatenate([[0], np.cumsum(spans)])
-    for r, (span, slot) in enumerate(zip(spans, slots)):
-        for s in range(min(span, steps)):  # the state after s + 1 tokens of row r
-            conv, ssm, _ = _call(mixer, x[starts[r] : starts[r] + s + 1], [s + 1], [slot])
-            np.testing.assert_allclose(np.asarray(lanes.ssm[s, r]), ssm[slot], rtol=1e-4, atol=1e-5)
-            np.testing.assert_allclose(np.asarray(lanes.conv[s, r]), conv[slot], rtol=1e-5, atol=1e-6)
+    for s in range(steps):  # the state after s + 1 tokens of each row
+        conv_at, ssm_at = (np.asarray(a) for a in lane_state(lanes, jnp.full((3,), s, jnp.int32)))
+        for r, (span, slot) in enumerate(zip(spans, slots)):
+            if s < span:
+                conv, ssm, _ = _call(mixer, x[starts[r] : starts[r] + s + 1], [s + 1], [slot])
+                np.testing.assert_allclose(ssm_at[r], ssm[slot], rtol=1e-4, atol=1e-5)
+                np.testing.assert_allclose(conv_at[r], conv[slot], rtol=1e-5, atol=1e-6)
 
 
 def test_no_lanes_without_steps() -> None:

@@ -154,14 +154,14 @@ def test_speculation_keeps_the_accepted_state_on_a_sharded_pool(models: dict[str
     head-sharded state pools (``runner/rollback.py``) give the one-device greedy tokens, with drafts
     accepted whole, in part and not at all (the oracle drafter of ``tests/engine/test_speculative.py``)."""
     from radixflow_jax.scheduler import running
-    from tests.engine.test_speculative import _oracle
+    from radixflow_jax.bench.oracle import oracle_drafter
 
     prompts = [PROMPT[:20], PROMPT[5:30]]
     params = SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True)
     opts = dict(max_num_seqs=4, max_num_batched_tokens=64, max_model_len=128, warmup_progress=False, bucket_mode="fixed")
     one = [tuple(o.token_ids) for o in LLM(models[name], **opts).generate(prompts, params)]
     full = [tuple(p) + o for p, o in zip(prompts, one)]
-    monkeypatch.setattr(running, "ngram_draft", _oracle(full, presets.VOCAB_SIZE))
+    monkeypatch.setattr(running, "ngram_draft", oracle_drafter(full, presets.VOCAB_SIZE))
     llm = LLM(models[name], tensor_parallel_size=2, speculative={"num_draft": 3}, **opts)
     assert [tuple(o.token_ids) for o in llm.generate(prompts, params)] == one
     records = llm.replicas.engines[0].records

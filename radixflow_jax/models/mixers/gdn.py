@@ -20,6 +20,7 @@ from flax import nnx
 from radixflow_jax.kernels import ops
 from radixflow_jax.models.config import GdnConfig
 from radixflow_jax.models.layers import GatedRMSNorm, Linear
+from radixflow_jax.models.mixers.lanes import delta_lane_terms
 from radixflow_jax.models.mixers.recurrent import DepthwiseConv1d, MixSpec, RecurrentKernels, RecurrentMixer
 
 
@@ -95,6 +96,7 @@ class GatedDeltaNet(RecurrentMixer):
         kernels = RecurrentKernels(
             decode=lambda xs, s: ops.gated_delta_decode(*xs, s),
             chunked=chunked,
+            lane_terms=delta_lane_terms,
             decode_in_place=lambda xs, pool, base, real: ops.gated_delta_decode_window(*xs, pool, base, real),
         )
         finish = lambda core, _: self.norm(core, z).reshape(num_tokens, cfg.value_dim)  # noqa: E731

@@ -22,6 +22,7 @@ from flax import nnx
 from radixflow_jax.kernels import ops
 from radixflow_jax.models.config import MambaConfig
 from radixflow_jax.models.layers import Linear
+from radixflow_jax.models.mixers.lanes import ssd_lane_terms
 from radixflow_jax.models.mixers.recurrent import DepthwiseConv1d, MixSpec, RecurrentKernels, RecurrentMixer
 
 
@@ -139,7 +140,7 @@ class Mamba2(RecurrentMixer):
             return self._gate(y.reshape(num_tokens, cfg.inner_dim), z).astype(x.dtype)
 
         decode = lambda xs, s: ops.ssd_decode(xs[0], xs[1], a, xs[2], xs[3], s)  # noqa: E731
-        kernels = RecurrentKernels(decode=decode, chunked=chunked)
+        kernels = RecurrentKernels(decode=decode, chunked=chunked, lane_terms=ssd_lane_terms(a))
         return MixSpec(conv_in=xbc_in, prepare=prepare, kernels=kernels, finish=finish)
 
 

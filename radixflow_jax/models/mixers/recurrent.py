@@ -24,7 +24,7 @@ from radixflow_jax.kernels.layout import chunk_ending_at, effective_initial
 from radixflow_jax.models.batch import Batch
 from radixflow_jax.models.config import GdnConfig, MambaConfig
 from radixflow_jax.models.layers import Linear
-from radixflow_jax.models.mixers.lanes import VerifyLanes, verify_lanes
+from radixflow_jax.models.mixers.lanes import LaneTerms, VerifyLanes, verify_lanes
 
 
 class DepthwiseConv1d(nnx.Module):
@@ -199,11 +199,13 @@ ChunkedFn = Callable[[Inputs, jax.Array, jax.Array, "jax.Array | None"], tuple[j
 
 class RecurrentKernels(NamedTuple):
     """A mixer's kernel calls for :func:`recurrent_mix`: ``decode`` (the decode rows' one-step
-    update), ``chunked`` (the prefill rows' chunked scan) and, optionally, ``decode_in_place`` (the
+    update), ``chunked`` (the prefill rows' chunked scan), ``lane_terms`` (what verify lanes keep of
+    a row's first tokens, ``models/mixers/lanes.py``) and, optionally, ``decode_in_place`` (the
     one-step update writing the state pool's window itself)."""
 
     decode: DecodeFn
     chunked: ChunkedFn
+    lane_terms: LaneTerms
     decode_in_place: DecodeInPlaceFn | None = None
 
 
@@ -314,7 +316,7 @@ def recurrent_mix(
         o, final, chunk_states = kernels.chunked(own, cu, ssm_p, pair_chunk)
         outs.append(o)
         if lane_steps:  # a verify variant: the rows' states after each of their first tokens
-            lanes = verify_lanes(conv_in[d:], cu, conv0[d:], ssm_p, own, kernels.decode, lane_steps)
+            lanes = verify_lanes(conv_in[d:], cu, conv0[d:], ssm_p, own, kernels.lane_terms, lane_steps)
         # emits at offset 0 of a paired row read the state it started from
         prefill_src = (conv_in[d:], cu, conv0[d:], effective_initial(ssm_p, chunk_states, pair_chunk), chunk_states)
     elif num_tokens > d:
