@@ -195,7 +195,12 @@ def build_engine(model: LoadedModel, ec: EngineConfig) -> EngineCore:
             num_host_slots=num_host,
         )
 
-    return assemble_engine(spec, executor)
+    engine = assemble_engine(spec, executor)
+    if ec.scheduler.speculative is not None and ec.scheduler.speculative.method == "draft":
+        from radixflow_jax.engine.drafter import model_drafter
+
+        engine.scheduler.drafter = model_drafter(model, ec, max_model_len)
+    return engine
 
 
 def memory_pools(

@@ -32,6 +32,7 @@ from typing import Any
 
 from radixflow_jax.scheduler.allocator import Allocator
 from radixflow_jax.scheduler.config import SchedulerConfig
+from radixflow_jax.scheduler.drafts import Drafter
 from radixflow_jax.scheduler.lookahead import WaitingIndex, placements
 from radixflow_jax.scheduler.plan import RoundPlan, RoundStats, RowPlan
 from radixflow_jax.scheduler.request import Request
@@ -69,9 +70,12 @@ class RoundBuilder:
     ``starved``: a request that wants more than one token got no span this round
     (:meth:`note_starved`)."""
 
-    def __init__(self, config: SchedulerConfig, memory: Allocator, waiting: Iterable[Request]):
+    def __init__(
+        self, config: SchedulerConfig, memory: Allocator, waiting: Iterable[Request], drafter: Drafter | None = None
+    ):
         self.config = config
         self.memory = memory
+        self.drafter = drafter  # speculative decoding: a model's drafts (None: n-gram lookups)
         self.budget = Budget(config.max_num_batched_tokens, config.max_num_seqs)
         self.rows: list[RowPlan] = []
         self.stats = RoundStats()

@@ -29,16 +29,20 @@ most recent earlier occurrence.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 
 import numpy as np
 
-METHODS = ("ngram",)
+METHODS = ("ngram", "draft")
+# a model drafter (engine/drafter.py): up to k tokens guessed after the tokens given
+Drafter = Callable[[Sequence[int], int], tuple[int, ...]]
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class SpeculativeConfig:
-    """``method``: where drafts come from (``ngram``: the request's own prompt and output);
+    """``method``: where drafts come from (``ngram``: the request's own prompt and output;
+    ``draft``: a separate model, ``draft_model``, a path or preset sharing the target's tokenizer,
+    run greedily by ``engine/drafter.py``);
     ``num_draft``: the most drafted tokens of one verify row (a request's draft length adapts
     below it, :func:`next_draft_len`); ``ngram_max`` / ``ngram_min``: the suffix lengths looked up,
     longest first. Defaults are our choice, not tuned: 4 drafted tokens (vLLM's and SGLang's
@@ -49,10 +53,13 @@ class SpeculativeConfig:
     num_draft: int = 4
     ngram_max: int = 4
     ngram_min: int = 2
+    draft_model: str | None = None
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
             raise ValueError(f"speculative method {self.method!r}: expected one of {', '.join(METHODS)}")
+        if (self.method == "draft") != (self.draft_model is not None):
+            raise ValueError("speculative draft_model: needed by method 'draft', and only by it")
         if self.num_draft < 1:
             raise ValueError(f"speculative num_draft={self.num_draft} must be >= 1")
         if not 1 <= self.ngram_min <= self.ngram_max:

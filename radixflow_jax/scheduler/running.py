@@ -40,7 +40,7 @@ import dataclasses
 
 from radixflow_jax.scheduler.allocator import Allocator
 from radixflow_jax.scheduler.builder import RoundBuilder
-from radixflow_jax.scheduler.drafts import SpeculativeConfig, ngram_draft
+from radixflow_jax.scheduler.drafts import Drafter, SpeculativeConfig, ngram_draft
 from radixflow_jax.scheduler.plan import RoundPlan
 from radixflow_jax.scheduler.request import Request, RequestStatus
 from radixflow_jax.scheduler.riders import Riders
@@ -169,7 +169,7 @@ class RunningSet:
                 round_.add(req, span, None, draft=self._draft(req, span, round_))
                 scheduled.add(req.request_id)
 
-    def fill_drafts(self, plan: RoundPlan, slack: int, spec: SpeculativeConfig) -> RoundPlan:
+    def fill_drafts(self, plan: RoundPlan, slack: int, spec: SpeculativeConfig, drafter: Drafter | None) -> RoundPlan:
         """``plan`` with its verify rows' drafts lengthened, in row order, into ``slack`` padding
         token slots of the variant it runs in (computed anyway): each up to ``num_draft`` and its
         request's remaining tokens, where the same lookup offers more (a request's adapted draft
@@ -181,7 +181,7 @@ class RunningSet:
             if slack <= 0 or not row.num_draft or req is None:
                 continue
             k = min(spec.num_draft, row.num_draft + slack, req.max_tokens - len(req.output) - 1)
-            longer = ngram_draft(req.tokens, k, max_n=spec.ngram_max, min_n=spec.ngram_min)
+            longer = _lookup(req.tokens, k, spec, drafter)
             extra = longer[row.num_draft :] if longer[: row.num_draft] == row.tokens[-row.num_draft :] else ()
             end = row.start + len(row.tokens) + len(extra)
             need = self._memory.config.pages_for(end) - len(req.pages)
@@ -206,7 +206,7 @@ class RunningSet:
         if round_.config.hybrid and span != 1:
             return ()
         k = min(req.draft_len or spec.num_draft, req.max_tokens - len(req.output) - 1, round_.budget.tokens - span)
-        draft = ngram_draft(req.tokens, k, max_n=spec.ngram_max, min_n=spec.ngram_min) if k > 0 else ()
+        draft = _lookup(req.tokens, k, spec, round_.drafter) if k > 0 else ()
         if not draft or not self._memory.ensure_spare(req):
             return ()
         end = req.num_computed + span + len(draft)
@@ -228,6 +228,13 @@ class RunningSet:
             return False
         self.preempt(victim)
         return True
+
+
+def _lookup(tokens: list[int], k: int, spec: SpeculativeConfig, drafter: Drafter | None) -> tuple[int, ...]:
+    """Up to ``k`` drafted tokens after ``tokens``: the model drafter's, else the n-gram lookup's."""
+    if drafter is not None:
+        return drafter(tokens, k)[:k]
+    return ngram_draft(tokens, k, max_n=spec.ngram_max, min_n=spec.ngram_min)
 
 
 def computes(req: Request) -> bool:

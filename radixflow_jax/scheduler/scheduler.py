@@ -38,7 +38,7 @@ from radixflow_jax.scheduler.admission import Decision, get_policy
 from radixflow_jax.scheduler.allocator import Allocator
 from radixflow_jax.scheduler.builder import RoundBuilder
 from radixflow_jax.scheduler.config import SchedulerConfig
-from radixflow_jax.scheduler.drafts import accepted_length, kept_tokens, next_draft_len, verified_tokens
+from radixflow_jax.scheduler.drafts import Drafter, accepted_length, kept_tokens, next_draft_len, verified_tokens
 from radixflow_jax.scheduler.overlap import LaunchedRounds
 from radixflow_jax.scheduler.pairing import Pairing
 from radixflow_jax.scheduler.plan import RoundPlan, RowPlan
@@ -67,9 +67,10 @@ class Scheduler:
         self._running = RunningSet(self.memory, self.waiting, self._riders)
         self._pairing = Pairing(config, self.memory)
         self._launched = LaunchedRounds(config, self.memory)
-        # speculative decoding: the token slots of the variant a plan runs in (engine/build.py sets
-        # it), whose padding drafts may fill (RunningSet.fill_drafts); None: drafts fill nothing
+        # speculative decoding (engine/build.py sets them): the token slots of the variant a plan runs in,
+        # whose padding drafts fill (RunningSet.fill_drafts; None: none), and a model drafter (None: n-grams)
         self.pad_tokens: Callable[[RoundPlan], int] | None = None
+        self.drafter: Drafter | None = None
 
     # ----------------------------------------------------------------- views
     @property
@@ -139,16 +140,16 @@ class Scheduler:
     # ----------------------------------------------------------------- planning
     def schedule(self) -> RoundPlan:
         """Plans one round: running requests, then admissions in queue order."""
-        round_ = RoundBuilder(self.config, self.memory, self.waiting)
+        round_ = RoundBuilder(self.config, self.memory, self.waiting, self.drafter)
         reserved = self._running.plan_before_admission(round_)
         # a running request waits for pages a commit in flight frees: admissions must not take them
         round_.stats.stopped_by_memory = round_.stats.waited_for_pages > 0
         admitted = self._admit(round_) if not round_.stats.stopped_by_memory else []
         self._running.plan_after_admission(round_, reserved)
         plan = round_.build(admitted=sum(1 for req, epoch in admitted if req.epoch == epoch))
-        spec = self.config.speculative
-        if spec is not None and self.pad_tokens is not None and plan.num_drafted:
-            plan = self._running.fill_drafts(plan, self.pad_tokens(plan) - plan.num_tokens, spec)
+        spec, pad = self.config.speculative, self.pad_tokens
+        if spec is not None and pad is not None and plan.num_drafted:
+            plan = self._running.fill_drafts(plan, pad(plan) - plan.num_tokens, spec, self.drafter)
         return plan
 
     def _order(self) -> list[Request]:
@@ -342,8 +343,7 @@ class Scheduler:
         whole = len(kept) == len(new)
         if self.config.hybrid:
             if len(row.tokens) != row.num_draft + 1:
-                raise RuntimeError(f"request {req.request_id}: a hybrid verify row feeds one known token, not "
-                                   f"{len(row.tokens) - row.num_draft}")  # fmt: skip
+                raise RuntimeError(f"request {req.request_id}: a hybrid verify row feeds one known token and a draft")
             computed = row.known_end + accepted if whole else row.start
         else:
             computed = row.known_end + min(accepted, len(kept) - 1)

@@ -62,8 +62,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="host memory for checkpoints evicted from the state slots (the host tier); "
                         "default: an eighth of the host's RAM, at most 4 GiB; 0: none")
     p.add_argument("--no-prefix-cache", action="store_true", help="the same as --policy no-cache")
-    p.add_argument("--speculative", default=None, choices=("ngram",),
-                   help="speculative decoding: ngram drafts from each request's own tokens, verified in one row")
+    p.add_argument("--speculative", default=None, choices=("ngram", "draft"),
+                   help="speculative decoding: drafts verified in one row, from each request's own tokens (ngram) "
+                        "or from --draft-model (draft)")
+    p.add_argument("--draft-model", default=None,
+                   help="the draft model of --speculative draft: a path or preset with the model's tokenizer")
     p.add_argument("--num-draft", type=int, default=4, help="the most drafted tokens a verify row carries")
     p.add_argument("--penalty-window", type=int, default=None,
                    help="longest context (tokens) a request with penalties may have (default min(max-model-len, 4096))")
@@ -162,6 +165,19 @@ def warmup_mode(args: argparse.Namespace) -> str:
     return "lazy" if args.no_warmup else args.warmup
 
 
+def speculative_option(args: argparse.Namespace) -> dict[str, Any] | None:
+    """``--speculative`` / ``--num-draft`` / ``--draft-model`` as the engine's ``speculative`` option
+    (``scheduler/drafts.SpeculativeConfig`` checks them: a draft model needs ``draft``)."""
+    if not args.speculative:
+        if args.draft_model:
+            raise SystemExit("--draft-model needs --speculative draft")
+        return None
+    option: dict[str, Any] = {"method": args.speculative, "num_draft": args.num_draft}
+    if args.draft_model:
+        option["draft_model"] = args.draft_model
+    return option
+
+
 def build_state(args: argparse.Namespace) -> Any:
     import functools
 
@@ -184,7 +200,7 @@ def build_state(args: argparse.Namespace) -> Any:
         policy="no-cache" if args.no_prefix_cache else args.policy, queue_order=args.queue_order,
         kernels=args.kernels, seed=args.seed, warmup=warmup_mode(args) == "all",
         compilation_cache_dir=args.compilation_cache_dir or None, penalty_window=args.penalty_window, max_n=args.max_n,
-        speculative={"method": args.speculative, "num_draft": args.num_draft} if args.speculative else None,
+        speculative=speculative_option(args),
     )
     if args.memory_fraction is not None:
         if args.num_kv_pages is not None or args.num_state_slots is not None:

@@ -149,3 +149,16 @@ def test_a_hybrid_request_drafts_only_behind_one_known_token() -> None:
         sched.commit(sched.schedule(), {})  # the prompt's first 64 tokens (the round's budget)
         row = sched.schedule().rows[0]
         assert len(row.tokens) - row.num_draft == len(prompt) - 64 and row.num_draft == drafts
+
+
+def test_a_model_drafter_replaces_the_lookup() -> None:
+    """``Scheduler.drafter`` (a draft model, ``engine/drafter.py``) proposes the drafts: asked with
+    the request's tokens and the draft length, cut to that length."""
+    sched = _scheduler(hybrid=True)
+    asked = []
+    sched.drafter = lambda tokens, k: asked.append((tuple(tokens), k)) or (7, 8, 9, 10, 11)
+    req = Request(0, (3, 4, 5, 6), max_tokens=20, speculate=True)
+    sched.add(req)
+    sched.commit(sched.schedule(), {0: 30})
+    row = sched.schedule().rows[0]
+    assert row.tokens == (30, 7, 8, 9) and row.num_draft == 3 and asked == [((3, 4, 5, 6, 30), 3)]

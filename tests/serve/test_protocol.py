@@ -173,3 +173,20 @@ def test_exposure_warning_and_server_options(capsys):
     args = parser.parse_args(["--api-key", "k", "--stream-timeout", "0", "--enable-reset-prefix-cache"])
     off = server_config(args, "m")
     assert off.stream_timeout_s is None and off.allow_cache_reset
+
+
+def test_speculative_flags_become_the_engine_option() -> None:
+    import argparse
+
+    from radixflow_jax.serve.server import add_arguments, speculative_option
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    assert speculative_option(parser.parse_args([])) is None
+    assert speculative_option(parser.parse_args(["--speculative", "ngram", "--num-draft", "3"])) == {
+        "method": "ngram", "num_draft": 3,
+    }  # fmt: skip
+    args = parser.parse_args(["--speculative", "draft", "--draft-model", "tiny-qwen3"])
+    assert speculative_option(args) == {"method": "draft", "num_draft": 4, "draft_model": "tiny-qwen3"}
+    with pytest.raises(SystemExit, match="--draft-model needs --speculative draft"):
+        speculative_option(parser.parse_args(["--draft-model", "tiny-qwen3"]))
