@@ -28,6 +28,7 @@ from radixflow_jax.engine.roundcost import FittedRoundCost
 from radixflow_jax.engine.spec import EngineSpec
 from radixflow_jax.runner.shapes import ShapeConfig
 from radixflow_jax.runner.window import variant_for
+from radixflow_jax.scheduler.drafts import Drafter
 
 if TYPE_CHECKING:
     from radixflow_jax.models.api import LoadedModel
@@ -39,9 +40,15 @@ def assemble_engine(
     make_executor: Callable[[ShapeConfig], Executor],
     *,
     clock: Callable[[], float] = time.perf_counter,
+    drafter: Drafter | None = None,
 ) -> EngineCore:
-    """An engine over ``make_executor(spec.shapes())``; ``engine.spec`` keeps ``spec``."""
+    """An engine over ``make_executor(spec.shapes())``; ``engine.spec`` keeps ``spec``. ``drafter``:
+    the model drafter that speculative method ``draft`` needs (``engine/drafter.py``)."""
+    speculative = spec.config.scheduler.speculative
+    if (speculative is not None and speculative.method == "draft") != (drafter is not None):
+        raise ValueError("speculative method 'draft' needs a draft model's engine (build_engine's), and only it")
     engine = EngineCore(make_executor(spec.shapes()), spec, clock=clock)
+    engine.scheduler.drafter = drafter
     # pairing and the fill rule judge by the round-cost estimator fitted to this engine's own rounds
     if spec.config.scheduler.speculative is not None:  # drafts fill the padding of the variant a round runs in
         shapes = spec.shapes()
@@ -195,12 +202,12 @@ def build_engine(model: LoadedModel, ec: EngineConfig) -> EngineCore:
             num_host_slots=num_host,
         )
 
-    engine = assemble_engine(spec, executor)
+    drafter = None
     if ec.scheduler.speculative is not None and ec.scheduler.speculative.method == "draft":
         from radixflow_jax.engine.drafter import model_drafter
 
-        engine.scheduler.drafter = model_drafter(model, ec, max_model_len)
-    return engine
+        drafter = model_drafter(model, ec, max_model_len)
+    return assemble_engine(spec, executor, drafter=drafter)
 
 
 def memory_pools(

@@ -120,6 +120,9 @@ class RunningSet:
         row places held back for the decode rows that come after it (0 unless prefill first)."""
         prefill_first = round_.stats.prefill_first = self._prefill_first
         reserved = 0
+        prefetch = getattr(round_.drafter, "prefetch", None)  # a model drafter drafts the round at once
+        if prefetch is not None and round_.config.speculative is not None:
+            prefetch([r.tokens for r in self.members if r.speculate and r.remaining == 1 and not r.unknown_tokens])
         if prefill_first:  # decode rows last this round: their rows are kept, their tokens are not
             reserved = sum(1 for r in self.members if r.remaining == 1 and computes(r))
             round_.budget = round_.budget.hold(reserved)

@@ -135,7 +135,8 @@ def _assert_no_pool_copies(engine) -> None:
     the donated state pools in place: no compiled program holds a copy of one (as
     ``tests/engine/test_compile_guard.py`` checks for the other variants)."""
     ex = engine.executor
-    pools = {f"{x.dtype}[{','.join(map(str, x.shape))}]".replace("float32", "f32") for x in ex.cache.conv + ex.cache.ssm}
+    short = {"float32": "f32", "bfloat16": "bf16", "float16": "f16"}  # HLO's names of the pools' dtypes
+    pools = {f"{short.get(str(x.dtype), x.dtype)}[{','.join(map(str, x.shape))}]" for x in ex.cache.conv + ex.cache.ssm}
     verify = [(v, c) for v, c in ex.step._compiled.items() if v.num_verify]
     assert verify or not pools
     for variant, compiled in verify:

@@ -39,13 +39,13 @@ def test_lanes_hold_each_prefix_state(kind: str) -> None:
     _, _, lanes = _call(mixer, x, spans, slots, lane_steps=steps)
     assert lanes.conv.shape[:2] == (steps, 3) and lanes.left.shape[:2] == (3, steps)
     starts = np.concatenate([[0], np.cumsum(spans)])
-    for s in range(steps):  # the state after s + 1 tokens of each row
-        conv_at, ssm_at = (np.asarray(a) for a in lane_state(lanes, jnp.full((3,), s, jnp.int32)))
-        for r, (span, slot) in enumerate(zip(spans, slots)):
-            if s < span:
-                conv, ssm, _ = _call(mixer, x[starts[r] : starts[r] + s + 1], [s + 1], [slot])
-                np.testing.assert_allclose(ssm_at[r], ssm[slot], rtol=1e-4, atol=1e-5)
-                np.testing.assert_allclose(conv_at[r], conv[slot], rtol=1e-5, atol=1e-6)
+    for s in range(steps):  # the state after s + 1 tokens of row 0, s of row 1, s - 1 of row 2 (within spans)
+        at = [min(max(s - r, 0), span - 1) for r, span in enumerate(spans)]
+        conv_at, ssm_at = (np.asarray(a) for a in lane_state(lanes, jnp.asarray(at, jnp.int32)))
+        for r, (step, slot) in enumerate(zip(at, slots)):
+            conv, ssm, _ = _call(mixer, x[starts[r] : starts[r] + step + 1], [step + 1], [slot])
+            np.testing.assert_allclose(ssm_at[r], ssm[slot], rtol=1e-4, atol=1e-5)
+            np.testing.assert_allclose(conv_at[r], conv[slot], rtol=1e-5, atol=1e-6)
 
 
 def test_no_lanes_without_steps() -> None:

@@ -162,3 +162,27 @@ def test_a_model_drafter_replaces_the_lookup() -> None:
     sched.commit(sched.schedule(), {0: 30})
     row = sched.schedule().rows[0]
     assert row.tokens == (30, 7, 8, 9) and row.num_draft == 3 and asked == [((3, 4, 5, 6, 30), 3)]
+
+
+def test_a_model_drafter_drafts_the_round_at_once() -> None:
+    """A drafter with ``prefetch`` (``engine/drafter.ModelDrafter``) gets every running request that
+    will speculate before the round is planned, in one call."""
+
+    class Batched:
+        def __init__(self) -> None:
+            self.batches: list[list[tuple[int, ...]]] = []
+
+        def prefetch(self, requests) -> None:
+            self.batches.append([tuple(t) for t in requests])
+
+        def __call__(self, tokens, k):
+            return (7, 8, 9)[:k]
+
+    sched, drafter = _scheduler(hybrid=True), Batched()
+    sched.drafter = drafter
+    for i in range(2):
+        sched.add(Request(i, (3, 4, 5 + i), max_tokens=20, speculate=True))
+    sched.commit(sched.schedule(), {0: 30, 1: 31})
+    plan = sched.schedule()
+    assert drafter.batches[-1] == [(3, 4, 5, 30), (3, 4, 6, 31)]
+    assert all(row.num_draft == 3 for row in plan.rows)
