@@ -143,3 +143,22 @@ def _assert_no_pool_copies(engine) -> None:
         entry = compiled.as_text().split("\nENTRY ", 1)[1]
         copies = [line for line in entry.splitlines() if " copy(" in line and any(f"= {p}" in line for p in pools)]
         assert not copies, (variant, copies[:2])
+
+
+@pytest.mark.parametrize("model", ["tiny-qwen3-next", "tiny-nemotron-h", "tiny-granite-4.0-h", "tiny-falcon-h1"])
+def test_every_other_preset_keeps_the_accepted_state(model: str, monkeypatch, tiny_model) -> None:
+    """The remaining presets (MoE, Mamba2 blocks, Mamba2 with MoE, attention and Mamba2 in one layer):
+    greedy outputs with drafts accepted whole, in part and not at all equal plain decoding, with
+    the cache on, and nothing is recomputed after a verify row."""
+    loaded = tiny_model(model)
+    options = dict(max_num_seqs=4, max_num_batched_tokens=128)
+    params = [SamplingParams(max_tokens=n, ignore_eos=True) for n in (12, 16, 9, 12, 6)]
+    cold = _run(LLM(loaded, **options), params)
+    full = [tuple(p) + c for p, c in zip(PROMPTS, cold)]
+    monkeypatch.setattr(running, "ngram_draft", oracle_drafter(full, loaded.config.vocab_size))
+    llm = LLM(loaded, speculative={"num_draft": 3}, **options)
+    plans = _spy_plans(llm.replicas.engines[0], monkeypatch)
+    assert _run(llm, params) == cold
+    records = llm.replicas.engines[0].records
+    assert 0 < sum(r.accepted_tokens for r in records) < sum(r.drafted_tokens for r in records)
+    _assert_nothing_recomputed(plans)
