@@ -107,8 +107,9 @@ class ModelDrafter:
 
 def model_drafter(target: LoadedModel, ec: EngineConfig, max_model_len: int) -> ModelDrafter:
     """The drafter of ``ec.scheduler.speculative.draft_model`` for ``target``: its engine has the
-    target's batch limits, prefix caching (whatever the target's policy), pools sized for the
-    draft model (not the target's sizes), no host tier and no speculation of its own. Raises
+    target's batch limits and warm-up mode (``warmup=True`` compiles its variants at start too),
+    prefix caching (whatever the target's policy), pools sized for the draft model (not the
+    target's sizes), no host tier and no speculation of its own. Raises
     ``ValueError`` naming ``draft_model`` when its tokenizer is not the target's (the same
     encoding of a probe text; without tokenizers, the same vocabulary size)."""
     from radixflow_jax.engine.build import build_engine
@@ -130,7 +131,7 @@ def model_drafter(target: LoadedModel, ec: EngineConfig, max_model_len: int) -> 
             f"model's ({ours} tokens)"
         )
     config = ec.with_options(
-        speculative=None, max_model_len=max_model_len + spec.num_draft, warmup=False, warmup_progress=False,
+        speculative=None, max_model_len=max_model_len + spec.num_draft, warmup_progress=False,
         policy="radixflow", num_kv_pages=None, num_state_slots=None, host_cache_gb=0, num_host_slots=None,
     )  # fmt: skip
     keep = 4 * ec.scheduler.max_num_seqs
