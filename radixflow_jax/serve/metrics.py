@@ -103,6 +103,15 @@ class _Gauges(Collector):
         hosts = [m.cache.host_pool for m in mems if m.cache is not None and m.cache.host_pool is not None]
         yield self._gauge("host_slots_total", "Host tier: checkpoints host memory can hold.", sum(h.capacity for h in hosts))
         yield self._gauge("host_slots_free", "Host tier: checkpoint rows free.", sum(h.num_free for h in hosts))
+        drafters = [r.core.scheduler.drafter for r in self.replicas]
+        drafters = [d for d in drafters if hasattr(d, "disabled")]
+        if drafters:  # speculative method "draft" (engine/drafter.py)
+            yield self._gauge(
+                "spec_draft_model_active",
+                "Speculative decoding with a draft model: 1 while every replica's draft engine drafts, 0 once one "
+                "stopped after failing repeatedly (the log says why; the model decodes without drafts).",
+                0.0 if any(d.disabled for d in drafters) else 1.0,
+            )
         alive = all(r.is_running and r.error is None for r in self.replicas)  # the thread outlives its error briefly
         yield self._gauge("engine_alive", "1 while the engine thread (every replica's) runs.", 1.0 if alive else 0.0)
 

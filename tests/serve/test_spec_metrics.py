@@ -44,3 +44,22 @@ def test_acceptance_per_position_on_metrics() -> None:
     assert _value(text, "spec_accepted_positions_total", 'position="2"') == 0  # never there
     assert _value(text, "spec_accepted_tokens_total") == first
     assert _value(text, "spec_draft_tokens_total") >= first + second
+
+
+def test_draft_model_state_on_metrics(tiny_model) -> None:
+    """With a draft model, ``spec_draft_model_active`` is 1 while it drafts and 0 once it stopped
+    (``engine/drafter.py``: three failures in a row)."""
+    from radixflow_jax.engine.build import build_engine
+
+    ec = EngineConfig.from_options(max_num_seqs=2, max_num_batched_tokens=64, max_model_len=256,
+                                   speculative={"method": "draft", "draft_model": "tiny-qwen3.5"})  # fmt: skip
+    core = build_engine(tiny_model("tiny-qwen3.5"), ec)
+    metrics = ServerMetrics("tiny", hybrid=True)
+    engine = BackgroundEngine(core, observer=metrics.observe, trim_records=True)
+    metrics.attach(engine)
+    try:
+        assert _value(metrics.render().decode(), "spec_draft_model_active") == 1.0
+        core.scheduler.drafter.disabled = "RuntimeError: down"
+        assert _value(metrics.render().decode(), "spec_draft_model_active") == 0.0
+    finally:
+        engine.shutdown()
