@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import tempfile
 import time
@@ -65,15 +66,18 @@ def pytest_collection_modifyitems(session, config, items) -> None:
     items.sort(key=key)  # stable: the order inside a module (and of unlisted modules) is kept
 
 
+_MODELS = pytest.StashKey[dict]()  # the session's loaded models by preset (tiny_model), on config.stash
+
+
 @pytest.fixture(scope="session")
-def tiny_model():
+def tiny_model(request):
     """``tiny_model(preset)``: one loaded model per preset for the whole test process (an xdist
     worker), so the engines of every module on it share its compiled step variants
     (``LoadedModel.compiled_variants``): a variant is traced once per process, not once per module.
     Models are read-only; a test that changes one loads its own."""
     from radixflow_jax.models.api import load
 
-    models = {}
+    models = request.config.stash.setdefault(_MODELS, {})
 
     def get(preset: str):
         if preset not in models:
@@ -86,6 +90,44 @@ def tiny_model():
 _TIMELINE = os.environ.get("RADIXFLOW_TEST_TIMELINE")  # a file: one line per test, which worker ran it when
 
 
+def _worker() -> str:
+    return os.environ.get("PYTEST_XDIST_WORKER", "main")
+
+
+_MAPS_LEFT = pytest.StashKey[int]()  # the process's memory mappings right after _map_headroom last dropped
+
+
+@pytest.fixture(autouse=True)
+def _map_headroom(request):
+    """After each test, when the test process holds more than half of ``vm.max_map_count`` memory
+    mappings, drops every compiled executable it keeps: the session models' step variants and JAX's
+    own caches of jitted functions (what a module-scoped engine still holds stays). XLA:CPU maps each
+    compiled program's code in many sections: in a cold run on 2026-12-07 one worker held 60,564 of
+    65,530 at its peak, and ``tests/engine/test_speculative.py`` alone added 35,000; past the cap
+    the next compile or persistent-cache read fails or segfaults the worker. Dropped programs load
+    again from the persistent cache on their next use. Where dropping gave little back (engines
+    still hold the programs), the next drop waits until another eighth of the cap is in use; where
+    ``/proc`` does not tell, nothing is dropped."""
+    yield
+    from radixflow_jax.runner.mapbudget import map_count, map_limit
+
+    count, limit = map_count(), map_limit()
+    if count is None or limit is None:
+        return
+    left = request.config.stash.get(_MAPS_LEFT, 0)
+    if 2 * count < limit or count < left + limit // 8:
+        return
+    for model in request.config.stash.get(_MODELS, {}).values():
+        model.compiled_variants.clear()
+    jax.clear_caches()
+    gc.collect()
+    request.config.stash[_MAPS_LEFT] = after = map_count() or 0
+    if _TIMELINE:
+        with open(_TIMELINE, "a") as f:
+            now = f"{time.time():.2f}"
+            f.write(f"{_worker()} {now} {now} maps {count} -> {after} after {request.node.nodeid}\n")
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item, nextitem):
     """With ``RADIXFLOW_TEST_TIMELINE`` set, appends ``worker start end nodeid`` (epoch seconds,
@@ -94,4 +136,4 @@ def pytest_runtest_protocol(item, nextitem):
     yield
     if _TIMELINE:
         with open(_TIMELINE, "a") as f:
-            f.write(f"{os.environ.get('PYTEST_XDIST_WORKER', 'main')} {start:.2f} {time.time():.2f} {item.nodeid}\n")
+            f.write(f"{_worker()} {start:.2f} {time.time():.2f} {item.nodeid}\n")
