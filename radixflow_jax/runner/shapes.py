@@ -155,7 +155,12 @@ class ShapeConfig:
         if self.mode == "pow2":
             return powers_of_two(lo, self.max_num_batched_tokens)
         linear = range(lo, min(LINEAR_TOKENS, self.max_num_batched_tokens) + 1, lo)
-        return tuple(sorted(set(fine_ladder(lo, self.max_num_batched_tokens, TOKEN_STEP_FROM)) | set(linear)))
+        # speculative decoding: a lone verify row (its last known token and its draft) in a bucket of
+        # a multiple of 8 slots; hybrid-81m's verify round took 24.3 ms in 8 slots against 27.5 in 16
+        # (a decode round: 18-19 ms; docs/perf-log.md, 2026-12-07)
+        verify = {-(-(self.max_draft + 1) // 8) * 8} if self.max_draft else set()
+        verify = {v for v in verify if v < lo and v <= self.max_num_batched_tokens}
+        return tuple(sorted(set(fine_ladder(lo, self.max_num_batched_tokens, TOKEN_STEP_FROM)) | set(linear) | verify))
 
     @property
     def row_buckets(self) -> tuple[int, ...]:
