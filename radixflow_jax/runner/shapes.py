@@ -10,7 +10,8 @@ regions (the layout ``build_arrays`` writes and the model reads):
 
 Buckets per region (``mode``):
   * ``"fine"`` (default): prefill tokens on every multiple of ``min_tokens`` up to 128 (16, 32,
-    48, ..., 112, 128: a lean round pads at most 15 prefill tokens), then powers of two with a 1.5x
+    48, ..., 112, 128: a lean round pads at most 15 prefill tokens; a speculating engine adds a
+    bucket of 8 for a lone verify row of up to 8 tokens), then powers of two with a 1.5x
     step between them (192, 256, 384, 512, ...: at most a third of a bucket is padding); prefill
     rows on powers of two; decode-only rounds on powers of two with 1.5x steps from 2 (2, 3, 4, 6,
     8, 12, 16, 24, ...); rounds with prefill rows take a coarse decode region (16, 64, ... below
