@@ -13,7 +13,8 @@ its output, and the presets' tokenizer is not one it knows), and with no ``token
 sentencepiece attempt is skipped (it imports ``sentencepiece`` before looking for the file). So
 ``tokenizer.ggml.pre`` is an expected difference (ours writes ``gpt2``, what the presets'
 byte-level split is), and so is tiny-bamba's ``rope.dimension_count`` (:data:`EXPECTED_BY_PRESET`).
-Qwen3.5 and Qwen3-Next are converted with ``--no-mtp`` (the presets have no MTP layers). For
+Qwen3.5 and Qwen3-Next presets carry one MTP layer each, converted as llama.cpp's nextn block (a
+directory without ``mtp.*`` tensors is converted with ``--no-mtp``). For
 Nemotron-H a third adjustment: the converter's hyperparameters are the raw ``config.json`` with
 ``num_hidden_layers`` set to the pattern's length. Through ``AutoConfig`` (its default) transformers
 adds ``num_experts_per_tok`` to a dense Nemotron-H config, and the converter then writes

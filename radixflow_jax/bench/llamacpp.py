@@ -186,6 +186,13 @@ def build(sdist: str, *, jobs: int = 2, version: str = VERSION, log: Callable[[s
     return paths
 
 
+def _has_mtp(model_dir: str) -> bool:
+    from radixflow_jax.models.mtp import mtp_layer_count
+    from radixflow_jax.models.safetensors_io import SafetensorsDir
+
+    return mtp_layer_count(SafetensorsDir(model_dir)) > 0
+
+
 def convert(src: str, model_dir: str, out: str, outtype: str = "f32") -> str:
     """``model_dir`` (a HF directory) converted by llama.cpp's own ``convert_hf_to_gguf.py`` (the
     wrapper of the module docstring) to ``out``; returns ``out``. Skipped when ``out`` exists; ``out``
@@ -196,8 +203,8 @@ def convert(src: str, model_dir: str, out: str, outtype: str = "f32") -> str:
         architectures = json.load(f).get("architectures") or []
     part = out + ".part"  # renamed when complete: an interrupted run never leaves a truncated ``out``
     args = [sys.executable, "-c", CONVERTER_WRAPPER, src, model_dir, "--outtype", outtype, "--outfile", part]
-    if set(architectures) & set(_NO_MTP):
-        args.append("--no-mtp")
+    if set(architectures) & set(_NO_MTP) and not _has_mtp(model_dir):
+        args.append("--no-mtp")  # its MTP export needs MTP tensors (models/mtp.py)
     proc = subprocess.run(args, capture_output=True, text=True)
     if proc.returncode != 0:
         raise RuntimeError(f"llama.cpp's converter failed on {model_dir}:\n{proc.stderr[-3000:]}")

@@ -10,6 +10,7 @@ through the chunked scan, with cached KV and recurrent state carried) and
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 from typing import Callable, Sequence
@@ -24,6 +25,8 @@ from radixflow_jax.models.batch import Batch, ModelCache, init_cache
 from radixflow_jax.models.config import ConfigError, ModelConfig
 from radixflow_jax.models.hf_config import parse_hf_config
 from radixflow_jax.models.hybrid import HybridLM
+from radixflow_jax.models.mixers.attention import KvPages
+from radixflow_jax.models.mtp import mtp_layer_config, mtp_layer_count
 from radixflow_jax.models.safetensors_io import WeightsError
 from radixflow_jax.models.tokenizer import Tokenizer
 from radixflow_jax.models.gguf import is_gguf
@@ -127,24 +130,29 @@ class LoadedModel:
         if seq.length + n > seq.capacity:
             raise ValueError(f"sequence of {seq.length + n} tokens exceeds its capacity {seq.capacity}")
         self._check_ids(ids)
-        padded = n if num_decode else max(8, 1 << (n - 1).bit_length())
-        tokens = np.zeros(padded, np.int32)
-        tokens[:n] = ids
-        pos = np.arange(seq.length, seq.length + n)
-        slots = np.zeros(padded, np.int32)
-        slots[:n] = (pos // _PAGE_SIZE + 1) * _PAGE_SIZE + pos % _PAGE_SIZE
-        num_pages = seq.capacity // _PAGE_SIZE
-        batch = Batch(
-            cu_seqlens=jnp.asarray([0, n], jnp.int32),
-            kv_lens=jnp.asarray([seq.length + n], jnp.int32),
-            page_table=jnp.arange(1, num_pages + 1, dtype=jnp.int32)[None, :],
-            slot_mapping=jnp.asarray(slots),
-            state_slots=jnp.asarray([1], jnp.int32),
-            decode_base=jnp.asarray(1, jnp.int32),
-        )
-        logits, seq.cache = self._forward(self.params, jnp.asarray(tokens), batch, seq.cache, num_decode=num_decode)
+        tokens, batch = _one_row(ids, seq.length, seq.capacity, num_decode)
+        logits, seq.cache = self._forward(self.params, tokens, batch, seq.cache, num_decode=num_decode)
         seq.length += n
         return np.asarray(logits[:n])
+
+    def mtp_logits(self, token_ids: Sequence[int]) -> np.ndarray:
+        """Teacher-forced MTP guesses over one sequence (a model loaded with ``mtp=True``): row
+        ``t`` is the first MTP layer's float32 logits for token ``t + 2``, from the trunk's hidden
+        state at ``t`` and token ``t + 1`` (``models/mtp.py``); ``[T - 1, vocab]``."""
+        if self.config.mtp_layers == 0:
+            raise ValueError(f"{self.model_dir} was loaded without MTP layers (load(..., mtp=True))")
+        n = len(token_ids)
+        if n < 2:
+            raise ValueError("MTP guesses need at least two tokens")
+        self._check_ids(token_ids)
+        seq = self.new_sequence(n)
+        tokens, batch = _one_row(token_ids, 0, seq.capacity, 0)
+        mtp_kv = init_cache(
+            mtp_layer_config(self.config), num_pages=seq.capacity // _PAGE_SIZE + 1, page_size=_PAGE_SIZE,
+            num_slots=1, dtype=self.dtype,
+        ).kv[0]  # fmt: skip
+        logits = _mtp_teacher_forced(self.graphdef, self.params, tokens, batch, seq.cache, mtp_kv)
+        return np.asarray(logits[: n - 1])
 
     def extend(self, seq: SequenceState, ids: Sequence[int]) -> np.ndarray:
         """Processes a span through the chunked path; returns its logits ``[n, vocab]`` (float32)."""
@@ -174,26 +182,78 @@ class LoadedModel:
         return self.tokenizer.encode(text)
 
 
-def load(path_or_preset: str, dtype: str | jnp.dtype = "float32") -> LoadedModel:
+def _one_row(ids: Sequence[int], start: int, capacity: int, num_decode: int) -> tuple[jax.Array, Batch]:
+    """Tokens and batch of one row feeding ``ids`` at positions ``start ..`` into pages ``1 ..`` and
+    state slot 1 (prefill rows padded to a power of two, at least 8)."""
+    n = len(ids)
+    padded = n if num_decode else max(8, 1 << (n - 1).bit_length())
+    tokens = np.zeros(padded, np.int32)
+    tokens[:n] = ids
+    pos = np.arange(start, start + n)
+    slots = np.zeros(padded, np.int32)
+    slots[:n] = (pos // _PAGE_SIZE + 1) * _PAGE_SIZE + pos % _PAGE_SIZE
+    batch = Batch(
+        cu_seqlens=jnp.asarray([0, n], jnp.int32),
+        kv_lens=jnp.asarray([start + n], jnp.int32),
+        page_table=jnp.arange(1, capacity // _PAGE_SIZE + 1, dtype=jnp.int32)[None, :],
+        slot_mapping=jnp.asarray(slots),
+        state_slots=jnp.asarray([1], jnp.int32),
+        decode_base=jnp.asarray(1, jnp.int32),
+    )
+    return jnp.asarray(tokens), batch
+
+
+@functools.partial(jax.jit, static_argnums=(0,))
+def _mtp_teacher_forced(
+    graphdef: nnx.GraphDef, params: nnx.State, tokens: jax.Array, batch: Batch, cache: ModelCache, mtp_kv: KvPages
+) -> jax.Array:
+    """The trunk over one prefill row, then the first MTP layer with each slot's next token."""
+    model = nnx.merge(graphdef, params)
+    hidden, _ = model(tokens, batch, cache)
+    next_tokens = jnp.concatenate([tokens[1:], tokens[:1]])  # the last slot's guess is dropped
+    m, _ = model.mtp_step(next_tokens, hidden, batch, mtp_kv)
+    return model.logits(m)
+
+
+def load(path_or_preset: str, dtype: str | jnp.dtype = "float32", *, mtp: bool = False) -> LoadedModel:
     """Loads a preset, a HF directory (safetensors), a ``radixflow convert`` output (orbax) or a
-    llama.cpp ``.gguf`` file (dequantised; config and tokenizer from its metadata)."""
+    llama.cpp ``.gguf`` file (dequantised; config and tokenizer from its metadata). ``mtp``: also
+    load the checkpoint's MTP layers (``models/mtp.py``; HF ``mtp.*``, GGUF nextn blocks), else
+    they are skipped; a checkpoint without them raises :class:`WeightsError`."""
     jdtype = resolve_dtype(dtype)
     path = resolve_model_path(path_or_preset)
     if is_gguf(path):
-        return _load_gguf(path, jdtype)
+        return _load_gguf(path, jdtype, mtp=mtp)
     cfg = read_config(path)
     if has_orbax(path):
+        if mtp:
+            raise WeightsError(f"{path}: MTP layers load from the safetensors or GGUF checkpoint, not from orbax")
         graphdef, state = load_orbax_state(path, cfg, jdtype)
     else:
+        if mtp:
+            from radixflow_jax.models.safetensors_io import SafetensorsDir
+
+            cfg = _with_mtp(cfg, mtp_layer_count(SafetensorsDir(path)), path)
         graphdef, state = load_safetensors_state(path, cfg, jdtype)
     return LoadedModel(path, cfg, graphdef, state, jdtype)
 
 
-def _load_gguf(path: str, dtype: jnp.dtype) -> LoadedModel:
+def _with_mtp(cfg: ModelConfig, layers: int, path: str) -> ModelConfig:
+    """``cfg`` with the checkpoint's ``layers`` MTP layers; raises where it has none."""
+    if layers == 0:
+        raise WeightsError(f"{path}: the checkpoint has no MTP layers (no mtp.layers.* / nextn tensors)")
+    mtp_layer_config(cfg)  # raises ConfigError for a family without MTP layers
+    return dataclasses.replace(cfg, mtp_layers=layers)
+
+
+def _load_gguf(path: str, dtype: jnp.dtype, *, mtp: bool) -> LoadedModel:
     from radixflow_jax.models import gguf
 
     f = gguf.GgufFile(path)
-    cfg = parse_hf_config(gguf.hf_config_dict(f))
+    raw = gguf.hf_config_dict(f)
+    cfg = parse_hf_config(raw)
+    if mtp:
+        cfg = _with_mtp(cfg, int(raw.get("mtp_num_hidden_layers") or 0), path)
     graphdef, state = gguf.load_state(f, cfg, dtype)
     return LoadedModel(path, cfg, graphdef, state, dtype, tokenizer=gguf.build_tokenizer(f))
 

@@ -232,6 +232,9 @@ class ModelConfig:
     multipliers: Multipliers = Multipliers()
     eos_token_ids: tuple[int, ...] = ()
     bos_token_id: int | None = None
+    # multi-token-prediction layers loaded beside the trunk (``models/mtp.py``): 0 unless the model
+    # was loaded with ``mtp=True`` from a checkpoint that has them (HF ``mtp.*``, GGUF ``nextn``)
+    mtp_layers: int = 0
 
     def __post_init__(self) -> None:
         if not (len(self.mixers) == len(self.mlps) == self.num_layers):

@@ -13,6 +13,7 @@ margins (random tiny models otherwise sit on near-ties). Directory: ``$RADIXFLOW
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -24,7 +25,7 @@ import numpy as np
 from radixflow_jax.models.safetensors_io import save_file
 from radixflow_jax.paths import cache_root
 
-FORMAT_VERSION = "v2"
+FORMAT_VERSION = "v3"
 VOCAB_SIZE = 512
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 CHAT_TEMPLATE = (
@@ -77,9 +78,16 @@ _MAMBA_ONE_GROUP = {
 }
 
 PRESETS: dict[str, dict[str, Any]] = {
-    "tiny-qwen3.5": {**_GDN_COMMON, "model_type": "qwen3_5_text", "architectures": ["Qwen3_5ForCausalLM"]},
+    # the two Qwen presets ship one MTP layer (``mtp.*``, as the real checkpoints do; models/mtp.py)
+    "tiny-qwen3.5": {
+        **_GDN_COMMON,
+        "model_type": "qwen3_5_text",
+        "architectures": ["Qwen3_5ForCausalLM"],
+        "mtp_num_hidden_layers": 1,
+    },
     "tiny-qwen3-next": {
         **_GDN_COMMON,
+        "mtp_num_hidden_layers": 1,
         "model_type": "qwen3_next",
         "architectures": ["Qwen3NextForCausalLM"],
         "num_experts": 4,
@@ -302,6 +310,7 @@ def _weights(config: dict[str, Any], seed: int) -> dict[str, np.ndarray]:
     from radixflow_jax.models.weights import abstract_model, param_keys
 
     cfg = parse_hf_config(config)
+    cfg = dataclasses.replace(cfg, mtp_layers=int(config.get("mtp_num_hidden_layers") or 0))
     import jax.numpy as jnp
 
     _, state = abstract_model(cfg, jnp.float32)

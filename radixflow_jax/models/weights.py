@@ -30,7 +30,8 @@ from radixflow_jax.models.safetensors_io import SafetensorsDir, WeightsError
 
 ORBAX_SUBDIR = "orbax"
 MARKER_FILE = "radixflow.json"
-_IGNORED = (re.compile(r"^model\.visual\."), re.compile(r"^mtp\."), re.compile(r"rotary_emb\.inv_freq$"))
+_MTP = re.compile(r"^mtp\.")  # MTP layers: read only when the model is loaded with them (ModelConfig.mtp_layers)
+_IGNORED = (re.compile(r"^model\.visual\."), _MTP, re.compile(r"rotary_emb\.inv_freq$"))
 _EXPERT = re.compile(r"^(?P<layer>.*\.mlp\.experts)\.(?P<name>gate_proj|up_proj|down_proj)$")
 
 
@@ -128,7 +129,8 @@ def load_tensors_state(
 
     filled = jax.tree_util.tree_map_with_path(fill, pure)
     tied_head = "lm_head.weight" if cfg.tie_word_embeddings else None
-    extra = [k for k in tensors if k not in used and k != tied_head and not any(p.search(k) for p in _IGNORED)]
+    ignored = _IGNORED if not cfg.mtp_layers else tuple(p for p in _IGNORED if p is not _MTP)
+    extra = [k for k in tensors if k not in used and k != tied_head and not any(p.search(k) for p in ignored)]
     if extra:
         raise WeightsError(f"unexpected tensor '{extra[0]}' ({len(extra)} unexpected in all) for {cfg.model_type}")
     nnx.replace_by_pure_dict(state, filled)

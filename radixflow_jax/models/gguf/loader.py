@@ -20,6 +20,7 @@ from radixflow_jax.models.gguf.falcon_h1 import FALCON_H1
 from radixflow_jax.models.gguf.family import Family
 from radixflow_jax.models.gguf.granite import GRANITE_HYBRID
 from radixflow_jax.models.gguf.nemotron_h import NEMOTRON_H
+from radixflow_jax.models.gguf.nextn import MtpNames, nextn_layers
 from radixflow_jax.models.gguf.qwen35 import QWEN35
 from radixflow_jax.models.gguf.qwen3next import QWEN3NEXT
 from radixflow_jax.models.gguf.reader import GgufFile
@@ -51,9 +52,11 @@ class GgufTensors(TensorMapping):
         self._family = family_of(f)
         self._cfg = cfg if cfg is not None else self._family.hf_config(f)
         self._parts: dict[str, list[str]] = {}
+        # MTP blocks after the trunk (models/gguf/nextn.py): read as HF ``mtp.*``
+        self._mtp = MtpNames(int(self._cfg["num_hidden_layers"]), self._family) if nextn_layers(f) else None
         for name in f.tensors:
             try:
-                key = self._family.hf_key(name)
+                key = (self._mtp.hf_key(name) if self._mtp else None) or self._family.hf_key(name)
             except WeightsError as exc:
                 raise WeightsError(f"{f.path}: {exc} ({f.arch})") from None
             self._parts.setdefault(key, []).append(name)
@@ -63,6 +66,8 @@ class GgufTensors(TensorMapping):
         if key in self._parts:
             return tuple(self._parts[key])
         try:
+            if self._mtp is not None and key.startswith("mtp."):
+                return self._mtp.gguf_names(key, self._cfg)
             return self._family.gguf_names(key, self._cfg)
         except WeightsError:
             return ()
@@ -70,6 +75,8 @@ class GgufTensors(TensorMapping):
     def __getitem__(self, key: str) -> np.ndarray:
         parts = {name: self._file.read(name) for name in self._parts[key]}
         try:
+            if self._mtp is not None and key.startswith("mtp."):
+                return self._mtp.from_gguf(key, parts, self._cfg)
             return self._family.from_gguf(key, parts, self._cfg)
         except (ValueError, IndexError) as exc:
             raise WeightsError(

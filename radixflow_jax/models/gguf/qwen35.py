@@ -27,6 +27,7 @@ from radixflow_jax.models.config import ConfigError, ModelConfig
 from radixflow_jax.models.gguf.family import ARR, ATTENTION, U32, Meta, NameTable, common_config, common_metadata
 from radixflow_jax.models.gguf.family import head_dim_of, raise_config, table_family
 from radixflow_jax.models.gguf.family import written_head_dim, written_rope_theta
+from radixflow_jax.models.gguf.nextn import nextn_layers
 
 ARCH = "qwen35"
 MROPE_DEFAULT = [11, 11, 10, 0]
@@ -122,11 +123,19 @@ def gdn_config(f: Any, cfg: dict[str, Any]) -> None:
         linear_value_head_dim=inner // nv,
         linear_conv_kernel_dim=f.arch_int("ssm.conv_kernel"),
     )
+    nextn = nextn_layers(f)  # MTP blocks after the trunk count in block_count (models/gguf/nextn.py)
+    if nextn:
+        if not 0 < nextn < cfg["num_hidden_layers"]:
+            raise_config(f, f"{f.arch}.nextn_predict_layers", f"does not fit block_count={cfg['num_hidden_layers']}")
+        cfg["num_hidden_layers"] -= nextn
+        cfg["mtp_num_hidden_layers"] = nextn
     n = cfg["num_hidden_layers"]
     recurrent = f.get(f"{f.arch}.attention.recurrent_layers")
     if recurrent is None:
         interval = f.arch_int("full_attention_interval", 4)
         recurrent = [(i + 1) % interval != 0 for i in range(n)]
+    elif nextn and len(recurrent) == n + nextn:
+        recurrent = recurrent[:n]
     if len(recurrent) != n:
         raise_config(f, f"{f.arch}.attention.recurrent_layers", f"has {len(recurrent)} entries for {n} layers")
     cfg["layer_types"] = ["linear_attention" if r else "full_attention" for r in recurrent]

@@ -25,8 +25,10 @@ import numpy as np
 from radixflow_jax.models.config import ConfigError
 from radixflow_jax.models.gguf.family import ARR, F32, STR, U32, Family
 from radixflow_jax.models.gguf.loader import FAMILIES
+from radixflow_jax.models.gguf.nextn import MtpNames, with_nextn
 from radixflow_jax.models.gguf.vocab import write_vocab
 from radixflow_jax.models.hf_config import parse_hf_config
+from radixflow_jax.models.mtp import mtp_layer_count
 
 OUTTYPES = ("f32", "f16", "bf16", "q8_0")
 _FILE_TYPES = {"f32": 0, "f16": 1, "q8_0": 7, "bf16": 32}  # llama_ftype: ALL_F32, MOSTLY_F16, MOSTLY_Q8_0, MOSTLY_BF16
@@ -130,15 +132,19 @@ def write_gguf(model_dir: str, out_path: str, outtype: str = "f32") -> str:
     tmp = out_path + ".tmp"
     writer = gguf.GGUFWriter(tmp, fam.arch)
     try:
+        tensors = SafetensorsDir(model_dir)
+        mtp_layers = mtp_layer_count(tensors)  # written as llama.cpp's nextn blocks (models/gguf/nextn.py)
+        mtp = MtpNames(model.num_layers, fam) if mtp_layers else None
         try:
-            _add_metadata(writer, fam.gguf_metadata(model, cfg))
+            _add_metadata(writer, with_nextn(fam.gguf_metadata(model, cfg), fam.arch, mtp_layers))
         except KeyError as exc:
             raise ConfigError(f"{model_dir}/config.json: field {exc} is missing (needed for {fam.arch} GGUF metadata)")
         writer.add_file_type(_FILE_TYPES[outtype])
         writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
         write_vocab(writer, model_dir, int(cfg["vocab_size"]))
-        for key, array in _hf_tensors(SafetensorsDir(model_dir)):
-            for name, array in fam.to_gguf(key, array, cfg):
+        for key, array in _hf_tensors(tensors):
+            pairs = mtp.to_gguf(key, array, cfg) if mtp and key.startswith("mtp.") else fam.to_gguf(key, array, cfg)
+            for name, array in pairs:
                 data, qtype = _encode(np.ascontiguousarray(array, dtype=np.float32), tensor_type(name, array, outtype))
                 writer.add_tensor(name, data, raw_dtype=qtype)
         _add_model_card(writer, model_dir)
