@@ -7,6 +7,8 @@ leaked, also when requests are aborted while their restore is in flight."""
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 
 from radixflow_jax.engine.params import SamplingParams
@@ -99,6 +101,35 @@ def test_aborts_while_restores_are_in_flight_leak_nothing(tiny_model) -> None:
         engine.step()
         audit_engine(engine)
     assert aborted and cache.restored > 0
+    assert_drained(engine)
+
+
+def test_a_failed_restore_falls_back_to_recomputation(tiny_model, caplog) -> None:
+    """The round that carries the first restores fails once its moves and step were dispatched (a
+    device error): the engine recovers (pools rebuilt, the cache and the host tier flushed), the
+    sessions that waited for those restores recompute their histories, every output equals the
+    cold run's, nothing leaks, and the log says which restores were void."""
+    loaded = tiny_model("tiny-qwen3.5")
+    cold, _, _ = _conversations(LLM(loaded, policy="no-cache", **OPTIONS))
+    llm = LLM(loaded, policy="radixflow", num_host_slots=64, **OPTIONS)
+    engine = llm.replicas.engines[0]
+    launch = engine.executor.launch  # the engine launches every round (overlap on or off)
+    failed: list[int] = []
+
+    def fail_the_first_restore(plan, sampling, prev=None):
+        handle = launch(plan, sampling, prev)
+        restores = [m for m in plan.state_moves if m.kind == "restore"]
+        if restores and not failed:
+            failed.append(len(restores))
+            raise RuntimeError("injected: a host-to-device copy failed")
+        return handle
+
+    engine.executor.launch = fail_the_first_restore
+    with caplog.at_level(logging.ERROR, logger="radixflow_jax.engine.recovery"):
+        tiered, _, restored = _conversations(llm)
+    assert failed and tiered == cold
+    assert f"its {failed[0]} restore(s) from the host tier are void: their requests recompute" in caplog.text
+    assert restored > 0  # later conversations' restores still land
     assert_drained(engine)
 
 
