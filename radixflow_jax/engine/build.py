@@ -28,7 +28,7 @@ from radixflow_jax.engine.roundcost import FittedRoundCost
 from radixflow_jax.engine.spec import EngineSpec
 from radixflow_jax.runner.shapes import ShapeConfig
 from radixflow_jax.runner.window import variant_for
-from radixflow_jax.scheduler.drafts import Drafter
+from radixflow_jax.scheduler.drafts import Drafter, MtpDrafts
 
 if TYPE_CHECKING:
     from radixflow_jax.models.api import LoadedModel
@@ -45,8 +45,11 @@ def assemble_engine(
     """An engine over ``make_executor(spec.shapes())``; ``engine.spec`` keeps ``spec``. ``drafter``:
     the model drafter that speculative method ``draft`` needs (``engine/drafter.py``)."""
     speculative = spec.config.scheduler.speculative
-    if (speculative is not None and speculative.method == "draft") != (drafter is not None):
+    method = speculative.method if speculative is not None else None
+    if (method == "draft") != (drafter is not None and not isinstance(drafter, MtpDrafts)):
         raise ValueError("speculative method 'draft' needs a draft model's engine (build_engine's), and only it")
+    if (method == "mtp") != isinstance(drafter, MtpDrafts):
+        raise ValueError("speculative method 'mtp' needs an MtpDrafts drafter (build_engine's), and only it")
     engine = EngineCore(make_executor(spec.shapes()), spec, clock=clock)
     engine.scheduler.drafter = drafter
     # pairing and the fill rule judge by the round-cost estimator fitted to this engine's own rounds
@@ -202,11 +205,19 @@ def build_engine(model: LoadedModel, ec: EngineConfig) -> EngineCore:
             num_host_slots=num_host,
         )
 
-    drafter = None
-    if ec.scheduler.speculative is not None and ec.scheduler.speculative.method == "draft":
+    drafter: Drafter | None = None
+    method = ec.scheduler.speculative.method if ec.scheduler.speculative is not None else None
+    if method == "draft":
         from radixflow_jax.engine.drafter import model_drafter
 
         drafter = model_drafter(model, ec, max_model_len)
+    elif method == "mtp":
+        if not cfg.mtp_layers:
+            raise ValueError(
+                "speculative method 'mtp' needs the model's MTP layers: pass a path or preset (LLM and "
+                "radixflow serve load them), or a model loaded with load(path, mtp=True)"
+            )
+        drafter = MtpDrafts(keep=4 * ec.scheduler.max_num_seqs)
     return assemble_engine(spec, executor, drafter=drafter)
 
 

@@ -50,6 +50,7 @@ from radixflow_jax.engine.recovery import FailedRounds, LaunchFailed, is_fatal
 from radixflow_jax.engine.siblings import expand, is_group
 from radixflow_jax.engine.spec import EngineSpec
 from radixflow_jax.engine.timing import RoundTimer, RoundTimes
+from radixflow_jax.scheduler.drafts import offer_drafts
 from radixflow_jax.scheduler.plan import RoundPlan
 from radixflow_jax.scheduler.request import Request
 from radixflow_jax.scheduler.scheduler import Scheduler
@@ -325,6 +326,7 @@ class EngineCore:
         self.failures.committed(plan, self._records)
         owners = logprob_owners(plan, result, self.scheduler.requests)
         finished = self.scheduler.commit(plan, result.sampled, result.verified)
+        offer_drafts(self.scheduler.drafter, self.scheduler.requests, result.drafts)  # speculative method mtp
         attach_logprobs(owners, result, self._records)
         self.records.append(
             RoundRecord.of(

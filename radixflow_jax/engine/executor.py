@@ -51,6 +51,7 @@ class LaunchedStep:
     start: float  # perf_counter when the step was dispatched
     compile_s: float  # first-use compiling inside launch (the engine takes it off its clock at once)
     ready: float | None = None  # perf_counter its result was seen ready, when a later launch waited for it
+    drafts: jax.Array | None = None  # each row's MTP draft, padded as ``tokens`` (empty: no MTP layers)
 
 
 def splice_sources(
@@ -220,7 +221,7 @@ class ModelExecutor:
         before = plan.copies_before(self.page_size)
         if before:  # rows starting at a tail: their own copy of its partial page, before they read it
             self.cache = self.page_copier(self.cache, before)
-        self.cache, (tokens, verified, *lp) = self.step(variant, self.model.params, self.cache, inputs)
+        self.cache, (tokens, verified, drafts, *lp) = self.step(variant, self.model.params, self.cache, inputs)
         if plan.page_copies:  # after the step wrote the producers' pages, before any later round
             self.cache = self.page_copier(self.cache, plan.page_copies)
             self._copier_ready = True
@@ -238,6 +239,7 @@ class ModelExecutor:
             want=want,
             verified=verified,
             verify_points=arrays.verify_points,
+            drafts=drafts,
             build_s=t1 - t0,
             start=t1 + compile_s,
             compile_s=compile_s,
@@ -308,6 +310,10 @@ class ModelExecutor:
         self._last_done = done
         plan, variant = handle.plan, handle.variant
         sampled = {row.request_id: int(tokens[i]) for i, row in zip(handle.plan_rows, plan.rows) if row.sample}
+        drafts = {}
+        if handle.drafts is not None and handle.drafts.shape[0]:  # MTP: the token after each sampled one
+            guesses = np.asarray(jax.device_get(handle.drafts))
+            drafts = {row.request_id: int(guesses[i]) for i, row in zip(handle.plan_rows, plan.rows) if row.sample}
         verified = {}
         if handle.verify_points:
             greedy = np.asarray(jax.device_get(handle.verified))
@@ -315,6 +321,7 @@ class ModelExecutor:
         return StepResult(
             sampled=sampled,
             verified=verified,
+            drafts=drafts,
             token_slots=variant.num_tokens,
             row_slots=variant.num_rows,
             build_s=handle.build_s,

@@ -22,7 +22,8 @@ class StepResult:
     per verify row (``RowPlan.num_draft``), the token after its last known token and after each of
     its drafted tokens but the last; ``sampled`` holds the one after the last. ``verify_logprobs``:
     for verify rows that asked for logprobs, those of each of ``verified``'s tokens, in order
-    (``logprobs`` has the row's sample's)."""
+    (``logprobs`` has the row's sample's). ``drafts`` (speculative method ``mtp``): per sampling
+    row, the model's MTP guess at the token after the ones this round commits for it."""
 
     sampled: dict[int, int]
     token_slots: int
@@ -34,6 +35,7 @@ class StepResult:
     compile_s: float = 0.0
     verified: dict[int, tuple[int, ...]] = dataclasses.field(default_factory=dict)
     verify_logprobs: dict[int, list[tuple[float, list[int], list[float]]]] = dataclasses.field(default_factory=dict)
+    drafts: dict[int, int] = dataclasses.field(default_factory=dict)  # MTP: per sampling row, a guess at the next token
 
 
 @dataclasses.dataclass(frozen=True)

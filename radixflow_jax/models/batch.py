@@ -51,11 +51,14 @@ class Batch(NamedTuple):
 class ModelCache(NamedTuple):
     """Per-layer pools. ``kv[i]`` belongs to the i-th layer of ``cfg.attention_layers``;
     ``conv[j]``/``ssm[j]`` to the j-th layer of ``cfg.recurrent_layers`` (both in layer order). A
-    ``parallel`` layer (Falcon-H1) appears in both lists and owns one entry of each."""
+    ``parallel`` layer (Falcon-H1) appears in both lists and owns one entry of each. ``mtp[j]``:
+    the KV of MTP layer ``j`` (``models/mtp.py``; a model loaded with its MTP layers), on the same
+    pages and page tables as the trunk's KV."""
 
     kv: tuple[tuple[jax.Array, jax.Array], ...]  # ([P, page, Hkv, D], [P, page, Hkv, D])
     conv: tuple[jax.Array, ...]  # [S, K - 1, conv_dim] in the model dtype
     ssm: tuple[jax.Array, ...]  # [S, ...state shape] float32
+    mtp: tuple[tuple[jax.Array, jax.Array], ...] = ()  # as kv, one per MTP layer
 
 
 def recurrent_state_shapes(cfg: ModelConfig) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
@@ -76,10 +79,10 @@ def recurrent_state_shapes(cfg: ModelConfig) -> list[tuple[tuple[int, ...], tupl
 
 def init_cache(cfg: ModelConfig, *, num_pages: int, page_size: int, num_slots: int, dtype: jnp.dtype) -> ModelCache:
     """Zeroed pools: ``num_pages`` KV pages (page 0 = padding sink), ``num_slots`` state slots
-    (slot 0 = padding sink)."""
+    (slot 0 = padding sink); the MTP layers' KV (``cfg.mtp_layers``) has the trunk's page shape."""
     att = cfg.attention
     kv = []
-    for _ in cfg.attention_layers:
+    for _ in range(len(cfg.attention_layers) + cfg.mtp_layers):
         assert att is not None
         shape = (num_pages, page_size, att.num_kv_heads, att.head_dim)
         kv.append((jnp.zeros(shape, dtype), jnp.zeros(shape, dtype)))
@@ -87,7 +90,8 @@ def init_cache(cfg: ModelConfig, *, num_pages: int, page_size: int, num_slots: i
     for conv_shape, ssm_shape in recurrent_state_shapes(cfg):
         conv.append(jnp.zeros((num_slots,) + conv_shape, dtype))
         ssm.append(jnp.zeros((num_slots,) + ssm_shape, jnp.float32))
-    return ModelCache(kv=tuple(kv), conv=tuple(conv), ssm=tuple(ssm))
+    trunk = len(cfg.attention_layers)
+    return ModelCache(kv=tuple(kv[:trunk]), conv=tuple(conv), ssm=tuple(ssm), mtp=tuple(kv[trunk:]))
 
 
 def state_bytes_per_slot(cfg: ModelConfig, dtype: jnp.dtype) -> int:
@@ -109,5 +113,6 @@ def pool_unit_bytes(cfg: ModelConfig, dtype: Any, page_size: int) -> tuple[int, 
     the model does not have (no attention layer / not hybrid)."""
     att = cfg.attention
     itemsize = np.dtype(dtype).itemsize
-    page = 2 * len(cfg.attention_layers) * page_size * att.num_kv_heads * att.head_dim * itemsize if att else 0
+    layers = len(cfg.attention_layers) + cfg.mtp_layers  # the MTP layers' KV sits on the same pages
+    page = 2 * layers * page_size * att.num_kv_heads * att.head_dim * itemsize if att else 0
     return page, (state_bytes_per_slot(cfg, dtype) if cfg.is_hybrid else 0)

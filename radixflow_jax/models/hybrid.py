@@ -105,7 +105,7 @@ class HybridLM(nnx.Module):
                 rec_i += 1
                 if layer_lanes is not None:
                     lanes.append(layer_lanes)
-        return self.model.norm(x), ModelCache(kv=tuple(kv), conv=tuple(conv), ssm=tuple(ssm)), tuple(lanes)
+        return self.model.norm(x), cache._replace(kv=tuple(kv), conv=tuple(conv), ssm=tuple(ssm)), tuple(lanes)
 
     def mtp_step(
         self, next_tokens: jax.Array, hidden: jax.Array, batch: Batch, kv: KvPages, **options: int

@@ -224,7 +224,8 @@ def cache_specs(cfg: ModelConfig, tp: int) -> ModelCache:
         gdn = cfg.mixers[i] == "gdn"
         conv.append(P(None, None, TENSOR) if gdn or mamba_striped(cfg, tp) else P())
         ssm.append(P(None, TENSOR, None, None))
-    return ModelCache(tuple((kv, kv) for _ in cfg.attention_layers), tuple(conv), tuple(ssm))
+    mtp = tuple((kv, kv) for _ in range(cfg.mtp_layers))  # the MTP layers' KV: as the trunk's
+    return ModelCache(tuple((kv, kv) for _ in cfg.attention_layers), tuple(conv), tuple(ssm), mtp)
 
 
 def striped_config(cfg: ModelConfig, tp: int) -> ModelConfig:

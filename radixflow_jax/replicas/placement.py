@@ -27,18 +27,21 @@ def replica_groups(data_parallel_size: int, tensor_parallel_size: int) -> list[i
 
 
 def replica_models(
-    model: str | LoadedModel, dtype: str, tensor_parallel_size: int, data_parallel_size: int
+    model: str | LoadedModel, dtype: str, tensor_parallel_size: int, data_parallel_size: int, *, mtp: bool = False
 ) -> list[LoadedModel]:
     """The model of each data-parallel replica, placed as ``replica_groups`` says: one copy per
     device group (an orbax directory restores straight into the shards), or one copy shared by
-    every replica when they share a device."""
+    every replica when they share a device. ``mtp``: with the checkpoint's MTP layers (speculative
+    method ``mtp``; one device for now)."""
     from radixflow_jax.models.sharding import load_sharded, shard_model
 
     groups = replica_groups(data_parallel_size, tensor_parallel_size)
+    if mtp and (tensor_parallel_size > 1 or groups is not None):
+        raise ValueError("speculative method 'mtp' runs on one device for now (tensor_parallel_size=1, no groups)")
     if isinstance(model, str) and (tensor_parallel_size > 1 or groups is not None):
         models = [load_sharded(model, dtype, tensor_parallel_size, first_device=g) for g in groups or [0]]
         return models if groups is not None else models * data_parallel_size
-    loaded = model if isinstance(model, LoadedModel) else load(model, dtype=dtype)
+    loaded = model if isinstance(model, LoadedModel) else load(model, dtype=dtype, mtp=mtp)
     if groups is None:  # one model (on device 0, or a tp group from device 0) shared by the replicas
         return [shard_model(loaded, tensor_parallel_size)] * data_parallel_size
     return [shard_model(loaded, tensor_parallel_size, first_device=g) for g in groups]

@@ -111,6 +111,7 @@ class StepInputs(NamedTuple):
     verify_ctx_end: np.ndarray  # int32 [V]: a verify point's penalty context, its row's first entries (runner/verify)
     verify_mask: np.ndarray  # int32 [V, mask words]: a verify point's grammar mask (all ones: none)
     verify_drafts: np.ndarray  # int32 [R]: a verify row's drafted tokens (0: not one; runner/rollback)
+    mtp_next: np.ndarray  # int32 [T]: the token after each slot where known, -1: the one sampled there (runner/mtpstep)
 
 
 @dataclasses.dataclass
@@ -257,6 +258,7 @@ def empty_inputs(
         verify_ctx_end=np.zeros(variant.num_verify, np.int32),
         verify_mask=np.full((variant.num_verify, mask_words), -1, np.int32),
         verify_drafts=np.zeros(r, np.int32),
+        mtp_next=np.full(t, -1, np.int32),
     )
 
 
@@ -283,6 +285,12 @@ def _fill_tokens(inputs: StepInputs, rows: Sequence[RowPlan], page_size: int) ->
     inputs.logits_index[:nr] = cu[1:] - 1
     inputs.state_slots[:nr] = [row.slot for row in rows]
     inputs.copy_src[:nr] = [row.slot if row.copy_from is None else row.copy_from for row in rows]
+    nxt = inputs.mtp_next  # each slot's next token where the host knows it (runner/mtpstep.py)
+    nxt[: max(total - 1, 0)] = inputs.tokens[1:total]
+    ends = (cu[1:] - 1)[np.asarray(lens) > 0]
+    nxt[ends] = [row.next_token for row in rows if row.tokens]  # a chunk's next prompt token, else -1
+    for i in np.flatnonzero([row.num_draft for row in rows]):  # a verify row: the samples at every slot
+        nxt[cu[i] : cu[i + 1]] = -1
     if any(row.twin_id is not None for row in rows):
         _fill_riders(inputs, rows)
 

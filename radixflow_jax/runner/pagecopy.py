@@ -33,7 +33,8 @@ def copy_pages(cache: ModelCache, src: jax.Array, dst: jax.Array) -> ModelCache:
     Sources are gathered before any destination is written; destinations must be distinct, or all
     copies into one destination copy the same source (the padding ``(0, 0)``)."""
     kv = tuple((k.at[dst].set(k[src]), v.at[dst].set(v[src])) for k, v in cache.kv)
-    return cache._replace(kv=kv)
+    mtp = tuple((k.at[dst].set(k[src]), v.at[dst].set(v[src])) for k, v in cache.mtp)  # the MTP layers' KV
+    return cache._replace(kv=kv, mtp=mtp)
 
 
 def copy_states(cache: ModelCache, src: jax.Array, dst: jax.Array) -> ModelCache:

@@ -26,9 +26,8 @@ from radixflow_jax.models.mixers.lanes import VerifyLanes, lane_state
 from radixflow_jax.runner.inputs import StepInputs
 
 
-def accepted_steps(inputs: StepInputs, input_ids: jax.Array, verified: jax.Array, num_decode: int) -> jax.Array:
-    """Per prefill row, the lane step whose state its slot must hold, or -1 to keep the state
-    after its whole span (not a verify row, every drafted token accepted, or out of the lanes)."""
+def accepted_counts(inputs: StepInputs, input_ids: jax.Array, verified: jax.Array, num_decode: int) -> jax.Array:
+    """Per row ``[R]``, how many of its drafted tokens are accepted (0 for a row without drafts)."""
     drafts = inputs.verify_drafts
     num_points = inputs.verify_index.shape[0]
     steps = num_points // max(1, drafts.shape[0] - num_decode)
@@ -37,7 +36,15 @@ def accepted_steps(inputs: StepInputs, input_ids: jax.Array, verified: jax.Array
     point = jnp.clip(first[:, None] + j[None, :], 0, num_points - 1)
     after = jnp.clip(inputs.verify_index[point] + 1, 0, input_ids.shape[0] - 1)  # the drafted token it checks
     match = (j[None, :] < drafts[:, None]) & (verified[point] == input_ids[after])
-    accepted = jnp.sum(jnp.cumprod(match.astype(jnp.int32), axis=1), axis=1)
+    return jnp.sum(jnp.cumprod(match.astype(jnp.int32), axis=1), axis=1)
+
+
+def accepted_steps(inputs: StepInputs, input_ids: jax.Array, verified: jax.Array, num_decode: int) -> jax.Array:
+    """Per prefill row, the lane step whose state its slot must hold, or -1 to keep the state
+    after its whole span (not a verify row, every drafted token accepted, or out of the lanes)."""
+    drafts = inputs.verify_drafts
+    steps = inputs.verify_index.shape[0] // max(1, drafts.shape[0] - num_decode)
+    accepted = accepted_counts(inputs, input_ids, verified, num_decode)
     span = inputs.cu_seqlens[1:] - inputs.cu_seqlens[:-1]
     step = span - drafts + accepted - 1  # the state after span - k + a tokens
     keep = (drafts > 0) & (accepted < drafts) & (step >= 0) & (step < steps)

@@ -46,6 +46,7 @@ from radixflow_jax.models.batch import Batch, ModelCache
 from radixflow_jax.models.mixers.recurrent import Emits
 from radixflow_jax.runner.inputs import StepInputs, empty_inputs, padding_inputs
 from radixflow_jax.runner.mapbudget import MapBudget, MapBudgetError
+from radixflow_jax.runner.mtpstep import mtp_drafts
 from radixflow_jax.runner.rollback import accepted_steps, keep_accepted
 from radixflow_jax.runner.sampling import (
     apply_bias,
@@ -93,9 +94,14 @@ def make_step(graphdef: nnx.GraphDef, num_decode: int, num_out: int) -> Callable
         row_last = jnp.concatenate([inputs.logits_index, inputs.verify_index]) if prefill else None
         points = inputs.verify_index.shape[0]
         lane_steps = points // (rows - num_decode) if points else 0  # a verify variant: the drafts' states
+        mtp = model.mtp is not None  # MTP drafts (runner/mtpstep.py) read every slot's hidden state
         hidden, cache, lanes = model.forward(
-            input_ids, batch, cache, num_decode=num_decode, emits=emits, row_last=row_last, lane_steps=lane_steps
-        )
+            input_ids, batch, cache, num_decode=num_decode, emits=emits, row_last=None if mtp else row_last,
+            lane_steps=lane_steps,
+        )  # fmt: skip
+        every_slot = hidden
+        if mtp and row_last is not None:
+            hidden = hidden[row_last]
         verified, point_logits = jnp.zeros((0,), jnp.int32), None
         if points:  # speculative decoding: the token after each verify point
             verified, point_logits = _verify(model.logits(hidden[rows:]).astype(jnp.float32), inputs)
@@ -124,7 +130,12 @@ def make_step(graphdef: nnx.GraphDef, num_decode: int, num_out: int) -> Callable
         # a round where no row asked for logprobs does not pay for the log-softmax and top-k
         lp = jax.lax.cond(jnp.any(inputs.want_logprobs), logprobs, lambda: skipped)
         padded = jnp.zeros((num_out,), jnp.int32).at[:rows].set(tokens.astype(jnp.int32))
-        return cache, (padded, verified, *lp)
+        drafts = jnp.zeros((0,), jnp.int32)
+        if mtp:
+            sampled = (tokens, verified)
+            cache, guesses = mtp_drafts(model, every_slot, input_ids, batch, cache, inputs, sampled, num_decode)
+            drafts = jnp.zeros((num_out,), jnp.int32).at[:rows].set(guesses)
+        return cache, (padded, verified, drafts, *lp)
 
     return step
 

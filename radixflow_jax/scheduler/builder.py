@@ -186,6 +186,7 @@ class RoundBuilder:
                 pair_slot=pair_slot,
                 copy_page_from=copy_page_from,
                 epoch=req.epoch,
+                next_token=_next_token(req, start + span),
             )
         )
         self._owners[req.request_id] = req
@@ -275,3 +276,10 @@ class RoundBuilder:
 def _without_emits(row: RowPlan, emits: set[tuple[int, int]]) -> RowPlan:
     """``row`` without the given emits."""
     return dataclasses.replace(row, emits=tuple(e for e in row.emits if e not in emits))
+
+
+def _next_token(req: Request, end: int) -> int:
+    """The known token at position ``end`` (``RowPlan.next_token``), -1 past the known tokens."""
+    if end >= req.num_tokens - req.unknown_tokens:
+        return -1
+    return req.token_span(end, end + 1)[0]

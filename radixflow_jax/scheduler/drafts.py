@@ -29,11 +29,12 @@ most recent earlier occurrence.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
-METHODS = ("ngram", "draft")
+METHODS = ("ngram", "draft", "mtp")
 # a model drafter (engine/drafter.py): up to k tokens guessed after the tokens given
 Drafter = Callable[[Sequence[int], int], tuple[int, ...]]
 
@@ -42,15 +43,17 @@ Drafter = Callable[[Sequence[int], int], tuple[int, ...]]
 class SpeculativeConfig:
     """``method``: where drafts come from (``ngram``: the request's own prompt and output;
     ``draft``: a separate model, ``draft_model``, a path or preset sharing the target's tokenizer,
-    run greedily by ``engine/drafter.py``);
+    run greedily by ``engine/drafter.py``; ``mtp``: the model's own MTP layer, one token a round,
+    ``runner/mtpstep.py`` and :class:`MtpDrafts`);
     ``num_draft``: the most drafted tokens of one verify row (a request's draft length adapts
-    below it, :func:`next_draft_len`); ``ngram_max`` / ``ngram_min``: the suffix lengths looked up,
+    below it, :func:`next_draft_len`; None: 4, and 1 for ``mtp``, the only length it drafts);
+    ``ngram_max`` / ``ngram_min``: the suffix lengths looked up,
     longest first. Defaults are our choice, not tuned: 4 drafted tokens (vLLM's and SGLang's
     n-gram examples use 3-5), suffixes of 4 down to 2 tokens (a one-token suffix matches too often
     to be worth a verify position)."""
 
     method: str = "ngram"
-    num_draft: int = 4
+    num_draft: int | None = None
     ngram_max: int = 4
     ngram_min: int = 2
     draft_model: str | None = None
@@ -60,8 +63,13 @@ class SpeculativeConfig:
             raise ValueError(f"speculative method {self.method!r}: expected one of {', '.join(METHODS)}")
         if (self.method == "draft") != (self.draft_model is not None):
             raise ValueError("speculative draft_model: needed by method 'draft', and only by it")
+        if self.num_draft is None:
+            object.__setattr__(self, "num_draft", 1 if self.method == "mtp" else 4)
+        assert self.num_draft is not None
         if self.num_draft < 1:
             raise ValueError(f"speculative num_draft={self.num_draft} must be >= 1")
+        if self.method == "mtp" and self.num_draft != 1:
+            raise ValueError(f"speculative num_draft={self.num_draft}: method 'mtp' drafts one token a round")
         if not 1 <= self.ngram_min <= self.ngram_max:
             raise ValueError(f"speculative ngram_min={self.ngram_min}, ngram_max={self.ngram_max}: need 1 <= min <= max")
 
@@ -132,3 +140,41 @@ def kept_tokens(new: Sequence[int], room: int, stop_token_ids: Collection[int]) 
         if token in stop_token_ids:
             break
     return tuple(kept)
+
+
+class MtpDrafts:
+    """The MTP drafts of the last round (speculative method ``mtp``): each sampling row's guess at
+    the token after the tokens the round committed for it (``StepResult.drafts``), kept by the
+    request's tokens (their count and last ``KEY`` ids), and handed out as a :data:`Drafter`. A
+    draft is offered for the tokens it follows and asked for with the same tokens; one that was not
+    offered for them is no draft (a stale guess is never verified)."""
+
+    KEY = 16
+
+    def __init__(self, keep: int = 1024) -> None:
+        self.keep = keep  # the most drafts held (the oldest go first): requests not in a round keep theirs
+        self._drafts: dict[tuple[int, tuple[int, ...]], int] = {}
+
+    def _key(self, tokens: Sequence[int]) -> tuple[int, tuple[int, ...]]:
+        return len(tokens), tuple(tokens[-self.KEY :])
+
+    def offer(self, rounds: Sequence[tuple[Sequence[int], int]]) -> None:
+        """A round's drafts, ``(request tokens after the round, draft)``."""
+        for tokens, draft in rounds:
+            key = self._key(tokens)
+            self._drafts.pop(key, None)
+            self._drafts[key] = draft
+        while len(self._drafts) > self.keep:
+            del self._drafts[next(iter(self._drafts))]
+
+    def __call__(self, tokens: Sequence[int], k: int) -> tuple[int, ...]:
+        draft = self._drafts.get(self._key(tokens))
+        return (draft,) if draft is not None and k >= 1 else ()
+
+
+def offer_drafts(drafter: Drafter | None, requests: Mapping[int, Any], drafts: Mapping[int, int]) -> None:
+    """Hands a committed round's MTP drafts (``StepResult.drafts``: request id -> guess) to an
+    :class:`MtpDrafts` drafter, each under its request's tokens after the commit (finished
+    requests, gone from ``requests``, are skipped)."""
+    if drafts and isinstance(drafter, MtpDrafts):
+        drafter.offer([(requests[rid].tokens, draft) for rid, draft in drafts.items() if rid in requests])

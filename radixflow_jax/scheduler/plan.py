@@ -48,6 +48,8 @@ class RowPlan:
     is empty, ``start`` is the prompt length, ``slot`` is 0) and samples its first token from that
     row's last-position logits; the producer row emits its end state into the rider's own slot and
     the plan's ``page_copies`` give it its own copy of the producer's partial last page.
+    ``next_token``: the known token after the span when the row does not sample (a prompt's next
+    chunk begins with it), else -1; MTP drafts pair it with the span's last hidden state.
     """
 
     request_id: int
@@ -63,6 +65,7 @@ class RowPlan:
     epoch: int = 0
     twin_id: int | None = None
     num_draft: int = 0
+    next_token: int = -1
 
     @property
     def is_decode(self) -> bool:

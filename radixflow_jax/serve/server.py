@@ -62,12 +62,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="host memory for checkpoints evicted from the state slots (the host tier); "
                         "default: an eighth of the host's RAM, at most 4 GiB; 0: none")
     p.add_argument("--no-prefix-cache", action="store_true", help="the same as --policy no-cache")
-    p.add_argument("--speculative", default=None, choices=("ngram", "draft"),
-                   help="speculative decoding: drafts verified in one row, from each request's own tokens (ngram) "
-                        "or from --draft-model (draft)")
+    p.add_argument("--speculative", default=None, choices=("ngram", "draft", "mtp"),
+                   help="speculative decoding: drafts verified in one row, from each request's own tokens (ngram), "
+                        "from --draft-model (draft) or from the model's own MTP layer (mtp: Qwen3.5, Qwen3-Next)")
     p.add_argument("--draft-model", default=None,
                    help="the draft model of --speculative draft: a path or preset with the model's tokenizer")
-    p.add_argument("--num-draft", type=int, default=4, help="the most drafted tokens a verify row carries")
+    p.add_argument("--num-draft", type=int, default=None,
+                   help="the most drafted tokens a verify row carries (default 4; mtp drafts 1)")
     p.add_argument("--penalty-window", type=int, default=None,
                    help="longest context (tokens) a request with penalties may have (default min(max-model-len, 4096))")
     p.add_argument("--kernels", default="auto", choices=("auto", "reference", "pallas"))
@@ -191,7 +192,7 @@ def build_state(args: argparse.Namespace) -> Any:
     from radixflow_jax.serve.metrics import ServerMetrics
 
     router = RouterConfig(policy=args.router, block=args.page_size)  # refuses an unknown router before loading
-    models = replica_models(args.model, args.dtype, args.tp, args.dp)
+    models = replica_models(args.model, args.dtype, args.tp, args.dp, mtp=args.speculative == "mtp")
     model = models[0]
     ec = EngineConfig.from_options(
         max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens, page_size=args.page_size,

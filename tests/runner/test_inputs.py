@@ -61,6 +61,7 @@ def test_shapes_depend_only_on_the_variant(arrays) -> None:
         "splice_src": (16,), "prev_tokens": (4,),  # no splice; prev_tokens as long as num_out, at least R
         "verify_index": (0,),  # no verify points outside a verify variant (speculative decoding)
         "verify_ctx_end": (0,), "verify_mask": (0, 0), "verify_drafts": (4,),
+        "mtp_next": (16,),  # MTP drafts: each slot's next token where known (runner/mtpstep.py)
     }  # fmt: skip
     assert {k: v.shape for k, v in d.items()} == expected
     assert d["seed"].dtype == np.uint32
@@ -86,6 +87,20 @@ def test_slot_mapping_and_page_table(arrays) -> None:
     np.testing.assert_array_equal(arrays.slot_mapping[:8], real)
     np.testing.assert_array_equal(arrays.slot_mapping[8:], 0)  # padding tokens write page 0
     np.testing.assert_array_equal(arrays.page_table, [[3, 5, 0, 0], [1, 2, 6, 0], [4, 9, 0, 0], [0, 0, 0, 0]])
+
+
+def test_mtp_next_tokens() -> None:
+    """Each slot's next token where the host knows it (MTP drafts, ``runner/mtpstep.py``): the row's
+    next token inside a span, a chunk's ``next_token`` at its end, -1 (the step's sample) at a
+    sampling row's end and at every slot of a verify row."""
+    import dataclasses
+
+    chunk = dataclasses.replace(PREFILL, next_token=27)
+    verify = dataclasses.replace(_row(13, [31, 32, 33], 4, [8, 7], slot=4, copy_from=6), num_draft=2)
+    plan = _plan(DECODE_A, chunk, verify)
+    variant = Variant(num_tokens=16, num_rows=4, num_decode=0, max_emits=6, num_verify=8)
+    got = build_arrays(plan, variant, page_size=PAGE, max_pages=MAX_PAGES, sampling=SAMPLING).inputs.mtp_next
+    np.testing.assert_array_equal(got, [-1, 22, 23, 24, 25, 26, 27, -1, -1, -1] + [-1] * 6)
 
 
 def test_state_slots_copies_and_emits(arrays) -> None:

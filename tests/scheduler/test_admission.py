@@ -187,3 +187,21 @@ def test_a_prompt_ahead_in_the_running_list_does_not_stall_a_decoder() -> None:
     assert max(b - a for a, b in zip(ran, ran[1:])) <= 2  # it skips one round at a time at most
     prompt = [i for i, r in enumerate(rows) if r.get(2, 0) > 1]
     assert len(prompt) == 10 and prompt[-1] < ran[-1], "the prompt finished its spans while request 3 decoded"
+
+
+def test_a_chunk_row_names_the_token_after_it() -> None:
+    """A prompt split over rounds: each chunk's row names the prompt token its next chunk starts
+    with (``RowPlan.next_token``, what MTP drafts pair with the chunk's last hidden state); the row
+    that samples names none."""
+    s = _sched("radixflow", budget=16)
+    prompt = tuple(range(100, 140))
+    s.add(Request(1, prompt, max_tokens=1))
+    seen = []
+    while s.has_work():
+        plan = s.schedule()
+        row = plan.rows[0]
+        end = row.start + len(row.tokens)
+        seen.append((end, row.next_token))
+        s.commit(plan, {r.request_id: 0 for r in plan.rows if r.sample})
+    assert seen[:-1] == [(end, prompt[end]) for end, _ in seen[:-1]] and len(seen) > 1
+    assert seen[-1] == (len(prompt), -1)

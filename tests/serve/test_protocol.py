@@ -187,6 +187,8 @@ def test_speculative_flags_become_the_engine_option() -> None:
         "method": "ngram", "num_draft": 3,
     }  # fmt: skip
     args = parser.parse_args(["--speculative", "draft", "--draft-model", "tiny-qwen3"])
-    assert speculative_option(args) == {"method": "draft", "num_draft": 4, "draft_model": "tiny-qwen3"}
+    assert speculative_option(args) == {"method": "draft", "num_draft": None, "draft_model": "tiny-qwen3"}
+    mtp = speculative_option(parser.parse_args(["--speculative", "mtp"]))
+    assert mtp == {"method": "mtp", "num_draft": None}  # SpeculativeConfig makes it 1 (4 for the others)
     with pytest.raises(SystemExit, match="--draft-model needs --speculative draft"):
         speculative_option(parser.parse_args(["--draft-model", "tiny-qwen3"]))
