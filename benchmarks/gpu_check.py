@@ -246,7 +246,7 @@ def _time_round(cfg: Any, graphdef: Any, params: Any, plan: Any, ctx: int, reps:
                           num_out=out_rows(shapes)).inputs
     pages = 2 + sum(len(r.pages) for r in plan.rows)
     cache = [init_cache(cfg, num_pages=pages, page_size=ps, num_slots=2 + 2 * rows, dtype=jnp.bfloat16)]
-    step = jax.jit(make_step(graphdef, variant.num_decode, out_rows(shapes)), donate_argnums=(1,))
+    step = jax.jit(make_step(graphdef, variant.num_decode, out_rows(shapes), mtp=shapes.mtp), donate_argnums=(1,))
 
     def once() -> Any:
         cache[0], out = step(params, cache[0], arrays)

@@ -126,7 +126,7 @@ def export_step(
         )
     )
     inputs = input_specs(variant, shapes.max_pages_per_row, sizes.penalty_window, out_rows(shapes))
-    step = jax.jit(make_step(graphdef, variant.num_decode, out_rows(shapes)), donate_argnums=(1,))
+    step = jax.jit(make_step(graphdef, variant.num_decode, out_rows(shapes), mtp=shapes.mtp), donate_argnums=(1,))
     checks = [jax_export.DisabledSafetyCheck.custom_call(name) for name in _UNSTABLE_CALLS.get(platform, ())]
     try:
         with ops.use_backend(kernels), ops.target_platform(platform):

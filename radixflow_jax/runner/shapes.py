@@ -124,7 +124,8 @@ class ShapeConfig:
     page-table width (the model context in pages); ``grid``: the checkpoint grid (the engine's
     ``CacheConfig.grid``); ``mode``: the bucket scheme; ``mixed_layout``: where the one-token rows
     of rounds with prefill rows run (both: see the module docstring; ``fixed`` has one variant and
-    keeps its decode region)."""
+    keeps its decode region). ``mtp``: every variant also drafts with the model's MTP layer
+    (speculative method ``mtp``, ``runner/mtpstep.py``)."""
 
     max_num_batched_tokens: int
     max_num_seqs: int
@@ -134,6 +135,7 @@ class ShapeConfig:
     mode: str = "fine"
     mixed_layout: str = "window"
     max_draft: int = 0
+    mtp: bool = False
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:

@@ -73,7 +73,9 @@ def out_rows(shapes: ShapeConfig) -> int:
     return 2 * shapes.max_num_seqs
 
 
-def make_step(graphdef: nnx.GraphDef, num_decode: int, num_out: int) -> Callable:
+def make_step(graphdef: nnx.GraphDef, num_decode: int, num_out: int, *, mtp: bool = False) -> Callable:
+    """The step function of one variant; ``mtp``: it also drafts with the model's MTP layer."""
+
     def step(params: nnx.State, cache: ModelCache, inputs: StepInputs) -> tuple[ModelCache, jax.Array]:
         model = nnx.merge(graphdef, params)
         src = inputs.splice_src  # overlap: input tokens sampled by the previous round, on the device
@@ -94,7 +96,7 @@ def make_step(graphdef: nnx.GraphDef, num_decode: int, num_out: int) -> Callable
         row_last = jnp.concatenate([inputs.logits_index, inputs.verify_index]) if prefill else None
         points = inputs.verify_index.shape[0]
         lane_steps = points // (rows - num_decode) if points else 0  # a verify variant: the drafts' states
-        mtp = model.mtp is not None  # MTP drafts (runner/mtpstep.py) read every slot's hidden state
+        assert not mtp or model.mtp is not None, "MTP drafts need a model loaded with its MTP layers"
         hidden, cache, lanes = model.forward(
             input_ids, batch, cache, num_decode=num_decode, emits=emits, row_last=None if mtp else row_last,
             lane_steps=lane_steps,
@@ -234,6 +236,7 @@ class CompiledStep:
         self.evicted = 0  # executables dropped to stay under it
         self._signature = (
             out_rows(shapes),
+            shapes.mtp,
             shapes.max_pages_per_row,
             penalty_window,
             kernels,
@@ -261,7 +264,7 @@ class CompiledStep:
             return self._shared[key]
         self._make_room(variant)
         self.budget.compiling()
-        step = make_step(self.graphdef, variant.num_decode, out_rows(self.shapes))
+        step = make_step(self.graphdef, variant.num_decode, out_rows(self.shapes), mtp=self.shapes.mtp)
         if self._cache_shardings is not None:
             step = _pin_cache(step, self._cache_shardings)
         fn = jax.jit(step, donate_argnums=(1,))

@@ -4,15 +4,17 @@
 ``tests/models/test_mtp.py``) on the final sequence, prompts split into chunks included; greedy
 outputs equal plain decoding, with the prefix cache on and off; what cannot draft is refused.
 
-The tiny presets' MTP layers are random, so their guesses are rarely accepted: acceptance and the
-roll-back of accepted drafts are covered by the n-gram and oracle drafters' tests
-(``test_speculative.py``), which share the verify path."""
+The tiny presets' MTP layers are random, so their guesses are rarely accepted; a bigram model
+whose MTP layer guesses what the trunk will (``bench/mtpmodels.bigram_mtp``) has every draft
+accepted. The roll-back of a hybrid's state is the verify path's, tested with every drafter in
+``test_speculative.py``."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
+from radixflow_jax.bench.mtpmodels import bigram_mtp
 from radixflow_jax.engine.params import SamplingParams
 from radixflow_jax.llm import LLM
 from radixflow_jax.models import api
@@ -82,39 +84,10 @@ def test_mtp_drafts_keep_outputs_with_the_prefix_cache_on(tiny_model) -> None:
         assert_drained(engine)
 
 
-def _bigram_model():
-    """tiny-qwen3.5 turned into a bigram model whose MTP layer guesses exactly what the trunk will:
-    every layer's output projections zeroed (the trunk's hidden state is the final norm of the last
-    token's embedding), ``fc`` passing the embedding half, the MTP layer's outputs zeroed and its
-    norms the trunk's (so the MTP guess after token ``x`` is the trunk's prediction after ``x``)."""
-    import jax
-    import jax.numpy as jnp
-    from flax import nnx
-
-    model = api.load("tiny-qwen3.5", mtp=True)
-    pure = nnx.to_pure_dict(model.params)
-    hidden = model.config.hidden_size
-
-    def edit(path, leaf):
-        names = [str(getattr(p, "key", p)) for p in path]
-        if any(n in ("o_proj", "out_proj", "down_proj") for n in names):
-            return jnp.zeros_like(leaf)
-        if names[:2] == ["mtp", "fc"]:
-            return jnp.concatenate([jnp.eye(hidden, dtype=leaf.dtype), jnp.zeros_like(leaf[:, hidden:])], axis=1)
-        if names[:2] == ["mtp", "pre_fc_norm_embedding"]:
-            return jnp.zeros_like(leaf)
-        if names[:2] == ["mtp", "norm"]:
-            return pure["model"]["norm"]["weight"]
-        return leaf
-
-    nnx.replace_by_pure_dict(model.params, jax.tree_util.tree_map_with_path(edit, pure))
-    return model
-
-
 def test_accepted_mtp_drafts_draft_from_the_last_accepted_token() -> None:
     """On the bigram model every MTP draft is accepted: each verify row keeps its drafted token and
     the next draft comes from the slot after it; outputs equal plain decoding in fewer rounds."""
-    model = _bigram_model()
+    model = bigram_mtp(api.load("tiny-qwen3.5", mtp=True))
     prompts = _prompts(2, 40)
     plain_llm = LLM(model, policy="no-cache", **OPTIONS)
     plain = [o.token_ids for o in plain_llm.generate(prompts, PARAMS)]
