@@ -49,6 +49,8 @@ HEAVY_FIRST = (
     "tests/models/test_row_last.py",
     "tests/runner/test_mixed_rounds.py",
     "tests/engine/test_speculative.py",  # three models, their verify variants
+    "tests/engine/test_mtp_drafts.py",  # MTP variants of two presets, the reference's guesses
+    "tests/models/test_mtp.py",  # transformers' modules as the MTP oracle, GGUF round trips
     "tests/engine/test_pair.py",
     "tests/engine/test_overlap.py",
     "tests/reliability/test_model_faults.py",
