@@ -326,7 +326,7 @@ class EngineCore:
         self.failures.committed(plan, self._records)
         owners = logprob_owners(plan, result, self.scheduler.requests)
         finished = self.scheduler.commit(plan, result.sampled, result.verified)
-        offer_drafts(self.scheduler.drafter, self.scheduler.requests, result.drafts)  # speculative method mtp
+        offer_drafts(self.scheduler.drafter, self.scheduler.requests, result.drafts, plan.rows)  # method mtp
         attach_logprobs(owners, result, self._records)
         self.records.append(
             RoundRecord.of(

@@ -42,10 +42,16 @@ def mtp_drafts(
     ``[R]`` and the verify points' ``[V]``. Returns the pools with the MTP KV written and each
     row's drafted token ``[R]`` (rows that sample nothing: a guess nobody reads)."""
     tokens, verified = sampled
-    at_slot = jnp.zeros(hidden.shape[:1], jnp.int32).at[inputs.logits_index].set(tokens.astype(jnp.int32))
+    num_slots = hidden.shape[0]
+    # only rows with tokens write their sample: padding rows and riders point at another row's slot
+    span = inputs.cu_seqlens[1:] - inputs.cu_seqlens[:-1]
+    rows_at = jnp.where(span > 0, inputs.logits_index, num_slots)
+    at_slot = jnp.zeros((num_slots,), jnp.int32).at[rows_at].set(tokens.astype(jnp.int32), mode="drop")
     last = inputs.logits_index
     if verified.shape[0]:
-        at_slot = at_slot.at[inputs.verify_index].set(verified.astype(jnp.int32))
+        real = jnp.arange(verified.shape[0]) < jnp.sum(inputs.verify_drafts)  # padding points sit at slot 0
+        points_at = jnp.where(real, inputs.verify_index, num_slots)
+        at_slot = at_slot.at[points_at].set(verified.astype(jnp.int32), mode="drop")
         accepted = accepted_counts(inputs, input_ids, verified, num_decode)
         last = last - inputs.verify_drafts + accepted  # the slot of the last accepted token
     next_tokens = jnp.where(inputs.mtp_next >= 0, inputs.mtp_next, at_slot)

@@ -158,10 +158,11 @@ class MtpDrafts:
     def _key(self, tokens: Sequence[int]) -> tuple[int, tuple[int, ...]]:
         return len(tokens), tuple(tokens[-self.KEY :])
 
-    def offer(self, rounds: Sequence[tuple[Sequence[int], int]]) -> None:
-        """A round's drafts, ``(request tokens after the round, draft)``."""
-        for tokens, draft in rounds:
-            key = self._key(tokens)
+    def offer(self, rounds: Sequence[tuple[int, Sequence[int], int]]) -> None:
+        """A round's drafts, ``(the request's token count after the round, its last tokens (at
+        least ``KEY`` where it has them), draft)``."""
+        for count, tail, draft in rounds:
+            key = (count, tuple(tail[-self.KEY :]))
             self._drafts.pop(key, None)
             self._drafts[key] = draft
         while len(self._drafts) > self.keep:
@@ -172,9 +173,17 @@ class MtpDrafts:
         return (draft,) if draft is not None and k >= 1 else ()
 
 
-def offer_drafts(drafter: Drafter | None, requests: Mapping[int, Any], drafts: Mapping[int, int]) -> None:
+def offer_drafts(drafter: Drafter | None, requests: Mapping[int, Any], drafts: Mapping[int, int], rows: Any) -> None:
     """Hands a committed round's MTP drafts (``StepResult.drafts``: request id -> guess) to an
-    :class:`MtpDrafts` drafter, each under its request's tokens after the commit (finished
-    requests, gone from ``requests``, are skipped)."""
-    if drafts and isinstance(drafter, MtpDrafts):
-        drafter.offer([(requests[rid].tokens, draft) for rid, draft in drafts.items() if rid in requests])
+    :class:`MtpDrafts` drafter, each under its request's tokens after the commit. Only rows the
+    commit applied count: a request that finished (gone from ``requests``) or was preempted or
+    rolled back since the row was planned (a newer epoch) has no draft from it."""
+    if not drafts or not isinstance(drafter, MtpDrafts):
+        return
+    applied = {r.request_id for r in rows if r.request_id in requests and requests[r.request_id].epoch == r.epoch}
+    entries = []
+    for rid, draft in drafts.items():
+        if rid in applied:
+            n = requests[rid].num_tokens
+            entries.append((n, requests[rid].token_span(max(0, n - MtpDrafts.KEY), n), draft))
+    drafter.offer(entries)

@@ -40,8 +40,13 @@ def _recorded(llm: LLM) -> list[tuple[tuple[int, ...], int]]:
     seen: list[tuple[tuple[int, ...], int]] = []
     offer = drafter.offer
 
-    def spy(rounds):
-        seen.extend((tuple(tokens), draft) for tokens, draft in rounds)
+    engine = llm.replicas.engines[0]
+
+    def spy(rounds):  # (token count, last tokens, draft): the request's tokens are found by the count
+        for count, tail, draft in rounds:
+            req = next(r for r in engine.scheduler.requests.values() if r.num_tokens == count and
+                       tuple(r.tokens[-len(tail):]) == tuple(tail))  # fmt: skip
+            seen.append((tuple(req.tokens), draft))
         offer(rounds)
 
     drafter.offer = spy
@@ -51,10 +56,13 @@ def _recorded(llm: LLM) -> list[tuple[tuple[int, ...], int]]:
 @pytest.mark.parametrize("preset", ["tiny-qwen3.5", "tiny-qwen3-next"])
 def test_mtp_drafts_are_the_teacher_forced_guesses(preset: str, tiny_model) -> None:
     prompts = _prompts()
-    plain = [o.token_ids for o in LLM(tiny_model(preset), policy="no-cache", **OPTIONS).generate(prompts, PARAMS)]
+    # a sampled request too (hot enough that it leaves the greedy path on the presets' sharp logits): its
+    # draft must follow the token it sampled, not the greedy one
+    params = [SamplingParams(max_tokens=10, ignore_eos=True, temperature=4.0, seed=5), PARAMS, PARAMS]
+    plain = [o.token_ids for o in LLM(tiny_model(preset), policy="no-cache", **OPTIONS).generate(prompts, params)]
     llm = LLM(preset, policy="no-cache", speculative="mtp", **OPTIONS)
     seen = _recorded(llm)
-    outs = [o.token_ids for o in llm.generate(prompts, PARAMS)]
+    outs = [o.token_ids for o in llm.generate(prompts, params)]
     assert outs == plain
     records = llm.replicas.engines[0].records
     assert sum(r.verify_rows for r in records) > 0 and sum(r.drafted_tokens for r in records) > 0
@@ -75,7 +83,8 @@ def test_mtp_drafts_keep_outputs_with_the_prefix_cache_on(tiny_model) -> None:
     shared = _prompts(1, 80)[0]
     prompts = [shared + [7 + i, 9, 11] for i in range(4)] + [shared + [7, 9, 11]]  # a hit, a rider twin
     params = [PARAMS, PARAMS, SamplingParams(max_tokens=8, temperature=0.8, seed=3), PARAMS, PARAMS]
-    cold = [o.token_ids for o in LLM(tiny_model("tiny-qwen3.5"), policy="no-cache", **OPTIONS).generate(prompts, params)]
+    cold_llm = LLM(tiny_model("tiny-qwen3.5"), policy="no-cache", **OPTIONS)
+    cold = [o.token_ids for o in cold_llm.generate(prompts, params)]
     for policy in ("native", "radixflow", "pair"):
         llm = LLM("tiny-qwen3.5", policy=policy, speculative="mtp", **OPTIONS)
         assert [o.token_ids for o in llm.generate(prompts, params)] == cold, policy
@@ -112,8 +121,8 @@ def test_what_cannot_draft_with_mtp_is_refused(tiny_model) -> None:
 
 def test_mtp_drafts_answer_only_the_tokens_they_follow() -> None:
     drafts = MtpDrafts(keep=2)
-    drafts.offer([([1, 2, 3], 9), ([4, 5], 8)])
+    drafts.offer([(3, [1, 2, 3], 9), (2, [4, 5], 8)])
     assert drafts([1, 2, 3], 4) == (9,) and drafts([4, 5], 1) == (8,)
     assert drafts([1, 2, 3, 9], 1) == () and drafts([1, 2, 3], 0) == ()
-    drafts.offer([([6], 7)])  # the oldest goes first
+    drafts.offer([(1, [6], 7)])  # the oldest goes first
     assert drafts([1, 2, 3], 1) == () and drafts([6], 1) == (7,)
