@@ -103,8 +103,10 @@ class ModelExecutor:
         # host pool may be smaller: window positions past its ids are padding, runner/window.py)
         self.num_slots = max(num_slots, shapes.max_num_seqs + 1)
         self.pool_sizes = (num_pages, self.num_slots)
+        # the MTP layers' KV only where the engine drafts with them (ShapeConfig.mtp)
+        self.pool_config = model.config if shapes.mtp else dataclasses.replace(model.config, mtp_layers=0)
         pools = init_cache(
-            model.config, num_pages=num_pages, page_size=page_size, num_slots=self.num_slots, dtype=model.dtype
+            self.pool_config, num_pages=num_pages, page_size=page_size, num_slots=self.num_slots, dtype=model.dtype
         )
         self.cache = model.place_cache(pools)
         self.penalty_window = penalty_window
@@ -352,7 +354,7 @@ class ModelExecutor:
         the compiled variants stay valid (same shapes and dtypes). The old buffers are freed first."""
         self.lose_device_state()
         num_pages, num_slots = self.pool_sizes
-        cfg, dtype = self.model.config, self.model.dtype
+        cfg, dtype = self.pool_config, self.model.dtype
         self.cache = self.model.place_cache(
             init_cache(cfg, num_pages=num_pages, page_size=self.page_size, num_slots=num_slots, dtype=dtype)
         )
