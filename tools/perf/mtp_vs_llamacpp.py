@@ -7,7 +7,8 @@ MTP layer: drafts almost never accepted on either side) and its bigram form
 predicts, so a reader that gets ``nextn.eh_proj``, ``enorm``, ``shared_head_norm`` and the head
 right accepts nearly all). The bigram head ignores the trunk's hidden state, so llama.cpp's
 different pairing of the first MTP position (``docs/design.md``, "MTP drafts") cannot matter there.
-Prints each side's drafted and accepted tokens per file, and whether the outputs agree.
+Both engines load the same GGUF file. Prints each side's drafted and accepted tokens per file, and
+whether the outputs agree.
 
 ``python tools/perf/mtp_vs_llamacpp.py [--sdist llama_cpp_python-0.3.36.tar.gz]`` (needs the llama.cpp
 build of ``benchmarks/vs_llamacpp.py``)
@@ -53,8 +54,8 @@ def bigram_dir(src: str, dest: str) -> str:
     return dest
 
 
-def ours(directory: str, tokens: int) -> tuple[list[list[int]], int, int]:
-    llm = LLM(directory, speculative="mtp", max_num_seqs=1, max_num_batched_tokens=128)
+def ours(gguf: str, tokens: int) -> tuple[list[list[int]], int, int]:
+    llm = LLM(gguf, speculative="mtp", max_num_seqs=1, max_num_batched_tokens=128)
     params = SamplingParams(max_tokens=tokens, ignore_eos=True)
     outs = [list(o.token_ids) for p in PROMPTS for o in llm.generate([p], params)]
     recs = llm.replicas.engines[0].records
@@ -91,7 +92,7 @@ def main() -> None:
     for name, directory in (("random", src), ("bigram", bigram_dir(src, os.path.join(work, "bigram")))):
         gguf = os.path.join(work, f"{name}.gguf")
         llamacpp.convert(root, directory, gguf, "f32")
-        mine, d1, a1 = ours(directory, args.tokens)
+        mine, d1, a1 = ours(gguf, args.tokens)  # the same file on both sides
         other, d2, a2 = theirs(gguf, args.tokens, work)
         print(f"{name} MTP layer: ours {a1}/{d1} drafts accepted, llama.cpp {a2}/{d2}; outputs equal: {mine == other}")
     shutil.rmtree(work, ignore_errors=True)
