@@ -53,20 +53,34 @@ def _recorded(llm: LLM) -> list[tuple[tuple[int, ...], int]]:
     return seen
 
 
+@pytest.fixture(scope="module")
+def mtp_model():
+    """``mtp_model(preset)``: the preset loaded with its MTP layer, once per module, so this module's
+    engines share its compiled step variants (``LoadedModel.compiled_variants``)."""
+    models: dict[str, api.LoadedModel] = {}
+
+    def get(preset: str) -> api.LoadedModel:
+        if preset not in models:
+            models[preset] = api.load(preset, mtp=True)
+        return models[preset]
+
+    return get
+
+
 @pytest.mark.parametrize("preset", ["tiny-qwen3.5", "tiny-qwen3-next"])
-def test_mtp_drafts_are_the_teacher_forced_guesses(preset: str, tiny_model) -> None:
+def test_mtp_drafts_are_the_teacher_forced_guesses(preset: str, tiny_model, mtp_model) -> None:
     prompts = _prompts()
     # a sampled request too (hot enough that it leaves the greedy path on the presets' sharp logits): its
     # draft must follow the token it sampled, not the greedy one
     params = [SamplingParams(max_tokens=10, ignore_eos=True, temperature=4.0, seed=5), PARAMS, PARAMS]
     plain = [o.token_ids for o in LLM(tiny_model(preset), policy="no-cache", **OPTIONS).generate(prompts, params)]
-    llm = LLM(preset, policy="no-cache", speculative="mtp", **OPTIONS)
+    llm = LLM(mtp_model(preset), policy="no-cache", speculative="mtp", **OPTIONS)
     seen = _recorded(llm)
     outs = [o.token_ids for o in llm.generate(prompts, params)]
     assert outs == plain
     records = llm.replicas.engines[0].records
     assert sum(r.verify_rows for r in records) > 0 and sum(r.drafted_tokens for r in records) > 0
-    reference = api.load(preset, mtp=True)
+    reference = mtp_model(preset)
     finals = [tuple(p) + tuple(o) for p, o in zip(prompts, outs)]
     checked = 0
     for tokens, draft in seen:
@@ -79,14 +93,14 @@ def test_mtp_drafts_are_the_teacher_forced_guesses(preset: str, tiny_model) -> N
     assert checked >= len(prompts) * (PARAMS.max_tokens - 1)
 
 
-def test_mtp_drafts_keep_outputs_with_the_prefix_cache_on(tiny_model) -> None:
+def test_mtp_drafts_keep_outputs_with_the_prefix_cache_on(tiny_model, mtp_model) -> None:
     shared = _prompts(1, 80)[0]
     prompts = [shared + [7 + i, 9, 11] for i in range(4)] + [shared + [7, 9, 11]]  # a hit, a rider twin
     params = [PARAMS, PARAMS, SamplingParams(max_tokens=8, temperature=0.8, seed=3), PARAMS, PARAMS]
     cold_llm = LLM(tiny_model("tiny-qwen3.5"), policy="no-cache", **OPTIONS)
     cold = [o.token_ids for o in cold_llm.generate(prompts, params)]
     for policy in ("native", "radixflow", "pair"):
-        llm = LLM("tiny-qwen3.5", policy=policy, speculative="mtp", **OPTIONS)
+        llm = LLM(mtp_model("tiny-qwen3.5"), policy=policy, speculative="mtp", **OPTIONS)
         assert [o.token_ids for o in llm.generate(prompts, params)] == cold, policy
         engine = llm.replicas.engines[0]
         audit_engine(engine)
