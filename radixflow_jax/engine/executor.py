@@ -199,7 +199,7 @@ class ModelExecutor:
         arrays = build_arrays(
             plan, variant, page_size=self.page_size, max_pages=self.shapes.max_pages_per_row, sampling=sampling,
             penalty_window=self.penalty_window, decode=decode, mask_words=self.mask_words,
-            num_out=out_rows(self.shapes),
+            num_out=out_rows(self.shapes), mtp=self.shapes.mtp,
         )
         inputs = self._keep_neutral(variant, arrays)
         src = splice_sources(plan, arrays.plan_rows, inputs.cu_seqlens, variant.num_tokens, prev)

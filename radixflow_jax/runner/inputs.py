@@ -23,6 +23,7 @@ import numpy as np
 
 from radixflow_jax.runner.shapes import Variant
 from radixflow_jax.runner.emits import fill_emits
+from radixflow_jax.runner.mtpinputs import fill_mtp_next
 from radixflow_jax.runner.verify import fill_verify, fill_verify_sampling
 from radixflow_jax.runner.window import DecodePlacement, place_decode
 from radixflow_jax.scheduler.plan import RoundPlan, RoundStats, RowPlan
@@ -138,8 +139,10 @@ _PAD_DECODE = RowPlan(
 def build_arrays(
     plan: RoundPlan, variant: Variant, *, page_size: int, max_pages: int, sampling: Mapping[int, SamplingRow],
     penalty_window: int = 0, decode: DecodePlacement | None = None, mask_words: int = 0, num_out: int = 0,
+    mtp: bool = False,
 ) -> StepArrays:
     """``penalty_window``: width ``W`` of the penalty context arrays (0: penalties unavailable);
+    ``mtp``: the step drafts with the model's MTP layer, which reads ``mtp_next`` (else left -1);
     ``mask_words``: width of the grammar mask (0: structured outputs unavailable);
     ``num_out``: length of the sampled array the step returns (``runner/step.out_rows``), which
     ``prev_tokens`` takes (at least the variant's rows); the round splices no token from another;
@@ -167,6 +170,8 @@ def build_arrays(
         decode_base=decode.base,
     )
     _fill_tokens(inputs, rows, page_size)
+    if mtp:
+        fill_mtp_next(inputs.mtp_next, inputs.tokens, inputs.cu_seqlens, rows)
     verify_points = fill_verify(inputs.verify_index, inputs.verify_drafts, inputs.cu_seqlens, rows)
     fill_emits(inputs, rows, variant.num_decode)
     masked_rows = _fill_sampling(inputs, rows, sampling, penalty_window)
@@ -285,12 +290,6 @@ def _fill_tokens(inputs: StepInputs, rows: Sequence[RowPlan], page_size: int) ->
     inputs.logits_index[:nr] = cu[1:] - 1
     inputs.state_slots[:nr] = [row.slot for row in rows]
     inputs.copy_src[:nr] = [row.slot if row.copy_from is None else row.copy_from for row in rows]
-    nxt = inputs.mtp_next  # each slot's next token where the host knows it (runner/mtpstep.py)
-    nxt[: max(total - 1, 0)] = inputs.tokens[1:total]
-    ends = (cu[1:] - 1)[np.asarray(lens) > 0]
-    nxt[ends] = [row.next_token for row in rows if row.tokens]  # a chunk's next prompt token, else -1
-    for i in np.flatnonzero([row.num_draft for row in rows]):  # a verify row: the samples at every slot
-        nxt[cu[i] : cu[i + 1]] = -1
     if any(row.twin_id is not None for row in rows):
         _fill_riders(inputs, rows)
 

@@ -99,8 +99,10 @@ def test_mtp_next_tokens() -> None:
     verify = dataclasses.replace(_row(13, [31, 32, 33], 4, [8, 7], slot=4, copy_from=6), num_draft=2)
     plan = _plan(DECODE_A, chunk, verify)
     variant = Variant(num_tokens=16, num_rows=4, num_decode=0, max_emits=6, num_verify=8)
-    got = build_arrays(plan, variant, page_size=PAGE, max_pages=MAX_PAGES, sampling=SAMPLING).inputs.mtp_next
-    np.testing.assert_array_equal(got, [-1, 22, 23, 24, 25, 26, 27, -1, -1, -1] + [-1] * 6)
+    got = build_arrays(plan, variant, page_size=PAGE, max_pages=MAX_PAGES, sampling=SAMPLING, mtp=True).inputs
+    np.testing.assert_array_equal(got.mtp_next, [-1, 22, 23, 24, 25, 26, 27, -1, -1, -1] + [-1] * 6)
+    plain = build_arrays(plan, variant, page_size=PAGE, max_pages=MAX_PAGES, sampling=SAMPLING).inputs
+    assert (plain.mtp_next == -1).all()  # an engine that does not draft with MTP writes none
 
 
 def test_state_slots_copies_and_emits(arrays) -> None:
