@@ -11,6 +11,7 @@ import dataclasses
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from radixflow_jax.models.api import LoadedModel
@@ -30,25 +31,33 @@ def with_mtp_layer(model: LoadedModel, seed: int = 0) -> LoadedModel:
     return LoadedModel(model.model_dir, cfg, graphdef, state, model.dtype, tokenizer=model.tokenizer)
 
 
+ZEROED = ("o_proj", "out_proj", "down_proj")  # every layer's output projections: the bigram form's trunk
+
+
+def bigram_tensor(key: str, value: np.ndarray, final_norm: np.ndarray) -> np.ndarray:
+    """Checkpoint tensor ``key`` (HF name) of a model's bigram form: every layer's output
+    projections zeroed (the trunk's hidden state is the final norm of the last token's embedding),
+    ``mtp.fc`` passing the embedding half, the MTP layer's norms the trunk's ``final_norm``. Its
+    MTP guesses are then the trunk's own predictions; shapes and cost are unchanged."""
+    if any(n in key.split(".") for n in ZEROED) or key == "mtp.pre_fc_norm_embedding.weight":
+        return np.zeros_like(value)
+    if key == "mtp.fc.weight":
+        hidden = value.shape[0]
+        return np.concatenate([np.eye(hidden, dtype=value.dtype), np.zeros((hidden, hidden), value.dtype)], axis=1)
+    if key == "mtp.norm.weight":
+        return np.asarray(final_norm, dtype=value.dtype)
+    return value
+
+
 def bigram_mtp(model: LoadedModel) -> LoadedModel:
-    """``model`` (with an MTP layer) made a bigram model whose MTP guesses are the trunk's own
-    predictions, in place: every layer's output projections zeroed (the trunk's hidden state is the
-    final norm of the last token's embedding), ``fc`` passing the embedding half, the MTP layer's
-    outputs zeroed and its norms the trunk's. The computation keeps its shape and cost."""
+    """``model`` (with an MTP layer) made its bigram form (:func:`bigram_tensor`), in place."""
     pure = nnx.to_pure_dict(model.params)
-    hidden = model.config.hidden_size
+    names = model.config.checkpoint_names
+    final_norm = np.asarray(pure["model"]["norm"]["weight"])
 
     def edit(path: tuple, leaf: jax.Array) -> jax.Array:
-        names = [str(getattr(p, "key", p)) for p in path]
-        if any(n in ("o_proj", "out_proj", "down_proj") for n in names):
-            return jnp.zeros_like(leaf)
-        if names[:2] == ["mtp", "fc"]:
-            return jnp.concatenate([jnp.eye(hidden, dtype=leaf.dtype), jnp.zeros_like(leaf[:, hidden:])], axis=1)
-        if names[:2] == ["mtp", "pre_fc_norm_embedding"]:
-            return jnp.zeros_like(leaf)
-        if names[:2] == ["mtp", "norm"]:
-            return pure["model"]["norm"]["weight"]
-        return leaf
+        key = names.key(tuple(getattr(p, "key", getattr(p, "idx", p)) for p in path))
+        return jnp.asarray(bigram_tensor(key, np.asarray(leaf), final_norm))
 
     nnx.replace_by_pure_dict(model.params, jax.tree_util.tree_map_with_path(edit, pure))
     return model

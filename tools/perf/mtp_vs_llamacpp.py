@@ -3,7 +3,7 @@ the way we do? One drafted token a round on both sides, greedy, the same prompts
 written by llama.cpp's own converter (our writer's layout is identical, ``benchmarks/gguf_layout_check.py``;
 the tiny presets' pre-tokenizer name needs its wrapper) from tiny-qwen3.5 (one MTP layer): the preset as it is (a random
 MTP layer: drafts almost never accepted on either side) and its bigram form
-(``bench/mtpmodels.bigram_mtp``, applied to the checkpoint's tensors: every draft is what the trunk
+(``bench/mtpmodels.bigram_tensor``, applied to the checkpoint's tensors: every draft is what the trunk
 predicts, so a reader that gets ``nextn.eh_proj``, ``enorm``, ``shared_head_norm`` and the head
 right accepts nearly all). The bigram head ignores the trunk's hidden state, so llama.cpp's
 different pairing of the first MTP position (``docs/design.md``, "MTP drafts") cannot matter there.
@@ -26,6 +26,7 @@ import numpy as np
 
 from radixflow_jax import LLM, SamplingParams
 from radixflow_jax.bench import llamacpp
+from radixflow_jax.bench.mtpmodels import bigram_tensor
 from radixflow_jax.models import presets
 from radixflow_jax.models.safetensors_io import SafetensorsDir, save_file
 from radixflow_jax.serve.launch import free_port
@@ -38,18 +39,12 @@ PROMPTS = [
 
 
 def bigram_dir(src: str, dest: str) -> str:
-    """``src`` (a HF directory with ``mtp.*``) with the bigram edit of ``bench/mtpmodels.bigram_mtp``
-    made on its tensors, written to ``dest``."""
+    """``src`` (a HF directory with ``mtp.*``) in its bigram form (``bench/mtpmodels.bigram_tensor``),
+    written to ``dest``."""
     shutil.copytree(src, dest)
     tensors = {k: np.asarray(v) for k, v in SafetensorsDir(src).items()}
-    hidden = tensors["mtp.fc.weight"].shape[0]
-    for key, value in tensors.items():
-        if any(f".{n}." in key for n in ("o_proj", "out_proj", "down_proj")):
-            tensors[key] = np.zeros_like(value)
-    eye, zero = np.eye(hidden, dtype=np.float32), np.zeros((hidden, hidden), np.float32)
-    tensors["mtp.fc.weight"] = np.concatenate([eye, zero], 1)
-    tensors["mtp.pre_fc_norm_embedding.weight"] = np.zeros(hidden, np.float32)
-    tensors["mtp.norm.weight"] = tensors["model.norm.weight"].copy()
+    final_norm = tensors["model.norm.weight"]
+    tensors = {k: bigram_tensor(k, v, final_norm) for k, v in tensors.items()}
     save_file(tensors, os.path.join(dest, "model.safetensors"), {"format": "pt"})
     return dest
 
