@@ -17,11 +17,10 @@ be equal token for token (greedy), which the script checks.
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 
 from radixflow_jax import LLM, SamplingParams
-from radixflow_jax.bench.codeedit import chat_prompts, run_batches
+from radixflow_jax.bench.codeedit import chat_prompts, interleaved, rate_ratio
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -38,26 +37,17 @@ def main() -> None:
     work = chat_prompts(arms["plain"], args.prompts)
     params = SamplingParams(max_tokens=args.max_tokens)
     sizes = [int(b) for b in args.batches.split(",")]
-    for llm in arms.values():  # warm-up: compiles, caches the prompts
-        for size in sizes:
-            run_batches(llm, work, params, size)
-    load = os.getloadavg()[0]
-    results = {(a, s): [] for a in arms for s in sizes}
-    for _ in range(args.repeats):
-        for size in sizes:
-            for arm, llm in arms.items():  # interleaved: drift hits both arms alike
-                results[(arm, size)].append(run_batches(llm, work, params, size))
+    results, load, after = interleaved(arms, work, params, sizes, repeats=args.repeats, warmups=1)
     print(f"{args.model}: {len(work)} stdlib functions, up to {args.max_tokens} tokens, num_draft {args.num_draft}, "
-          f"{args.repeats} repeats; load {load:.2f} before, {os.getloadavg()[0]:.2f} after")  # fmt: skip
+          f"{args.repeats} repeats; load {load:.2f} before, {after:.2f} after")  # fmt: skip
     for size in sizes:
-        rates = {a: [n / s for s, n, _, _ in results[(a, size)]] for a in arms}
-        ratio = [x / y for x, y in zip(rates["ngram"], rates["plain"])]
+        spec_rate, plain_rate, ratio = rate_ratio(results[("ngram", size)], results[("plain", size)])
         equal = all(r[2] == p[2] for r, p in zip(results[("ngram", size)], results[("plain", size)]))
         recs = [r for run_ in results[("ngram", size)] for r in run_[3]]
         drafted, accepted = sum(r.drafted_tokens for r in recs), sum(r.accepted_tokens for r in recs)
         verify_rows = sum(r.verify_rows for r in recs)
-        print(f"batch {size}: plain {statistics.median(rates['plain']):.1f} tok/s, ngram "
-              f"{statistics.median(rates['ngram']):.1f} tok/s; ratio {statistics.median(ratio):.2f}x "
+        print(f"batch {size}: plain {plain_rate:.1f} tok/s, ngram "
+              f"{spec_rate:.1f} tok/s; ratio {statistics.median(ratio):.2f}x "
               f"({min(ratio):.2f}-{max(ratio):.2f}); accepted {accepted}/{drafted} drafted "
               f"({accepted / max(drafted, 1):.0%}), {(accepted + verify_rows) / max(verify_rows, 1):.2f} tokens "
               f"per verify row; outputs equal: {equal}")  # fmt: skip

@@ -10,8 +10,11 @@ from __future__ import annotations
 import ast
 import importlib
 import inspect
+import os
+import statistics
 import time
-from typing import TYPE_CHECKING
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from radixflow_jax.engine.params import SamplingParams
@@ -64,3 +67,34 @@ def chat_prompts(llm: LLM, limit: int) -> list[list[int]]:
     """:func:`requests_text` through the model's chat template, as token ids."""
     tok = llm.replicas.engines[0].tokenizer
     return [tok.encode(tok.apply_chat_template([{"role": "user", "content": text}])) for text in requests_text(limit)]
+
+
+Runs = dict  # (arm, batch size) -> run_batches results, one per repeat
+
+
+def interleaved(
+    arms: Mapping[Any, LLM], prompts: list[list[int]], params: SamplingParams, sizes: Sequence[int], *,
+    repeats: int, warmups: int = 2,
+) -> tuple[Runs, float, float]:
+    """``warmups`` untimed passes of every arm and batch size (compiles, caches the prompts, then
+    compiles what a run with them cached plans), then ``repeats`` rounds of every batch size and arm,
+    interleaved so that the machine's drift hits every arm alike. Returns the runs and the 1-minute
+    load average before and after the timed part."""
+    for _ in range(warmups):
+        for llm in arms.values():
+            for size in sizes:
+                run_batches(llm, prompts, params, size)
+    before = os.getloadavg()[0]
+    runs: Runs = {(arm, size): [] for arm in arms for size in sizes}
+    for _ in range(repeats):
+        for size in sizes:
+            for arm, llm in arms.items():
+                runs[(arm, size)].append(run_batches(llm, prompts, params, size))
+    return runs, before, os.getloadavg()[0]
+
+
+def rate_ratio(runs: list, base: list) -> tuple[float, float, list[float]]:
+    """Median output tok/s of ``runs`` and of ``base`` (``run_batches`` results of the same repeats),
+    and the per-repeat ratios ``runs / base``."""
+    rate, base_rate = ([n / s for s, n, _, _ in rs] for rs in (runs, base))
+    return statistics.median(rate), statistics.median(base_rate), [x / y for x, y in zip(rate, base_rate)]

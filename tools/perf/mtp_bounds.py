@@ -13,11 +13,10 @@ rounds per run, outputs equal plain decoding.
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 
 from radixflow_jax import LLM, SamplingParams
-from radixflow_jax.bench.codeedit import chat_prompts, run_batches
+from radixflow_jax.bench.codeedit import chat_prompts, interleaved, rate_ratio, run_batches
 from radixflow_jax.bench.mtpmodels import bigram_mtp, with_mtp_layer
 from radixflow_jax.models.api import load
 
@@ -40,28 +39,18 @@ def main() -> None:
     params = SamplingParams(max_tokens=args.max_tokens, ignore_eos=True)
     sizes = [int(b) for b in args.batches.split(",")]
     truth = {name: run_batches(arms[(name, "plain")], work, params, 8)[2] for name in models}
-    for _ in range(2):  # warm-up: caches the prompts, then compiles what a run with them hit plans
-        for llm in arms.values():
-            for size in sizes:
-                run_batches(llm, work, params, size)
-    load_before = os.getloadavg()[0]
-    results: dict = {(key, s): [] for key in arms for s in sizes}
-    for _ in range(args.repeats):
-        for size in sizes:
-            for key, llm in arms.items():
-                results[(key, size)].append(run_batches(llm, work, params, size))
+    results, before, after = interleaved(arms, work, params, sizes, repeats=args.repeats)
     print(f"{args.model}: {len(work)} prompts, {args.max_tokens} tokens each, {args.repeats} repeats; load "
-          f"{load_before:.2f} before, {os.getloadavg()[0]:.2f} after")  # fmt: skip
+          f"{before:.2f} before, {after:.2f} after")  # fmt: skip
     for name in models:
         for size in sizes:
             runs = {arm: results[((name, arm), size)] for arm in ("plain", "mtp")}
-            rates = {arm: [n / s for s, n, _, _ in rs] for arm, rs in runs.items()}
-            ratio = [x / y for x, y in zip(rates["mtp"], rates["plain"])]
+            mtp_rate, plain_rate, ratio = rate_ratio(runs["mtp"], runs["plain"])
             equal = all(r[2] == truth[name] for rs in runs.values() for r in rs)
             recs = runs["mtp"][0][3]
             drafted, accepted = sum(r.drafted_tokens for r in recs), sum(r.accepted_tokens for r in recs)
-            print(f"{name} MTP layer, batch {size}: plain {statistics.median(rates['plain']):.1f} tok/s, mtp "
-                  f"{statistics.median(rates['mtp']):.1f} tok/s; ratio {statistics.median(ratio):.2f}x "
+            print(f"{name} MTP layer, batch {size}: plain {plain_rate:.1f} tok/s, mtp "
+                  f"{mtp_rate:.1f} tok/s; ratio {statistics.median(ratio):.2f}x "
                   f"({min(ratio):.2f}-{max(ratio):.2f}); accepted {accepted}/{drafted}; rounds per run "
                   f"{len(runs['plain'][0][3])} / {len(recs)}; outputs equal: {equal}")  # fmt: skip
 

@@ -16,11 +16,10 @@ is on ``PYTHONPATH``, so two checkouts can be compared run for run (the oracle p
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 
 from radixflow_jax import LLM, SamplingParams
-from radixflow_jax.bench.codeedit import chat_prompts, run_batches
+from radixflow_jax.bench.codeedit import chat_prompts, interleaved, rate_ratio, run_batches
 from radixflow_jax.bench.oracle import oracle_drafter
 from radixflow_jax.scheduler import running
 
@@ -44,28 +43,18 @@ def main() -> None:
     running.ngram_draft = oracle_drafter([tuple(p) + o for p, o in zip(work, truth)], vocab, args.reject_every)
     arms = {"plain": plain, "spec": LLM(args.model, speculative={"num_draft": args.num_draft}, **options)}
     sizes = [int(b) for b in args.batches.split(",")]
-    for _ in range(2):  # warm-up: caches the prompts, then compiles what a run with them hit plans
-        for llm in arms.values():
-            for size in sizes:
-                run_batches(llm, work, params, size)
-    load = os.getloadavg()[0]
-    results = {(a, s): [] for a in arms for s in sizes}
-    for _ in range(args.repeats):
-        for size in sizes:
-            for arm, llm in arms.items():
-                results[(arm, size)].append(run_batches(llm, work, params, size))
+    results, load, after = interleaved(arms, work, params, sizes, repeats=args.repeats)
     print(f"{args.model}: {len(work)} prompts, {args.max_tokens} tokens each, num_draft {args.num_draft}, oracle "
           f"drafts altered where the length is a multiple of {args.reject_every}; {args.repeats} repeats; load "
-          f"{load:.2f} before, {os.getloadavg()[0]:.2f} after")  # fmt: skip
+          f"{load:.2f} before, {after:.2f} after")  # fmt: skip
     for size in sizes:
-        rates = {a: [n / s for s, n, _, _ in results[(a, size)]] for a in arms}
-        ratio = [x / y for x, y in zip(rates["spec"], rates["plain"])]
+        spec_rate, plain_rate, ratio = rate_ratio(results[("spec", size)], results[("plain", size)])
         equal = all(r[2] == truth for a in arms for r in results[(a, size)])
         recs = results[("spec", size)][0][3]
         drafted, accepted = sum(r.drafted_tokens for r in recs), sum(r.accepted_tokens for r in recs)
         fed = {a: (len(results[(a, size)][0][3]), sum(r.num_tokens for r in results[(a, size)][0][3])) for a in arms}
-        print(f"batch {size}: plain {statistics.median(rates['plain']):.1f} tok/s, spec "
-              f"{statistics.median(rates['spec']):.1f} tok/s; ratio {statistics.median(ratio):.2f}x "
+        print(f"batch {size}: plain {plain_rate:.1f} tok/s, spec "
+              f"{spec_rate:.1f} tok/s; ratio {statistics.median(ratio):.2f}x "
               f"({min(ratio):.2f}-{max(ratio):.2f}); accepted {accepted}/{drafted} ({accepted / max(drafted, 1):.0%}); "
               f"per run: " + "; ".join(f"{a} {n} rounds, {t} tokens fed" for a, (n, t) in fed.items())
               + f"; outputs equal: {equal}")  # fmt: skip
