@@ -7,7 +7,9 @@ tokens, later turns of 40 new tokens after the real answer of 32), arriving as a
 (``--rate`` conversations/s), each later turn ``--think-time`` seconds (mean, exponential) after
 the answer before it. The device's state pool holds ``--checkpoint-slots`` checkpoints beyond the
 running requests' ``max_num_seqs`` (by default a tenth of the sessions); the host tier holds
-``--host-cache-gb`` GiB of checkpoints (copies over the device's host link, ``sim/hostlink.py``).
+``--host-cache-gb`` GiB, of which ``--host-kv-fraction`` for KV pages (by default none: the device's
+KV pool, sized from its memory, is never short on this workload, so the whole tier holds
+checkpoints); copies go over the device's host link (``sim/hostlink.py``).
 
 Reports per tier and policy: mean latency, TTFT, p99, reuse (prompt tokens served from the cache),
 restores and spills, consumer waits and the bubble tokens a stop left (``native`` only; radixflow
@@ -40,6 +42,7 @@ def main() -> None:
     p.add_argument("--max-num-seqs", type=int, default=64)
     p.add_argument("--checkpoint-slots", type=int, default=None, help="default: a tenth of the sessions")
     p.add_argument("--host-cache-gb", type=float, default=64.0)
+    p.add_argument("--host-kv-fraction", type=float, default=0.0)
     p.add_argument("--policies", default="native,radixflow,pair")
     args = p.parse_args()
     spec, device = get_model_spec(args.model), get_device_spec(args.device)
@@ -51,7 +54,8 @@ def main() -> None:
     requests = generate(workload)
     policies = tuple(args.policies.split(","))
     base = EngineConfig.from_options(
-        max_num_seqs=args.max_num_seqs, max_num_batched_tokens=8192, num_state_slots=1 + args.max_num_seqs + ckpts
+        max_num_seqs=args.max_num_seqs, max_num_batched_tokens=8192, num_state_slots=1 + args.max_num_seqs + ckpts,
+        host_kv_fraction=args.host_kv_fraction,
     )
     print(f"# {args.model} on {args.device}: {args.sessions} conversations x {args.turns} turns, think time "
           f"{args.think_time} s, {args.rate}/s; state pool {ckpts} checkpoints + {args.max_num_seqs} running "

@@ -76,8 +76,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--num-state-slots", type=int, default=None,
                    help="the device's recurrent-state slots (default: sized from memory)")
     p.add_argument("--host-cache-gb", type=float, default=None,
-                   help="host tier for evicted checkpoints, GiB (default: model executor an eighth of RAM, "
-                        "at most 4; sim none; 0: off)")
+                   help="host tier for evicted checkpoints and KV pages, GiB (default: model executor an eighth "
+                        "of RAM, at most 4; sim none; 0: off)")
+    p.add_argument("--host-kv-fraction", type=float, default=None,
+                   help="the host tier's share for KV pages, 0-1 (default: the device pools' split by bytes)")
     p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
     p.add_argument("--json", dest="json_out", default=None)
     p.add_argument("--plot", default=None, help="PNG path: slot occupancy per round and latency CDFs")
@@ -278,6 +280,7 @@ def _bench_config(args: argparse.Namespace, executor: str, policies: tuple[str, 
         max_num_seqs=seqs, max_num_batched_tokens=tokens, seed=args.seed, compilation_cache_dir=cache_dir,
         bucket_mode=args.buckets, mixed_layout=args.mixed_layout, speculative=args.speculative,
         num_state_slots=args.num_state_slots, host_cache_gb=args.host_cache_gb,
+        host_kv_fraction=args.host_kv_fraction,
     )
     overhead = args.round_overhead_ms / 1e3 if args.round_overhead_ms is not None else None
     acceptance = tuple(float(a) for a in args.spec_acceptance.split(",")) if args.spec_acceptance else ()
@@ -298,6 +301,7 @@ def _run_config(args: argparse.Namespace, executor: str, cfg: BenchConfig, seqs:
         "think_time": args.think_time,
         "num_state_slots": args.num_state_slots,
         "host_cache_gb": args.host_cache_gb,
+        "host_kv_fraction": args.host_kv_fraction,
         "seed": args.seed,
         "max_num_seqs": seqs,
         "max_num_batched_tokens": tokens,

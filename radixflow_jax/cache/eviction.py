@@ -148,16 +148,18 @@ def _checkpoint_above(node: Node) -> int:
 
 
 def kv_evictable(node: Node) -> bool:
-    """An attached, unlocked leaf with committed KV and no pending checkpoint (a committed or a
-    host one goes with it)."""
+    """An attached, unlocked node with committed device KV, no pending checkpoint (a committed or a
+    host one goes with it) and no child holding device KV: a leaf, or (with a host tier for KV) a
+    node whose children all hold host KV (``tree.py``)."""
     ckpt = node.checkpoint
     return (
         node.attached
         and not node.is_root
-        and not node.children
         and node.lock_count == 0
         and node.kv_producer is None
+        and not node.kv_on_host
         and (ckpt is None or not ckpt.pending)
+        and all(c.kv_on_host for c in node.children.values())
     )
 
 

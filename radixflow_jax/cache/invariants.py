@@ -3,8 +3,9 @@
 Checked: the node invariants listed in ``tree.py``; the producer index equals the set of nodes that
 hold pending KV or a pending checkpoint of that producer; the tree references each slot at most once
 and each page at most once outside tails (a tail shares its partial page), never the reserved id 0,
-and never a free id (pool refcount >= tree references); and the pools' own invariants (every id free
-xor owned, counts consistent).
+and never a free id (pool refcount >= tree references); host KV (``Node.kv_on_host``) holds host
+pages only, each referenced once, has host KV below it and no device checkpoint; and the pools' own
+invariants (every id free xor owned, counts consistent).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from radixflow_jax.cache.config import CacheConfig
 from radixflow_jax.cache.pools import HostPool, InvariantError, PagePool, SlotPool
 from radixflow_jax.cache.tree import Node, iter_nodes
 
-__all__ = ["check_tree", "host_references", "tree_references"]
+__all__ = ["check_tree", "host_page_references", "host_references", "tree_references"]
 
 
 def tree_references(root: Node) -> tuple[Counter[int], Counter[int]]:
@@ -27,6 +28,11 @@ def tree_references(root: Node) -> tuple[Counter[int], Counter[int]]:
         if node.checkpoint is not None and not node.checkpoint.on_host:
             slots[node.checkpoint.held_slot] += 1
     return pages, slots
+
+
+def host_page_references(root: Node) -> Counter[int]:
+    """How many references the tree holds on each host page (``cache/hostkv.py``)."""
+    return Counter(page for node in iter_nodes(root) if node.host_pages is not None for page in node.host_pages)
 
 
 def host_references(root: Node) -> Counter[int]:
@@ -46,14 +52,18 @@ def _check_node(node: Node, parent: Node, config: CacheConfig) -> None:
     if not node.attached or node.parent is not parent:
         _fail(node, "child not attached to its parent")
     if node.is_tail:
-        if parent.depth % p or not 0 < len(node.key) < p or len(node.pages) != 1 or node.children:
+        if parent.depth % p or not 0 < len(node.key) < p or node.num_pages != 1 or node.children:
             _fail(node, "a tail is a leaf of 1 .. page_size - 1 tokens and one page below a page boundary")
         if config.hybrid and node.checkpoint is None:
             _fail(node, "a hybrid model's tail without its checkpoint")
     elif not node.key or len(node.key) % p:
         _fail(node, "span is not a non-empty multiple of page_size")
-    elif len(node.pages) != len(node.key) // p:
+    elif node.num_pages != len(node.key) // p:
         _fail(node, "page count does not match span")
+    if node.kv_on_host:
+        _check_host_kv(node)
+    elif parent.kv_on_host:
+        _fail(node, "device KV below host KV")
     if node.depth != parent.depth + len(node.key):
         _fail(node, "depth inconsistent with parent")
     if parent.children.get(node.key[:p]) is not node:
@@ -77,6 +87,14 @@ def _check_node(node: Node, parent: Node, config: CacheConfig) -> None:
         _fail(node, "committed KV below pending KV")
 
 
+def _check_host_kv(node: Node) -> None:
+    ckpt = node.checkpoint
+    if node.pages or node.kv_producer is not None:
+        _fail(node, "host KV holds device pages or is pending")
+    if ckpt is not None and not ckpt.on_host:
+        _fail(node, "host KV holds a checkpoint that is not a host one")
+
+
 def check_tree(
     root: Node,
     config: CacheConfig,
@@ -84,6 +102,7 @@ def check_tree(
     slot_pool: SlotPool,
     pending: dict[int, set[Node]],
     host_pool: HostPool | None = None,
+    host_page_pool: HostPool | None = None,
 ) -> None:
     """Raise ``InvariantError`` on the first violated invariant."""
     if not root.is_root or root.pages or root.checkpoint is not None or root.kv_producer is not None:
@@ -114,11 +133,16 @@ def check_tree(
                 raise InvariantError(f"tree references invalid {what} {i}")
             if pool.refcount(i) < n:
                 raise InvariantError(f"{what} {i} has refcount {pool.refcount(i)} < tree references {n}")
-    host_refs = host_references(root)
-    if host_refs and host_pool is None:
-        raise InvariantError(f"host checkpoints {sorted(host_refs)} without a host tier")
-    if host_pool is not None:
-        host_pool.check_invariants()
-        for i, n in host_refs.items():
-            if n > 1 or not 0 < i < host_pool.size or host_pool.refcount(i) < n:
-                raise InvariantError(f"host slot {i}: {n} tree references, refcount {host_pool.refcount(i)}")
+    _check_host_refs(host_references(root), host_pool, "host slot")
+    _check_host_refs(host_page_references(root), host_page_pool, "host page")
+
+
+def _check_host_refs(refs: Counter[int], pool: HostPool | None, what: str) -> None:
+    """Each host id the tree names is named once and owned by ``pool``, which must exist."""
+    if refs and pool is None:
+        raise InvariantError(f"{what}s {sorted(refs)} named without a host tier for them")
+    if pool is not None:
+        pool.check_invariants()
+        for i, n in refs.items():
+            if n > 1 or not 0 < i < pool.size or pool.refcount(i) < n:
+                raise InvariantError(f"{what} {i}: {n} tree references, refcount {pool.refcount(i)}")

@@ -69,8 +69,11 @@ class RadixCache(TieredStore):
         ckpt_node: Node | None = None
         committed: Node | None = None
         host: Node | None = None
+        reach = 0  # depth of the committed KV (device or host) from the root
         for node in path:
-            if node.kv_producer is None:  # committed KV is a prefix of the path (tree.py)
+            if node.kv_producer is None and reach == node.start_depth:
+                reach = node.depth
+            if node.kv_producer is None and not node.kv_on_host:  # a prefix of the path (tree.py)
                 kv_node = node
                 kv_pages.extend(node.pages)
             if node.checkpoint is not None and node.checkpoint.on_host:
@@ -85,7 +88,8 @@ class RadixCache(TieredStore):
             ckpt_node, committed, host = self._deepest_tails(path, toks, ckpt_node, committed, host)
             hit_node = committed if committed is not None else self._root
         else:
-            hit_node = next((t for t in tails_along(kv_node, toks, len(toks) - 1, p) if not t.kv_pending), kv_node)
+            tails = tails_along(kv_node, toks, len(toks) - 1, p)
+            hit_node = next((t for t in tails if not t.kv_pending and not t.kv_on_host), kv_node)
         if touch and hit_node.is_tail:
             hit_node.last_access = now
         ckpt = ckpt_node.checkpoint if ckpt_node is not None else None
@@ -94,10 +98,15 @@ class RadixCache(TieredStore):
         deepest = path[-1] if path else self._root
         full = hit_node.parent.depth if hit_node.is_tail else hit_node.depth  # type: ignore[union-attr]
         beaten = max(hit_node.depth, ckpt_node.depth if pending and ckpt_node is not None else 0)
+        if not self._config.hybrid:  # the deepest host KV, when restoring it would give a deeper hit
+            host = next((n for n in reversed(path) if n.kv_on_host and n.depth > hit_node.depth), None)
         host = host if host is not None and host.depth > beaten else None
         host_full = 0 if host is None else host.parent.depth if host.is_tail else host.depth  # type: ignore[union-attr]
-        if host_full > len(kv_pages) * p:  # its KV is not all committed: nothing to restore onto
+        if host_full > reach:  # its KV is not all committed: nothing to restore onto
             host, host_full = None, 0
+        host_kv = tuple(n for n in path if n.kv_on_host and n.depth <= host_full)
+        if host is not None and host.is_tail and host.kv_on_host:
+            host_kv += (host,)
         return MatchResult(
             checkpoint_node=ckpt_node,
             checkpoint_depth=ckpt_node.depth if ckpt_node is not None else 0,
@@ -109,9 +118,10 @@ class RadixCache(TieredStore):
             consumer_of=producer_id if self._config.hybrid else deepest.kv_producer,
             shared_len=self._shared_len(toks) if shared else deepest.depth,
             hit_tail_page=hit_node.pages[0] if hit_node.is_tail else None,
-            host_node=host,
+            host_node=host if self._config.hybrid else None,
             host_pages=tuple(kv_pages[: host_full // p]),
-            host_tail_page=host.pages[0] if host is not None and host.is_tail else None,
+            host_tail_page=host.pages[0] if host is not None and host.is_tail and not host.kv_on_host else None,
+            host_kv=host_kv,
         )
 
     def _deepest_tails(

@@ -15,9 +15,12 @@ class StateMove(NamedTuple):
     recorded them (each is right only after the ones before it): ``copy`` device slot ``src`` ->
     device slot ``dst`` (a kept end leaving the request band, ``TreeStore.move_checkpoint_out``);
     ``spill`` device slot -> host slot ``dst`` (a demotion, ``cache/tiers.py``); ``restore`` host
-    slot ``src`` -> device slot ``dst``."""
+    slot ``src`` -> device slot ``dst``. KV pages have the same two moves between the device page
+    pool and the host tier's pages: ``kv_spill`` device page ``src`` -> host page ``dst``,
+    ``kv_restore`` host page ``src`` -> device page ``dst`` (every attention layer's K and V, the
+    MTP layers' too)."""
 
-    kind: Literal["copy", "spill", "restore"]
+    kind: Literal["copy", "spill", "restore", "kv_spill", "kv_restore"]
     src: int
     dst: int
 
@@ -48,7 +51,10 @@ class MatchResult:
         than the usable hit and than a pending checkpoint: restoring it would give a deeper hit.
         Host checkpoints are never ``checkpoint_node``. ``host_pages`` / ``host_tail_page``: the
         committed KV above it, as ``hit_pages`` / ``hit_tail_page`` are for the hit (empty / None
-        without a host node).
+        without a host node). ``host_kv``: the host-KV nodes (``tree.py``) on the path down to
+        the host node, or (attention-only models) down to the deepest host-KV node deeper than the
+        committed KV, in path order: they come back first (``RadixCache.promote``), then the host
+        node's checkpoint. Empty when nothing host-resident would give a deeper hit.
     """
 
     checkpoint_node: Node | None
@@ -64,6 +70,7 @@ class MatchResult:
     host_node: Node | None
     host_pages: tuple[int, ...]
     host_tail_page: int | None
+    host_kv: tuple[Node, ...]
 
     @property
     def is_consumer(self) -> bool:
@@ -102,3 +109,4 @@ class CacheStats:
     locked_nodes: int
     producers: int
     checkpoints_host: int = 0
+    host_tokens: int = 0  # tokens whose KV is in the host tier

@@ -79,7 +79,7 @@ class TreeStore:
             if child is None:
                 break
             k = min(common_prefix_len(child.key, toks, depth) // p, (limit - depth) // p)
-            if k < len(child.pages):
+            if k < child.num_pages:
                 return path, child, k
             path.append(child)
             node, depth = child, child.depth
@@ -100,17 +100,19 @@ class TreeStore:
             node, depth = child, child.depth
 
     def _can_plant(self, toks: tuple[int, ...], depth: int, producer_id: int, *, with_checkpoint: bool) -> bool:
-        """Whether ``plant_pending`` may mark ``depth``: no other producer's pending KV on the way
-        and, ``with_checkpoint``, no checkpoint there yet (read-only)."""
+        """Whether ``plant_pending`` may mark ``depth``: no other producer's pending KV and no host
+        KV on the way (pending KV never hangs below host KV; the producer's end inserts its written
+        pages there instead, :meth:`_ensure_path`) and, ``with_checkpoint``, no checkpoint there yet
+        (read-only)."""
         p = self._config.page_size
         node, d = self._root, 0
         while d < depth:
             child = node.children.get(toks[d : d + p])
             if child is None:
                 return True
-            if child.kv_producer not in (None, producer_id):
+            if child.kv_producer not in (None, producer_id) or child.kv_on_host:
                 return False
-            if min(common_prefix_len(child.key, toks, d) // p, (depth - d) // p) < len(child.pages):
+            if min(common_prefix_len(child.key, toks, d) // p, (depth - d) // p) < child.num_pages:
                 return True  # a split will create a fresh node ending at depth
             node, d = child, child.depth
         return not with_checkpoint or node.checkpoint is None
@@ -119,11 +121,13 @@ class TreeStore:
 
     def stats(self) -> CacheStats:
         """Counts over the whole tree (O(nodes))."""
-        nodes = cached = pending_tokens = held = ck_pending = ck_committed = ck_host = locked = 0
+        nodes = cached = pending_tokens = held = ck_pending = ck_committed = ck_host = locked = host_tokens = 0
         for node in iter_nodes(self._root):
             nodes += 1
             held += len(node.pages)
-            if node.kv_producer is None:
+            if node.kv_on_host:
+                host_tokens += len(node.key)
+            elif node.kv_producer is None:
                 cached += len(node.key)
             else:
                 pending_tokens += len(node.key)
@@ -133,12 +137,14 @@ class TreeStore:
                 ck_host += node.checkpoint.on_host
             locked += node.lock_count > 0
         return CacheStats(
-            nodes, cached, pending_tokens, held, ck_pending, ck_committed, locked, len(self._pending), ck_host
+            nodes, cached, pending_tokens, held, ck_pending, ck_committed, locked, len(self._pending), ck_host,
+            host_tokens,
         )
 
     def check_invariants(self) -> None:
         """Raise ``InvariantError`` unless the tree, the producer index and the pools are consistent."""
-        check_tree(self._root, self._config, self._pages, self._slots, self._pending, self._host_tier())
+        check_tree(self._root, self._config, self._pages, self._slots, self._pending, self._host_tier(),
+                   self._host_page_tier())  # fmt: skip
         for producer, consumers in self._paired.as_dict().items():
             if producer not in self._pending:
                 raise InvariantError(f"paired consumers {sorted(consumers)} of producer {producer} with nothing pending")
@@ -148,6 +154,17 @@ class TreeStore:
     def _host_tier(self) -> HostPool | None:
         """The host tier's pool (``cache/tiers.py`` has one)."""
         return None
+
+    def _host_page_tier(self) -> HostPool | None:
+        """The host tier's KV pages (``cache/tiers.py`` has them)."""
+        return None
+
+    def _promote(self, node: Node, given: Sequence[int], adopted: list[int]) -> None:
+        """Host KV is written again on the device with the ``given`` pages (``cache/tiers.py``)."""
+        raise InvariantError(f"host KV without a host tier: {node!r}")
+
+    def _release_host_kv(self, node: Node) -> None:
+        """Gives back ``node``'s host pages, if any (``cache/tiers.py``)."""
 
     def _validate_pages(self, pages: Sequence[int], n: int) -> None:
         if len(pages) < n:
@@ -170,7 +187,8 @@ class TreeStore:
     ) -> tuple[Node, list[int], list[int], list[int]]:
         """Walk or create the path of ``toks[:depth]``; return (end node, tree pages, adopted,
         rejected). ``producer=None``: committed data (pending KV on the path is upgraded to the given
-        pages). Otherwise missing spans become pending KV of ``producer`` and existing nodes stay."""
+        pages, and host KV comes back onto them: :meth:`_promote`). Otherwise missing spans become
+        pending KV of ``producer`` and existing nodes stay (``_can_plant`` keeps host KV off its way)."""
         p = self._config.page_size
         now = self._clock
         node, d = self._root, 0
@@ -190,10 +208,13 @@ class TreeStore:
                 adopted += new_pages
             else:
                 k = min(common_prefix_len(child.key, toks, d) // p, (depth - d) // p)
-                if k < len(child.pages):
+                if k < child.num_pages:
                     child = self._split(child, k)
                 given = pages[d // p : child.depth // p]
-                if producer is None and child.kv_producer is not None:
+                if child.kv_on_host:
+                    assert producer is None, "pending KV planted through host KV"
+                    self._promote(child, given, adopted)
+                elif producer is None and child.kv_producer is not None:
                     self._upgrade(child, given, adopted)
                 elif producer is None:
                     rejected += [g for g, held in zip(given, child.pages) if g != held]
@@ -289,6 +310,7 @@ class TreeStore:
 
     def _remove_leaf(self, node: Node) -> None:
         detach_leaf(node, self._config.page_size)
+        self._release_host_kv(node)
         self._drop_checkpoint(node)
         self._pages.release(node.pages)
         node.pages = []

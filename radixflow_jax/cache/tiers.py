@@ -35,17 +35,18 @@ import itertools
 from collections.abc import Iterable
 
 from radixflow_jax.cache.eviction import EvictionPolicy, EvictTarget, kv_evictable, state_evictable
+from radixflow_jax.cache.hostkv import HostKVStore
 from radixflow_jax.cache.pools import HostPool
 from radixflow_jax.cache.results import StateMove
-from radixflow_jax.cache.store import TreeStore
 from radixflow_jax.cache.tree import CheckpointStatus, Node, iter_nodes, iter_postorder
 
 __all__ = ["TieredStore"]
 
 
-class TieredStore(TreeStore):
-    """Eviction over both tiers (see the module docstring). ``host_pool=None``: no host tier, an
-    evicted checkpoint is dropped."""
+class TieredStore(HostKVStore):
+    """Eviction over both tiers (see the module docstring). ``host_pool=None``: no host tier for
+    checkpoints, an evicted checkpoint is dropped; ``host_page_pool`` (``cache/hostkv.py``): the
+    tier's KV pages, None: evicted pages are dropped with their node."""
 
     def __init__(self, *args, host_pool: HostPool | None = None, **kwargs) -> None:
         super().__init__(*args, **kwargs)
@@ -90,8 +91,8 @@ class TieredStore(TreeStore):
         before its step. Counted as a read and a restore; the host copy stays, and ``node`` gets no
         device checkpoint. ``ValueError`` unless ``node`` is attached and holds a host checkpoint."""
         ckpt = node.checkpoint
-        if ckpt is None or not ckpt.on_host or not node.attached:
-            raise ValueError(f"read_host needs an attached host checkpoint: {node!r}")
+        if ckpt is None or not ckpt.on_host or not node.attached or node.kv_on_host:
+            raise ValueError(f"read_host needs an attached host checkpoint on device KV: {node!r}")
         assert ckpt.host_slot is not None
         ckpt.reads += 1
         self.restored += 1
@@ -103,8 +104,8 @@ class TieredStore(TreeStore):
         id, which is returned and queued with the copy. ``ValueError`` unless ``node`` is attached
         and holds a host checkpoint, or when ``slot`` is free."""
         ckpt = node.checkpoint
-        if ckpt is None or not ckpt.on_host or not node.attached:
-            raise ValueError(f"restore needs an attached host checkpoint: {node!r}")
+        if ckpt is None or not ckpt.on_host or not node.attached or node.kv_on_host:
+            raise ValueError(f"restore needs an attached host checkpoint on device KV: {node!r}")
         if self._slots.refcount(slot) == 0:
             raise ValueError(f"slot {slot} is free; allocate it before restoring into it")
         rid = next(self._restore_ids)
@@ -189,8 +190,11 @@ class TieredStore(TreeStore):
     # ------------------------------------------------------------------ eviction
 
     def evict_kv(self, num_pages: int, policy: EvictionPolicy | None = None) -> int:
-        """Evict unlocked leaves (their pages and committed or host checkpoint) in policy order until
-        ``num_pages`` pages went back to the pool's free list or nothing is evictable.
+        """Evict unlocked leaves of the device part of the tree (their pages and committed or host
+        checkpoint) in policy order until ``num_pages`` pages went back to the pool's free list or
+        nothing is evictable. With a host tier for KV each is demoted there instead
+        (``cache/hostkv.py``); otherwise, or when it cannot be, it is removed with the host KV
+        below it.
 
         Returns the pages actually freed (a page a request still references is not freed by
         evicting its node). Never touches locked nodes, pending KV or pending checkpoints.
@@ -206,7 +210,8 @@ class TieredStore(TreeStore):
             if not kv_evictable(node):
                 continue
             parent = node.parent
-            self._remove_leaf(node)
+            if not self._demote_kv(node, policy):
+                self._remove_subtree(node)
             if parent is not None and kv_evictable(parent):
                 heapq.heappush(heap, self._entry(parent, "kv", policy, next(tie)))
         return self._pages.num_free - start
@@ -248,8 +253,8 @@ class TieredStore(TreeStore):
         return heap
 
     def flush(self) -> None:
-        """Drop every unlocked node, every committed or host checkpoint on one and every restore,
-        with the state copies queued (a locked node's host checkpoint stays: a running request read
+        """Drop every unlocked node (host KV too), every committed or host checkpoint on one and every
+        restore, with the state copies queued (a locked node's host checkpoint stays: a running request read
         it and its tail must keep it). Pending KV and producers' pending checkpoints stay
         (a round may be writing them): after every producer committed or un-published and every
         lock was released, a flush leaves the tree empty and frees all pages, slots and host slots
@@ -263,5 +268,5 @@ class TieredStore(TreeStore):
             if state_evictable(node) or (ckpt is not None and ckpt.on_host and node.lock_count == 0):
                 self._drop_checkpoint(node)
         for node in iter_postorder(self._root):
-            if kv_evictable(node):
+            if not node.children and (kv_evictable(node) or self._host_leaf(node, None)):
                 self._remove_leaf(node)

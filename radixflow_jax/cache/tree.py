@@ -19,7 +19,12 @@ Node invariants (``invariants.check_tree`` verifies them):
     committed. A pending-KV node's parent is the root, a committed node, or a pending-KV node of the
     same producer; it is never locked and its checkpoint, if any, is pending by the same producer.
     Hence a committed-KV node has only committed-KV ancestors and every committed checkpoint sits on
-    committed KV.
+    committed KV;
+  * *host KV* (``kv_on_host``, the host tier, ``cache/tiers.py``): a node whose pages were demoted
+    holds no device pages (``pages == []``) and one host page per page of its span in
+    ``host_pages``. Its KV is committed (``kv_producer`` is None) but not readable until it comes
+    back to the device; its children are host KV too (the host part of the tree hangs below the
+    device part), and its checkpoint, if any, is a host checkpoint.
 """
 
 from __future__ import annotations
@@ -123,6 +128,7 @@ class Node:
         "last_access",
         "attached",
         "is_tail",
+        "host_pages",
     )
 
     def __init__(
@@ -147,6 +153,7 @@ class Node:
         self.last_access = last_access
         self.attached = parent is None  # the root is always attached; children once linked
         self.is_tail = is_tail
+        self.host_pages: list[int] | None = None  # the host tier's copy of the KV (kv_on_host)
 
     @property
     def is_root(self) -> bool:
@@ -165,6 +172,16 @@ class Node:
         return self.kv_producer is not None
 
     @property
+    def kv_on_host(self) -> bool:
+        """The KV was demoted to the host tier: not readable until it comes back (``tree.py``)."""
+        return self.host_pages is not None
+
+    @property
+    def num_pages(self) -> int:
+        """Pages of the span, wherever they are (device or host tier)."""
+        return len(self.host_pages) if self.host_pages is not None else len(self.pages)
+
+    @property
     def readable_slot(self) -> int | None:
         """The committed checkpoint's slot, or None (never a pending slot)."""
         ckpt = self.checkpoint
@@ -180,7 +197,7 @@ class Node:
         return tuple(t for part in reversed(parts) for t in part)
 
     def __repr__(self) -> str:
-        kv = "pending" if self.kv_pending else "committed"
+        kv = "pending" if self.kv_pending else "host" if self.kv_on_host else "committed"
         kind = "Tail" if self.is_tail else "Node"
         return (
             f"{kind}(depth={self.start_depth}..{self.depth}, pages={self.pages}, kv={kv}, "
@@ -219,7 +236,8 @@ def split(node: Node, num_pages: int, page_size: int) -> Node:
     """Insert a new node above ``node`` holding its first ``num_pages`` pages; return the new node.
 
     ``node`` keeps its end depth, children, checkpoint and own locks; the new upper node inherits the
-    KV status, the lock count (every lock below it passes through it) and the access time.
+    KV status (host pages too), the lock count (every lock below it passes through it) and the
+    access time.
     """
     cut = num_pages * page_size
     if not 0 < cut < len(node.key):
@@ -234,6 +252,8 @@ def split(node: Node, num_pages: int, page_size: int) -> Node:
         last_access=node.last_access,
     )
     upper.lock_count = node.lock_count
+    if node.host_pages is not None:  # host KV splits its host pages the same way
+        upper.host_pages, node.host_pages = node.host_pages[:num_pages], node.host_pages[num_pages:]
     attach(parent, upper, page_size)  # replaces node under the same first-page key
     node.key = node.key[cut:]
     node.pages = node.pages[num_pages:]

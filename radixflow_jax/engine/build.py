@@ -102,17 +102,28 @@ def default_host_cache_gb(ram_bytes: int | None = None) -> float:
     return min(DEFAULT_HOST_CACHE_GB, ram / 8 / 2**30)
 
 
-def host_slots(slot_bytes: int, ec: EngineConfig, default_gb: float) -> int:
-    """The host tier's size in checkpoints of ``slot_bytes`` each (``cache/tiers.py``; 0: none, and
-    always for a model without recurrent state, whose ``slot_bytes`` is 0): ``ec.num_host_slots``
-    when given, else ``ec.host_cache_gb`` GiB, else ``default_gb`` GiB (``EngineConfig`` refuses a
-    negative size)."""
-    if not slot_bytes:
-        return 0
-    if ec.num_host_slots is not None:
-        return ec.num_host_slots
-    gb = ec.host_cache_gb if ec.host_cache_gb is not None else default_gb
-    return int(gb * 2**30 // slot_bytes)
+def host_tier_sizes(
+    *, slot_bytes: int, page_bytes: int, device_state_bytes: int, device_kv_bytes: int, ec: EngineConfig,
+    default_gb: float,
+) -> tuple[int, int]:
+    """The host tier's ``(checkpoints, KV pages)`` (``cache/tiers.py``, ``cache/hostkv.py``; 0:
+    none, and always 0 checkpoints for a model without recurrent state, whose ``slot_bytes`` is 0,
+    and 0 pages without attention layers). ``ec.num_host_slots`` / ``ec.num_host_pages`` when either
+    is given (the other is then 0); else ``ec.host_cache_gb`` GiB (``default_gb`` when None), of
+    which ``ec.host_kv_fraction`` goes to KV pages, by default the share KV has in the device pools
+    (``device_kv_bytes`` against ``device_state_bytes``), so the host tier keeps the device's
+    proportions. ``EngineConfig`` refuses negative sizes and fractions outside [0, 1]."""
+    if ec.num_host_slots is not None or ec.num_host_pages is not None:
+        slots = ec.num_host_slots or 0 if slot_bytes else 0
+        return slots, (ec.num_host_pages or 0 if page_bytes else 0)
+    total = (ec.host_cache_gb if ec.host_cache_gb is not None else default_gb) * 2**30
+    kv_share = ec.host_kv_fraction
+    if kv_share is None:
+        device = device_kv_bytes + device_state_bytes
+        kv_share = device_kv_bytes / device if device else 0.0
+    slots = int(total * (1.0 - kv_share) // slot_bytes) if slot_bytes else 0
+    pages = int(total * kv_share // page_bytes) if page_bytes else 0
+    return slots, pages
 
 
 def enable_compilation_cache(directory: str) -> None:
@@ -173,8 +184,11 @@ def build_engine(model: LoadedModel, ec: EngineConfig) -> EngineCore:
         enable_compilation_cache(ec.compilation_cache_dir)
     max_model_len = ec.max_model_len or min(cfg.max_position_embeddings, 8192)
     num_pages, num_slots = pool_sizes(cfg, ec, max_model_len)
-    slot_bytes = pool_unit_bytes(cfg, model.dtype, ec.scheduler.page_size)[1]
-    num_host = host_slots(slot_bytes, ec, default_host_cache_gb())
+    page_bytes, slot_bytes = pool_unit_bytes(cfg, model.dtype, ec.scheduler.page_size)
+    num_host, num_host_pages = host_tier_sizes(
+        slot_bytes=slot_bytes, page_bytes=page_bytes, device_state_bytes=num_slots * slot_bytes,
+        device_kv_bytes=num_pages * page_bytes, ec=ec, default_gb=default_host_cache_gb(),
+    )
     kernels = step_kernels(model, ec.kernels)
     spec = EngineSpec(
         config=ec,
@@ -183,7 +197,9 @@ def build_engine(model: LoadedModel, ec: EngineConfig) -> EngineCore:
         num_pages=num_pages,
         num_slots=num_slots,
         num_host_slots=num_host,
+        num_host_pages=num_host_pages,
         state_bytes=slot_bytes,
+        page_bytes=page_bytes,
         max_model_len=max_model_len,
         eos_token_ids=tuple(cfg.eos_token_ids) + (model.tokenizer.eos_token_ids if model.tokenizer else ()),
         tokenizer=model.tokenizer,
@@ -203,6 +219,7 @@ def build_engine(model: LoadedModel, ec: EngineConfig) -> EngineCore:
             progress=stderr_progress if ec.warmup_progress else None,
             penalty_window=min(max_model_len, 4096) if ec.penalty_window is None else ec.penalty_window,
             num_host_slots=num_host,
+            num_host_pages=num_host_pages,
         )
 
     drafter: Drafter | None = None

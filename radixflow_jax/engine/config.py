@@ -34,11 +34,15 @@ class EngineConfig:
     scheduler: SchedulerConfig = ENGINE_SCHEDULER
     num_kv_pages: int | None = None
     num_state_slots: int | None = None
-    # the host tier (cache/tiers.py): host memory for checkpoints evicted from the state slots, in
-    # GiB; None: an eighth of the host's RAM, at most 4 GiB (engine/build.host_slots); 0: none.
-    # num_host_slots, when given, sets its size in checkpoints instead
+    # the host tier (cache/tiers.py, cache/hostkv.py): host memory for checkpoints and KV pages
+    # evicted from the device pools, in GiB; None: an eighth of the host's RAM, at most 4 GiB; 0:
+    # none. host_kv_fraction: its share for KV pages (None: the device pools' split by bytes).
+    # num_host_slots / num_host_pages, when either is given, set it in checkpoints and pages instead
+    # (the one not given is 0). engine/build.host_tier_sizes
     host_cache_gb: float | None = None
+    host_kv_fraction: float | None = None
     num_host_slots: int | None = None
+    num_host_pages: int | None = None
     max_model_len: int | None = None
     kernels: str = "auto"
     seed: int = 0
@@ -65,8 +69,11 @@ class EngineConfig:
             raise ValueError(f"mixed_layout={self.mixed_layout!r}: expected 'auto', 'window' or 'packed'")
         if self.max_n < 1:
             raise ValueError(f"max_n={self.max_n}: must be >= 1")
-        if self.num_host_slots is not None and self.num_host_slots < 0:
-            raise ValueError(f"num_host_slots must be >= 0, got {self.num_host_slots}")
+        for name in ("num_host_slots", "num_host_pages"):
+            if getattr(self, name) is not None and getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if self.host_kv_fraction is not None and not 0.0 <= self.host_kv_fraction <= 1.0:
+            raise ValueError(f"host_kv_fraction must be in [0, 1], got {self.host_kv_fraction}")
         if self.host_cache_gb is not None and self.host_cache_gb < 0:
             raise ValueError(f"host_cache_gb must be >= 0, got {self.host_cache_gb}")
 
@@ -145,6 +152,8 @@ class RoundRecord:
     restore_waits: int = 0  # requests that waited this round for a pending restore they started
     spilled: int = 0  # checkpoints the round copied to the host tier (RoundPlan.state_moves)
     restored: int = 0  # checkpoints the round copied back from the host tier
+    kv_spilled: int = 0  # KV pages the round copied to the host tier
+    kv_restored: int = 0  # KV pages the round copied back from the host tier
 
     @classmethod
     def of(
@@ -174,6 +183,8 @@ class RoundRecord:
             verify_rows=sum(1 for r in plan.rows if r.num_draft),
             spilled=sum(1 for m in plan.state_moves if m.kind == "spill"),
             restored=sum(1 for m in plan.state_moves if m.kind == "restore"),
+            kv_spilled=sum(1 for m in plan.state_moves if m.kind == "kv_spill"),
+            kv_restored=sum(1 for m in plan.state_moves if m.kind == "kv_restore"),
             drafted_tokens=plan.num_drafted,
             accepted_tokens=sum(accepted_at),
             drafted_at=drafted_at,

@@ -71,9 +71,8 @@ class EngineCore:
         self.clock: Callable[[], float] = ServingClock(clock) if clock is time.perf_counter else clock
         self.timer = RoundTimer(self.clock)
         self.executor = executor
-        self.scheduler = Scheduler(
-            spec.scheduler(), num_pages=spec.num_pages, num_slots=spec.num_slots, num_host_slots=spec.num_host_slots
-        )
+        self.scheduler = Scheduler(spec.scheduler(), num_pages=spec.num_pages, num_slots=spec.num_slots,
+                                   num_host_slots=spec.num_host_slots, num_host_pages=spec.num_host_pages)
         self.max_model_len = spec.max_model_len
         self.eos_token_ids = tuple(spec.eos_token_ids)
         self.tokenizer = spec.tokenizer

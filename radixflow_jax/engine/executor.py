@@ -95,6 +95,7 @@ class ModelExecutor:
         penalty_window: int = 0,
         progress: Callable[[str], None] | None = None,
         num_host_slots: int = 0,
+        num_host_pages: int = 0,
     ):
         self.model = model
         self.shapes = shapes
@@ -138,8 +139,13 @@ class ModelExecutor:
         self.progress = progress
         self.page_copier = PageCopier(shapes.max_num_seqs)  # partial pages: riders' and tails' (RoundPlan)
         self.state_copier = StateCopier(shapes.max_num_seqs)  # kept ends leaving the request band (RoundPlan)
-        # the host tier's rows (runner/hoststates.py): spills and restores of RoundPlan.state_moves
-        self.host = HostStates(self.cache, num_host_slots, width=shapes.max_num_seqs) if num_host_slots else None
+        # the host tier's rows (runner/hoststates.py): spills and restores of RoundPlan.state_moves,
+        # of checkpoints (num_host_slots) and of KV pages (num_host_pages)
+        self.host = (
+            HostStates(self.cache, num_host_slots, width=shapes.max_num_seqs, num_host_pages=num_host_pages)
+            if num_host_slots or num_host_pages
+            else None
+        )
         self._copier_ready = False
         self.warmup_s = 0.0
         self._no_prev = jax.device_put(np.zeros(out_rows(shapes), np.int32))  # prev_tokens of a round that splices nothing
@@ -249,14 +255,20 @@ class ModelExecutor:
 
     def _move_states(self, plan: RoundPlan) -> None:
         """The plan's state moves, before its step (kept ends leaving the request band, spills to
-        and restores from the host tier, in the cache's order; ``RoundPlan.state_moves``)."""
+        and restores from the host tier of checkpoints and of KV pages, in the cache's order;
+        ``RoundPlan.state_moves``). ``ValueError`` for a host move this executor has no rows for."""
         if not plan.state_moves:
             return
         if self.host is not None:
             self.cache = self.host.apply_moves(self.cache, plan.state_moves, self.state_copier)
             return
-        if any(m.kind != "copy" for m in plan.state_moves):
-            raise ValueError("a plan spills or restores states, but this executor has no host tier")
+        kinds = sorted({m.kind for m in plan.state_moves} - {"copy"})
+        if kinds:
+            raise ValueError(
+                f"a plan moves {'KV pages' if any(k.startswith('kv_') for k in kinds) else 'states'} to or from "
+                f"the host tier ({', '.join(kinds)}), but this executor has no host tier "
+                "(num_host_slots = num_host_pages = 0)"
+            )
         self.cache = self.state_copier(self.cache, [(m.src, m.dst) for m in plan.state_moves])
 
     def _moves_only(self, plan: RoundPlan, build_s: float) -> LaunchedStep:

@@ -81,10 +81,15 @@ class FailedRounds:
         self.total += 1
         self.in_a_row += 1
         restored = sum(m.kind == "restore" for m in plan.state_moves)  # host tier -> device, before the step
-        restores = f"; its {restored} restore(s) from the host tier are void: their requests recompute"
+        pages = sum(m.kind == "kv_restore" for m in plan.state_moves)
+        restores = ""
+        if restored:
+            restores = f"; its {restored} restore(s) from the host tier are void: their requests recompute"
+        if pages:
+            restores += f"; its {pages} KV page(s) brought back from the host tier are void (flushed with the cache)"
         log.error(
             "round %d: the step raised %r; rebuilding the pools and flushing the cache%s",
-            scheduler.round_index, exc, restores if restored else "",
+            scheduler.round_index, exc, restores,
         )  # fmt: skip
         if self.in_a_row > self.max_failed_rounds:
             raise EngineFailure(f"{self.in_a_row} rounds failed in a row; the last step raised {exc!r}") from exc

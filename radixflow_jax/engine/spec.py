@@ -27,7 +27,8 @@ class EngineSpec:
     prefill region costs a one-token row one token, as the native CPU kernels do, so
     ``mixed_layout="auto"`` packs) and its pools (``num_pages`` / ``num_slots``
     include the reserved id 0 of each pool; ``num_host_slots``: the host tier's checkpoints,
-    ``cache/tiers.py``, 0 for none; ``state_bytes``: one checkpoint's bytes, what a spill or a
+    ``cache/tiers.py``, 0 for none; ``num_host_pages``: its KV pages, ``cache/hostkv.py``;
+    ``state_bytes`` / ``page_bytes``: one checkpoint's / one KV page's bytes, what a spill or a
     restore moves, 0 when unknown; ``max_model_len``: the longest request).
 
     Invariant: everything below is derived from these fields alone, so two engines of equal specs
@@ -40,7 +41,9 @@ class EngineSpec:
     num_slots: int
     max_model_len: int
     num_host_slots: int = 0
+    num_host_pages: int = 0
     state_bytes: int = 0
+    page_bytes: int = 0
     eos_token_ids: tuple[int, ...] = ()
     tokenizer: object | None = None
     vocab_size: int | None = None

@@ -95,16 +95,19 @@ def audit_engine(core: EngineCore, pinned: Iterable[Node] = ()) -> None:
 
 
 def assert_drained(core: EngineCore) -> None:
-    """With no work left, a flush frees every page and slot (nothing leaked)."""
+    """With no work left, a flush frees every page and slot, device and host (nothing leaked)."""
     sched = core.scheduler
     if sched.has_work():
         raise InvariantError(f"{len(sched.waiting)} waiting and {len(sched.running)} running requests left")
     sched.memory.flush()
     used = sched.memory.pages.num_used, sched.memory.slots.num_used if sched.memory.slots is not None else 0
-    host = sched.memory.cache.host_pool if sched.memory.cache is not None else None
-    if any(used) or (host is not None and host.num_used):
+    cache = sched.memory.cache
+    host = cache.host_pool if cache is not None else None
+    host_pages = cache.host_page_pool if cache is not None else None
+    held = (host.num_used if host else 0), (host_pages.num_used if host_pages else 0)
+    if any(used) or any(held):
         raise InvariantError(
-            f"{used[0]} pages, {used[1]} slots and {host.num_used if host else 0} host slots leaked after a flush"
+            f"{used[0]} pages, {used[1]} slots, {held[0]} host slots and {held[1]} host pages leaked after a flush"
         )
 
 

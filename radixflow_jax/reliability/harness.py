@@ -262,11 +262,12 @@ def shadow_engine(
     faults: tuple[Fault, ...] = (),
     fail_reset: bool = False,
     num_host_slots: int = 0,
+    num_host_pages: int = 0,
 ) -> EngineCore:
     """An engine assembled like the model engine (``assemble_engine``) over a :class:`ShadowExecutor`
     that checks every context against the request's real tokens; wrapped in a :class:`FaultyExecutor`.
-    ``num_host_slots``: a host tier of that many checkpoints (its spills and restores replayed by
-    the shadow executor)."""
+    ``num_host_slots`` / ``num_host_pages``: a host tier of that many checkpoints and KV pages (its
+    spills and restores replayed by the shadow executor)."""
     clock = VirtualClock()
     spec = EngineSpec(
         config=config,
@@ -275,6 +276,7 @@ def shadow_engine(
         num_pages=num_pages,
         num_slots=num_slots,
         num_host_slots=num_host_slots,
+        num_host_pages=num_host_pages,
         max_model_len=max_model_len,
     )
     verify = config.scheduler.speculative is not None

@@ -20,8 +20,9 @@ producer's sequence, which must end this round at the rider's prompt length; the
 wrote the rider's slot, and the plan's page copies (applied after every row) give it the partial
 page, so its next row's context and state checks cover both. A plan's state moves (finished
 requests' kept ends leaving the request band, spills to the host tier's ``host`` and restores from
-it) are applied in order before every row, as the executor does, so a restored checkpoint that
-does not hold what was spilled fails the state check of the row that reads it.
+it, KV pages' spills to its ``host_pages`` and restores from them) are applied in order before every
+row, as the executor does, so a restored checkpoint that does not hold what was spilled fails the
+state check of the row that reads it, and a restored page that does not fails its context check.
 
 A verify row (speculative decoding, ``RowPlan.num_draft``, with ``verify=True``) runs like any row
 over its known tokens and its drafted ones (only the known ones are checked against the request's
@@ -91,7 +92,8 @@ class ShadowExecutor:
         self.round_s = round_s
         self.pages: dict[int, list[int | None]] = {}
         self.slots: dict[int, tuple[int, int]] = {}
-        self.host: dict[int, tuple[int, int]] = {}  # the host tier's rows (spills, restores)
+        self.host: dict[int, tuple[int, int]] = {}  # the host tier's checkpoint rows (spills, restores)
+        self.host_pages: dict[int, list[int | None]] = {}  # the host tier's KV pages (kv_spill, kv_restore)
         self.violations: list[str] = []
         self.rounds = 0
         self.rows_checked = 0
@@ -155,12 +157,7 @@ class ShadowExecutor:
         unpaired = [row for row in plan.rows if row.pair_slot is None and row.twin_id is None]
         paired = [row for row in plan.rows if row.pair_slot is not None]
         sequences: dict[int, tuple[int, ...]] = {}
-        for move in plan.state_moves:  # before the step, in order, as the executor makes them
-            if move.kind == "spill":
-                self.host[move.dst] = self.slots.get(move.src, (-1, -1))
-            else:
-                source = self.host if move.kind == "restore" else self.slots
-                self.slots[move.dst] = source.get(move.src, (-1, -1))
+        self._move_states(plan)
         for src, dst in plan.copies_before(self.page_size):  # before the step, as the executor copies them
             self.pages[dst] = list(self.pages.get(src, [None] * self.page_size))
         for phase in (unpaired, paired):  # the step's order: producers, then their partners
@@ -186,6 +183,23 @@ class ShadowExecutor:
             sampled=sampled, token_slots=plan.num_tokens, row_slots=len(plan.rows), build_s=0.0, step_s=self.round_s,
             verified=verified,
         )
+
+    def _move_states(self, plan: RoundPlan) -> None:
+        """The plan's state moves, before the step, in order, as the executor makes them: a spill
+        copies a slot (``kv_spill``: a page) into the host tier, a restore copies it back; a host
+        row never written restores garbage (a slot) or unwritten KV (a page), which the row that
+        reads it fails on."""
+        blank = [None] * self.page_size
+        for move in plan.state_moves:
+            if move.kind == "spill":
+                self.host[move.dst] = self.slots.get(move.src, (-1, -1))
+            elif move.kind == "kv_spill":
+                self.host_pages[move.dst] = list(self.pages.get(move.src, blank))
+            elif move.kind == "kv_restore":
+                self.pages[move.dst] = list(self.host_pages.get(move.src, blank))
+            else:
+                source = self.host if move.kind == "restore" else self.slots
+                self.slots[move.dst] = source.get(move.src, (-1, -1))
 
     def _ride(self, row: RowPlan, plan: RoundPlan, sequences: Mapping[int, tuple[int, ...]], sampled: dict[int, int]) -> None:
         """A rider samples from its producer's last position: the producer's row must sample in this

@@ -44,6 +44,7 @@ class SoakConfig:
     num_pages: int = 112
     num_slots: int = 40
     num_host_slots: int = 24  # the host tier: demoted checkpoints come back by restores
+    num_host_pages: int = 64  # and demoted KV pages by promotions
     max_num_seqs: int = 8
     max_num_batched_tokens: int = 128
     page_size: int = 8
@@ -77,7 +78,7 @@ def _soak_engine(cfg: SoakConfig, rng: random.Random, expected_rounds: int) -> E
     )  # a fault is counted in step calls; calls past the last planned fault simply succeed
     return shadow_engine(
         ec, num_pages=cfg.num_pages, num_slots=cfg.num_slots, max_model_len=cfg.max_model_len, vocab=cfg.vocab,
-        faults=faults, num_host_slots=cfg.num_host_slots,
+        faults=faults, num_host_slots=cfg.num_host_slots, num_host_pages=cfg.num_host_pages,
     )
 
 
@@ -196,6 +197,8 @@ def run_soak(cfg: SoakConfig) -> dict[str, Any]:
         "leaked_slots": core.scheduler.memory.slots.num_used if core.scheduler.memory.slots else 0,
         "host_spills": sum(r.spilled for r in core.records),
         "host_restores": sum(r.restored for r in core.records),
+        "host_kv_spills": sum(r.kv_spilled for r in core.records),
+        "host_kv_restores": sum(r.kv_restored for r in core.records),
         "drafted_tokens": sum(r.drafted_tokens for r in core.records),
         "accepted_tokens": sum(r.accepted_tokens for r in core.records),
         "wall_s": wall,

@@ -226,6 +226,24 @@ class Allocator:
         self.slots.decref(slot)  # the tree holds the only reference now (or none: nothing to restore)
         return ckpt is not None and ckpt.restoring
 
+    def promote(self, nodes: Sequence[Any]) -> bool:
+        """Brings the host KV of ``nodes`` (a match's ``host_kv``) back onto freshly allocated pages
+        (``RadixCache.promote``: ``kv_restore`` moves for the plan being built), evicting as any
+        allocation does while a lock keeps the path in the tree; False, changing nothing in the
+        tree, when the pages cannot be had."""
+        assert self.cache is not None and nodes
+        last = nodes[-1]
+        self.cache.lock(last)  # eviction for the pages must not take the path being brought back
+        try:
+            pages = self.alloc_pages(sum(n.num_pages for n in nodes))
+            if pages is None:
+                return False
+            self.cache.promote(nodes, pages)
+            self.pages.release(pages)  # the tree holds the only reference now
+            return True
+        finally:
+            self.cache.unlock(last)
+
     def hold_restore(self, req: Request, node: Any) -> None:
         """Waiting ``req`` had ``node``'s host checkpoint restored: a lock keeps the restored state
         from eviction (a later restore would demote it again before ``req`` read it) until ``req``

@@ -106,6 +106,7 @@ class RoundStats:
     checkpoints_evicted_unused: int = 0  # committed checkpoints dropped this round before any read
     host_hits: int = 0  # requests whose match resumed from a host checkpoint (read into their slot, or restoring)
     restore_waits: int = 0  # requests that waited this round for a pending restore they started
+    host_kv_pages: int = 0  # KV pages brought back from the host tier for requests this round admits
     prefill_first: bool = False  # planned prefill before decode rows (the last round starved a prefill)
 
 

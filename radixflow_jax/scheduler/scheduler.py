@@ -42,15 +42,20 @@ from radixflow_jax.scheduler.drafts import Drafter, accepted_length, kept_tokens
 from radixflow_jax.scheduler.overlap import LaunchedRounds
 from radixflow_jax.scheduler.pairing import Pairing
 from radixflow_jax.scheduler.plan import RoundPlan, RowPlan
+from radixflow_jax.scheduler.hostreads import from_host
 from radixflow_jax.scheduler.request import Request, RequestStatus
 from radixflow_jax.scheduler.riders import Riders
 from radixflow_jax.scheduler.running import RunningSet
 
 
 class Scheduler:
-    """``num_host_slots``: the host tier's capacity in checkpoints (``cache/tiers.py``; 0: none)."""
+    """``num_host_slots`` / ``num_host_pages``: the host tier's capacity in checkpoints and in KV
+    pages (``cache/tiers.py``, ``cache/hostkv.py``; 0: none)."""
 
-    def __init__(self, config: SchedulerConfig, num_pages: int, num_slots: int, *, num_host_slots: int = 0):
+    def __init__(
+        self, config: SchedulerConfig, num_pages: int, num_slots: int, *, num_host_slots: int = 0,
+        num_host_pages: int = 0,
+    ):
         self.config = config
         self.policy = get_policy(config.policy)
         cache_cfg = config.cache_config  # the model's geometry (derived once, EngineSpec.cache_config)
@@ -58,7 +63,8 @@ class Scheduler:
         slots = SlotPool(num_slots, request_slots=config.max_num_seqs) if config.hybrid else None
         caching = self.policy.use_cache  # policy no-cache: no radix cache
         host = HostPool(num_host_slots + 1) if num_host_slots > 0 and config.hybrid else None
-        cache = RadixCache(cache_cfg, pages, slots, host_pool=host) if caching else None
+        host_pages = HostPool(num_host_pages + 1) if num_host_pages > 0 else None
+        cache = RadixCache(cache_cfg, pages, slots, host_pool=host, host_page_pool=host_pages) if caching else None
         self.memory = Allocator(cache_cfg, pages, slots, cache)
         self.waiting: collections.deque[Request] = collections.deque()
         self.requests: dict[int, Request] = {}
@@ -202,16 +208,10 @@ class Scheduler:
         if ride is not None:
             return ride
         match = cache.match(req.tokens, shared=False) if cache is not None else None
-        if match is not None and match.host_node is not None:
-            if round_.add_from_host(req, match):  # its hit is in the host tier: straight into its slot
-                round_.stats.host_hits += 1
-                return Decision.ADMIT
-            if memory.restore(match.host_node):  # it cannot run now: restored for a later round
-                round_.stats.host_hits += 1
-                memory.hold_restore(req, match.host_node)  # a consumer of the restore
-                match = cache.match(req.tokens, shared=False)
-            elif cache.has_pending:  # no checkpoint slot now: one can be had once the pending ones commit
-                return self._hold(round_)
+        if match is not None and (match.host_node is not None or match.host_kv):  # scheduler/hostreads.py
+            outcome, match = from_host(req, match, round_, memory)
+            if outcome is not None:
+                return Decision.ADMIT if outcome == "admit" else self._hold(round_)
         # attention-only models see pending KV only from rounds in flight (overlap, see overlap.py)
         if match is not None and match.is_consumer:
             decision = self._consumer(req, match, round_)

@@ -50,6 +50,8 @@ _PER_ROUND = {
     "accepted_tokens": ("spec_accepted_tokens", "Speculative decoding: drafted tokens accepted."),
     "spilled": ("host_spills", "Host tier: checkpoints copied from the device state pool to host memory."),
     "restored": ("host_restores", "Host tier: checkpoints copied back from host memory (each one a hit that would have been recomputed)."),
+    "kv_spilled": ("host_kv_spills", "Host tier: KV pages copied from the device page pool to host memory."),
+    "kv_restored": ("host_kv_restores", "Host tier: KV pages copied back from host memory."),
     "host_hits": ("host_hits", "Host tier: requests whose match resumed from a host checkpoint (read into their slot, or restored for a later round)."),
     "restore_waits": ("host_restore_waits", "Host tier: rounds requests waited for a pending restore (one per request per round)."),
 }
@@ -103,6 +105,9 @@ class _Gauges(Collector):
         hosts = [m.cache.host_pool for m in mems if m.cache is not None and m.cache.host_pool is not None]
         yield self._gauge("host_slots_total", "Host tier: checkpoints host memory can hold.", sum(h.capacity for h in hosts))
         yield self._gauge("host_slots_free", "Host tier: checkpoint rows free.", sum(h.num_free for h in hosts))
+        kv = [m.cache.host_page_pool for m in mems if m.cache is not None and m.cache.host_page_pool is not None]
+        yield self._gauge("host_pages_total", "Host tier: KV pages host memory can hold.", sum(h.capacity for h in kv))
+        yield self._gauge("host_pages_free", "Host tier: KV page rows free.", sum(h.num_free for h in kv))
         drafters = [r.core.scheduler.drafter for r in self.replicas]
         drafters = [d for d in drafters if hasattr(d, "disabled")]
         if drafters:  # speculative method "draft" (engine/drafter.py)
@@ -147,7 +152,7 @@ class ServerMetrics:
         self.e2e = histogram("e2e_request_latency_seconds", "End-to-end request latency.", _E2E)
         self.queue = histogram("request_queue_time_seconds", "Time from arrival to the first round.", _E2E)
         self.round_time = histogram("round_duration_seconds", "Plan + build + step time of one round.", _ROUND)
-        self.host_bytes = counter("host_transfer_bytes", "Host tier: checkpoint bytes copied, by direction.", ["direction"])
+        self.host_bytes = counter("host_transfer_bytes", "Host tier: checkpoint and KV page bytes copied, by direction.", ["direction"])
         self.restore_wait_s = counter(
             "host_restore_wait_seconds",
             "Host tier: time requests waited for a pending restore they started (each waiting request, the rounds' "
@@ -194,9 +199,14 @@ class ServerMetrics:
             for j, (drafted, accepted) in enumerate(zip(rec.drafted_at, rec.accepted_at), start=1):
                 self.drafted_at.labels(m, str(j)).inc(drafted)
                 self.accepted_at.labels(m, str(j)).inc(accepted)
-            if core is not None and (rec.spilled or rec.restored):
-                self.host_bytes.labels(m, "device_to_host").inc(rec.spilled * core.spec.state_bytes)
-                self.host_bytes.labels(m, "host_to_device").inc(rec.restored * core.spec.state_bytes)
+            if core is not None and (rec.spilled or rec.restored or rec.kv_spilled or rec.kv_restored):
+                spec = core.spec
+                self.host_bytes.labels(m, "device_to_host").inc(
+                    rec.spilled * spec.state_bytes + rec.kv_spilled * spec.page_bytes
+                )
+                self.host_bytes.labels(m, "host_to_device").inc(
+                    rec.restored * spec.state_bytes + rec.kv_restored * spec.page_bytes
+                )
         if records and core is not None:
             for req in core.scheduler.running:
                 self._started((replica, req.request_id), req.arrival_time, round_start)

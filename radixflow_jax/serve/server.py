@@ -59,8 +59,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--num-kv-pages", type=int, default=None)
     p.add_argument("--num-state-slots", type=int, default=None)
     p.add_argument("--host-cache-gb", type=float, default=None,
-                   help="host memory for checkpoints evicted from the state slots (the host tier); "
+                   help="host memory for checkpoints and KV pages evicted from the device pools (the host tier); "
                         "default: an eighth of the host's RAM, at most 4 GiB; 0: none")
+    p.add_argument("--host-kv-fraction", type=float, default=None,
+                   help="the host tier's share for KV pages, 0-1 (default: the device pools' split by bytes)")
     p.add_argument("--no-prefix-cache", action="store_true", help="the same as --policy no-cache")
     p.add_argument("--speculative", default=None, choices=("ngram", "draft", "mtp"),
                    help="speculative decoding: drafts verified in one row, from each request's own tokens (ngram), "
@@ -197,7 +199,7 @@ def build_state(args: argparse.Namespace) -> Any:
     ec = EngineConfig.from_options(
         max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens, page_size=args.page_size,
         num_kv_pages=args.num_kv_pages, num_state_slots=args.num_state_slots, max_model_len=args.max_model_len,
-        host_cache_gb=args.host_cache_gb,
+        host_cache_gb=args.host_cache_gb, host_kv_fraction=args.host_kv_fraction,
         policy="no-cache" if args.no_prefix_cache else args.policy, queue_order=args.queue_order,
         kernels=args.kernels, seed=args.seed, warmup=warmup_mode(args) == "all",
         compilation_cache_dir=args.compilation_cache_dir or None, penalty_window=args.penalty_window, max_n=args.max_n,

@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from radixflow_jax.engine.build import assemble_engine, device_pools, host_slots
+from radixflow_jax.engine.build import assemble_engine, device_pools, host_tier_sizes
 from radixflow_jax.engine.config import EngineConfig
 from radixflow_jax.engine.core import EngineCore
 from radixflow_jax.engine.roundcost import LinearRoundCost
@@ -26,7 +26,7 @@ def build_sim_engine(
     round time from :class:`RooflineCost` (``overhead_s`` overrides the device spec's per-round
     cost), with seeded relative ``noise`` (``SimExecutor``; seed ``ec.seed``); ``acceptance``: per
     drafted position, the probability a drafted token is accepted (speculative decoding, which
-    needs it). A host tier only when ``ec`` asks for one (:func:`sim_host_slots`), its copies over
+    needs it). A host tier only when ``ec`` asks for one (:func:`sim_host_tier`), its copies over
     the device's host link (``sim/hostlink.py``)."""
     sc = ec.scheduler
     if sc.speculative is not None and not acceptance:
@@ -36,7 +36,8 @@ def build_sim_engine(
         pages = ec.num_kv_pages
     if ec.num_state_slots is not None:
         slots = ec.num_state_slots
-    num_host = sim_host_slots(spec, device, ec)
+    page_bytes = spec.kv_bytes_per_token * sc.page_size  # one KV page over every attention layer
+    num_host, num_host_pages = sim_host_tier(spec, device, ec, pages=pages, slots=slots, page_bytes=page_bytes)
     engine_spec = EngineSpec(
         config=ec,
         hybrid=spec.is_hybrid,
@@ -44,12 +45,18 @@ def build_sim_engine(
         num_pages=pages,
         num_slots=slots,
         num_host_slots=num_host,
+        num_host_pages=num_host_pages,
         state_bytes=spec.state_bytes,
+        page_bytes=page_bytes,
         max_model_len=ec.max_model_len or 32768,
     )
     clock = VirtualClock()
     cost = RooflineCost(spec, device, overhead_s=overhead_s)
-    link = HostLink(device.host_link_bandwidth, device.host_link_latency_s, spec.state_bytes) if num_host else None
+    link = (
+        HostLink(device.host_link_bandwidth, device.host_link_latency_s, spec.state_bytes, page_bytes=page_bytes)
+        if num_host or num_host_pages
+        else None
+    )
 
     def executor(shapes: Any) -> SimExecutor:
         host = HostLinkTimeline(link) if link is not None else None
@@ -58,14 +65,20 @@ def build_sim_engine(
     return assemble_engine(engine_spec, executor, clock=clock)
 
 
-def sim_host_slots(spec: ModelSpec, device: DeviceSpec, ec: EngineConfig) -> int:
-    """The simulated host tier's checkpoints (``engine/build.host_slots``), none by default: a
-    simulated host has no RAM to take an eighth of. ``ValueError`` for a tier on a device whose
-    host link is not published (``sim/specs.py``)."""
-    n = host_slots(spec.state_bytes, ec, default_gb=0.0)  # 0 bytes without recurrent layers
-    if n and device.host_link_bandwidth is None:
+def sim_host_tier(
+    spec: ModelSpec, device: DeviceSpec, ec: EngineConfig, *, pages: int, slots: int, page_bytes: int
+) -> tuple[int, int]:
+    """The simulated host tier's ``(checkpoints, KV pages)`` (``engine/build.host_tier_sizes``, split
+    like the device pools of ``pages`` and ``slots``), none by default: a simulated host has no RAM
+    to take an eighth of. ``ValueError`` for a tier on a device whose host link is not published
+    (``sim/specs.py``)."""
+    sizes = host_tier_sizes(
+        slot_bytes=spec.state_bytes, page_bytes=page_bytes, device_state_bytes=slots * spec.state_bytes,
+        device_kv_bytes=pages * page_bytes, ec=ec, default_gb=0.0,
+    )
+    if any(sizes) and device.host_link_bandwidth is None:
         raise ValueError(f"host_cache_gb: device {device.name!r} has no published host link to simulate a host tier on")
-    return n
+    return sizes
 
 
 def calibrate(engine: EngineCore) -> LinearRoundCost:
@@ -80,7 +93,8 @@ def mirror_sim_engine(engine: EngineCore, cost: Any) -> EngineCore:
     beyond ``cost``: a line fitted to measured rounds holds their restores already."""
     clock = VirtualClock()
     spec = dataclasses.replace(engine.spec, eos_token_ids=(), tokenizer=None, vocab_size=None)
-    free = HostLink(bandwidth=float("inf"), latency_s=0.0, state_bytes=1) if spec.num_host_slots else None
+    tiered = spec.num_host_slots or spec.num_host_pages
+    free = HostLink(bandwidth=float("inf"), latency_s=0.0, state_bytes=1, page_bytes=1) if tiered else None
 
     def executor(shapes: Any) -> SimExecutor:
         host = HostLinkTimeline(free) if free is not None else None

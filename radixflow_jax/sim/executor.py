@@ -20,10 +20,10 @@ to the rounds this executor reports (``engine/roundcost.py``), as on the model e
 measured executor's. Sampled tokens are a fixed id, so simulated requests end by ``max_tokens``
 (run with ``ignore_eos``).
 
-The host tier's copies (``RoundPlan.state_moves``: spills and restores) cost what the device's host
-link charges (``sim/hostlink.py``): spills overlap later rounds, a restore holds its round's step
-back; a plan of restores only is their transfer time. An executor built without a link refuses
-them, as the model executor without a host tier does.
+The host tier's copies (``RoundPlan.state_moves``: spills and restores of checkpoints and of KV
+pages) cost what the device's host link charges (``sim/hostlink.py``): spills overlap later rounds,
+a restore holds its round's step back; a plan of restores only is their transfer time. An executor
+built without a link refuses them, as the model executor without a host tier does.
 
 Speculative decoding (``acceptance``, per drafted position): a verify row costs its tokens like
 any row (every slot pays the dense work, the LM head included), and each drafted token is accepted
@@ -168,7 +168,9 @@ class SimExecutor:
         if not any(m.kind != "copy" for m in plan.state_moves):
             return 0.0
         if self.host is None:
-            raise ValueError("a plan spills or restores states, but this simulated executor has no host link")
+            kinds = ", ".join(sorted({m.kind for m in plan.state_moves} - {"copy"}))
+            raise ValueError(f"a plan moves states or KV pages to or from the host tier ({kinds}), but this "
+                             "simulated executor has no host link")  # fmt: skip
         return self.host.round_delay(plan.state_moves, self.clock.now)
 
     def _verify(self, draft: tuple[int, ...]) -> tuple[int, ...]:

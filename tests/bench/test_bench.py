@@ -143,12 +143,13 @@ def test_cli_host_tier_on_the_simulator(tmp_path, capsys) -> None:
     args = ["bench", "--model", "qwen3.5-4b", "--workload", "multiturn", "--num-requests", "96", "--turns", "3",
             "--arrival", "all", "--think-time", "0.5", "--max-num-seqs", "8", "--num-state-slots", "12",
             "--policies", "radixflow", "--no-progress", "--json", out]  # fmt: skip
-    assert cli.main([*args, "--host-cache-gb", "4"]) == 0
+    assert cli.main([*args, "--host-cache-gb", "4", "--host-kv-fraction", "0"]) == 0  # all of it for checkpoints
     tiered = json.load(open(out))
     assert cli.main(args) == 0  # the simulator has no host tier unless asked
     plain = json.load(open(out))
     capsys.readouterr()
     assert tiered["config"]["host_cache_gb"] == 4.0 and tiered["config"]["think_time"] == 0.5
+    assert tiered["config"]["host_kv_fraction"] == 0.0
     assert tiered["config"]["host_link_bytes_s"] == 64e9
     on, off = tiered["runs"][0], plain["runs"][0]
     assert on["host_restores"] > 0 and off["host_restores"] == off["host_spills"] == 0

@@ -27,11 +27,14 @@ def make_cache(
     num_slots: int = 8,
     policy: EvictionPolicy | None = None,
     host_slots: int = 0,
+    host_pages: int = 0,
 ) -> RadixCache:
-    """``host_slots``: the host tier's capacity in checkpoints (0: no host tier)."""
+    """``host_slots`` / ``host_pages``: the host tier's capacity in checkpoints and KV pages (0:
+    none)."""
     cfg = CacheConfig(page_size=page_size, grid=grid, hybrid=hybrid)
     host = HostPool(host_slots + 1) if host_slots else None
-    return RadixCache(cfg, PagePool(num_pages), SlotPool(num_slots), policy=policy, host_pool=host)
+    kv = HostPool(host_pages + 1) if host_pages else None
+    return RadixCache(cfg, PagePool(num_pages), SlotPool(num_slots), policy=policy, host_pool=host, host_page_pool=kv)
 
 
 def own_pages(cache: RadixCache, tokens: Sequence[int], table: Sequence[int] = ()) -> tuple[list[int], list[int]]:
@@ -76,7 +79,7 @@ def committed_checkpoint(cache: RadixCache, tokens: Sequence[int], depth: int, p
 class Matched(MatchResult):
     """A ``MatchResult`` with what the tree holds along the matched path, read from the nodes (the
     cache reports only what the scheduler uses): ``kv_node`` ends the committed KV prefix
-    (``kv_hit_len`` tokens in ``kv_pages``; the root when 0), ``pending_kv_len`` is the path's depth
+    (``kv_hit_len`` tokens in ``kv_pages``; the root when 0), ``pending_kv_len`` is the depth of the path's device part
     with pending KV, ``committed_node`` the deepest committed checkpoint on it (``committed_depth``,
     ``committed_slot``; ``None`` / 0 / ``None`` without one)."""
 
@@ -103,13 +106,14 @@ def matched(cache: RadixCache, tokens: Sequence[int], **kw: bool) -> Matched:
         path.append(child)
         node = child
     committed = [n for n in path if n.checkpoint is not None and n.checkpoint.committed]
-    kv = [n for n in path if n.kv_producer is None]  # committed KV is a prefix of the path
+    kv = [n for n in path if n.kv_producer is None and not n.kv_on_host]  # committed device KV: a prefix
+    device = [n for n in path if not n.kv_on_host]  # the device part of the path (host KV hangs below it)
     return Matched(
         **{f.name: getattr(m, f.name) for f in dataclasses.fields(MatchResult)},
         kv_hit_len=kv[-1].depth if kv else 0,
         kv_pages=tuple(page for n in kv for page in n.pages),
         kv_node=kv[-1] if kv else cache.root,
-        pending_kv_len=path[-1].depth if path else 0,
+        pending_kv_len=device[-1].depth if device else 0,
         committed_node=committed[-1] if committed else None,
         committed_depth=committed[-1].depth if committed else 0,
         committed_slot=committed[-1].readable_slot if committed else None,

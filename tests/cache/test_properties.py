@@ -8,7 +8,9 @@ evictions and flushes are interleaved. Checked after every step: the cache and p
 exact reference accounting (pool refcount == tree references + requests' own references); every
 committed page and committed checkpoint holds exactly the data a cold run writes; no match ever
 returns a pending checkpoint as usable; locked nodes and pending data survive eviction; and when
-every request is gone and the cache is flushed, every page and slot is free.
+every request is gone and the cache is flushed, every page and slot is free. With a host tier for
+KV pages, evicted pages are spilled there (the machine copies the data as the executor would) and
+promoted back; a promoted page holds what a cold run writes, like any other.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 from radixflow_jax.cache import (
     CacheConfig,
     FlopAwarePolicy,
+    HostPool,
     Node,
     PagePool,
     PendingCheckpointError,
@@ -30,7 +33,7 @@ from radixflow_jax.cache import (
     SlotPool,
     checkpoint_positions,
 )
-from radixflow_jax.cache.invariants import tree_references
+from radixflow_jax.cache.invariants import host_page_references, tree_references
 from radixflow_jax.cache.tree import iter_nodes
 from tests.cache.helpers import Matched, matched
 
@@ -57,16 +60,22 @@ class CacheMachine(RuleBasedStateMachine):
         num_pages=st.integers(3, 24),
         num_slots=st.integers(2, 6),
         flop_aware=st.booleans(),
+        host_pages=st.sampled_from([0, 0, 4, 10]),
     )
     def setup(
-        self, page_size: int, grid_pages: int, hybrid: bool, num_pages: int, num_slots: int, flop_aware: bool
+        self, page_size: int, grid_pages: int, hybrid: bool, num_pages: int, num_slots: int, flop_aware: bool,
+        host_pages: int,
     ) -> None:
         self.cfg = CacheConfig(page_size=page_size, grid=grid_pages * page_size, hybrid=hybrid)
         self.pages = PagePool(num_pages)
         self.slots = SlotPool(num_slots)
         policy = FlopAwarePolicy(flops=lambda a, b: float(b * b - a * a), page_bytes=1.0, state_bytes=2.0, alpha=0.5)
-        self.cache = RadixCache(self.cfg, self.pages, self.slots, policy=policy if flop_aware else None)
+        self.host = HostPool(host_pages + 1) if host_pages else None
+        self.cache = RadixCache(
+            self.cfg, self.pages, self.slots, policy=policy if flop_aware else None, host_page_pool=self.host
+        )
         self.page_data: dict[int, tuple[int, ...] | None] = {}
+        self.host_data: dict[int, tuple[int, ...] | None] = {}
         self.slot_data: dict[int, tuple[int, ...] | None] = {}
         self.reqs: dict[int, Request] = {}
         self.next_rid = 0
@@ -133,6 +142,7 @@ class CacheMachine(RuleBasedStateMachine):
         own = self.pages.alloc(need)
         if own is None and evict_first:
             self.cache.evict_kv(need - self.pages.num_free)
+            self._apply_moves()  # before the freed pages are handed out again
             own = self.pages.alloc(need)
         if own is None:  # all-or-nothing: defer the request, release the tentative lock
             self.cache.unlock(m.hit_node)
@@ -162,6 +172,41 @@ class CacheMachine(RuleBasedStateMachine):
             self.slots.decref(slot[0])  # the tree holds its own reference (or the slot is free again)
             if node is not None:
                 req.planted.append((depth, slot[0]))
+
+    def _apply_moves(self) -> None:
+        """The executor's part: the queued copies, in order (only KV moves: no host slots here)."""
+        moves, restores = self.cache.take_moves()
+        assert not restores
+        for kind, src, dst in moves:
+            assert kind in ("kv_spill", "kv_restore"), kind
+            if kind == "kv_spill":
+                self.host_data[dst] = self.page_data.get(src)
+            else:
+                self.page_data[dst] = self.host_data.get(src)
+
+    @rule(tokens=TOKENS)
+    def promote(self, tokens: list[int]) -> None:
+        """A request about to start past host KV brings it back (``Allocator.promote``)."""
+        toks = tuple(tokens)
+        m = matched(self.cache, toks)
+        if not m.host_kv:
+            return
+        self.cache.lock(m.host_kv[-1])
+        need = sum(n.num_pages for n in m.host_kv)
+        pages = self.pages.alloc(need)
+        if pages is None:
+            self.cache.evict_kv(need - self.pages.num_free)
+            self._apply_moves()
+            pages = self.pages.alloc(need)
+        if pages is not None:
+            self.cache.promote(m.host_kv, pages)
+            self.pages.release(pages)
+            self._apply_moves()
+        self.cache.unlock(m.host_kv[-1])
+        after = matched(self.cache, toks)
+        self.check_match(toks, after)
+        if pages is not None and not self.cfg.hybrid:
+            assert after.kv_hit_len >= m.host_kv[-1].depth
 
     def _pick(self, data: st.DataObject, pred) -> Request:
         return self.reqs[data.draw(st.sampled_from(sorted(r.rid for r in self.reqs.values() if pred(r))))]
@@ -240,6 +285,7 @@ class CacheMachine(RuleBasedStateMachine):
         if kind == "kv":
             free = self.pages.num_free
             assert self.cache.evict_kv(n) == self.pages.num_free - free
+            self._apply_moves()
         else:
             free = self.slots.num_free
             assert self.cache.evict_states(n) == self.slots.num_free - free
@@ -262,6 +308,7 @@ class CacheMachine(RuleBasedStateMachine):
         self.cache.flush()
         assert self.cache.stats().nodes == 0
         assert self.pages.num_used == 0 and self.slots.num_used == 0
+        assert self.host is None or self.host.num_used == 0
 
     # ------------------------------------------------------------ invariants
 
@@ -272,6 +319,9 @@ class CacheMachine(RuleBasedStateMachine):
         page_refs.update(p for r in self.reqs.values() for p in r.own)
         assert all(self.pages.refcount(i) == page_refs[i] for i in range(1, self.pages.size))
         assert all(self.slots.refcount(i) == slot_refs[i] for i in range(1, self.slots.size))
+        if self.host is not None:
+            host_refs = host_page_references(self.cache.root)
+            assert all(self.host.refcount(i) == host_refs[i] for i in range(1, self.host.size))
         assert set(self.cache.pending_producers()) <= set(self.reqs)
         stats = self.cache.stats()
         assert stats.pages_held == sum(tree_references(self.cache.root)[0].values())

@@ -1,6 +1,6 @@
 """The soak at a reduced size (``tests/heavy/soak.py`` runs 100k requests): random arrivals over
 shared prefixes, random aborts (between rounds and while a round runs), random failed steps of
-every kind, small pools with a host tier below the state slots (demotions and restores); invariants audited after every round, every checkpoint read
+every kind, small pools with a host tier below the state slots and the page pool (demotions and restores); invariants audited after every round, every checkpoint read
 checked, every completed output equal to the cold run, conversations resending their history. Nothing is lost: every request completes,
 is aborted, or ends with a clear error, and no page or slot leaks."""
 
@@ -31,6 +31,7 @@ def test_soak(policy: str, caplog) -> None:
     assert r["invariant_audits"] == r["ticks"] and r["rounds"] <= r["ticks"]  # after every round
     assert r["leaked_pages"] == 0 and r["leaked_slots"] == 0
     assert r["host_restores"] > 20 and r["host_spills"] >= r["host_restores"]  # the host tier under all of it
+    assert r["host_kv_restores"] > 100 and r["host_kv_spills"] >= r["host_kv_restores"]  # its KV pages too
     assert r["reuse"] > 0.1
     assert r["riders"] > 20  # resent prompts ride the first one's last round, outputs still equal cold
     assert (r["paired_reads_checked"] > 20) if get_policy(policy).pair else r["paired_reads_checked"] == 0

@@ -1,7 +1,7 @@
 """The host tier on ``/metrics`` (in-process server on the simulated executor): conversations that
-come back after others pushed their checkpoints out of a small state pool are restored; the spill
-and restore counters, the bytes each way (checkpoints times one checkpoint's bytes) and the host
-pool gauges say so."""
+come back after others pushed their checkpoints out of a small state pool (and their pages out of a
+small page pool) are restored; the spill and restore counters, the bytes each way (checkpoints
+times one checkpoint's bytes, pages times one page's) and the host pool gauges say so."""
 
 from __future__ import annotations
 
@@ -27,9 +27,10 @@ def _value(text: str, name: str, labels: str = "") -> float:
     return float(m.group(1))
 
 
-def test_spills_restores_and_bytes_on_metrics() -> None:
+def _serve_conversations(ec: EngineConfig):
+    """Six conversations of two turns, one request at a time; returns the engine core and /metrics."""
     metrics = ServerMetrics("sim", hybrid=True)
-    core = build_sim_engine(get_model_spec("qwen3.5-4b"), get_device_spec("h200"), EC)
+    core = build_sim_engine(get_model_spec("qwen3.5-4b"), get_device_spec("h200"), ec)
     engine = BackgroundEngine(core, observer=metrics.observe, trim_records=True)
     metrics.attach(engine)
     state = ServerState(engine=engine, tokenizer=None, metrics=metrics, config=ServerConfig("sim"), max_model_len=512,
@@ -47,6 +48,11 @@ def test_spills_restores_and_bytes_on_metrics() -> None:
             text = c.get("/metrics").text
     finally:
         engine.shutdown()
+    return core, text
+
+
+def test_spills_restores_and_bytes_on_metrics() -> None:
+    core, text = _serve_conversations(EC)
     spills, restores = _value(text, "host_spills_total"), _value(text, "host_restores_total")
     assert spills >= 4 and restores >= 4  # six conversations' ends, two checkpoint slots
     state_bytes = core.spec.state_bytes
@@ -58,6 +64,23 @@ def test_spills_restores_and_bytes_on_metrics() -> None:
     assert _value(text, "host_restore_wait_seconds_total") == 0
     assert _value(text, "host_slots_total") == 16
     assert 0 <= _value(text, "host_slots_free") < 16
+    assert _value(text, "host_pages_total") == 0 and _value(text, "host_kv_spills_total") == 0
+
+
+def test_kv_pages_on_metrics() -> None:
+    """A page pool that holds about two of the six conversations: their pages go to the host tier
+    and come back; the bytes each way count pages too."""
+    ec = EngineConfig.from_options(max_num_seqs=2, max_num_batched_tokens=256, max_model_len=512, num_state_slots=5,
+                                   num_host_slots=16, num_kv_pages=40, num_host_pages=64)  # fmt: skip
+    core, text = _serve_conversations(ec)
+    spills, restores = _value(text, "host_spills_total"), _value(text, "host_restores_total")
+    kv_spills, kv_restores = _value(text, "host_kv_spills_total"), _value(text, "host_kv_restores_total")
+    assert kv_spills > 0 and kv_restores > 0 and restores >= 4
+    state, page = core.spec.state_bytes, core.spec.page_bytes
+    assert page == get_model_spec("qwen3.5-4b").kv_bytes_per_token * 16
+    assert _value(text, "host_transfer_bytes_total", 'direction="device_to_host"') == spills * state + kv_spills * page
+    assert _value(text, "host_transfer_bytes_total", 'direction="host_to_device"') == restores * state + kv_restores * page
+    assert _value(text, "host_pages_total") == 64 and 0 <= _value(text, "host_pages_free") < 64
 
 
 def test_restore_wait_seconds_count_each_waiting_request_for_its_round() -> None:

@@ -1,5 +1,6 @@
-"""Question: how many prompt tokens, and how much wall time, does the host tier (cache/tiers.py)
-save on the CPU model executor when conversations need several times the device state pool?
+"""Question: how many prompt tokens, and how much wall time, does the host tier (cache/tiers.py,
+cache/hostkv.py) save on the CPU model executor when conversations need several times the device
+state pool (and, with ``--kv-pages``, several times the device KV page pool too)?
 
 Many sessions, several turns each; every turn of all sessions is sent together (so the others push a
 session's checkpoints out of the device pool before it returns), each turn resending the history
@@ -7,7 +8,8 @@ with the real answer. Three engines over one loaded model, runs interleaved: the
 cold oracle), the cache without a host tier, the cache with one. Prints per run the prompt tokens
 computed, restores, spills, wall time of the whole conversation set, and whether outputs equal the
 cold run's; then medians. Usage: ``python tools/perf/host_tier.py [--sessions 16 --turns 4
---slots 8 --repeats 3 --policy pair --model tiny-qwen3.5]``.
+--slots 8 --repeats 3 --policy pair --model tiny-qwen3.5 --kv-pages 24]``; ``--kv-pages``: the
+device page pool (default: room for every conversation), the host tier then holding KV pages too.
 """
 
 from __future__ import annotations
@@ -45,21 +47,23 @@ def main() -> None:
     p.add_argument("--slots", type=int, default=8, help="checkpoint slots of the device pool (beyond max_num_seqs)")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--policy", default="pair")
+    p.add_argument("--kv-pages", type=int, default=None, help="device KV pages (default: every conversation's)")
     args = p.parse_args()
     model = load(args.model)
     seqs = 4
-    # KV pages for every conversation (the host tier holds states only: a node whose pages are
-    # evicted loses its checkpoint wherever it is), state slots for a few of them
-    pages = 1 + 2 * args.sessions * (40 + args.turns * 12) // 16 + 64
+    # KV pages for every conversation unless --kv-pages, state slots for a few of them
+    needed = 1 + 2 * args.sessions * (40 + args.turns * 12) // 16 + 64
+    pages = args.kv_pages if args.kv_pages is not None else needed
     options = dict(max_num_seqs=seqs, max_num_batched_tokens=128, num_state_slots=1 + seqs + args.slots,
-                   num_kv_pages=pages, max_model_len=512)  # fmt: skip
+                   num_kv_pages=pages, max_model_len=128 if args.kv_pages is not None else 512)  # fmt: skip
+    host_pages = 2 * needed if args.kv_pages is not None else 0
     engines = {
         "cold": dict(policy="no-cache"),
         "no tier": dict(policy=args.policy, num_host_slots=0),
-        "host tier": dict(policy=args.policy, num_host_slots=4 * args.sessions),
+        "host tier": dict(policy=args.policy, num_host_slots=4 * args.sessions, num_host_pages=host_pages),
     }
     print(f"load before: {os.getloadavg()[0]:.2f}; {args.sessions} sessions x {args.turns} turns, "
-          f"{args.slots} checkpoint slots, policy {args.policy}")  # fmt: skip
+          f"{args.slots} checkpoint slots, {pages} KV pages ({host_pages} host pages), policy {args.policy}")  # fmt: skip
     rows: dict[str, list[tuple[int, float]]] = {k: [] for k in engines}
     cold_out = None
     for rep in range(args.repeats + 1):  # the first pass compiles: not kept
@@ -72,10 +76,11 @@ def main() -> None:
             same = out == cold_out
             restored = cache.restored if cache is not None else 0
             spilled = cache.demoted if cache is not None else 0
+            kv = f"KV pages spilled {cache.kv_demoted:4d}, back {cache.kv_restored:4d}, " if cache is not None else ""
             if rep:
                 rows[name].append((computed, wall))
             print(f"run {rep}{' (warm-up)' if not rep else ''} {name:9s}: computed {computed:6d} prompt tokens, "
-                  f"restores {restored:4d}, spills {spilled:4d}, {wall:6.2f} s, outputs equal cold: {same}")  # fmt: skip
+                  f"restores {restored:4d}, spills {spilled:4d}, {kv}{wall:6.2f} s, outputs equal cold: {same}")  # fmt: skip
     print("medians:")
     for name, vals in rows.items():
         print(f"  {name:9s}: computed {statistics.median(v[0] for v in vals):8.0f}, "
