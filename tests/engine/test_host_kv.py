@@ -16,13 +16,13 @@ from tests.engine.test_host_tier import OPTIONS, _conversations
 PAGES = dict(OPTIONS, num_kv_pages=24, num_state_slots=24, max_model_len=128)
 
 
-@pytest.mark.parametrize("model", ["tiny-qwen3.5", "tiny-qwen3"])
+@pytest.mark.parametrize("model", ["tiny-qwen3.5", "tiny-bamba", "tiny-qwen3"])  # the other presets: test_host_tier
 def test_host_pages_come_back_to_cold_outputs_and_save_prompt_tokens(model: str, tiny_model) -> None:
     loaded = tiny_model(model)
     cold, _, _ = _conversations(LLM(loaded, policy="no-cache", **PAGES))
     without, without_computed, _ = _conversations(LLM(loaded, num_host_slots=64, num_host_pages=0, **PAGES))
     assert without == cold
-    for policy in ("native", "pair") if model == "tiny-qwen3.5" else ("radixflow",):
+    for policy in ("native", "pair") if model == "tiny-qwen3.5" else ("radixflow",):  # every policy, one preset each
         llm = LLM(loaded, policy=policy, num_host_slots=64, num_host_pages=96, **PAGES)
         tiered, computed, _ = _conversations(llm)
         engine = llm.replicas.engines[0]

@@ -64,12 +64,15 @@ FIXED = dict(OPTIONS, bucket_mode="fixed", warmup=False)
 
 @pytest.mark.parametrize("model", OTHERS)
 def test_every_other_hybrid_preset_restores_to_cold_outputs(model: str, tiny_model) -> None:
-    """Greedy cache on (with demotions and restores) equals cache off on the other hybrid presets."""
+    """Greedy cache on (with demotions and restores of checkpoints and of KV pages: a page pool
+    that holds under half the conversations) equals cache off on the other hybrid presets."""
     loaded = tiny_model(model)
-    cold, _, _ = _conversations(LLM(loaded, policy="no-cache", **FIXED))
-    llm = LLM(loaded, policy="radixflow", num_host_slots=64, **FIXED)
+    small = dict(FIXED, num_kv_pages=24, max_model_len=128)
+    cold, _, _ = _conversations(LLM(loaded, policy="no-cache", **small))
+    llm = LLM(loaded, policy="radixflow", num_host_slots=64, num_host_pages=96, **small)
     tiered, _, restored = _conversations(llm)
-    assert tiered == cold and restored > 0, (model, restored)
+    cache = llm.replicas.engines[0].scheduler.memory.cache
+    assert tiered == cold and restored > 0 and cache.kv_restored > 0, (model, restored, cache.kv_restored)
     assert_drained(llm.replicas.engines[0])
 
 
