@@ -111,10 +111,14 @@ class HostKVStore(TreeStore):
     def _demote_kv(self, node: Node, policy: EvictionPolicy | None) -> bool:
         """Moves ``node``'s device pages (an evictable node, ``kv_evictable``) to host pages,
         queueing their spills, with its committed checkpoint (demoted, or dropped when no host slot
-        can be had). False, changing nothing, when there is no host tier for KV, no host page can
-        be had, or ``node`` is a hybrid model's tail whose checkpoint cannot follow (a tail is kept
-        for its checkpoint): the caller then drops the node."""
-        if self._host_pages is None:
+        can be had). False, changing nothing, when the host copy could never be read, and the
+        caller then drops the node: no host tier for KV or no host page to be had; an
+        attention-only model's tail (a match reads no host tail there); a hybrid model's node with
+        no checkpoint that could come back at or below it (a hybrid match reads host KV only on the
+        way to a host checkpoint)."""
+        if self._host_pages is None or (node.is_tail and not self._config.hybrid):
+            return False
+        if self._config.hybrid and node.checkpoint is None and not self._host_checkpoint_below(node):
             return False
         n = len(node.pages)
         ids = self._host_pages.alloc(n)
@@ -125,8 +129,8 @@ class HostKVStore(TreeStore):
                 return False
         ckpt = node.checkpoint
         if ckpt is not None and ckpt.committed and not self._demote(node, policy):
-            if node.is_tail and self._config.hybrid:
-                self._host_pages.release(ids)
+            if self._config.hybrid and (node.is_tail or not self._host_checkpoint_below(node)):
+                self._host_pages.release(ids)  # its checkpoint cannot follow and nothing below reads it
                 return False
             self._drop_checkpoint(node)
         self._moves.extend(StateMove("kv_spill", d, h) for d, h in zip(node.pages, ids))
@@ -153,6 +157,11 @@ class HostKVStore(TreeStore):
                 heapq.heappush(heap, self._kv_entry(parent, policy, seq))
                 seq += 1
         return self._host_pages.num_free - start
+
+    @staticmethod
+    def _host_checkpoint_below(node: Node) -> bool:
+        """Some node below ``node`` holds a host checkpoint (its subtree, which is host KV)."""
+        return any(n.checkpoint is not None and n.checkpoint.on_host for n in iter_nodes(node))
 
     @staticmethod
     def _host_leaf(node: Node, keep: Node | None) -> bool:

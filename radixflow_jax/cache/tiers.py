@@ -196,8 +196,10 @@ class TieredStore(HostKVStore):
         (``cache/hostkv.py``); otherwise, or when it cannot be, it is removed with the host KV
         below it.
 
-        Returns the pages actually freed (a page a request still references is not freed by
-        evicting its node). Never touches locked nodes, pending KV or pending checkpoints.
+        Returns the pages actually freed. A full-page node whose every page someone else also
+        holds is left alone (:meth:`_held_elsewhere`): evicting it would free none (a running
+        request's own commit or end inserts them again) and only lose what the tree keeps there. Never touches locked nodes, pending KV or pending
+        checkpoints.
         Cost: one tree walk plus a heap, O(nodes log nodes) per call.
         """
         start = self._pages.num_free
@@ -207,14 +209,20 @@ class TieredStore(HostKVStore):
         tie = itertools.count(len(heap))
         while heap and self._pages.num_free - start < num_pages:
             node = heapq.heappop(heap)[-1]
-            if not kv_evictable(node):
-                continue
+            if not kv_evictable(node) or self._held_elsewhere(node):
+                continue  # taken already, or evicting it would free no page
             parent = node.parent
             if not self._demote_kv(node, policy):
                 self._remove_subtree(node)
             if parent is not None and kv_evictable(parent):
                 heapq.heappush(heap, self._entry(parent, "kv", policy, next(tie)))
         return self._pages.num_free - start
+
+    def _held_elsewhere(self, node: Node) -> bool:
+        """A full-page node every page of which someone else holds too (a running request that
+        inserted or planted it, or a tail sharing its first page): evicting it frees no page. A
+        tail is never held back, so a full-page node sharing its page with one is freed after it."""
+        return not node.is_tail and all(self._pages.refcount(p) > 1 for p in node.pages)
 
     def evict_states(self, num_slots: int, policy: EvictionPolicy | None = None) -> int:
         """Frees device slots of unlocked committed checkpoints in policy order (keeping the nodes'

@@ -14,7 +14,8 @@ pools free xor owned, no negative refcount):
     only running requests are producers (overlap: a finished request waiting for the commit fence
     of a round in flight still holds what it held, until that fence);
   * every pending restore from the host tier (``cache/tiers.py``) is queued for the next plan or
-    carried by a launched round, so its commit (or void) is to come;
+    carried by a launched round, so its commit (or void) is to come; the host tier's slots and
+    pages are owned by the tree alone (refcount 1 each, and nothing else in use);
 :func:`assert_drained` checks that, with no work left, a flush frees every page, slot and host slot.
 """
 
@@ -24,7 +25,7 @@ from collections import Counter
 from typing import Iterable
 
 from radixflow_jax.cache import InvariantError
-from radixflow_jax.cache.invariants import tree_references
+from radixflow_jax.cache.invariants import host_page_references, host_references, tree_references
 from radixflow_jax.cache.tree import Node, iter_nodes
 from radixflow_jax.engine.core import EngineCore
 
@@ -85,6 +86,7 @@ def audit_engine(core: EngineCore, pinned: Iterable[Node] = ()) -> None:
         if len(refs) != pool.num_used:
             raise InvariantError(f"{pool.num_used} {what}s are owned but only {len(refs)} have an owner")
     if mem.cache is not None:
+        _audit_host(mem.cache)
         pending = set(mem.cache.pending_producers())
         stray = {p for p in pending if p >= 0} - running - fenced
         if stray:
@@ -92,6 +94,16 @@ def audit_engine(core: EngineCore, pinned: Iterable[Node] = ()) -> None:
         lost = {p for p in pending if p < 0} - set(mem.cache.queued_restores) - set(sched.restores_in_flight)
         if lost:
             raise InvariantError(f"restores {sorted(lost)} are pending but neither queued nor in a launched round")
+
+
+def _audit_host(cache) -> None:
+    """Exact ownership of the host tier: the tree is the only owner of its slots and pages."""
+    for pool, refs, what in ((cache.host_pool, host_references(cache.root), "host slot"),
+                             (cache.host_page_pool, host_page_references(cache.root), "host page")):  # fmt: skip
+        if pool is None:
+            continue
+        if any(pool.refcount(i) != n for i, n in refs.items()) or len(refs) != pool.num_used:
+            raise InvariantError(f"{pool.num_used} {what}s are in use, but the tree names {len(refs)} of them")
 
 
 def assert_drained(core: EngineCore) -> None:

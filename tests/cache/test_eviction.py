@@ -60,16 +60,19 @@ def test_evict_kv_is_lru_and_spares_locked_and_pending():
     assert_all_free(cache)
 
 
-def test_evict_kv_frees_only_unreferenced_pages_and_the_leaf_checkpoint():
+def test_evict_kv_leaves_a_node_whose_pages_a_request_still_holds():
+    """Evicting it would free no page: the node and its checkpoint stay (before, both were
+    dropped for nothing); once the request lets go, it is evicted with its checkpoint."""
     cache = make_cache()
     slot = committed_checkpoint(cache, ARTICLE[:4], 4)
     m = matched(cache, ARTICLE[:6])
     shared = m.hit_pages
     for p in shared:
         cache.page_pool.incref(p)  # a running request still reads these pages
-    assert cache.evict_kv(2) == 0 and cache.slot_pool.is_free(slot)
-    assert cache.stats().nodes == 0 and all(cache.page_pool.refcount(p) == 1 for p in shared)
+    assert cache.evict_kv(2) == 0 and not cache.slot_pool.is_free(slot)
+    assert cache.stats().nodes == 1 and matched(cache, ARTICLE[:6]).hit_len == 4
     cache.page_pool.release(shared)
+    assert cache.evict_kv(2) == 2 and cache.slot_pool.is_free(slot)
     assert_all_free(cache)
 
 

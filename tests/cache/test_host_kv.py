@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from radixflow_jax.cache import StateMove
-from tests.cache.helpers import cold_insert, committed_checkpoint, make_cache, own_pages, plant
+from tests.cache.helpers import cold_insert, committed_checkpoint, make_cache, own_pages
 
 A = list(range(100, 112))  # 12 tokens: 6 pages of 2
 B = A[:8] + list(range(300, 304))  # shares A's first 8 tokens
@@ -77,14 +77,12 @@ def test_demotion_goes_up_the_path_and_the_host_part_hangs_below_the_device_part
 
 
 def test_a_recompute_inserts_its_pages_over_host_kv_and_planting_through_it_is_refused():
-    cache = make_cache(host_pages=8, num_slots=4)
+    cache = make_cache(hybrid=False, host_pages=8)
     cold_insert(cache, A)
     cache.evict_kv(6)
     cache.take_moves()
     table, own = own_pages(cache, A)
-    node, slot = plant(cache, A, 8, 7, table)
-    assert node is None  # no pending KV below host KV
-    assert cache.slot_pool.is_free(slot)
+    assert cache.plant_pending(A, 8, None, 7, table) is None  # no pending KV below host KV
     res = cache.insert(A, table)
     assert res.adopted == tuple(table) and res.rejected == ()
     assert cache.host_page_pool.num_used == 0 and not res.node.kv_on_host
@@ -146,3 +144,26 @@ def test_a_match_inside_host_kv_splits_its_host_pages():
     assert cache.match(A + [1]).hit_len == 6 and cache.match(A + [1]).host_kv
     cache.check_invariants()
     _all_free(cache)
+
+
+def test_what_could_never_be_read_or_frees_nothing_is_dropped_not_demoted():
+    """An attention-only tail, a hybrid node whose checkpoint cannot follow (no host slot), and a
+    node whose pages a running request also holds: removed as without the tier, nothing spilled."""
+    tails = make_cache(hybrid=False, host_pages=8, page_size=4)
+    table, own = own_pages(tails, A[:7])
+    tails.keep_end(A, 7, None, table, owner=1)
+    tails.page_pool.release(own)
+    parent = tails.match(A[:5]).hit_node
+    assert tails.evict_kv(2) == 2 and tails.host_page_pool.num_used == 1  # the tail went, its parent went down
+    assert _kinds(tails.take_moves()[0]) == ["kv_spill"] and parent.kv_on_host and not parent.children
+    tails.check_invariants()
+    _all_free(tails)
+    hybrid = make_cache(host_pages=8, num_slots=4)  # no host slots: a checkpoint cannot follow its pages
+    committed_checkpoint(hybrid, A, 8)
+    assert hybrid.evict_kv(6) == 6 and hybrid.host_page_pool.num_used == 0 and hybrid.stats().nodes == 0
+    held = make_cache(hybrid=False, host_pages=8)
+    table, own = own_pages(held, A)
+    held.insert(A, table)  # a running request's pages, inserted at a commit: it still holds them
+    assert held.evict_kv(6) == 0 and held.host_page_pool.num_used == 0 and held.take_moves() == ((), ())
+    held.page_pool.release(own)
+    _all_free(held)

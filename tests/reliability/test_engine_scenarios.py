@@ -231,7 +231,7 @@ def test_preemption_storm(policy: str) -> None:
     """Many long decodes in a small KV pool: preempted and recomputed over and over."""
     prompts = _shared_prefix(7, 16, prefix_len=48)
     params = [SamplingParams(max_tokens=40, ignore_eos=True)] * len(prompts)
-    h = Harness(engine(policy, num_pages=36, max_num_seqs=8))
+    h = Harness(engine(policy, num_pages=26, max_num_seqs=8))
     for p, sp in zip(prompts, params):
         h.submit(p, sp)
     report = h.run()
