@@ -9,7 +9,9 @@ the answer before it. The device's state pool holds ``--checkpoint-slots`` check
 running requests' ``max_num_seqs`` (by default a tenth of the sessions); the host tier holds
 ``--host-cache-gb`` GiB, of which ``--host-kv-fraction`` for KV pages (by default none: the device's
 KV pool, sized from its memory, is never short on this workload, so the whole tier holds
-checkpoints); copies go over the device's host link (``sim/hostlink.py``).
+checkpoints; ``--kv-pages`` makes it short); copies go over the device's host link
+(``sim/hostlink.py``). ``--model qwen3-8b --kv-pages 2800 --host-kv-fraction 1``: the same for KV
+pages on an attention-only model.
 
 Reports per tier and policy: mean latency, TTFT, p99, reuse (prompt tokens served from the cache),
 restores and spills, consumer waits and the bubble tokens a stop left (``native`` only; radixflow
@@ -43,6 +45,7 @@ def main() -> None:
     p.add_argument("--checkpoint-slots", type=int, default=None, help="default: a tenth of the sessions")
     p.add_argument("--host-cache-gb", type=float, default=64.0)
     p.add_argument("--host-kv-fraction", type=float, default=0.0)
+    p.add_argument("--kv-pages", type=int, default=None, help="the device's KV pages (default: from its memory)")
     p.add_argument("--policies", default="native,radixflow,pair")
     args = p.parse_args()
     spec, device = get_model_spec(args.model), get_device_spec(args.device)
@@ -55,15 +58,15 @@ def main() -> None:
     policies = tuple(args.policies.split(","))
     base = EngineConfig.from_options(
         max_num_seqs=args.max_num_seqs, max_num_batched_tokens=8192, num_state_slots=1 + args.max_num_seqs + ckpts,
-        host_kv_fraction=args.host_kv_fraction,
+        host_kv_fraction=args.host_kv_fraction, num_kv_pages=args.kv_pages,
     )
     print(f"# {args.model} on {args.device}: {args.sessions} conversations x {args.turns} turns, think time "
           f"{args.think_time} s, {args.rate}/s; state pool {ckpts} checkpoints + {args.max_num_seqs} running "
           f"({spec.state_bytes / 2**20:.1f} MiB each); host link {device.host_link_bandwidth / 1e9:.0f} GB/s per "
           f"direction, {device.host_link_latency_s * 1e6:.0f} us a copy; load {os.getloadavg()[0]:.2f}")  # fmt: skip
-    print("| host tier | policy | mean latency s | TTFT s | p99 s | reuse | restores | spills | consumer waits "
-          "| bubble tokens | rounds |")  # fmt: skip
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    print("| host tier | policy | mean latency s | TTFT s | p99 s | reuse | restores | spills | KV pages back "
+          "| KV pages spilled | consumer waits | bubble tokens | rounds |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for gb in (0.0, args.host_cache_gb):
         cfg = BenchConfig(policies=policies, engine=dataclasses.replace(base, host_cache_gb=gb))
         run = sim_runner(spec, device, requests, cfg)
@@ -73,7 +76,8 @@ def main() -> None:
             tier = f"{gb:g} GiB" if gb else "none"
             waits = r.consumers_waiting + r.consumers_blocked
             print(f"| {tier} | {policy} | {r.mean_latency_s:.3f} | {r.mean_ttft_s:.3f} | {r.p99_latency_s:.3f} "
-                  f"| {r.reuse:.1%} | {r.host_restores} | {r.host_spills} | {waits} | {r.bubble_tokens} "
+                  f"| {r.reuse:.1%} | {r.host_restores} | {r.host_spills} | {r.host_kv_restores} | {r.host_kv_spills} "
+                  f"| {waits} | {r.bubble_tokens} "
                   f"| {r.rounds} |")  # fmt: skip
             print(f"<!-- {policy}, {tier}: simulated in {time.perf_counter() - t:.0f} s -->", flush=True)
 

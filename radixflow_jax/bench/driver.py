@@ -62,6 +62,8 @@ class RunResult:
     accepted_tokens: int = 0
     host_spills: int = 0  # checkpoints copied to the host tier, and back (cache/tiers.py)
     host_restores: int = 0
+    host_kv_spills: int = 0  # KV pages copied to the host tier, and back (cache/hostkv.py)
+    host_kv_restores: int = 0
     # model executor: step programs compiled during the run (the model's store grew by these), and the
     # seconds the engine's clock stood still for first-use compiles and primes (not in the latencies)
     compiles: int = 0
@@ -167,5 +169,7 @@ def summarize(policy: str, engine: EngineCore, outputs: list[RequestOutput], num
         accepted_tokens=sum(r.accepted_tokens for r in recs),
         host_spills=sum(r.spilled for r in recs),
         host_restores=sum(r.restored for r in recs),
+        host_kv_spills=sum(r.kv_spilled for r in recs),
+        host_kv_restores=sum(r.kv_restored for r in recs),
         latencies=tuple(float(x) for x in lat),
     )
