@@ -16,6 +16,7 @@ No JAX at import time: the executor is built by the caller's factory from the st
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import time
@@ -184,7 +185,7 @@ def build_engine(model: LoadedModel, ec: EngineConfig) -> EngineCore:
         enable_compilation_cache(ec.compilation_cache_dir)
     max_model_len = ec.max_model_len or min(cfg.max_position_embeddings, 8192)
     num_pages, num_slots = pool_sizes(cfg, ec, max_model_len)
-    page_bytes, slot_bytes = pool_unit_bytes(cfg, model.dtype, ec.scheduler.page_size)
+    page_bytes, slot_bytes = pool_unit_bytes(pool_config(cfg, ec), model.dtype, ec.scheduler.page_size)
     num_host, num_host_pages = host_tier_sizes(
         slot_bytes=slot_bytes, page_bytes=page_bytes, device_state_bytes=num_slots * slot_bytes,
         device_kv_bytes=num_pages * page_bytes, ec=ec, default_gb=default_host_cache_gb(),
@@ -238,6 +239,14 @@ def build_engine(model: LoadedModel, ec: EngineConfig) -> EngineCore:
     return assemble_engine(spec, executor, drafter=drafter)
 
 
+def pool_config(cfg: ModelConfig, ec: EngineConfig) -> ModelConfig:
+    """``cfg`` as the pools see it: its MTP layers' KV shares the trunk's pages only in an engine
+    that drafts with them (``ModelExecutor.pool_config``), so only there do they count in a page's
+    bytes (pool sizing, the host tier, transfer metrics)."""
+    spec = ec.scheduler.speculative
+    return cfg if spec is not None and spec.method == "mtp" else dataclasses.replace(cfg, mtp_layers=0)
+
+
 def memory_pools(
     cfg: ModelConfig, dtype: str, ec: EngineConfig, fraction: float, total_bytes: int, param_bytes: int
 ) -> tuple[int, int]:
@@ -252,7 +261,7 @@ def memory_pools(
     budget = int(fraction * total_bytes) - params - reserve
     from radixflow_jax.models.batch import pool_unit_bytes
 
-    page_bytes, slot_bytes = pool_unit_bytes(cfg, dtype, sc.page_size)
+    page_bytes, slot_bytes = pool_unit_bytes(pool_config(cfg, ec), dtype, sc.page_size)
     slots = 1
     if slot_bytes:
         wanted = sc.max_num_seqs + max(64, 8 * sc.max_num_seqs)
