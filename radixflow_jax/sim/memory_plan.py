@@ -79,9 +79,12 @@ def plan(
     *,
     dtype: str = "bfloat16",
     fraction: float = 0.9,
+    params: int | None = None,
 ) -> MemoryPlan:
-    """The plan on the fewest chips (1, 2, 4 or 8) where ``memory_pools`` leaves room for pools."""
-    params = param_bytes(cfg, dtype)
+    """The plan on the fewest chips (1, 2, 4 or 8) where ``memory_pools`` leaves room for pools;
+    ``params``: the model's parameter bytes in ``dtype`` when known (:func:`param_bytes` builds
+    the abstract model, seconds for a 27B one)."""
+    params = param_bytes(cfg, dtype) if params is None else params
     page, slot = pool_unit_bytes(cfg, dtype, ec.scheduler.page_size)
     for tp in TENSOR_PARALLEL:
         try:
