@@ -44,8 +44,7 @@ class LLM:
 
         self.config = EngineConfig.from_options(**engine_options)
         router_config = RouterConfig(policy=router, block=self.config.scheduler.page_size)
-        spec = self.config.scheduler.speculative
-        mtp = spec is not None and spec.method == "mtp"  # the model's MTP layers draft
+        mtp = self.config.scheduler.mtp_drafts  # the model's MTP layers draft: load them
         self.replica_models = replica_models(model, dtype, tensor_parallel_size, data_parallel_size, mtp=mtp)
         self.model = self.replica_models[0]
         engines = [build_engine(m, self.config) for m in self.replica_models]

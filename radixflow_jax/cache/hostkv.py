@@ -1,6 +1,7 @@
 """The host tier's KV pages: demoting a node's pages to host memory and bringing them back.
 
-Under page pressure :meth:`HostKVStore._demote_kv` moves a node's committed pages to host pages
+Under page pressure ``TieredStore._demote_kv`` (``cache/tiers.py``, which also moves the node's
+checkpoint) moves a node's committed pages to host pages
 (``kv_spill`` moves, ``StateMove``) instead of dropping the node: the node stays in the tree as *host
 KV* (``Node.kv_on_host``, ``tree.py``), with its checkpoint demoted to a host slot (or dropped when
 none can be had). Eviction goes leaf-first over the device part of the tree, so the host part hangs
@@ -26,9 +27,10 @@ a host one or none; nothing pending hangs below it (``TreeStore._can_plant``).
 from __future__ import annotations
 
 import heapq
-from collections.abc import Sequence
+import itertools
+from collections.abc import Callable, Iterable, Sequence
 
-from radixflow_jax.cache.eviction import EvictionPolicy
+from radixflow_jax.cache.eviction import EvictionPolicy, EvictTarget
 from radixflow_jax.cache.pools import HostPool
 from radixflow_jax.cache.results import StateMove
 from radixflow_jax.cache.store import TreeStore
@@ -55,10 +57,6 @@ class HostKVStore(TreeStore):
 
     def _host_page_tier(self) -> HostPool | None:
         return self._host_pages
-
-    def _demote(self, node: Node, policy: EvictionPolicy | None) -> bool:
-        """Moves ``node``'s committed checkpoint to the host tier (``cache/tiers.py``)."""
-        raise NotImplementedError
 
     # ------------------------------------------------------------------ coming back
 
@@ -108,55 +106,50 @@ class HostKVStore(TreeStore):
 
     # ------------------------------------------------------------------ going down
 
-    def _demote_kv(self, node: Node, policy: EvictionPolicy | None) -> bool:
-        """Moves ``node``'s device pages (an evictable node, ``kv_evictable``) to host pages,
-        queueing their spills, with its committed checkpoint (demoted, or dropped when no host slot
-        can be had). False, changing nothing, when the host copy could never be read, and the
-        caller then drops the node: no host tier for KV or no host page to be had; an
-        attention-only model's tail (a match reads no host tail there); a hybrid model's node with
-        no checkpoint that could come back at or below it (a hybrid match reads host KV only on the
-        way to a host checkpoint)."""
-        if self._host_pages is None or (node.is_tail and not self._config.hybrid):
-            return False
-        if self._config.hybrid and node.checkpoint is None and not self._host_checkpoint_below(node):
-            return False
-        n = len(node.pages)
-        ids = self._host_pages.alloc(n)
-        if ids is None:
-            self._drop_host_kv(n - self._host_pages.num_free, policy, keep=node)
-            ids = self._host_pages.alloc(n)
-            if ids is None:
-                return False
-        ckpt = node.checkpoint
-        if ckpt is not None and ckpt.committed and not self._demote(node, policy):
-            if self._config.hybrid and (node.is_tail or not self._host_checkpoint_below(node)):
-                self._host_pages.release(ids)  # its checkpoint cannot follow and nothing below reads it
-                return False
-            self._drop_checkpoint(node)
-        self._moves.extend(StateMove("kv_spill", d, h) for d, h in zip(node.pages, ids))
-        self._pages.release(node.pages)
-        node.pages, node.host_pages = [], ids
-        self.kv_demoted += n
-        return True
-
     def _drop_host_kv(self, num: int, policy: EvictionPolicy | None, *, keep: Node | None = None) -> int:
         """Drops host-KV leaves of no lock (with their host checkpoints), lowest policy score first,
         until ``num`` host pages went back or none is left; never ``keep``. Returns the pages freed."""
-        assert self._host_pages is not None
-        start = self._host_pages.num_free
-        heap = [self._kv_entry(n, policy, i) for i, n in enumerate(iter_nodes(self._root)) if self._host_leaf(n, keep)]
-        heapq.heapify(heap)
-        seq = len(heap)
-        while heap and self._host_pages.num_free - start < num:
+        pool = self._host_pages
+        assert pool is not None
+        start = pool.num_free
+        done = lambda: pool.num_free - start >= num  # noqa: E731
+        self._sweep(lambda n: self._host_leaf(n, keep), self._drop_host_node, done, policy)
+        return pool.num_free - start
+
+    def _sweep(
+        self, evictable: Callable[[Node], bool], act: Callable[[Node], None], done: Callable[[], bool],
+        policy: EvictionPolicy | None,
+    ) -> None:
+        """Leaf-first eviction in policy order: ``act`` on each ``evictable`` node, lowest score
+        first, until ``done()``; a parent that ``act`` left evictable joins the heap (one tree walk
+        plus a heap, O(nodes log nodes))."""
+        heap = self._heap((n for n in iter_nodes(self._root) if evictable(n)), "kv", policy)
+        tie = itertools.count(len(heap))
+        while heap and not done():
             node = heapq.heappop(heap)[-1]
-            if not self._host_leaf(node, keep):
-                continue
+            if not evictable(node):
+                continue  # an earlier act took it
             parent = node.parent
-            self._drop_host_node(node)
-            if parent is not None and self._host_leaf(parent, keep):
-                heapq.heappush(heap, self._kv_entry(parent, policy, seq))
-                seq += 1
-        return self._host_pages.num_free - start
+            act(node)
+            if parent is not None and evictable(parent):
+                heapq.heappush(heap, self._entry(parent, "kv", policy, next(tie)))
+
+    def _entry(
+        self, node: Node, target: EvictTarget, policy: EvictionPolicy | None, seq: int
+    ) -> tuple[float, int, int, Node]:
+        """Heap key: the policy's score, then (ties, e.g. a path matched at once) KV leaves deepest
+        first but checkpoints *shallowest* first: under slot pressure the deep, most reusable
+        checkpoint of a path is the one kept."""
+        pol = policy if policy is not None else self._policy
+        tie = -node.depth if target == "kv" else node.depth
+        return (pol.score(node, self._clock, target), tie, seq, node)
+
+    def _heap(
+        self, nodes: Iterable[Node], target: EvictTarget, policy: EvictionPolicy | None
+    ) -> list[tuple[float, int, int, Node]]:
+        heap = [self._entry(n, target, policy, i) for i, n in enumerate(nodes)]
+        heapq.heapify(heap)
+        return heap
 
     @staticmethod
     def _host_checkpoint_below(node: Node) -> bool:
@@ -166,10 +159,6 @@ class HostKVStore(TreeStore):
     @staticmethod
     def _host_leaf(node: Node, keep: Node | None) -> bool:
         return node.attached and node.kv_on_host and not node.children and node.lock_count == 0 and node is not keep
-
-    def _kv_entry(self, node: Node, policy: EvictionPolicy | None, seq: int) -> tuple[float, int, int, Node]:
-        pol = policy if policy is not None else self._policy
-        return (pol.score(node, self._clock, "kv"), -node.depth, seq, node)
 
     def _drop_host_node(self, node: Node) -> None:
         """Removes a host-KV leaf (its host pages and host checkpoint go back)."""

@@ -104,9 +104,10 @@ class RadixCache(TieredStore):
         host_full = 0 if host is None else host.parent.depth if host.is_tail else host.depth  # type: ignore[union-attr]
         if host_full > reach:  # its KV is not all committed: nothing to restore onto
             host, host_full = None, 0
-        host_kv = tuple(n for n in path if n.kv_on_host and n.depth <= host_full)
-        if host is not None and host.is_tail and host.kv_on_host:
-            host_kv += (host,)
+        host_kv: tuple[Node, ...] = ()
+        if host is not None:  # the host KV on the way to it (none in the common case: no walk)
+            host_kv = tuple(n for n in path if n.kv_on_host and n.depth <= host_full)
+            host_kv += (host,) if host.is_tail and host.kv_on_host else ()
         return MatchResult(
             checkpoint_node=ckpt_node,
             checkpoint_depth=ckpt_node.depth if ckpt_node is not None else 0,

@@ -24,6 +24,16 @@ class StateMove(NamedTuple):
     src: int
     dst: int
 
+    @property
+    def of_pages(self) -> bool:
+        """A KV page move (``kv_spill``, ``kv_restore``); else a recurrent state's."""
+        return self.kind.startswith("kv_")
+
+    @property
+    def to_host(self) -> bool:
+        """A spill (device -> host) of either kind."""
+        return self.kind in ("spill", "kv_spill")
+
 
 @dataclass(frozen=True)
 class MatchResult:

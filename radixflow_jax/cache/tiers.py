@@ -32,9 +32,8 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from collections.abc import Iterable
 
-from radixflow_jax.cache.eviction import EvictionPolicy, EvictTarget, kv_evictable, state_evictable
+from radixflow_jax.cache.eviction import EvictionPolicy, kv_evictable, state_evictable
 from radixflow_jax.cache.hostkv import HostKVStore
 from radixflow_jax.cache.pools import HostPool
 from radixflow_jax.cache.results import StateMove
@@ -198,25 +197,55 @@ class TieredStore(HostKVStore):
 
         Returns the pages actually freed. A full-page node whose every page someone else also
         holds is left alone (:meth:`_held_elsewhere`): evicting it would free none (a running
-        request's own commit or end inserts them again) and only lose what the tree keeps there. Never touches locked nodes, pending KV or pending
-        checkpoints.
+        request's own commit or end inserts them again) and only lose what the tree keeps there.
+        Never touches locked nodes, pending KV or pending checkpoints.
         Cost: one tree walk plus a heap, O(nodes log nodes) per call.
         """
         start = self._pages.num_free
-        if num_pages <= 0:
-            return 0
-        heap = self._heap((n for n in iter_nodes(self._root) if kv_evictable(n)), "kv", policy)
-        tie = itertools.count(len(heap))
-        while heap and self._pages.num_free - start < num_pages:
-            node = heapq.heappop(heap)[-1]
-            if not kv_evictable(node) or self._held_elsewhere(node):
-                continue  # taken already, or evicting it would free no page
-            parent = node.parent
-            if not self._demote_kv(node, policy):
-                self._remove_subtree(node)
-            if parent is not None and kv_evictable(parent):
-                heapq.heappush(heap, self._entry(parent, "kv", policy, next(tie)))
+        if num_pages > 0:
+            self._sweep(
+                lambda n: kv_evictable(n) and not self._held_elsewhere(n),
+                lambda n: self._evict_node(n, policy),
+                lambda: self._pages.num_free - start >= num_pages,
+                policy,
+            )
         return self._pages.num_free - start
+
+    def _demote_kv(self, node: Node, policy: EvictionPolicy | None) -> bool:
+        """Moves ``node``'s device pages (an evictable node, ``kv_evictable``) to host pages,
+        queueing their spills, with its committed checkpoint (demoted, or dropped when no host slot
+        can be had). False, changing nothing, when the host copy could never be read, and the
+        caller then drops the node: no host tier for KV or no host page to be had; an
+        attention-only model's tail (a match reads no host tail there); a hybrid model's node with
+        no checkpoint that could come back at or below it (a hybrid match reads host KV only on the
+        way to a host checkpoint)."""
+        if self._host_pages is None or (node.is_tail and not self._config.hybrid):
+            return False
+        if self._config.hybrid and node.checkpoint is None and not self._host_checkpoint_below(node):
+            return False
+        n = len(node.pages)
+        ids = self._host_pages.alloc(n)
+        if ids is None:
+            self._drop_host_kv(n - self._host_pages.num_free, policy, keep=node)
+            ids = self._host_pages.alloc(n)
+            if ids is None:
+                return False
+        ckpt = node.checkpoint
+        if ckpt is not None and ckpt.committed and not self._demote(node, policy):
+            if self._config.hybrid and (node.is_tail or not self._host_checkpoint_below(node)):
+                self._host_pages.release(ids)  # its checkpoint cannot follow and nothing below reads it
+                return False
+            self._drop_checkpoint(node)
+        self._moves.extend(StateMove("kv_spill", d, h) for d, h in zip(node.pages, ids))
+        self._pages.release(node.pages)
+        node.pages, node.host_pages = [], ids
+        self.kv_demoted += n
+        return True
+
+    def _evict_node(self, node: Node, policy: EvictionPolicy | None) -> None:
+        """Demotes ``node`` to host KV, or removes it with the host KV below it."""
+        if not self._demote_kv(node, policy):
+            self._remove_subtree(node)
 
     def _held_elsewhere(self, node: Node) -> bool:
         """A full-page node every page of which someone else holds too (a running request that
@@ -242,23 +271,6 @@ class TieredStore(HostKVStore):
             if node.is_tail and self._config.hybrid:  # a hybrid's tail is its checkpoint (tree.py)
                 self._remove_leaf(node)
         return self._slots.num_free - start
-
-    def _entry(
-        self, node: Node, target: EvictTarget, policy: EvictionPolicy | None, seq: int
-    ) -> tuple[float, int, int, Node]:
-        """Heap key: the policy's score, then (ties, e.g. a path matched at once) KV leaves deepest
-        first but checkpoints *shallowest* first: under slot pressure the deep, most reusable
-        checkpoint of a path is the one kept."""
-        pol = policy if policy is not None else self._policy
-        tie = -node.depth if target == "kv" else node.depth
-        return (pol.score(node, self._clock, target), tie, seq, node)
-
-    def _heap(
-        self, nodes: Iterable[Node], target: EvictTarget, policy: EvictionPolicy | None
-    ) -> list[tuple[float, int, int, Node]]:
-        heap = [self._entry(n, target, policy, i) for i, n in enumerate(nodes)]
-        heapq.heapify(heap)
-        return heap
 
     def flush(self) -> None:
         """Drop every unlocked node (host KV too), every committed or host checkpoint on one and every

@@ -16,7 +16,6 @@ No JAX at import time: the executor is built by the caller's factory from the st
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import os
 import time
@@ -178,14 +177,15 @@ def build_engine(model: LoadedModel, ec: EngineConfig) -> EngineCore:
     """The model engine of ``model`` under ``ec``: pools sized by :func:`pool_sizes`, a
     :class:`~radixflow_jax.engine.executor.ModelExecutor` over the wired step shapes."""
     from radixflow_jax.engine.executor import ModelExecutor, stderr_progress
-    from radixflow_jax.models.batch import pool_unit_bytes
+    from radixflow_jax.models.batch import pool_config, pool_unit_bytes
 
     cfg = model.config
     if ec.compilation_cache_dir:
         enable_compilation_cache(ec.compilation_cache_dir)
     max_model_len = ec.max_model_len or min(cfg.max_position_embeddings, 8192)
     num_pages, num_slots = pool_sizes(cfg, ec, max_model_len)
-    page_bytes, slot_bytes = pool_unit_bytes(pool_config(cfg, ec), model.dtype, ec.scheduler.page_size)
+    pool_cfg = pool_config(cfg, mtp=ec.scheduler.mtp_drafts)  # the MTP layers' KV only where they draft
+    page_bytes, slot_bytes = pool_unit_bytes(pool_cfg, model.dtype, ec.scheduler.page_size)
     num_host, num_host_pages = host_tier_sizes(
         slot_bytes=slot_bytes, page_bytes=page_bytes, device_state_bytes=num_slots * slot_bytes,
         device_kv_bytes=num_pages * page_bytes, ec=ec, default_gb=default_host_cache_gb(),
@@ -239,14 +239,6 @@ def build_engine(model: LoadedModel, ec: EngineConfig) -> EngineCore:
     return assemble_engine(spec, executor, drafter=drafter)
 
 
-def pool_config(cfg: ModelConfig, ec: EngineConfig) -> ModelConfig:
-    """``cfg`` as the pools see it: its MTP layers' KV shares the trunk's pages only in an engine
-    that drafts with them (``ModelExecutor.pool_config``), so only there do they count in a page's
-    bytes (pool sizing, the host tier, transfer metrics)."""
-    spec = ec.scheduler.speculative
-    return cfg if spec is not None and spec.method == "mtp" else dataclasses.replace(cfg, mtp_layers=0)
-
-
 def memory_pools(
     cfg: ModelConfig, dtype: str, ec: EngineConfig, fraction: float, total_bytes: int, param_bytes: int
 ) -> tuple[int, int]:
@@ -259,9 +251,9 @@ def memory_pools(
     sc = ec.scheduler
     reserve = sc.max_num_batched_tokens * (cfg.hidden_size * 64 + cfg.vocab_size) * 4  # activations and logits
     budget = int(fraction * total_bytes) - params - reserve
-    from radixflow_jax.models.batch import pool_unit_bytes
+    from radixflow_jax.models.batch import pool_config, pool_unit_bytes
 
-    page_bytes, slot_bytes = pool_unit_bytes(pool_config(cfg, ec), dtype, sc.page_size)
+    page_bytes, slot_bytes = pool_unit_bytes(pool_config(cfg, mtp=sc.mtp_drafts), dtype, sc.page_size)
     slots = 1
     if slot_bytes:
         wanted = sc.max_num_seqs + max(64, 8 * sc.max_num_seqs)

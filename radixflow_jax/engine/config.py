@@ -7,6 +7,7 @@ one round carried and cost), :class:`ServingClock` (wall time minus first-use co
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 from typing import Any, Callable
 
@@ -167,6 +168,7 @@ class RoundRecord:
             if r.num_draft and r.request_id in result.verified
         ]
         drafted_at, accepted_at = position_counts(drafts)
+        moves = collections.Counter(m.kind for m in plan.state_moves)  # the host tier's copies, by kind
         return cls(
             index=index,
             num_tokens=num_tokens,
@@ -181,10 +183,10 @@ class RoundRecord:
             attention_pairs=attention_pairs(plan.rows),
             pairing_tokens=sum(pairing_spans(plan.rows).values()),
             verify_rows=sum(1 for r in plan.rows if r.num_draft),
-            spilled=sum(1 for m in plan.state_moves if m.kind == "spill"),
-            restored=sum(1 for m in plan.state_moves if m.kind == "restore"),
-            kv_spilled=sum(1 for m in plan.state_moves if m.kind == "kv_spill"),
-            kv_restored=sum(1 for m in plan.state_moves if m.kind == "kv_restore"),
+            spilled=moves["spill"],
+            restored=moves["restore"],
+            kv_spilled=moves["kv_spill"],
+            kv_restored=moves["kv_restore"],
             drafted_tokens=plan.num_drafted,
             accepted_tokens=sum(accepted_at),
             drafted_at=drafted_at,

@@ -20,7 +20,7 @@ import jax
 import numpy as np
 
 from radixflow_jax.models.api import LoadedModel
-from radixflow_jax.models.batch import init_cache
+from radixflow_jax.models.batch import init_cache, pool_config
 from radixflow_jax.runner.inputs import BIAS_WIDTH, SamplingRow, StepArrays, StepInputs, build_arrays
 from radixflow_jax.runner.hoststates import HostStates
 from radixflow_jax.runner.pagecopy import PageCopier, StateCopier
@@ -105,7 +105,7 @@ class ModelExecutor:
         self.num_slots = max(num_slots, shapes.max_num_seqs + 1)
         self.pool_sizes = (num_pages, self.num_slots)
         # the MTP layers' KV only where the engine drafts with them (ShapeConfig.mtp)
-        self.pool_config = model.config if shapes.mtp else dataclasses.replace(model.config, mtp_layers=0)
+        self.pool_config = pool_config(model.config, mtp=shapes.mtp)
         pools = init_cache(
             self.pool_config, num_pages=num_pages, page_size=page_size, num_slots=self.num_slots, dtype=model.dtype
         )

@@ -69,7 +69,7 @@ class EngineSpec:
             mode=self.config.bucket_mode,
             mixed_layout=self.mixed_layout,
             max_draft=sc.speculative.num_draft if sc.speculative is not None else 0,
-            mtp=sc.speculative is not None and sc.speculative.method == "mtp",
+            mtp=sc.mtp_drafts,
         )
 
     @property

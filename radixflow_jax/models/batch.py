@@ -18,6 +18,7 @@ Invariants (the runner guarantees them, the model relies on them):
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, NamedTuple
 
 import jax
@@ -106,6 +107,13 @@ def state_bytes_per_slot(cfg: ModelConfig, dtype: jnp.dtype) -> int:
             ssm_n *= d
         total += conv_n * jnp.dtype(dtype).itemsize + ssm_n * 4
     return total
+
+
+def pool_config(cfg: ModelConfig, *, mtp: bool) -> ModelConfig:
+    """``cfg`` as an engine's pools see it: the MTP layers' KV shares the trunk's pages only in an
+    engine that drafts with them (``mtp``), so only there do they get pools and count in a page's
+    bytes (pool sizing, the host tier's pages, transfer metrics)."""
+    return cfg if mtp else dataclasses.replace(cfg, mtp_layers=0)
 
 
 def pool_unit_bytes(cfg: ModelConfig, dtype: Any, page_size: int) -> tuple[int, int]:

@@ -53,8 +53,6 @@ __all__ = ["HostStates"]
 
 Arrays = tuple[jax.Array, ...]
 Pairs = Sequence[tuple[int, int]]
-# move kind -> (unit, direction); "copy" is the device copier's
-_MOVES = {"spill": ("state", "out"), "restore": ("state", "in"), "kv_spill": ("kv", "out"), "kv_restore": ("kv", "in")}
 
 
 def _page_pools(cache: ModelCache) -> list[jax.Array]:
@@ -154,15 +152,13 @@ class HostStates:
         the device copies (``runner/pagecopy.StateCopier``). ``ValueError`` for a move of a unit
         without host rows."""
         self._land(block=False)
-        for kind, run in itertools.groupby(moves, key=lambda m: m.kind):
+        for kind, group in itertools.groupby(moves, key=lambda m: m.kind):
+            run = list(group)
             pairs = [(m.src, m.dst) for m in run]
+            unit = "kv" if run[0].of_pages else "state"
             if kind == "copy":
                 cache = copier(cache, pairs)
-                continue
-            if kind not in _MOVES:
-                raise ValueError(f"unknown state move kind {kind!r}")
-            unit, direction = _MOVES[kind]
-            if direction == "out":
+            elif run[0].to_host:
                 self._spill(unit, cache, pairs)
             else:
                 cache = self._restore(unit, cache, pairs)
@@ -176,14 +172,6 @@ class HostStates:
         """Copies host rows into device slots: ``(host slot, device slot)`` pairs, once the spills
         that wrote those rows have landed (and every spill dispatched before them)."""
         return self._restore("state", cache, pairs)
-
-    def spill_pages(self, cache: ModelCache, pairs: Pairs) -> None:
-        """Starts copying device KV pages to host pages: ``(device page, host page)`` pairs."""
-        self._spill("kv", cache, pairs)
-
-    def restore_pages(self, cache: ModelCache, pairs: Pairs) -> ModelCache:
-        """Copies host pages into device KV pages: ``(host page, device page)`` pairs (as :meth:`restore`)."""
-        return self._restore("kv", cache, pairs)
 
     def _check(self, name: str, host_ids: Sequence[int]) -> _Unit:
         unit = self._units[name]

@@ -58,6 +58,12 @@ class SchedulerConfig:
         placement.spacing(self.grid, self.grid, interval=self.checkpoint_interval)  # validates the interval
 
     @property
+    def mtp_drafts(self) -> bool:
+        """Drafts come from the model's MTP layers (speculative method ``mtp``): only then does an
+        engine run them and keep their KV (``models/batch.pool_config``)."""
+        return self.speculative is not None and self.speculative.method == "mtp"
+
+    @property
     def cache_config(self) -> CacheConfig:
         """The cache geometry these options were completed with (``ValueError`` before :meth:`for_model`)."""
         return CacheConfig(page_size=self.page_size, grid=self.grid, hybrid=self.hybrid)

@@ -199,7 +199,7 @@ class ServerMetrics:
             for j, (drafted, accepted) in enumerate(zip(rec.drafted_at, rec.accepted_at), start=1):
                 self.drafted_at.labels(m, str(j)).inc(drafted)
                 self.accepted_at.labels(m, str(j)).inc(accepted)
-            if core is not None and (rec.spilled or rec.restored or rec.kv_spilled or rec.kv_restored):
+            if core is not None:
                 spec = core.spec
                 self.host_bytes.labels(m, "device_to_host").inc(
                     rec.spilled * spec.state_bytes + rec.kv_spilled * spec.page_bytes

@@ -67,17 +67,15 @@ class HostLinkTimeline:
             run = list(group)
             if kind == "copy":
                 continue
-            pages = kind.startswith("kv_")
+            pages = run[0].of_pages
             if (self.link.page_bytes if pages else self.link.state_bytes) == 0:
                 raise ValueError(f"{kind}: this host link has no {'page' if pages else 'state'} size")
             cost = self.link.transfer_s(pages=len(run)) if pages else self.link.transfer_s(len(run))
             landed = self.pages_landed_at if pages else self.landed_at
-            if kind in ("spill", "kv_spill"):
+            if run[0].to_host:
                 self.spills_done_at = max(self.spills_done_at, t) + cost
                 landed.update((m.dst, self.spills_done_at) for m in run)
-            elif kind in ("restore", "kv_restore"):
+            else:
                 ready = max((landed.get(m.src, 0.0) for m in run), default=0.0)
                 t = max(t, ready) + cost
-            else:
-                raise ValueError(f"unknown state move kind {kind!r}")
         return t - now

@@ -39,8 +39,9 @@ def test_soak_with_speculation(policy: str, monkeypatch, caplog) -> None:
     r = run_soak(SoakConfig(requests=1500, policy=policy, seed=3, fault_rate=0.01, speculative=True))
     assert r["completed"] + r["aborted"] + r["errors"] + r["refused"] == r["requests"] == 1500 + r["turns"]
     assert r["refused"] == 0 and r["outputs_equal_cold"] == r["completed"] > 1200
-    # aborts land on requests in flight: 40-58 over the policies at seed 3 since a partly accepted
-    # draft no longer costs a row of recomputation (101-121 before)
-    assert r["failed_steps"] >= 3 and r["aborted"] > 25 and r["host_restores"] > 50 and r["riders"] > 5
+    # aborts land on requests in flight: 24-30 over the policies at seed 3 since eviction keeps nodes
+    # whose pages a running request holds and pages go to the host tier (requests finish sooner:
+    # 40-58 before that, 101-121 before a partly accepted draft stopped costing a row of recomputation)
+    assert r["failed_steps"] >= 3 and r["aborted"] > 15 and r["host_restores"] > 50 and r["riders"] > 5
     assert 0 < r["accepted_tokens"] < r["drafted_tokens"]  # whole, partial and rejected drafts
     assert r["leaked_pages"] == 0 and r["leaked_slots"] == 0

@@ -87,8 +87,8 @@ def test_kv_pages_round_trip_through_host_pages_in_every_layer() -> None:
     assert not host.conv and not host.ssm
     with pytest.raises(ValueError, match="host slots"):  # no checkpoint rows in this tier
         host.apply_moves(cache, [StateMove("spill", 1, 1)], StateCopier(2))
-    with pytest.raises(ValueError, match="host pages"):
-        host.spill_pages(cache, [(1, 5)])
+    with pytest.raises(ValueError, match="host pages"):  # host page 5 is past this tier's 4
+        host.apply_moves(cache, [StateMove("kv_spill", 1, 5)], StateCopier(2))
 
 
 def test_state_and_kv_moves_interleave_in_order() -> None:

@@ -48,11 +48,12 @@ def test_mtp_layers_count_in_a_page_only_for_an_engine_that_drafts_with_them() -
     (``ModelExecutor.pool_config``): its pages are sized, and moved to the host, without it."""
     import dataclasses
 
-    from radixflow_jax.engine.build import pool_config
+    from radixflow_jax.models.batch import pool_config
 
     cfg = dataclasses.replace(serving_config("qwen3.5-4b"), mtp_layers=1)
     mtp = EngineConfig.from_options(max_num_seqs=4, max_num_batched_tokens=64, speculative="mtp")
-    assert pool_config(cfg, EC).mtp_layers == 0 and pool_config(cfg, mtp).mtp_layers == 1
+    assert not EC.scheduler.mtp_drafts and mtp.scheduler.mtp_drafts
+    assert pool_config(cfg, mtp=False).mtp_layers == 0 and pool_config(cfg, mtp=True).mtp_layers == 1
     plain_pages, _ = memory_pools(cfg, "bfloat16", EC, 0.5, 2**34, 0)
     drafting_pages, _ = memory_pools(cfg, "bfloat16", mtp, 0.5, 2**34, 0)
     assert plain_pages > drafting_pages  # the MTP layer's KV takes a share of every page
