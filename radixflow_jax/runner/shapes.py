@@ -11,14 +11,17 @@ regions (the layout ``build_arrays`` writes and the model reads):
 Buckets per region (``mode``):
   * ``"fine"`` (default): prefill tokens on every multiple of ``min_tokens`` up to 128 (16, 32,
     48, ..., 112, 128: a lean round pads at most 15 prefill tokens; a speculating engine adds a
-    bucket of 8 for a lone verify row of up to 8 tokens), then powers of two with a 1.5x
-    step between them (192, 256, 384, 512, ...: at most a third of a bucket is padding); prefill
+    bucket of 8 for a lone verify row of up to 8 tokens), on every multiple of 64 up to 512 (192,
+    256, 320, ...: a first chat turn of 300 tokens beside 8 decode rows pads 12 slots in 320, not
+    76 in 384, the largest padding of the head-to-head chat, ``tools/perf/chat_padding.py``), then
+    powers of two with a 1.5x step between them (768, 1024, 1536, ...: at most a third of a
+    bucket is padding); prefill
     rows on powers of two; decode-only rounds on powers of two with 1.5x steps from 2 (2, 3, 4, 6,
     8, 12, 16, 24, ...); rounds with prefill rows take a coarse decode region (16, 64, ... below
     ``max_num_seqs``, and ``max_num_seqs``), except that a lean mixed round (one prefill row of at
     most 112 tokens: a chat or agent turn) may take a 4-row region (``LEAN_DECODE``), because a
     padded decode row costs one token slot. At ``radixflow serve --max-num-seqs 16`` (512 tokens)
-    that is 78 variants in the ``window`` mixed layout (59 packed, below) (51 before 2026-12-05); ``tools/perf/chat_padding.py`` measures the
+    that is 88 variants in the ``window`` mixed layout (67 packed, below); ``tools/perf/chat_padding.py`` measures the
     padding on the head-to-head chat and agent workloads.
   * ``"pow2"``: powers of two everywhere (the earlier scheme, plus decode regions in mixed rounds).
   * ``"fixed"``: exactly one variant (``max_num_seqs`` decode rows + ``max_num_seqs`` prefill rows over
@@ -61,7 +64,8 @@ LEAN_ROWS = 1  # ... taken only by variants of at most this many prefill rows ..
 LEAN_TOKENS = 112  # ... and at most this many prefill tokens (a turn of a chat: its new text + 1)
 DECODE_STEP_FROM = 2  # fine: decode-only regions take a 1.5x step after each power of two from this one
 TOKEN_STEP_FROM = 64  # fine: prefill token buckets take a 1.5x step after each power of two from this one
-LINEAR_TOKENS = 128  # fine: ... and every multiple of min_tokens up to this one
+LINEAR_TOKENS = 128  # fine: ... and every multiple of min_tokens up to this one ...
+MID_STEP, MID_TOKENS = 64, 512  # ... and every multiple of MID_STEP up to MID_TOKENS (a first chat turn)
 
 
 def powers_of_two(lo: int, hi: int) -> tuple[int, ...]:
@@ -157,7 +161,8 @@ class ShapeConfig:
         lo = min(self.min_tokens, self.max_num_batched_tokens)
         if self.mode == "pow2":
             return powers_of_two(lo, self.max_num_batched_tokens)
-        linear = range(lo, min(LINEAR_TOKENS, self.max_num_batched_tokens) + 1, lo)
+        linear = [*range(lo, min(LINEAR_TOKENS, self.max_num_batched_tokens) + 1, lo),
+                  *range(LINEAR_TOKENS, min(MID_TOKENS, self.max_num_batched_tokens) + 1, MID_STEP)]  # fmt: skip
         # speculative decoding: a lone verify row (its last known token and its draft) in a bucket of
         # a multiple of 8 slots; hybrid-81m's verify round took 24.3 ms in 8 slots against 27.5 in 16
         # (a decode round: 18-19 ms; docs/perf-log.md, 2026-12-07)

@@ -3,6 +3,8 @@ single-query attention); buckets and the fixed-shape mode; outputs equal a run t
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -31,7 +33,7 @@ def _row(rid, tokens, start, pages, slot, emits=(), sample=True) -> RowPlan:
 def test_select_puts_decode_rows_in_the_decode_region() -> None:
     shapes = ShapeConfig(max_num_batched_tokens=1024, max_num_seqs=64, max_pages_per_row=32, grid=64)
     v = shapes.select(54 + 300, 58, num_decode=54)  # 54 decode rows + 4 prefill rows of 300 tokens
-    assert (v.num_decode, v.prefill_rows, v.prefill_tokens, v.kind) == (64, 4, 384, "mixed")
+    assert (v.num_decode, v.prefill_rows, v.prefill_tokens, v.kind) == (64, 4, 320, "mixed")
     assert shapes.select(40, 40, num_decode=40) == shapes.select(40, 40, all_decode=True)
     assert shapes.select(40, 40, all_decode=True).num_tokens == 48  # 1.5x step: 48, not 64
     prefill = shapes.select(700, 3, num_decode=0)
@@ -53,7 +55,7 @@ def test_select_puts_decode_rows_in_the_decode_region() -> None:
     with pytest.raises(ValueError, match="bucket mode"):
         ShapeConfig(max_num_batched_tokens=128, max_num_seqs=8, max_pages_per_row=8, grid=16, mode="powers")
     assert fine_ladder(16, 1024, 64) == (16, 32, 64, 96, 128, 192, 256, 384, 512, 768, 1024)
-    assert shapes.token_buckets == (16, 32, 48, 64, 80, 96, 112, 128, 192, 256, 384, 512, 768, 1024)
+    assert shapes.token_buckets == (16, 32, 48, 64, 80, 96, 112, 128, 192, 256, 320, 384, 448, 512, 768, 1024)
 
 
 def test_decode_rounds_that_emit_little_take_the_small_emit_bucket() -> None:
@@ -135,9 +137,14 @@ def test_mixed_rounds_equal_unmixed_runs(model: str, layout: str, tiny_model) ->
 def test_lean_rounds_of_the_server_shape_pad_little_and_stay_in_the_variant_set() -> None:
     """At ``radixflow serve --max-num-seqs 16`` (512 tokens), fine buckets: a chat turn (one prefill
     row of 41 tokens beside 3 decode rows) runs in 4 + 48 slots, not 16 + 64; every round the
-    budgets allow selects a listed variant (decode span = decode rows; riders none)."""
+    budgets allow selects a listed variant (decode span = decode rows; riders none). A first chat
+    turn (300 tokens beside 8 decode rows) takes 320 slots, not 384."""
     s = ShapeConfig(max_num_batched_tokens=512, max_num_seqs=16, max_pages_per_row=256, grid=64)
-    assert s.token_buckets[:8] == (16, 32, 48, 64, 80, 96, 112, 128) and s.token_buckets[8:] == (192, 256, 384, 512)
+    assert s.token_buckets[:8] == (16, 32, 48, 64, 80, 96, 112, 128)
+    assert s.token_buckets[8:] == (192, 256, 320, 384, 448, 512)
+    assert s.select(8 + 300, 9, num_decode=8).prefill_tokens == 320
+    packed = dataclasses.replace(s, mixed_layout="packed")  # the CPU's layout: every row in the prefill region
+    assert packed.select(8 + 300, 9, num_decode=0).num_tokens == 320
     assert s.decode_buckets == (2, 3, 4, 6, 8, 12, 16)
     turn = s.select(3 + 41, 4, num_decode=3)
     assert (turn.num_decode, turn.prefill_tokens, turn.prefill_rows) == (4, 48, 1)
@@ -145,7 +152,7 @@ def test_lean_rounds_of_the_server_shape_pad_little_and_stay_in_the_variant_set(
     assert s.select(3 + 41 + 9, 5, num_decode=3).num_decode == 16  # two prefill rows: the coarse region
     assert s.select(3 + 120, 4, num_decode=3).num_decode == 16  # a prefill region over 112 tokens: coarse
     every = set(s.variants())
-    assert len(every) == len(s.variants()) == 78
+    assert len(every) == len(s.variants()) == 88
     for decode in range(17):
         for rows in range(max(decode, 1), 17):
             for tokens in [rows] if rows == decode else range(rows, 513, 7):  # a decode-only round: 1 token a row
@@ -156,7 +163,7 @@ def test_lean_rounds_of_the_server_shape_pad_little_and_stay_in_the_variant_set(
 def test_packed_rounds_have_no_decode_region_and_stay_in_the_variant_set() -> None:
     """``mixed_layout="packed"`` at the server's shape: a chat turn beside 6 decoding rows runs in 48
     token slots with no decode region (64 with one), a decode-only round keeps its region, the
-    variants are one mixed set over row buckets from 2 (59, against 78), and every round the
+    variants are one mixed set over row buckets from 2 (67, against 88), and every round the
     budgets allow selects a listed variant; ``fixed`` keeps its one variant."""
     s = ShapeConfig(max_num_batched_tokens=512, max_num_seqs=16, max_pages_per_row=256, grid=64, mixed_layout="packed")
     window = ShapeConfig(max_num_batched_tokens=512, max_num_seqs=16, max_pages_per_row=256, grid=64)
@@ -165,7 +172,7 @@ def test_packed_rounds_have_no_decode_region_and_stay_in_the_variant_set() -> No
     assert (wide.num_tokens, wide.num_decode) == (64, 16)
     assert s.select(6, 6, num_decode=6, decode_span=9) == window.select(6, 6, num_decode=6, decode_span=9)
     every = s.variants()
-    assert len(every) == len(set(every)) == 59 and all(v.num_decode == 0 for v in every if v.kind != "decode")
+    assert len(every) == len(set(every)) == 67 and all(v.num_decode == 0 for v in every if v.kind != "decode")
     for decode in range(17):
         for rows in range(max(decode, 1), 17):
             for tokens in [rows] if rows == decode else range(rows, 513, 7):

@@ -1,8 +1,8 @@
 """Where a small served round's time goes, op by op: a decode round of ``--rows`` rows and the mixed round
 in which a ``--prompt``-token request joins them, on hybrid-81m's f32 GGUF file (``--model``: any).
 
-The rounds are captured from the engine (16 rows / 512 tokens, prefix cache off) as they run, then
-each captured variant's own compiled program is called on its captured inputs under
+The rounds are captured from the engine (16 rows / 512 tokens, ``--policy``, default prefix cache off)
+as they run, then each captured variant's own compiled program is called on its captured inputs under
 ``jax.profiler.trace`` (``--calls`` calls after 3 untimed ones) and summarised as
 ``round_profile.py`` does: op time by kind, the weight matmuls with their GFLOP/s, and how busy
 each runtime thread was in the median call (on 2 cores: whether the matmuls use both).
@@ -36,6 +36,7 @@ def main() -> None:
     p.add_argument("--prompt", type=int, default=16)
     p.add_argument("--calls", type=int, default=5)
     p.add_argument("--top", type=int, default=12)
+    p.add_argument("--policy", default="no-cache", help="the engine's policy (the server's default: pair)")
     args = p.parse_args()
     enable_compilation_cache(os.path.join(cache_root(), "xla-cache-vs-llamacpp"))
     import jax
@@ -43,7 +44,7 @@ def main() -> None:
     from radixflow_jax.llm import LLM
     from radixflow_jax.runner.step import CompiledStep
 
-    llm = LLM(args.model, max_num_seqs=16, max_num_batched_tokens=512, policy="no-cache")
+    llm = LLM(args.model, max_num_seqs=16, max_num_batched_tokens=512, policy=args.policy)
     eng, rng = llm.engine, np.random.default_rng(0)
     captured: dict[Any, Any] = {}
     call = CompiledStep.__call__
