@@ -19,15 +19,26 @@ SESSIONS, TURNS = 8, 3
 OPTIONS = dict(max_num_seqs=4, max_num_batched_tokens=128, num_state_slots=9)  # 4 running + 4 checkpoints
 
 
+NEAR_TIE = 1e-4  # log-probability: a tie that a round's summation order (its batch) may break either way
+
+
+def _first_history(s: int) -> tuple[int, ...]:
+    return tuple(range(20 + 40 * s, 20 + 40 * s + 37))
+
+
+def _prompt(history: tuple[int, ...], turn: int, s: int) -> tuple[int, ...]:
+    return history + (300 + turn, 301 + s)
+
+
 def _conversations(llm: LLM, *, aborts: bool = False) -> tuple[list[tuple[int, ...]], int, int]:
     """Every session's turns, each resending the history with the real answer (one turn of all
     sessions at a time, so the others push a session's checkpoints out before it returns); returns
     the outputs, the prompt tokens computed and the restores committed."""
     engine = llm.replicas.engines[0]
-    history = {s: tuple(range(20 + 40 * s, 20 + 40 * s + 37)) for s in range(SESSIONS)}
+    history = {s: _first_history(s) for s in range(SESSIONS)}
     outputs, computed = [], 0
     for turn in range(TURNS):
-        prompts = [history[s] + (300 + turn, 301 + s) for s in range(SESSIONS)]
+        prompts = [_prompt(history[s], turn, s) for s in range(SESSIONS)]
         params = SamplingParams(max_tokens=6, ignore_eos=True)
         results = llm.generate(prompts, [params] * SESSIONS)
         for s, out in enumerate(results):
@@ -38,6 +49,32 @@ def _conversations(llm: LLM, *, aborts: bool = False) -> tuple[list[tuple[int, .
     cache = engine.scheduler.memory.cache
     restored = cache.restored if cache is not None else 0
     return outputs, computed, restored
+
+
+def assert_cold_or_near_tie(cold_llm: LLM, cold: list[tuple[int, ...]], got: list[tuple[int, ...]]) -> None:
+    """``got == cold`` (:func:`_conversations` outputs), except that one session may part from the
+    cold run at a near-tie: at the first token where they differ, both tokens' log-probabilities
+    (the cold engine's, teacher-forced on the common prefix) are within ``NEAR_TIE`` of each other.
+    That session's later turns resend a different answer and are not compared. Random tiny models
+    meet such ties (7.6e-6 apart for tiny-qwen3 on the CPU of 2026-12-07, under the tests' XLA
+    optimisation level 0): the cold run and a cached one batch the same tokens differently."""
+    parted = []
+    for s in range(SESSIONS):
+        history = _first_history(s)
+        for turn in range(TURNS):
+            a, b = cold[turn * SESSIONS + s], got[turn * SESSIONS + s]
+            if a != b:
+                k = next(i for i in range(min(len(a), len(b))) if a[i] != b[i])
+                params = SamplingParams(max_tokens=1, ignore_eos=True, logprobs=5)
+                (out,) = cold_llm.generate([_prompt(history, turn, s) + a[:k]], [params])
+                _, ids, logprobs = out.logprobs[0]
+                scores = dict(zip(ids, logprobs))
+                assert a[k] in scores and b[k] in scores, (s, turn, k, a, b, scores)
+                assert abs(scores[a[k]] - scores[b[k]]) < NEAR_TIE, (s, turn, k, a, b, scores)
+                parted.append(s)
+                break
+            history = _prompt(history, turn, s) + a
+    assert len(parted) <= 1, f"sessions {parted} parted from the cold run (at near-ties)"
 
 
 @pytest.mark.parametrize("model", ["tiny-qwen3.5", "tiny-bamba"])
