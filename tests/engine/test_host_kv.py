@@ -1,7 +1,8 @@
 """KV pages in the host tier on the model (``cache/hostkv.py``, ``runner/hoststates.py``): many
 conversations whose KV needs more than the device page pool. With host pages, evicted nodes are
 spilled there and copied back when their conversation returns; every greedy output equals the cold
-run's (cache off; one session may part at a near-tie, checked on the cold engine's log-probabilities), fewer prompt tokens are computed than without host pages, and the audit finds
+run's (cache off; one session may part at a near-tie, checked on the cold engine's
+log-probabilities), fewer prompt tokens are computed than without host pages, and the audit finds
 nothing leaked. A hybrid model (checkpoints and pages both in the tier) and an attention-only one."""
 
 from __future__ import annotations
