@@ -277,5 +277,5 @@ def device_pools(spec: Any, device: Any, page_size: int, state_fraction: float =
         raise ValueError(f"{spec.name} ({spec.total_params / 1e9:.1f}B parameters) does not fit on {device.name}")
     slots = int(free * state_fraction // spec.state_bytes) if spec.is_hybrid else 1
     kv_bytes = free - (slots * spec.state_bytes if spec.is_hybrid else 0)
-    pages = int(kv_bytes // (spec.kv_bytes_per_token * page_size))
+    pages = int(kv_bytes // spec.page_bytes(page_size))
     return pages, max(slots, 1)

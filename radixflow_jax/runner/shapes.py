@@ -55,6 +55,7 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+import functools
 
 MODES = ("fine", "pow2", "fixed")
 MIXED_LAYOUTS = ("window", "packed")
@@ -153,7 +154,8 @@ class ShapeConfig:
             raise ValueError(f"max_draft={self.max_draft} must be >= 0")
 
     # ------------------------------------------------------------------------------- buckets
-    @property
+    # (computed once per config: ``select`` reads them every round)
+    @functools.cached_property
     def token_buckets(self) -> tuple[int, ...]:
         """Prefill-region token buckets."""
         if self.mode == "fixed":
@@ -170,7 +172,7 @@ class ShapeConfig:
         verify = {v for v in verify if v < lo and v <= self.max_num_batched_tokens}
         return tuple(sorted(set(fine_ladder(lo, self.max_num_batched_tokens, TOKEN_STEP_FROM)) | set(linear) | verify))
 
-    @property
+    @functools.cached_property
     def row_buckets(self) -> tuple[int, ...]:
         """Prefill-region row buckets; packed (``mixed_layout``), from 2 rows where ``max_num_seqs``
         allows: without a decode region a one-row variant made XLA copy the conv pools, as a
@@ -179,7 +181,7 @@ class ShapeConfig:
             return (self.max_num_seqs,)
         return powers_of_two(min(2, self.max_num_seqs) if self.packed else 1, self.max_num_seqs)
 
-    @property
+    @functools.cached_property
     def decode_buckets(self) -> tuple[int, ...]:
         """Decode-region sizes of decode-only rounds, from 2 rows (where ``max_num_seqs`` allows): in
         a one-row decode variant XLA folds the state reads and writes into single slices and
@@ -192,7 +194,7 @@ class ShapeConfig:
             return powers_of_two(lo, self.max_num_seqs)
         return fine_ladder(lo, self.max_num_seqs, DECODE_STEP_FROM)
 
-    @property
+    @functools.cached_property
     def mixed_decode_buckets(self) -> tuple[int, ...]:
         """Decode-region sizes of rounds that carry prefill rows: powers of four from 16 below
         ``max_num_seqs``, and ``max_num_seqs``. A prefill-only round still has the smallest one, as padding

@@ -36,7 +36,7 @@ def build_sim_engine(
         pages = ec.num_kv_pages
     if ec.num_state_slots is not None:
         slots = ec.num_state_slots
-    page_bytes = spec.kv_bytes_per_token * sc.page_size  # one KV page over every attention layer
+    page_bytes = spec.page_bytes(sc.page_size)
     num_host, num_host_pages = sim_host_tier(spec, device, ec, pages=pages, slots=slots, page_bytes=page_bytes)
     engine_spec = EngineSpec(
         config=ec,

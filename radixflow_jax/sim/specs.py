@@ -77,6 +77,10 @@ class ModelSpec:
     def kv_bytes_per_token(self) -> int:
         return self.attn * 2 * self.kv_heads * self.head_dim * self.dtype_bytes
 
+    def page_bytes(self, page_size: int) -> int:
+        """One KV page over every attention layer (the pools' and the host link's unit)."""
+        return self.kv_bytes_per_token * page_size
+
     @property
     def state_bytes(self) -> int:
         """One checkpoint: every recurrent layer's float32 state plus its conv state."""
