@@ -26,16 +26,29 @@ def _rand(shape: tuple[int, ...], seed: int) -> jax.Array:
     return jnp.asarray(np.random.default_rng(seed).standard_normal(shape), jnp.float32)
 
 
-@pytest.mark.parametrize("rows", [1, 2, 3, 5, 8, 9, 16, 17, 24, 25, 33, 40, 48, 49, 70])
-@pytest.mark.parametrize("out_features", [1, 31, 50, 96])
-def test_small_matmul_matches_the_dot(rows: int, out_features: int) -> None:
-    """Every tile width (narrow: 1-3 vectors of rows up to 24, wide: 1-4 above, a partial last
-    vector, a last block of up to 8 columns in a narrow tile at 33, 40, 49 and 70) and block edge
-    (50 = 48 + 2)."""
-    x, w = _rand((rows, 70), 1), _rand((out_features, 70), 2)
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 6, 7, 8, 9, 13, 17, 25, 49, 70])
+@pytest.mark.parametrize("out_features", [1, 5, 50])
+@pytest.mark.parametrize("in_features", [5, 70])
+def test_small_matmul_matches_the_dot(rows: int, out_features: int, in_features: int) -> None:
+    """Every group size of rows (one group up to 8 rows on AVX-512, 4 on AVX2; above that groups
+    of up to 6 or 4, with the later groups reading the weights back from cache), a tile of fewer
+    weight rows at a block edge (5 < 4 + 4; 50 = 48 + 2) and a K that is not a multiple of the
+    vector width (70 = 64 + 6) or shorter than one vector (5)."""
+    x, w = _rand((rows, in_features), 1), _rand((out_features, in_features), 2)
     got = jax.jit(native.small_matmul)(x, w)
     assert got.shape == (rows, out_features) and got.dtype == jnp.float32
     np.testing.assert_allclose(np.asarray(got), np.asarray(x @ w.T), rtol=1e-5, atol=1e-5)
+
+
+def test_a_row_does_not_depend_on_the_others() -> None:
+    """Each output is the same sum in the same order whatever the number of rows and the tile that
+    computes it (one group, later groups, a narrower tile at a block edge), so a row's result is
+    bit for bit the same in a round of 3 rows and in one of 17."""
+    x, w = _rand((17, 70), 5), _rand((50, 70), 6)
+    run = jax.jit(native.small_matmul)
+    full = np.asarray(run(x, w))
+    for lo, hi in [(0, 3), (2, 9), (11, 17)]:
+        np.testing.assert_array_equal(np.asarray(run(x[lo:hi], w)), full[lo:hi])
 
 
 def test_linear_routes_only_the_rows_it_serves(monkeypatch) -> None:

@@ -18,9 +18,10 @@ Six kernels, each sharing its work over XLA's intra-op threads:
     matmuls, chunk gathers and loops there.
   * ``ssd_scan.cc``: the same for Mamba2's SSD recurrence (:func:`ssd_scan`, the contract of
     ``ssd_chunked``), where the CPU had only the reference's chunked form.
-  * ``small_matmul.cc``: ``x @ w.T`` for 2 to 40 rows (:func:`small_matmul`, ``ops.linear``) as a
-    GEMM micro-kernel over ``x`` transposed (each weight read once per 24 rows), where XLA:CPU's
-    matmul reads the weights at a third to a half of the memory floor.
+  * ``small_matmul.cc``: ``x @ w.T`` for 1 to 56 rows (:func:`small_matmul`, ``ops.linear``) as
+    dot products along K in register tiles of weight rows by rows of ``x``, each weight read from
+    memory once (prefetched a tile ahead), where XLA:CPU's matmul reads the weights at a third to
+    two thirds of the memory floor.
 docs/perf-log.md, section "Native CPU kernels", has the measurements.
 
 ``RADIXFLOW_NATIVE`` says whether the step uses them: ``auto`` (default) builds them where a C++
@@ -131,10 +132,9 @@ HEADERS = tuple(sorted(Path(__file__).parent.glob("*.h")))
 FLAGS = ("-O3", "-march=native", "-fopenmp-simd", "-std=c++17", "-shared", "-fPIC", "-w")
 MAX_VALUE_DIM = 512  # the kernel's per-head scratch (kMaxValueDim in the source)
 # rows small_matmul.cc serves: where it beat XLA:CPU's matmul on hybrid-81m's MLP weights (36 x 2048 x
-# 768 f32, tools/perf/small_dot.py, 2026-12-06, with its wide AVX-512 tiles above 24 rows and a
-# last block of up to 8 columns in a narrow tile): 0.54-0.66x at 2-16 rows, 0.74-0.86x at 20-40,
-# 0.90-0.95x at 48-56; 0.98x at 64 and 1.38x at 1 row stay XLA's (docs/perf-log.md)
-SMALL_MATMUL_ROWS = (2, 56)
+# 768 f32, tools/perf/small_dot.py, 2026-12-07, dot-product tiles with a prefetch one tile ahead):
+# 0.63-0.72x at 1-16 rows, 0.80-0.95x at 24-56; 1.02x at 64 stays XLA's (docs/perf-log.md)
+SMALL_MATMUL_ROWS = (1, 56)
 BLOCK_Q = 16  # query tokens per block of paged_attention_blocks.cc (measured: docs/perf-log.md)
 MODES = ("auto", "1", "0")
 
@@ -372,7 +372,7 @@ def ssd_scan(
 
 
 def small_matmul(x: jax.Array, w: jax.Array) -> jax.Array:
-    """``x @ w.T`` (``x [M, K]``, ``w [N, K]``, float32) on the native kernel, each weight read once
-    per 24 rows of ``x``; for the matmuls of small rounds (``ops.linear``)."""
+    """``x @ w.T`` (``x [M, K]``, ``w [N, K]``, float32) on the native kernel, each weight read from
+    memory once; for the matmuls of small rounds (``ops.linear``)."""
     (out,) = _call(MATMUL, (x, w), ((x.shape[0], w.shape[0]),), x.dtype)
     return out

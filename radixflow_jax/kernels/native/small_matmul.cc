@@ -1,29 +1,35 @@
-// y = x @ w^T for a few dozen rows of x, reading each weight once per tile of columns, for XLA:CPU.
+// y = x @ w^T for a few dozen rows of x, reading each weight from memory once, for XLA:CPU.
 //
 // Operands (the XLA FFI handler "radixflow_small_matmul"):
 //   x  f32[M, K]   the rows (a decode or lean mixed round's tokens)
 //   w  f32[N, K]   the weight in the HF layout [out, in], row-major
 // Result: y f32[M, N].
 //
-// XLA:CPU's matmul reads the weights at the memory floor for one row but takes about three times as
-// long for four, and runs at a third of the cores' rate up to a few dozen rows (docs/perf-log.md,
-// 2026-12-05, tools/perf/small_dot.py). Here y^T = w x^T is computed the way a GEMM micro-kernel
-// does, with x^T packed [K, Mp] (Mp: M rounded up to the wide vector width, zeros past M): a
-// register tile holds R weight rows by V vectors of x^T columns; per step of K it loads V vectors of
-// x^T, broadcasts R weights and issues R * V multiply-adds into R * V accumulators, so no horizontal
-// sum is needed and each weight is read once per V vectors of x's rows. A task owns kBlock output
-// features; it walks x's columns in blocks of up to 3 narrow or 4 wide vectors, its weights staying
-// in L2 after the first block.
+// A small round's matmul is a read of the weights; the work is M multiply-adds per weight. Here it
+// is computed as dot products along K: a register tile holds R weight rows by G rows of x, and per
+// vector step of K it loads R weight vectors and G vectors of x (from L1) and issues R * G
+// multiply-adds into R * G vector accumulators, each summed across its lanes once at the end. A
+// task owns kBlock output features; it walks x's rows in groups of up to kGroup, the first group
+// reading the block's weights from memory while prefetching the next tile's rows (one tile ahead:
+// without it, the hardware prefetcher kept the 2-core machine of 2026-12-07 at half the memory
+// floor at 8 rows, docs/perf-log.md), the later groups reading them back from L2.
 //
-// Invariants: every y[m, n] (m < M, n < N) is written exactly once, by the task owning n; the
-// packed columns past M are zeros and never stored.
+// Invariants: every y[m, n] (m < M, n < N) is written exactly once, by the task owning n, as the
+// sum over all of K in one order (vector steps lane by lane, the lanes' tree, then the tail) that
+// does not depend on M, the group or the tile, so a row's result does not depend on the other rows;
+// nothing is read past the end of x or w (a K not a multiple of the vector width finishes with a
+// scalar tail). A prefetch never faults (GCC's __builtin_prefetch), so the one past
+// the last tile of w is harmless.
 #include <algorithm>
 #include <array>
 #include <cstdint>
 #include <cstring>
 #include <memory>
 #include <utility>
-#include <vector>
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
 
 #include "common.h"
 #include "xla/ffi/api/ffi.h"
@@ -32,121 +38,122 @@ namespace ffi = xla::ffi;
 
 namespace {
 
-// Tiles of R weight rows by V vectors of L floats. Narrow (L = 8, the 16 vector registers of AVX2):
-// R = 12, 6, 4 for V = 1-3, 12 accumulators each. Wide (L = 16, only where AVX-512 gives 32
-// registers): R = 12, 12, 8, 6 for V = 1-4, up to 24 accumulators; rounds of more than
-// kNarrowCols rows take them (at 2-24 rows the wide tiles read the weights slower, at 32-96 they
-// compute faster: docs/perf-log.md, 2026-12-06).
-constexpr int64_t kNarrow = 8;
-constexpr int kNarrowRows[3] = {12, 6, 4};
 #if defined(__AVX512F__)
-constexpr int64_t kWide = 16;
-constexpr int kWideRows[4] = {12, 12, 8, 6};
+// 32 vector registers of 16 floats: R * G accumulators + R weight vectors + 1 x vector <= 29; a
+// round of more than kOneGroup rows is split into groups of at most kGroup
+constexpr int64_t kLanes = 16;
+constexpr int kGroup = 8, kOneGroup = 8, kSplit = 6;
+constexpr int kRowsFor[kGroup + 1] = {0, 4, 4, 4, 4, 4, 4, 3, 3};  // R for a group of G rows
 #else
-constexpr int64_t kWide = kNarrow;  // no wide tiles: every round takes the narrow ones
-constexpr int kWideRows[3] = {12, 6, 4};
+// 16 vector registers (AVX2: 8 floats; elsewhere the compiler splits the vector): <= 15 in use
+constexpr int64_t kLanes = 8;
+constexpr int kGroup = 4, kOneGroup = 4, kSplit = 4;
+constexpr int kRowsFor[kGroup + 1] = {0, 4, 4, 3, 2};
 #endif
-constexpr int kWideVecs = sizeof(kWideRows) / sizeof(int);
-constexpr int64_t kNarrowCols = 24;
+constexpr int kMaxRows = 4;
 constexpr int64_t kBlock = 48;  // output features per task: a multiple of every tile's R
 
-template <int L>
-struct Lanes {
-  typedef float Vec __attribute__((vector_size(L * 4)));  // GCC/Clang vector extension
-};
+typedef float Vec __attribute__((vector_size(kLanes * 4)));  // GCC/Clang vector extension
 
-template <class Vec>
 inline Vec Load(const float* p) {
   Vec v;
   std::memcpy(&v, p, sizeof v);
   return v;
 }
 
-// Keeps v in a vector register: without it the compiler may fold each use of a loaded vector into a
-// multiply-add as a memory operand, loading it once per use instead of once per step.
-template <class Vec>
-inline void Pin(Vec& v) {
+// acc + a * b, as one fused multiply-add where the target has it (ISO C++ modes leave a * b + c
+// unfused, which doubles the arithmetic)
+inline Vec Fma(Vec a, Vec b, Vec acc) {
 #if defined(__AVX512F__)
-  asm("" : "+v"(v));  // any of the 32 vector registers
-#elif defined(__x86_64__)
-  asm("" : "+x"(v));
-#elif defined(__aarch64__)
-  asm("" : "+w"(v));
+  return reinterpret_cast<Vec>(_mm512_fmadd_ps(reinterpret_cast<__m512>(a), reinterpret_cast<__m512>(b),
+                                               reinterpret_cast<__m512>(acc)));
+#elif defined(__FMA__)
+  return reinterpret_cast<Vec>(_mm256_fmadd_ps(reinterpret_cast<__m256>(a), reinterpret_cast<__m256>(b),
+                                               reinterpret_cast<__m256>(acc)));
+#else
+  return acc + a * b;
 #endif
 }
 
-// For weight rows w[0..R) (stride k) and packed columns xt[0 .. V * L) (stride mp): acc = w xt over
-// all of K; then y[c * n + r] = acc[r][c] for the columns c < cols (the rest are x's zero padding).
-template <int L, int R, int V>
-void Tile(const float* w, const float* xt, int64_t k, int64_t mp, float* y, int64_t n, int64_t cols) {
-  using Vec = typename Lanes<L>::Vec;
-  Vec acc[R][V];
+// The sum of v's lanes, as a tree of shuffles where the target has one (lane by lane, it took a
+// third of a tile's time at K = 768)
+inline float Sum(Vec v) {
+#if defined(__AVX512F__)
+  return _mm512_reduce_add_ps(reinterpret_cast<__m512>(v));
+#elif defined(__AVX__)
+  const __m256 a = reinterpret_cast<__m256>(v);
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  return _mm_cvtss_f32(_mm_add_ss(s, _mm_shuffle_ps(s, s, 1)));
+#else
+  float s = 0.f;
+  for (int64_t l = 0; l < kLanes; ++l) s += v[l];
+  return s;
+#endif
+}
+
+// y[g * n + r] = sum_i w[r * k + i] * x[g * k + i] for r < R, g < G; with Prefetch, also prefetches
+// the R weight rows after these (the next tile's), one vector step ahead of their use.
+template <int R, int G, bool Prefetch>
+void Tile(const float* w, const float* x, int64_t k, float* y, int64_t n) {
+  Vec acc[R][G];
   for (int r = 0; r < R; ++r)
-    for (int v = 0; v < V; ++v) acc[r][v] = Vec{};
-  for (int64_t i = 0; i < k; ++i) {
-    Vec xv[V];
-    for (int v = 0; v < V; ++v) {
-      xv[v] = Load<Vec>(xt + i * mp + v * L);
-      Pin(xv[v]);
+    for (int g = 0; g < G; ++g) acc[r][g] = Vec{};
+  const int64_t body = k - k % kLanes;
+  for (int64_t i = 0; i < body; i += kLanes) {
+    Vec wv[R];
+    for (int r = 0; r < R; ++r) wv[r] = Load(w + r * k + i);
+    if (Prefetch) {
+      for (int r = 0; r < R; ++r) __builtin_prefetch(w + (R + r) * k + i, 0, 3);
     }
-    for (int r = 0; r < R; ++r) {
-      const float s = w[r * k + i];
-      for (int v = 0; v < V; ++v) acc[r][v] += xv[v] * s;
+    for (int g = 0; g < G; ++g) {
+      const Vec xv = Load(x + g * k + i);
+      for (int r = 0; r < R; ++r) acc[r][g] = Fma(wv[r], xv, acc[r][g]);
     }
   }
-  for (int r = 0; r < R; ++r)
-    for (int v = 0; v < V; ++v)
-      for (int64_t l = 0; l < L && v * L + l < cols; ++l) y[(v * L + l) * n + r] = acc[r][v][l];
+  for (int r = 0; r < R; ++r) {
+    for (int g = 0; g < G; ++g) {
+      float s = Sum(acc[r][g]);
+      for (int64_t i = body; i < k; ++i) s += w[r * k + i] * x[g * k + i];
+      y[g * n + r] = s;
+    }
+  }
 }
 
-using TileFn = void (*)(const float*, const float*, int64_t, int64_t, float*, int64_t, int64_t);
-using TileRow = std::array<TileFn, 12>;  // [R - 1]: a block's edge uses a smaller R
+using TileFn = void (*)(const float*, const float*, int64_t, float*, int64_t);
+using TileTable = std::array<std::array<TileFn, kMaxRows>, kGroup>;  // [G - 1][R - 1]
 
-template <int L, int V, int... R>
-constexpr TileRow TilesOf(std::integer_sequence<int, R...>) {
-  return {{Tile<L, R + 1, V>...}};
+template <int G, bool P, int... R>
+constexpr std::array<TileFn, kMaxRows> RowsOf(std::integer_sequence<int, R...>) {
+  return {{Tile<R + 1, G, P>...}};
 }
-// kNarrowTiles[V - 1][R - 1], kWideTiles[V - 1][R - 1]: R weight rows by V vectors of columns
-constexpr TileRow kNarrowTiles[3] = {
-    TilesOf<kNarrow, 1>(std::make_integer_sequence<int, kNarrowRows[0]>{}),
-    TilesOf<kNarrow, 2>(std::make_integer_sequence<int, kNarrowRows[1]>{}),
-    TilesOf<kNarrow, 3>(std::make_integer_sequence<int, kNarrowRows[2]>{}),
-};
-constexpr TileRow kWideTiles[kWideVecs] = {
-    TilesOf<kWide, 1>(std::make_integer_sequence<int, kWideRows[0]>{}),
-    TilesOf<kWide, 2>(std::make_integer_sequence<int, kWideRows[1]>{}),
-    TilesOf<kWide, 3>(std::make_integer_sequence<int, kWideRows[2]>{}),
-#if defined(__AVX512F__)
-    TilesOf<kWide, 4>(std::make_integer_sequence<int, kWideRows[3]>{}),
-#endif
-};
+template <bool P, int... G>
+constexpr TileTable TableOf(std::integer_sequence<int, G...>) {
+  return {{RowsOf<G + 1, P>(std::make_integer_sequence<int, kMaxRows>{})...}};
+}
+constexpr TileTable kTiles[2] = {TableOf<false>(std::make_integer_sequence<int, kGroup>{}),
+                                 TableOf<true>(std::make_integer_sequence<int, kGroup>{})};
 
 struct SmallMatmul {
-  explicit SmallMatmul(int64_t n) : tasks(n) {}
-  const float* w;
-  std::vector<float> xt;  // x^T packed [k, mp], zeros in the columns past m
+  explicit SmallMatmul(int64_t tasks) : tasks(tasks) {}
+  const float *x, *w;
   float* y;
-  int64_t m, mp, k, n;
+  int64_t m, k, n;
   radixflow_native::Tasks tasks;
 
   void Run(int64_t task) const {
     const int64_t o0 = task * kBlock, o1 = std::min(n, o0 + kBlock);
-    for (int64_t c = 0; c < m;) {
-      // rounds of up to kNarrowCols rows, and a last block of up to kNarrow columns, take narrow
-      // tiles (1-8 columns take 1 vector, 9-16 take 2); otherwise wide ones, leaving a remainder of
-      // up to kNarrow columns to a narrow tile rather than padding it to a wide vector
-      const int64_t left = m - c;
-      const bool narrow = m <= kNarrowCols || left <= kNarrow;
-      const int64_t lanes = narrow ? kNarrow : kWide;
-      int64_t vecs = std::min<int64_t>(narrow ? 3 : kWideVecs, (left + lanes - 1) / lanes);
-      if (!narrow && vecs > 1 && vecs * lanes >= left && left % kWide != 0 && left % kWide <= kNarrow) --vecs;
-      const int64_t rows = narrow ? kNarrowRows[vecs - 1] : kWideRows[vecs - 1];
-      const TileRow& tiles = narrow ? kNarrowTiles[vecs - 1] : kWideTiles[vecs - 1];
+    // one group up to kOneGroup rows, else groups of nearly equal size up to kSplit (e.g. 16 rows:
+    // 6 + 5 + 5 on AVX-512)
+    const int64_t groups = m <= kOneGroup ? 1 : (m + kSplit - 1) / kSplit;
+    for (int64_t gi = 0, c = 0; gi < groups; ++gi) {
+      const int64_t size = (m - c) / (groups - gi) + ((m - c) % (groups - gi) != 0);
+      const int rows = kRowsFor[size];
+      const auto& tiles = kTiles[gi == 0][size - 1];
       for (int64_t o = o0; o < o1; o += rows) {
-        tiles[std::min(rows, o1 - o) - 1](w + o * k, xt.data() + c, k, mp, y + c * n + o, n,
-                                          std::min(vecs * lanes, left));
+        tiles[std::min<int64_t>(rows, o1 - o) - 1](w + o * k, x + c * k, k, y + c * n + o, n);
       }
-      c += vecs * lanes;
+      c += size;
     }
   }
 };
@@ -159,13 +166,8 @@ ffi::Error Impl(ffi::ThreadPool threads, ffi::Buffer<ffi::F32> x, ffi::Buffer<ff
   }
   auto job = std::make_shared<SmallMatmul>((wd[0] + kBlock - 1) / kBlock);
   job->m = xd[0], job->k = xd[1], job->n = wd[0];
-  job->mp = (job->m + kWide - 1) / kWide * kWide;  // tiles read whole vectors: columns up to mp
-  job->xt.assign(job->k * job->mp, 0.f);
-  const float* xs = x.typed_data();
-  for (int64_t r = 0; r < job->m; ++r)
-    for (int64_t i = 0; i < job->k; ++i) job->xt[i * job->mp + r] = xs[r * job->k + i];
-  job->w = w.typed_data(), job->y = y->typed_data();
-  radixflow_native::RunShared(threads, job);
+  job->x = x.typed_data(), job->w = w.typed_data(), job->y = y->typed_data();
+  if (job->m > 0) radixflow_native::RunShared(threads, job);
   return ffi::Error::Success();
 }
 
