@@ -92,6 +92,19 @@ inline float Sum(Vec v) {
 #endif
 }
 
+#if defined(__AVX512F__)
+// Lanes 0, 4, 8 and 12 hold the sums of a, b, c and d: the four reduced together (halves of 256
+// bits, then of 128, then within 128), a third of the shuffles of four separate reductions. Each
+// sum is the same tree whichever of the others are zero.
+inline __m512 Sums4(__m512 a, __m512 b, __m512 c, __m512 d) {
+  const __m512 ab = _mm512_add_ps(_mm512_shuffle_f32x4(a, b, 0x44), _mm512_shuffle_f32x4(a, b, 0xEE));
+  const __m512 cd = _mm512_add_ps(_mm512_shuffle_f32x4(c, d, 0x44), _mm512_shuffle_f32x4(c, d, 0xEE));
+  __m512 s = _mm512_add_ps(_mm512_shuffle_f32x4(ab, cd, 0x88), _mm512_shuffle_f32x4(ab, cd, 0xDD));
+  s = _mm512_add_ps(s, _mm512_permute_ps(s, 0x4E));  // lanes [2, 3, 0, 1] of each 128 bits
+  return _mm512_add_ps(s, _mm512_permute_ps(s, 0xB1));  // lanes [1, 0, 3, 2]
+}
+#endif
+
 // y[g * n + r] = sum_i w[r * k + i] * x[g * k + i] for r < R, g < G; with Prefetch, also prefetches
 // the R weight rows after these (the next tile's), one vector step ahead of their use.
 template <int R, int G, bool Prefetch>
@@ -111,6 +124,23 @@ void Tile(const float* w, const float* x, int64_t k, float* y, int64_t n) {
       for (int r = 0; r < R; ++r) acc[r][g] = Fma(wv[r], xv, acc[r][g]);
     }
   }
+#if defined(__AVX512F__)
+  static_assert(R <= 4, "Sums4 reduces up to four accumulators at once");
+  constexpr __mmask16 kStore = (R > 0) | (R > 1) << 4 | (R > 2) << 8 | (R > 3) << 12;  // lanes 0, 4, 8, 12
+  const __m512 zero = _mm512_setzero_ps();
+  for (int g = 0; g < G; ++g) {
+    const auto at = [&](int r) { return r < R ? reinterpret_cast<__m512>(acc[r][g]) : zero; };
+    _mm512_mask_compressstoreu_ps(y + g * n, kStore, Sums4(at(0), at(1), at(2), at(3)));
+  }
+  if (body < k) {
+    for (int r = 0; r < R; ++r)
+      for (int g = 0; g < G; ++g) {
+        float t = 0.f;
+        for (int64_t i = body; i < k; ++i) t += w[r * k + i] * x[g * k + i];
+        y[g * n + r] += t;
+      }
+  }
+#else
   for (int r = 0; r < R; ++r) {
     for (int g = 0; g < G; ++g) {
       float s = Sum(acc[r][g]);
@@ -118,6 +148,7 @@ void Tile(const float* w, const float* x, int64_t k, float* y, int64_t n) {
       y[g * n + r] = s;
     }
   }
+#endif
 }
 
 using TileFn = void (*)(const float*, const float*, int64_t, float*, int64_t);
