@@ -27,12 +27,13 @@ def _rand(shape: tuple[int, ...], seed: int) -> jax.Array:
 
 
 @pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 6, 7, 8, 9, 13, 17, 25, 49, 70])
-@pytest.mark.parametrize("out_features", [1, 5, 50])
+@pytest.mark.parametrize("out_features", [1, 5, 203])
 @pytest.mark.parametrize("in_features", [5, 70])
 def test_small_matmul_matches_the_dot(rows: int, out_features: int, in_features: int) -> None:
     """Every group size of rows (one group up to 8 rows on AVX-512, 4 on AVX2; above that groups
     of up to 6 or 4, with the later groups reading the weights back from cache), a tile of fewer
-    weight rows at a block edge (5 < 4 + 4; 50 = 48 + 2) and a K that is not a multiple of the
+    weight rows at a block edge (5 = 4 + 1), a second task of 4 blocks of 48 features with a
+    partial last block and tile (203 = 4 * 48 + 4 + 4 + 3), and a K that is not a multiple of the
     vector width (70 = 64 + 6) or shorter than one vector (5)."""
     x, w = _rand((rows, in_features), 1), _rand((out_features, in_features), 2)
     got = jax.jit(native.small_matmul)(x, w)

@@ -8,11 +8,12 @@
 // A small round's matmul is a read of the weights; the work is M multiply-adds per weight. Here it
 // is computed as dot products along K: a register tile holds R weight rows by G rows of x, and per
 // vector step of K it loads R weight vectors and G vectors of x (from L1) and issues R * G
-// multiply-adds into R * G vector accumulators, each summed across its lanes once at the end. A
-// task owns kBlock output features; it walks x's rows in groups of up to kGroup, the first group
-// reading the block's weights from memory while prefetching the next tile's rows (one tile ahead:
-// without it, the hardware prefetcher kept the 2-core machine of 2026-12-07 at half the memory
-// floor at 8 rows, docs/perf-log.md), the later groups reading them back from L2.
+// multiply-adds into R * G vector accumulators, each summed across its lanes once at the end (on
+// AVX-512 four at a time). A block is kBlock output features and a task kBlocksPerTask blocks, in
+// order; in a block the task walks x's rows in groups of up to kGroup, the first group reading
+// the block's weights from memory while prefetching the next tile's rows (one tile ahead: without
+// it, the hardware prefetcher kept the 2-core machine of 2026-12-07 at half the memory floor at 8
+// rows, docs/perf-log.md), the later groups reading them back from L2.
 //
 // Invariants: every y[m, n] (m < M, n < N) is written exactly once, by the task owning n, as the
 // sum over all of K in one order (vector steps lane by lane, the lanes' tree, then the tail) that
@@ -51,7 +52,10 @@ constexpr int kGroup = 4, kOneGroup = 4, kSplit = 4;
 constexpr int kRowsFor[kGroup + 1] = {0, 4, 4, 3, 2};
 #endif
 constexpr int kMaxRows = 4;
-constexpr int64_t kBlock = 48;  // output features per task: a multiple of every tile's R
+constexpr int64_t kBlock = 48;  // output features per block: a multiple of every tile's R
+// a task's blocks run in order, so the prefetch runs on into its next one (0.92-0.94x the time of
+// one block per task at 1-16 rows, docs/perf-log.md)
+constexpr int64_t kBlocksPerTask = 4;
 
 typedef float Vec __attribute__((vector_size(kLanes * 4)));  // GCC/Clang vector extension
 
@@ -105,10 +109,11 @@ inline __m512 Sums4(__m512 a, __m512 b, __m512 c, __m512 d) {
 }
 #endif
 
-// y[g * n + r] = sum_i w[r * k + i] * x[g * k + i] for r < R, g < G; with Prefetch, also prefetches
-// the R weight rows after these (the next tile's), one vector step ahead of their use.
-template <int R, int G, bool Prefetch>
-void Tile(const float* w, const float* x, int64_t k, float* y, int64_t n) {
+// y[g * n + r] = sum_i w[r * k + i] * x[g * k + i] for r < R, g < G; unless ``ahead`` is null, also
+// prefetches the R weight rows at ``ahead`` (stride k: the next tile's), each at the offset of
+// this step.
+template <int R, int G>
+void Tile(const float* w, const float* x, int64_t k, float* y, int64_t n, const float* ahead) {
   Vec acc[R][G];
   for (int r = 0; r < R; ++r)
     for (int g = 0; g < G; ++g) acc[r][g] = Vec{};
@@ -116,8 +121,8 @@ void Tile(const float* w, const float* x, int64_t k, float* y, int64_t n) {
   for (int64_t i = 0; i < body; i += kLanes) {
     Vec wv[R];
     for (int r = 0; r < R; ++r) wv[r] = Load(w + r * k + i);
-    if (Prefetch) {
-      for (int r = 0; r < R; ++r) __builtin_prefetch(w + (R + r) * k + i, 0, 3);
+    if (ahead) {
+      for (int r = 0; r < R; ++r) __builtin_prefetch(ahead + r * k + i, 0, 3);
     }
     for (int g = 0; g < G; ++g) {
       const Vec xv = Load(x + g * k + i);
@@ -151,19 +156,18 @@ void Tile(const float* w, const float* x, int64_t k, float* y, int64_t n) {
 #endif
 }
 
-using TileFn = void (*)(const float*, const float*, int64_t, float*, int64_t);
+using TileFn = void (*)(const float*, const float*, int64_t, float*, int64_t, const float*);
 using TileTable = std::array<std::array<TileFn, kMaxRows>, kGroup>;  // [G - 1][R - 1]
 
-template <int G, bool P, int... R>
+template <int G, int... R>
 constexpr std::array<TileFn, kMaxRows> RowsOf(std::integer_sequence<int, R...>) {
-  return {{Tile<R + 1, G, P>...}};
+  return {{Tile<R + 1, G>...}};
 }
-template <bool P, int... G>
+template <int... G>
 constexpr TileTable TableOf(std::integer_sequence<int, G...>) {
-  return {{RowsOf<G + 1, P>(std::make_integer_sequence<int, kMaxRows>{})...}};
+  return {{RowsOf<G + 1>(std::make_integer_sequence<int, kMaxRows>{})...}};
 }
-constexpr TileTable kTiles[2] = {TableOf<false>(std::make_integer_sequence<int, kGroup>{}),
-                                 TableOf<true>(std::make_integer_sequence<int, kGroup>{})};
+constexpr TileTable kTiles = TableOf(std::make_integer_sequence<int, kGroup>{});
 
 struct SmallMatmul {
   explicit SmallMatmul(int64_t tasks) : tasks(tasks) {}
@@ -172,19 +176,26 @@ struct SmallMatmul {
   int64_t m, k, n;
   radixflow_native::Tasks tasks;
 
+  // Blocks [task * kBlocksPerTask, ...) in order; in each, the first group of rows prefetches the
+  // next tile (at a block's end, the first tile of the next block, which is the task's own).
   void Run(int64_t task) const {
-    const int64_t o0 = task * kBlock, o1 = std::min(n, o0 + kBlock);
+    const int64_t blocks = (n + kBlock - 1) / kBlock;
+    const int64_t b1 = std::min(blocks, (task + 1) * kBlocksPerTask);
     // one group up to kOneGroup rows, else groups of nearly equal size up to kSplit (e.g. 16 rows:
     // 6 + 5 + 5 on AVX-512)
     const int64_t groups = m <= kOneGroup ? 1 : (m + kSplit - 1) / kSplit;
-    for (int64_t gi = 0, c = 0; gi < groups; ++gi) {
-      const int64_t size = (m - c) / (groups - gi) + ((m - c) % (groups - gi) != 0);
-      const int rows = kRowsFor[size];
-      const auto& tiles = kTiles[gi == 0][size - 1];
-      for (int64_t o = o0; o < o1; o += rows) {
-        tiles[std::min<int64_t>(rows, o1 - o) - 1](w + o * k, x + c * k, k, y + c * n + o, n);
+    for (int64_t b = task * kBlocksPerTask; b < b1; ++b) {
+      const int64_t o0 = b * kBlock, o1 = std::min(n, o0 + kBlock);
+      for (int64_t gi = 0, c = 0; gi < groups; ++gi) {
+        const int64_t size = (m - c) / (groups - gi) + ((m - c) % (groups - gi) != 0);
+        const int rows = kRowsFor[size];
+        const auto& tiles = kTiles[size - 1];
+        for (int64_t o = o0; o < o1; o += rows) {
+          const int64_t r = std::min<int64_t>(rows, o1 - o);
+          tiles[r - 1](w + o * k, x + c * k, k, y + c * n + o, n, gi == 0 ? w + (o + r) * k : nullptr);
+        }
+        c += size;
       }
-      c += size;
     }
   }
 };
@@ -195,7 +206,8 @@ ffi::Error Impl(ffi::ThreadPool threads, ffi::Buffer<ffi::F32> x, ffi::Buffer<ff
   if (xd.size() != 2 || wd.size() != 2 || yd.size() != 2 || xd[1] != wd[1] || yd[0] != xd[0] || yd[1] != wd[0]) {
     return ffi::Error::InvalidArgument("small_matmul: shapes do not match (x [M, K], w [N, K], y [M, N])");
   }
-  auto job = std::make_shared<SmallMatmul>((wd[0] + kBlock - 1) / kBlock);
+  const int64_t blocks = (wd[0] + kBlock - 1) / kBlock;
+  auto job = std::make_shared<SmallMatmul>((blocks + kBlocksPerTask - 1) / kBlocksPerTask);
   job->m = xd[0], job->k = xd[1], job->n = wd[0];
   job->x = x.typed_data(), job->w = w.typed_data(), job->y = y->typed_data();
   if (job->m > 0) radixflow_native::RunShared(threads, job);
