@@ -277,7 +277,7 @@ def gated_delta_decode_window(
 
 def linear(x: jax.Array, w: jax.Array) -> jax.Array:
     """``x @ w.T`` (``w [out, in]``, the HF layout). On the CPU under ``auto``, one device, float32,
-    with 1 to 56 rows in ``x`` (a small round's tokens: ``_native.SMALL_MATMUL_ROWS``), the native
+    with 1 to 128 rows in ``x`` (a small round's tokens: ``_native.SMALL_MATMUL_ROWS``), the native
     kernel serves it, reading each weight from memory once; elsewhere XLA's matmul."""
     rows = 1
     for d in x.shape[:-1]:

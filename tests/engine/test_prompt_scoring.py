@@ -49,10 +49,15 @@ def test_scores_equal_a_cold_float64_forward(llm: LLM, length: int, k: int) -> N
     got = llm.engine.executor.prompt_logprobs(prompt, k)
     want = _cold_scores(llm, prompt, k)
     assert len(got) == length and got[0] is None
+    # float32 rounding of two matmul kernels, carried through the layers and the recurrent state:
+    # the scorer's chunks of up to 128 tokens run the native few-row matmul on the CPU, the cold
+    # forward of a longer prompt XLA's. On 2026-12-07 the 301-token prompt's scores were up to
+    # 3.8e-4 apart (the 128-token one's, both native, 3.7e-6); at 100-128 rows XLA's dot was 1e-4
+    # from a float64 one, the native one 2.7e-5. A wrong chunk state moves scores by far more.
     for g, w in zip(got[1:], want[1:]):
         assert g[1] == w[1]  # the same ids in the same order
-        np.testing.assert_allclose(g[0], w[0], rtol=1e-6, atol=1e-5)  # float32 rounding
-        np.testing.assert_allclose(g[2], w[2], rtol=1e-6, atol=1e-5)
+        np.testing.assert_allclose(g[0], w[0], rtol=1e-6, atol=1e-3)
+        np.testing.assert_allclose(g[2], w[2], rtol=1e-6, atol=1e-3)
 
 
 def test_a_new_prompt_length_compiles_nothing_after_warmup(llm: LLM) -> None:

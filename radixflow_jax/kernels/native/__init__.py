@@ -18,7 +18,7 @@ Six kernels, each sharing its work over XLA's intra-op threads:
     matmuls, chunk gathers and loops there.
   * ``ssd_scan.cc``: the same for Mamba2's SSD recurrence (:func:`ssd_scan`, the contract of
     ``ssd_chunked``), where the CPU had only the reference's chunked form.
-  * ``small_matmul.cc``: ``x @ w.T`` for 1 to 56 rows (:func:`small_matmul`, ``ops.linear``) as
+  * ``small_matmul.cc``: ``x @ w.T`` for 1 to 128 rows (:func:`small_matmul`, ``ops.linear``) as
     dot products along K in register tiles of weight rows by rows of ``x``, each weight read from
     memory once (prefetched a tile ahead), where XLA:CPU's matmul reads the weights at a third to
     two thirds of the memory floor.
@@ -132,9 +132,10 @@ HEADERS = tuple(sorted(Path(__file__).parent.glob("*.h")))
 FLAGS = ("-O3", "-march=native", "-fopenmp-simd", "-std=c++17", "-shared", "-fPIC", "-w")
 MAX_VALUE_DIM = 512  # the kernel's per-head scratch (kMaxValueDim in the source)
 # rows small_matmul.cc serves: where it beat XLA:CPU's matmul on hybrid-81m's MLP weights (36 x 2048 x
-# 768 f32, tools/perf/small_dot.py, 2026-12-07, dot-product tiles with a prefetch one tile ahead):
-# 0.63-0.72x at 1-16 rows, 0.80-0.95x at 24-56; 1.02x at 64 stays XLA's (docs/perf-log.md)
-SMALL_MATMUL_ROWS = (1, 56)
+# 768 f32, tools/perf/small_dot.py, 2026-12-07 18:33-18:37 on an Intel Xeon, with its four-at-once
+# sums and four blocks per task): 0.62-0.76x at 1-16 rows, 0.80-0.93x at 32-128; 0.98x at 192 and
+# 1.05-1.06x at 256-512 stay XLA's (docs/perf-log.md)
+SMALL_MATMUL_ROWS = (1, 128)
 BLOCK_Q = 16  # query tokens per block of paged_attention_blocks.cc (measured: docs/perf-log.md)
 MODES = ("auto", "1", "0")
 
