@@ -177,15 +177,12 @@ def build_engine(model: LoadedModel, ec: EngineConfig) -> EngineCore:
     """The model engine of ``model`` under ``ec``: pools sized by :func:`pool_sizes`, a
     :class:`~radixflow_jax.engine.executor.ModelExecutor` over the wired step shapes."""
     from radixflow_jax.engine.executor import ModelExecutor, stderr_progress
-    from radixflow_jax.models.batch import pool_config, pool_unit_bytes
-
     cfg = model.config
     if ec.compilation_cache_dir:
         enable_compilation_cache(ec.compilation_cache_dir)
     max_model_len = ec.max_model_len or min(cfg.max_position_embeddings, 8192)
     num_pages, num_slots = pool_sizes(cfg, ec, max_model_len)
-    pool_cfg = pool_config(cfg, mtp=ec.scheduler.mtp_drafts)  # the MTP layers' KV only where they draft
-    page_bytes, slot_bytes = pool_unit_bytes(pool_cfg, model.dtype, ec.scheduler.page_size)
+    page_bytes, slot_bytes = pool_units(cfg, model.dtype, ec)
     num_host, num_host_pages = host_tier_sizes(
         slot_bytes=slot_bytes, page_bytes=page_bytes, device_state_bytes=num_slots * slot_bytes,
         device_kv_bytes=num_pages * page_bytes, ec=ec, default_gb=default_host_cache_gb(),
@@ -239,6 +236,16 @@ def build_engine(model: LoadedModel, ec: EngineConfig) -> EngineCore:
     return assemble_engine(spec, executor, drafter=drafter)
 
 
+def pool_units(cfg: ModelConfig, dtype: str, ec: EngineConfig) -> tuple[int, int]:
+    """``(page_bytes, slot_bytes)`` of the pools ``ec`` builds for ``cfg``: the MTP layers' KV only
+    where the engine drafts with them (``SchedulerConfig.mtp_drafts``). The one place the engine's
+    pool sizing and the memory plan read a pool unit from."""
+    from radixflow_jax.models.batch import pool_config, pool_unit_bytes
+
+    sc = ec.scheduler
+    return pool_unit_bytes(pool_config(cfg, mtp=sc.mtp_drafts), dtype, sc.page_size)
+
+
 def memory_pools(
     cfg: ModelConfig, dtype: str, ec: EngineConfig, fraction: float, total_bytes: int, param_bytes: int
 ) -> tuple[int, int]:
@@ -251,9 +258,7 @@ def memory_pools(
     sc = ec.scheduler
     reserve = sc.max_num_batched_tokens * (cfg.hidden_size * 64 + cfg.vocab_size) * 4  # activations and logits
     budget = int(fraction * total_bytes) - params - reserve
-    from radixflow_jax.models.batch import pool_config, pool_unit_bytes
-
-    page_bytes, slot_bytes = pool_unit_bytes(pool_config(cfg, mtp=sc.mtp_drafts), dtype, sc.page_size)
+    page_bytes, slot_bytes = pool_units(cfg, dtype, ec)
     slots = 1
     if slot_bytes:
         wanted = sc.max_num_seqs + max(64, 8 * sc.max_num_seqs)

@@ -17,8 +17,7 @@ import dataclasses
 import jax
 import numpy as np
 
-from radixflow_jax.engine.build import memory_pools
-from radixflow_jax.models.batch import pool_config, pool_unit_bytes
+from radixflow_jax.engine.build import memory_pools, pool_units
 from radixflow_jax.engine.config import EngineConfig
 from radixflow_jax.models.config import ModelConfig
 from radixflow_jax.models.weights import abstract_model
@@ -85,7 +84,7 @@ def plan(
     ``params``: the model's parameter bytes in ``dtype`` when known (:func:`param_bytes` builds
     the abstract model, seconds for a 27B one)."""
     params = param_bytes(cfg, dtype) if params is None else params
-    page, slot = pool_unit_bytes(pool_config(cfg, mtp=ec.scheduler.mtp_drafts), dtype, ec.scheduler.page_size)
+    page, slot = pool_units(cfg, dtype, ec)
     for tp in TENSOR_PARALLEL:
         try:
             pages, slots = memory_pools(cfg, dtype, ec, fraction, int(tp * device.memory_bytes), params)
